@@ -1,0 +1,23 @@
+"""How a plan is judged: the analytic model (formulas) and, later, real runs. One narrow interface:
+`evaluator.evaluate(scenario, plan) -> Evaluation`."""
+
+from stratagem.evaluators.analytic import AnalyticEvaluator, evaluate, evaluate_many
+from stratagem.evaluators.base import Evaluator
+from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
+from stratagem.evaluators.columns import PlanColumns
+from stratagem.evaluators.evaluation import (
+    BLOCKS,
+    CheckpointRisk,
+    Evaluation,
+    MemoryBreakdown,
+    Throughput,
+    TimeBreakdown,
+    Zone,
+    Zones,
+)
+
+__all__ = [
+    "AnalyticEvaluator", "evaluate", "evaluate_many", "Evaluator",
+    "DEFAULT_CALIBRATION", "Calibration", "PlanColumns",
+    "BLOCKS", "CheckpointRisk", "Evaluation", "MemoryBreakdown", "Throughput", "TimeBreakdown", "Zone", "Zones",
+]

@@ -1,0 +1,89 @@
+"""The analytic evaluator: formulas only, no torch, no ray.
+
+`evaluate_many` computes every figure as numpy columns (screening); `evaluate` is the same computation on
+one plan, wrapped in an `Evaluation`, so both agree exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
+from stratagem.evaluators.columns import PlanColumns
+from stratagem.evaluators.evaluation import BLOCKS, Evaluation, Fidelity, MemoryBreakdown, Status
+from stratagem.evaluators.memory import GIB, memory_columns
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.rules import violations
+from stratagem.spaces.scenario import Scenario
+
+__all__ = ["evaluate", "evaluate_many", "AnalyticEvaluator"]
+
+Array = NDArray[np.float64]
+
+
+def evaluate_many(
+    scenario: Scenario, plans: Sequence[Plan] | PlanColumns, calibration: Calibration | None = None,
+) -> dict[str, Array]:
+    """Figures for many valid plans at once, as columns.
+
+    Keys: `<block>_gib` for each block, `peak_gib`, `hbm_gib`, `headroom_gib`, `worst_stage`,
+    `first_block_to_break` (index into BLOCKS, -1 when the plan fits) and `fits` (1.0/0.0).
+    The plans must already satisfy the validity rules (the search space only yields valid plans).
+    """
+    pc = plans if isinstance(plans, PlanColumns) else PlanColumns.from_plans(plans)
+    cal = calibration or DEFAULT_CALIBRATION
+    mem = memory_columns(scenario, pc, cal)
+    out: dict[str, Array] = {f"{b}_gib": mem[b] / GIB for b in BLOCKS}
+    out["peak_gib"] = mem["peak"] / GIB
+    out["hbm_gib"] = mem["hbm"] / GIB
+    out["headroom_gib"] = out["hbm_gib"] - out["peak_gib"]
+    out["worst_stage"] = mem["worst_stage"]
+    cumulative = np.cumsum(np.stack([mem[b] for b in BLOCKS]), axis=0)
+    over = cumulative > mem["hbm"]
+    out["first_block_to_break"] = np.where(over.any(axis=0), over.argmax(axis=0), -1).astype(np.float64)
+    out["fits"] = (out["headroom_gib"] >= 0).astype(np.float64)
+    return out
+
+
+def _memory(cols: dict[str, Array], i: int = 0) -> MemoryBreakdown:
+    broken = int(cols["first_block_to_break"][i])
+    return MemoryBreakdown(
+        **{f"{b}_gib": float(cols[f"{b}_gib"][i]) for b in BLOCKS},
+        peak_gib=float(cols["peak_gib"][i]),
+        hbm_gib=float(cols["hbm_gib"][i]),
+        headroom_gib=float(cols["headroom_gib"][i]),
+        first_block_to_break=BLOCKS[broken] if broken >= 0 else None,
+        worst_stage=int(cols["worst_stage"][i]),
+    )
+
+
+def evaluate(scenario: Scenario, plan: Plan | None = None, calibration: Calibration | None = None) -> Evaluation:
+    """Judge one plan analytically; the scenario's own plan when `plan` is None."""
+    plan = plan or scenario.plan or Plan(dp=scenario.cluster.num_gpus)
+    broken = violations(scenario, plan)
+    if broken:
+        return Evaluation(plan=plan, status="infeasible", reason="; ".join(broken))
+    cols = evaluate_many(scenario, [plan], calibration)
+    memory = _memory(cols)
+    status: Status = "ok"
+    reason = ""
+    if memory.first_block_to_break is not None:
+        status = "oom"
+        reason = (f"peak {memory.peak_gib:.1f} GiB exceeds {memory.hbm_gib:.1f} GiB; "
+                  f"{memory.first_block_to_break} is the first block that does not fit")
+    return Evaluation(plan=plan, status=status, reason=reason, memory=memory)
+
+
+class AnalyticEvaluator:
+    """The analytic model behind the narrow evaluator interface: `evaluate(scenario, plan) -> Evaluation`."""
+
+    fidelity: Fidelity = "analytic"
+
+    def __init__(self, calibration: Calibration | None = None) -> None:
+        self.calibration = calibration or DEFAULT_CALIBRATION
+
+    def evaluate(self, scenario: Scenario, plan: Plan) -> Evaluation:
+        return evaluate(scenario, plan, self.calibration)

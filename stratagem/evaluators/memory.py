@@ -1,0 +1,307 @@
+"""Analytic per-GPU memory: four blocks (weights, gradients, optimizer, activations) + transients + overhead.
+
+Every function works on `PlanColumns` (numpy arrays), so one code path serves `evaluate` (one plan) and
+`evaluate_many` (screening millions). All sizes are bytes unless a name says otherwise.
+
+Sources:
+  [ZeRO]  Rajbhandari et al. 2019, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+          sec. 3.1 (2 + 2 + K bytes/param) and sec. 5 (stage 1/2/3 divide optimizer / + grads / + params by Nd).
+  [MLM]   Megatron-LM docs, distributed optimizer: 18 bytes/param, or 6 + 12/d with the distributed optimizer.
+  [DS]    DeepSpeed memory estimators (deepspeed.runtime.zero.stage_1_and_2 / stage3
+          estimate_zero{2,3}_model_states_mem_needs): ZeRO-2 = 4P + 16P/d, ZeRO-3 = 18P/d + 4 * largest layer.
+  [Korthikanti] Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+          (arXiv 2205.05198), sec. 4 and Table 2: per-layer activations sbh(34 + 5as/h), TP/SP division,
+          selective/full recompute, sec. 4.2.3 in-flight micro-batches (1F1B: p; interleaved x(1 + (p-1)/(pv))).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.columns import PlanColumns
+from stratagem.spaces.scenario import Scenario
+
+__all__ = [
+    "GIB",
+    "StateTerm",
+    "STACK_STATES",
+    "FP32_STATES",
+    "ZERO_PAPER_STATES",
+    "optimizer_state_bytes",
+    "model_state_bytes",
+    "korthikanti_layer_bytes",
+    "stage_layers",
+    "memory_columns",
+]
+
+Array = NDArray[np.float64]
+GIB = float(2**30)
+
+
+# ---- model states ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StateTerm:
+    """One per-parameter buffer: its block, bytes per parameter, from which ZeRO stage it is sharded over
+    the data-parallel ranks (4 = never), and up to which stage it exists at all (3 = always)."""
+
+    block: str
+    bytes_per_param: float  # negative = the optimizer's state bytes (see optimizer_state_bytes) + |value| - 1
+    sharded_from: int
+    exists_until: int = 3
+
+
+OPTIMIZER = -1.0  # placeholder: replaced by the optimizer's state bytes per parameter
+
+# Mixed precision (bf16/fp8 compute) conventions per stack; see TrainingSpec's docstring.
+STACK_STATES: dict[str, tuple[StateTerm, ...]] = {
+    # FSDP2/DDP with fp32 params: fp32 params are the master weights; a bf16 compute copy is held through
+    # forward+backward unless FSDP reshards after forward (zero 3): autocast's saved casts (zero 0/1) or
+    # FSDP2's unsharded params with reshard_after_forward=False (zero 2).
+    "torch": (
+        StateTerm("weights", 4, 3),
+        StateTerm("weights", 2, 4, exists_until=2),
+        StateTerm("gradients", 4, 2),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    # [MLM]: bf16 params 2 + fp32 main grads 4 + fp32 master 4 + Adam 8 = 18; distributed optimizer 6 + 12/d.
+    "megatron": (
+        StateTerm("weights", 2, 3),
+        StateTerm("gradients", 4, 2),
+        StateTerm("optimizer", 4, 1),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    # [DS]: bf16 grads kept whole at stage <= 2 (reduce buckets), freed into an fp32 partition at stage 3.
+    "deepspeed": (
+        StateTerm("weights", 2, 3),
+        StateTerm("gradients", 2, 4, exists_until=2),
+        StateTerm("gradients", 4, 1),
+        StateTerm("optimizer", 4, 1),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    # nanotron: bf16 params and grads; FP32GradientAccumulator keeps fp32 master params and fp32 grad
+    # buffers for the whole model; ZeRO-1 shards the optimizer states.
+    "nanotron": (
+        StateTerm("weights", 2, 3),
+        StateTerm("gradients", 2, 2),
+        StateTerm("gradients", 4, 2),
+        StateTerm("optimizer", 4, 3),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+}
+# fp32 training: params 4, grads 4, optimizer states; no master copy (any stack).
+FP32_STATES: tuple[StateTerm, ...] = (
+    StateTerm("weights", 4, 3),
+    StateTerm("gradients", 4, 2),
+    StateTerm("optimizer", OPTIMIZER, 1),
+)
+# [ZeRO] sec. 3.1 as published: fp16 params 2 + fp16 grads 2 + K = 12 (fp32 params, momentum, variance).
+ZERO_PAPER_STATES: tuple[StateTerm, ...] = (
+    StateTerm("weights", 2, 3),
+    StateTerm("gradients", 2, 2),
+    StateTerm("optimizer", 12, 1),
+)
+
+
+def optimizer_state_bytes(optimizer: str, hidden: int, ffn: int) -> float:
+    """Optimizer state bytes per parameter (fp32 states unless stated).
+
+    adamw: momentum + variance = 8 [ZeRO sec. 3.1]; sgd: momentum = 4; adafactor (Shazeer & Stern 2018,
+    sec. 3, no momentum): row + column second-moment factors, 4(r + c)/(rc) ~ 4(1/h + 1/f) per parameter of
+    an h x f matrix; adamw8bit (Dettmers et al. 2022): two 8-bit states + one fp32 absmax per 2048-block.
+    """
+    return {
+        "adamw": 8.0,
+        "sgd": 4.0,
+        "adafactor": 4.0 * (1.0 / hidden + 1.0 / ffn),
+        "adamw8bit": 2.0 + 2 * 4.0 / 2048,
+    }[optimizer]
+
+
+def model_state_bytes(
+    terms: tuple[StateTerm, ...], params: Array | float, zero_stage: Array | float, shard: Array | float,
+    opt_bytes: float, offload: Array | float = 0.0,
+) -> dict[str, Array]:
+    """Bytes per block for `params` parameters: each term's bytes, divided by `shard` once its stage is on.
+
+    [ZeRO] sec. 5: stage 1 shards optimizer states, stage 2 also gradients, stage 3 also parameters.
+    Offload moves the optimizer block to host memory (ZeRO-Offload, Ren et al. 2021).
+    """
+    z = np.asarray(zero_stage, dtype=np.float64)
+    out: dict[str, Array] = {b: np.zeros_like(z) for b in ("weights", "gradients", "optimizer")}
+    for t in terms:
+        per = opt_bytes if t.bytes_per_param == OPTIMIZER else t.bytes_per_param
+        exists = z <= t.exists_until
+        divisor = np.where(z >= t.sharded_from, shard, 1.0)
+        value = np.where(exists, per * np.asarray(params) / divisor, 0.0)
+        if t.block == "optimizer":
+            value = value * (1.0 - np.asarray(offload))
+        out[t.block] = out[t.block] + value
+    return out
+
+
+# ---- activations -------------------------------------------------------------------------------------------
+def korthikanti_layer_bytes(
+    s: float, b: float, h: float, a: float, t: float = 1, sp: bool = False, recompute: str = "none",
+) -> float:
+    """Per-layer activation bytes of Korthikanti et al. 2022's GPT layer (fp16, dropout, unfused attention).
+
+    Table 2: no parallelism sbh(34 + 5as/h); TP sbh(10 + 24/t + 5as/(ht)); TP+SP sbh/t (34 + 5as/h);
+    selective drops the 5as/h attention terms; full recompute keeps the layer input, 2sbh (/t with SP).
+    Kept as the published reference that `_layer_elements` re-derives for SwiGLU/RMSNorm/fused attention.
+    """
+    if recompute == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    attn_scores = 0.0 if recompute == "selective" else 5 * a * s / h
+    if sp:
+        return s * b * h / t * (34 + attn_scores)
+    return s * b * h * (10 + 24 / t + attn_scores / t)
+
+
+def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple[Array, Array, Array]:
+    """Saved elements per layer per micro-batch: (no recompute, selective, full), re-derived for this model.
+
+    Llama-style layer with fused (flash/SDPA) attention, no dropout; names are the saved tensors:
+      attention: norm1 input sbh, QKV input sbh [replicated without SP], q sb*qd, k, v sb*kvd, attention
+                 output (O-proj input) sb*qd [all / t];
+      MLP:       norm2 input sbh, MLP input sbh [replicated without SP]; SwiGLU: gate g, up u, silu(g),
+                 silu(g)*u: 4 sbf; GELU: fc1 output, gelu output: 2 sbf [/ t];
+      MoE:       the MLP terms for top_k routed copies with the expert size, + dispatched inputs/outputs 2k sbh.
+    Selective recomputes the MLP activation and its down projection: SwiGLU keeps g, u (2 sbf), GELU fc1 out.
+    Full recompute keeps only the layer input sbh (/ t with SP) [Korthikanti Table 2: 2sbh bytes in fp16].
+    """
+    m = scn.model
+    t, sp = pc.tp, pc.sequence_parallel
+    sbh = s * b * m.hidden_size
+    replicated = 4 * sbh / np.where(sp > 0, t, 1.0)
+    attention = s * b * (2 * m.q_size + 2 * m.kv_size) / t
+    ffn = float(m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size)
+    copies = float(m.moe.top_k if m.moe else 1)
+    dispatch = 2 * copies * sbh / t * (m.moe is not None)
+    mats_saved = 4.0 if m.mlp == "swiglu" else 2.0
+    mats_selective = 2.0 if m.mlp == "swiglu" else 1.0
+    mlp_full = mats_saved * copies * s * b * ffn / t + dispatch
+    mlp_sel = mats_selective * copies * s * b * ffn / t + dispatch
+    none = replicated + attention + mlp_full
+    selective = replicated + attention + mlp_sel
+    full = sbh / np.where(sp > 0, t, 1.0)
+    return none, selective, full
+
+
+def _in_flight(pc: PlanColumns, m: Array, last: bool) -> Array:
+    """Micro-batches whose activations a stage holds at its peak [Korthikanti sec. 4.2.3].
+
+    No PP: 1. GPipe: all m. 1F1B / ZB-H1 (Qi et al. 2023: same peak as 1F1B): stage 0 holds min(p, m), the
+    last stage 1. Interleaved: stage 0 holds p(1 + (p-1)/(pv)) micro-batches' worth of its layers.
+    """
+    p, v, sched = pc.pp, pc.virtual_stages, pc.pp_schedule
+    if last:
+        steady = np.where(sched == 2, np.minimum(m, 1 + (p - 1) / v), 1.0)
+    else:
+        steady = np.where(sched == 2, np.minimum(m, p + (p - 1) / v), np.minimum(p, m))
+    held = np.where(sched == 0, m, steady)
+    return np.where(p > 1, held, 1.0)
+
+
+def stage_layers(num_layers: int, pp: Array, virtual: Array) -> Array:
+    """Layers on the most loaded pipeline rank: ceil(L / (p v)) per chunk x v chunks (uneven splits put
+    the extra layers on the first ranks, as Megatron's and torch.distributed.pipelining's splits do)."""
+    return np.ceil(num_layers / (pp * virtual)) * virtual
+
+
+# ---- the whole rank ----------------------------------------------------------------------------------------
+def _stage_params(scn: Scenario, pc: PlanColumns, last: bool) -> tuple[Array, Array, Array]:
+    """(dense params, expert params, largest FSDP unit) held by one rank of the first or last stage."""
+    m = scn.model
+    t, p, ep = pc.tp, pc.pp, pc.ep
+    norms = 2 * m.norm_params()  # replicated across TP
+    layer_dense = (m.layer_dense_params() - norms) / t + norms
+    layer_expert = m.layer_expert_params() / (ep * t)
+    layers = stage_layers(m.num_layers, p, pc.virtual_stages)
+    emb = m.embedding_params() / t
+    head = m.head_params() / t
+    tied_copy = m.vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0
+    if last:  # last stage: layers + final norm + output projection (a tied copy when pp > 1)
+        extra = head + np.where(p > 1, tied_copy, emb)
+    else:  # first stage: embedding (+ the head when there is one stage)
+        extra = emb + np.where(p > 1, 0.0, head)
+    dense = layers * layer_dense + extra
+    expert = layers * layer_expert
+    unit = np.maximum(layer_dense + layer_expert, np.maximum(emb, head + tied_copy))
+    return dense, expert, unit
+
+
+def memory_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, Array]:
+    """Bytes per block for the worst rank of every plan, plus `peak`, `hbm` and `worst_stage`."""
+    first = _rank_memory(scn, pc, cal, last=False)
+    last = _rank_memory(scn, pc, cal, last=True)
+    use_last = last["peak"] > first["peak"]
+    out = {k: np.where(use_last, last[k], first[k]) for k in first}
+    out["worst_stage"] = np.where(use_last, pc.pp - 1, 0.0)
+    out["hbm"] = np.full(len(pc), scn.cluster.gpu.hbm_gib * GIB)
+    return out
+
+
+def _rank_memory(scn: Scenario, pc: PlanColumns, cal: Calibration, last: bool) -> dict[str, Array]:
+    m, tr = scn.model, scn.training
+    fp32 = pc.precision == 0
+    dense, expert, unit = _stage_params(scn, pc, last)
+    shard = pc.dp * pc.cp / pc.dp_replicate  # ZeRO/FSDP shard group (torchtitan: dp_shard x cp)
+    expert_shard = np.maximum(1.0, shard / pc.ep)
+    opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
+
+    def states(terms: tuple[StateTerm, ...]) -> dict[str, Array]:
+        d = model_state_bytes(terms, dense, pc.zero_stage, shard, opt, pc.optimizer_offload)
+        e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload)
+        return {k: d[k] + e[k] for k in d}
+
+    mixed, full32 = states(STACK_STATES[tr.stack]), states(FP32_STATES)
+    blocks = {k: np.where(fp32, full32[k], mixed[k]) for k in mixed}
+
+    # Activations: elements per layer x layers of this stage x in-flight micro-batches x bytes per element.
+    act_bytes = np.where(fp32, 4.0, 2.0)
+    s = tr.seq_len / pc.cp
+    b = pc.micro_batch_size
+    none, selective, full = _layer_elements(scn, pc, s, b)
+    per_layer = np.select([pc.activation_checkpointing == 0, pc.activation_checkpointing == 1],
+                          [none, selective], full)
+    layers = stage_layers(m.num_layers, pc.pp, pc.virtual_stages)
+    m_steps = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
+    in_flight = _in_flight(pc, m_steps, last)
+    activations = per_layer * layers * in_flight * act_bytes
+    sp_div = np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
+    # The last stage (or the only one) also holds the final norm input and LM-head input (sbh each) and
+    # the logits at the loss (vocab-parallel: / t).
+    head_acts = 2 * s * b * m.hidden_size / sp_div * act_bytes
+    logits = s * b * m.vocab_size / pc.tp * cal.logits_bytes
+    activations = activations + np.where(last or (pc.pp == 1), head_acts + logits, 0.0)
+
+    # Transients: backward working set = one layer's activations re-materialised (full recompute) or the
+    # gradient of one layer's largest activations; FSDP gathers (current + prefetched unit, compute dtype)
+    # and one unit's unsharded gradients for reduce-scatter [FSDP2 design, torch docs]; DeepSpeed ZeRO-3
+    # holds 4 B x largest layer [DS].
+    compute_bytes = np.where(fp32, 4.0, 2.0)
+    working = np.where(pc.activation_checkpointing == 2, none * act_bytes, per_layer * act_bytes)
+    gather = np.where(pc.zero_stage == 3, 2 * unit * compute_bytes, 0.0)
+    grad_bytes = np.where(fp32, 4.0, 4.0 if tr.stack == "torch" else 2.0)
+    scatter = np.where(pc.zero_stage >= 2, unit * grad_bytes, 0.0)
+    if tr.stack == "deepspeed":
+        gather = np.where(pc.zero_stage == 3, 4.0 * unit, 0.0)
+        scatter = np.zeros_like(gather)
+    p2p = np.where(pc.pp > 1, 2 * 2 * s * b * m.hidden_size / sp_div * act_bytes, 0.0)
+    transient = working + gather + scatter + p2p
+
+    allocated = blocks["weights"] + blocks["gradients"] + blocks["optimizer"] + activations + transient
+    overhead = cal.fragmentation * allocated + cal.context_gib * GIB
+    return {
+        "weights": blocks["weights"],
+        "gradients": blocks["gradients"],
+        "optimizer": blocks["optimizer"],
+        "activations": activations,
+        "transient": transient,
+        "overhead": overhead,
+        "peak": allocated + overhead,
+    }

@@ -1,0 +1,17 @@
+"""What can be tried: model, hardware, training and plan specs, validity rules."""
+
+from stratagem.spaces.hardware import GPU_PRESETS, ClusterSpec, GPUSpec, cluster_preset, gpu_preset
+from stratagem.spaces.model import MODEL_PRESETS, ModelSpec, MoESpec, model_preset
+from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, format_plan, parse_plan
+from stratagem.spaces.rules import RULES, Rule, check_plan, divisors, violations
+from stratagem.spaces.scenario import Scenario, load_scenario, scenario_from_dict
+from stratagem.spaces.training import CheckpointPolicy, TrainingSpec
+
+__all__ = [
+    "GPU_PRESETS", "ClusterSpec", "GPUSpec", "cluster_preset", "gpu_preset",
+    "MODEL_PRESETS", "ModelSpec", "MoESpec", "model_preset",
+    "PRECISIONS", "RECOMPUTES", "SCHEDULES", "Plan", "format_plan", "parse_plan",
+    "RULES", "Rule", "check_plan", "divisors", "violations",
+    "Scenario", "load_scenario", "scenario_from_dict",
+    "CheckpointPolicy", "TrainingSpec",
+]

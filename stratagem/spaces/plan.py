@@ -1,0 +1,145 @@
+"""A plan: one way to run a scenario. Parsed from `dp=8,tp=2,...` strings or YAML."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stratagem.errors import StratagemError
+
+__all__ = [
+    "Plan",
+    "Precision",
+    "Recompute",
+    "Schedule",
+    "PRECISIONS",
+    "RECOMPUTES",
+    "SCHEDULES",
+    "parse_plan",
+    "format_plan",
+]
+
+Precision = Literal["fp32", "bf16", "fp8"]
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+
+
+class Plan(BaseModel):
+    """Parallel degrees, sharding, micro-batch, precision and recomputation for one run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dp: int = Field(default=1, ge=1)
+    """Data-parallel degree (replicas of each model shard)."""
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel degree (Megatron-style column/row split of every matmul)."""
+    pp: int = Field(default=1, ge=1)
+    """Pipeline-parallel degree (stages of consecutive layers)."""
+    cp: int = Field(default=1, ge=1)
+    """Context-parallel degree (sequence split with ring attention)."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel degree (experts split across data-parallel ranks; MoE only)."""
+    dp_replicate: int = Field(default=1, ge=1)
+    """HSDP: replicas among the dp ranks; ZeRO shards over dp / dp_replicate ranks."""
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    """0 DDP; 1 optimizer states sharded; 2 + gradients; 3 + parameters (FSDP full shard)."""
+    sequence_parallel: bool = False
+    """Shard norm/dropout activations along the sequence across the TP group (needs tp > 1)."""
+    micro_batch_size: int = Field(default=1, ge=1)
+    """Sequences per micro-batch per data-parallel rank; accumulation steps are derived."""
+    precision: Precision = "bf16"
+    """Compute precision: fp32, bf16 mixed precision, or fp8 matmuls (bf16 elsewhere)."""
+    activation_checkpointing: Recompute = "none"
+    """none; selective (recompute elementwise ops, keep matmul inputs/outputs); full (keep layer inputs)."""
+    pp_schedule: Schedule = "1f1b"
+    """Pipeline schedule (pp > 1): gpipe, 1f1b, interleaved (virtual stages), zero_bubble (ZB-H1)."""
+    virtual_stages: int = Field(default=1, ge=1)
+    """Model chunks per pipeline rank (interleaved schedule only)."""
+    optimizer_offload: Literal["none", "cpu"] = "none"
+    """Keep optimizer states (and master weights) in host memory (ZeRO-Offload)."""
+
+    def grad_accumulation(self, global_batch_size: int) -> int:
+        """Micro-batches per optimizer step per pipeline: global_batch / (dp * micro_batch)."""
+        return global_batch_size // (self.dp * self.micro_batch_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def short(self) -> str:
+        """Compact label, e.g. `dp8 tp2 z1 mb2 bf16 sel`."""
+        return format_plan(self, compact=True)
+
+
+_FIELDS = list(Plan.model_fields)
+_BOOL_TRUE = {"1", "true", "yes", "on"}
+_BOOL_FALSE = {"0", "false", "no", "off"}
+_ALIASES = {"zero": "zero_stage", "mbs": "micro_batch_size", "sp": "sequence_parallel",
+            "ac": "activation_checkpointing", "recompute": "activation_checkpointing",
+            "schedule": "pp_schedule", "vpp": "virtual_stages", "v": "virtual_stages",
+            "offload": "optimizer_offload"}
+
+
+def parse_plan(text: str | dict[str, Any] | None, base: Plan | None = None) -> Plan:
+    """A Plan from `"dp=8,tp=2,zero=1"` (aliases: zero, mbs, sp, ac, schedule, vpp, offload) or a dict."""
+    values: dict[str, Any] = dict(base.model_dump()) if base else {}
+    if isinstance(text, dict):
+        items = list(text.items())
+    else:
+        items = []
+        for part in (text or "").replace(" ", ",").split(","):
+            if not part:
+                continue
+            if "=" not in part:
+                raise StratagemError(f"plan ({part!r}): write key=value pairs, e.g. dp=8,tp=2,zero=1")
+            k, v = part.split("=", 1)
+            items.append((k.strip(), v.strip()))
+    for key, value in items:
+        name = _ALIASES.get(key, key)
+        if name not in Plan.model_fields:
+            raise StratagemError(f"plan.{key}: unknown field; valid: {', '.join(_FIELDS)}")
+        if name == "sequence_parallel" and isinstance(value, str):
+            low = value.lower()
+            if low not in _BOOL_TRUE | _BOOL_FALSE:
+                raise StratagemError(f"plan.sequence_parallel ({value!r}): use true or false")
+            value = low in _BOOL_TRUE
+        elif isinstance(value, str) and value.isdigit():
+            value = int(value)
+        values[name] = value
+    try:
+        return Plan(**values)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise StratagemError(f"plan.{loc} ({err.get('input')!r}): {err['msg']}") from None
+
+
+def format_plan(plan: Plan, compact: bool = False) -> str:
+    """The plan as `key=value` pairs, omitting defaults; `compact` gives a short human label."""
+    default = Plan()
+    if not compact:
+        parts = [f"{k}={_fmt(getattr(plan, k))}" for k in _FIELDS if getattr(plan, k) != getattr(default, k)]
+        return ",".join(parts) or "dp=1"
+    p = plan
+    bits = [f"dp{p.dp}"]
+    bits += [f"{k}{getattr(p, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(p, k) > 1]
+    if p.dp_replicate > 1:
+        bits.append(f"rep{p.dp_replicate}")
+    bits += [f"z{p.zero_stage}", f"mb{p.micro_batch_size}", p.precision]
+    if p.sequence_parallel:
+        bits.append("sp")
+    if p.activation_checkpointing != "none":
+        bits.append({"selective": "sel", "full": "full"}[p.activation_checkpointing] + "-ac")
+    if p.pp > 1:
+        bits.append(p.pp_schedule + (f"x{p.virtual_stages}" if p.virtual_stages > 1 else ""))
+    if p.optimizer_offload != "none":
+        bits.append("offload")
+    return " ".join(bits)
+
+
+def _fmt(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
