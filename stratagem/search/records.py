@@ -1,0 +1,81 @@
+"""How plans and evaluations are stored in an Optuna study: the one schema that search, reports, export and
+reproduce share.
+
+Study:
+  user_attrs["scenario"]        the Scenario as JSON-able dict (model_dump(mode="json"), plan and search included)
+  user_attrs["scenario_hash"]   Scenario.problem_hash()
+  user_attrs["stratagem_version"]
+  directions                    [maximize tokens_per_s, maximize headroom_gib, minimize goodput_loss] (OBJECTIVES)
+Trial:
+  params                        the Plan's fields (enums as strings, booleans as bool), see plan_params()
+  values                        [tokens_per_s, headroom_gib, goodput_loss] of the evaluation
+  constraints (set_constraint)  [peak_gib - usable_gib]: > 0 means predicted or measured not to fit
+  user_attrs["plan"]            format_plan(plan) (compact key=value string, the identity used for dedup)
+  user_attrs["fidelity"]        "analytic" | "measured"
+  user_attrs["status"]          Evaluation.status
+  user_attrs["evaluation"]      Evaluation.model_dump(mode="json")
+  user_attrs["provenance"]      {"stratagem_version", "scenario_hash", ...}
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from stratagem.evaluators.evaluation import Evaluation
+from stratagem.spaces.plan import Plan, format_plan
+from stratagem.spaces.scenario import Scenario, scenario_from_dict
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = [
+    "OBJECTIVES",
+    "DIRECTIONS",
+    "plan_params",
+    "plan_key",
+    "objective_values",
+    "trial_plan",
+    "trial_evaluation",
+    "study_scenario",
+]
+
+OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "headroom_gib", "goodput_loss")
+DIRECTIONS: tuple[str, ...] = ("maximize", "maximize", "minimize")
+
+
+def plan_params(plan: Plan) -> dict[str, Any]:
+    """The plan as Optuna params (every field, JSON scalars)."""
+    return plan.model_dump(mode="json")
+
+
+def plan_key(plan: Plan) -> str:
+    """The identity of a plan in a study (used to never evaluate a plan twice)."""
+    return format_plan(plan)
+
+
+def objective_values(ev: Evaluation) -> list[float]:
+    """[tokens_per_s, headroom_gib, goodput_loss] for an evaluation that has memory, time and checkpoint."""
+    if ev.memory is None or ev.throughput is None or ev.checkpoint is None:
+        raise ValueError(f"evaluation of {plan_key(ev.plan)} ({ev.status}) has no objective values")
+    return [ev.throughput.tokens_per_s, ev.memory.headroom_gib, ev.checkpoint.goodput_loss]
+
+
+def trial_plan(trial: optuna.trial.FrozenTrial) -> Plan:
+    """The Plan a stored trial evaluated."""
+    return Plan(**{k: v for k, v in trial.params.items() if k in Plan.model_fields})
+
+
+def trial_evaluation(trial: optuna.trial.FrozenTrial) -> Evaluation | None:
+    """The Evaluation stored with a trial, or None when it has none (e.g. a trial still running)."""
+    data = trial.user_attrs.get("evaluation")
+    return Evaluation.model_validate(data) if data else None
+
+
+def study_scenario(study: optuna.Study) -> Scenario:
+    """The Scenario a study was created for."""
+    data = study.user_attrs.get("scenario")
+    if data is None:
+        from stratagem.errors import StratagemError
+
+        raise StratagemError(f"study {study.study_name!r} was not made by stratagem (no scenario stored)")
+    return scenario_from_dict(data, source=f"study {study.study_name}")
