@@ -33,7 +33,7 @@ import yaml
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["RunResult", "RayRunner", "harness_command"]
+__all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans"]
 
 RunStatus = Literal["ok", "oom", "failed", "timeout"]
 _TAIL_LINES = 20
@@ -123,6 +123,7 @@ class RayRunner:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth: not needed locally
         self._owns_cluster = not ray.is_initialized()
         if self._owns_cluster:
+            reap_orphans()
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "configure_logging": False}
             if address is None:
@@ -215,6 +216,38 @@ class RayRunner:
 
         if self._owns_cluster and ray.is_initialized():
             ray.shutdown()
+            reap_orphans()
+
+
+def reap_orphans() -> list[int]:
+    """Kill Ray helper processes (dashboard/runtime-env agents, workers) whose raylet is dead.
+
+    A driver killed with SIGKILL takes its local GCS, raylet, workers and harness ranks with it (Ray's fate
+    sharing and our PR_SET_PDEATHSIG), but Ray 2.60's per-node agents outlive it. They carry their raylet's
+    pid in RAY_RAYLET_PID; when that pid is gone they serve nothing, so the next runner removes them.
+    """
+    killed = []
+    me = os.getuid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != me:
+                continue
+            name = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+            if not name.startswith(b"ray::"):
+                continue
+            env = dict(item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        raylet = env.get(b"RAY_RAYLET_PID")
+        if raylet and not Path(f"/proc/{int(raylet)}").exists():
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except OSError:
+                pass
+    return killed
 
 
 def _wait(ref: Any, timeout_s: float) -> bool:
