@@ -105,6 +105,161 @@ def presets_cmd(as_json: JsonOpt = False) -> None:
     console.print(gpus)
 
 
+@app.command("report")
+def report_cmd(
+    storage: Annotated[str, typer.Option("--storage", help="Optuna storage of the search: a URL or journal file.")]
+    = "sqlite:///stratagem.db",
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the storage's only one).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="report.html (default), .md, .json, .csv.")]
+    = None,
+    fmt: Annotated[str | None, typer.Option("--format", "-f", help="html | md | json | csv (default: -o's suffix; "
+                                            "without -o, md/json/csv go to stdout).")] = None,
+    nodes: Annotated[str | None, typer.Option("--nodes", help="Add capacity planning, e.g. 8,16,32.")] = None,
+) -> None:
+    """Report a finished search: Pareto plots, front table, plan cards, explorer (HTML); Markdown; JSON/CSV."""
+    from stratagem import reports
+
+    kind = reports.output_format(output, fmt)
+    if output is None and kind == "html":
+        output = Path("report.html")
+    if output is not None:
+        reports.check_output(output)
+    info = reports.pareto_info(reports.open_study(storage, study))
+    cap = (reports.capacity_plan(info.scenario, reports.parse_nodes(nodes))
+           if nodes and kind in ("html", "md") else None)
+    text = reports.render_report(info, kind, cap)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    reports.write_text_atomic(output, text)
+    console.print(f"wrote {output} ({len(info.plans)} plans, {len(info.front)} on the Pareto front)",
+                  markup=False, soft_wrap=True)
+
+
+@app.command("capacity")
+def capacity_cmd(
+    scenario: ScenarioArg,
+    nodes: Annotated[str | None, typer.Option("--nodes", help="Node counts, e.g. 8,16,32,64,128 "
+                                              "(default: half, the same and twice the scenario's).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write .md or .html.")] = None,
+) -> None:
+    """Best plan, time, GPU-hours and cost to train the scenario's training_tokens at each cluster size."""
+    from stratagem import reports
+
+    scn = load_scenario(scenario)
+    kind = reports.output_format(output, None) if output is not None else None
+    if output is not None and kind not in ("md", "html"):
+        raise StratagemError(f"-o ({output}): capacity writes .md or .html")
+    if output is not None:
+        reports.check_output(output)
+    cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else reports.default_nodes(scn))
+    from rich.markup import escape
+
+    table = Table(title=escape(f"Training {scn.training.training_tokens:.3g} tokens of {scn.model.name} on "
+                               f"{scn.cluster.gpu.name}"), title_justify="left")
+    for col in ("nodes", "GPUs", "best plan", "tokens/s", "days", "GPU-h", "USD", "ckpt", "fail"):
+        table.add_column(col, justify="left" if col == "best plan" else "right", no_wrap=col != "best plan",
+                         overflow="fold")
+
+    def si(x: float) -> str:
+        return next((f"{x / d:.3g}{u}" for d, u in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if abs(x) >= d), f"{x:.3g}")
+
+    for r in cap.rows:
+        if r.best is None or r.hours is None or r.days is None:
+            table.add_row(str(r.num_nodes), str(r.num_gpus), f"[red]{escape(r.note)}", *["-"] * 6)
+            continue
+        table.add_row(str(r.num_nodes), str(r.num_gpus), r.best.label, si(r.tokens_per_s or 0), f"{r.days:,.1f}",
+                      si(r.gpu_hours or 0), si(r.cost_usd or 0), f"{r.checkpoint_overhead:.2%}",
+                      f"{r.failure_loss:.2%}")
+    table.caption = ("ckpt: time stalled by checkpoint saves; fail: expected time lost to failures "
+                     "(rework since the last checkpoint + restarts). Days include both.")
+    console.print(table)
+    if output is not None:
+        text = reports.capacity_markdown(cap, heading="#") if kind == "md" else reports.render_capacity_html(cap)
+        reports.write_text_atomic(output, text)
+        console.print(f"wrote {output}", markup=False, soft_wrap=True)
+
+
+@app.command("search")
+def search_cmd(
+    scenario: ScenarioArg,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL: sqlite:///F.db (default: "
+                                                "stratagem.db beside the scenario), postgresql://..., journal:F.log")]
+    = None,
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: <scenario>-<space hash>); "
+                                              "rerunning with the same name resumes.")] = None,
+    sampler: Annotated[str, typer.Option("--sampler", help="auto | exhaustive | nsga2 | tpe | random.")] = "auto",
+    n_trials: Annotated[int | None, typer.Option("--n-trials", help="Plans the sampler proposes (nsga2/tpe/random; "
+                                                 "default 2000); measured runs: runs in this call.")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Stop exploring after S seconds.")] = None,
+    top: Annotated[int, typer.Option("--top", help="Rows of the front to show.")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, show it."""
+    from stratagem.search import console as view
+    from stratagem.search import default_storage, run_search
+
+    scn = load_scenario(scenario)
+    mode = view.check_sampler(sampler)
+    name = study or view.default_study_name(scenario, scn)
+    with view.progress_bar(Console(stderr=True), enabled=not as_json) as progress:
+        result = run_search(scn, storage or default_storage(scenario), name, sampler=mode, n_trials=n_trials,
+                            timeout=timeout, progress=progress)
+    if as_json:
+        print(view.result_json(result))
+        return
+    view.print_result(console, result, top)
+
+
+@app.command("explain")
+def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False) -> None:
+    """Explain one plan: memory stack, step time by part, the four zones, the bottleneck and advice."""
+    from stratagem.evaluators import advise
+
+    scn, pl = scenario_and_plan(scenario, plan)
+    ev = evaluate(scn, pl)
+    if ev.status == "infeasible":
+        raise StratagemError(ev.reason)
+    advice = advise(scn, pl, ev)
+    if as_json:
+        print(json.dumps({"evaluation": ev.model_dump(mode="json"),
+                          "advice": [a.model_dump(mode="json") for a in advice]}, indent=2))
+        return
+    assert ev.time is not None and ev.throughput is not None and ev.zones is not None  # set for feasible plans
+    tm, tp, zones = ev.time, ev.throughput, ev.zones
+    console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}")
+    console.print(memory_table(ev))
+    times = Table(title=f"Step time: {tm.step_s:.3g} s", title_justify="left")
+    times.add_column("part")
+    times.add_column("s", justify="right")
+    times.add_column("share", justify="right")
+    parts = {"compute": tm.compute_s, "recompute": tm.recompute_s, "TP comm (exposed)": tm.tp_comm_s,
+             "DP comm (exposed)": tm.exposed_comm_s - tm.tp_comm_s - tm.pp_comm_s - tm.cp_comm_s,
+             "PP comm": tm.pp_comm_s, "CP comm": tm.cp_comm_s, "pipeline bubble": tm.bubble_s,
+             "optimizer": tm.optimizer_s}
+    parts["overhead"] = tm.step_s - sum(parts.values())
+    for name, sec in parts.items():
+        if sec > 0.0005 * tm.step_s:
+            times.add_row(name, f"{sec:.3g}", f"{sec / tm.step_s:.0%}")
+    times.add_section()
+    times.add_row("DP traffic before overlap", f"{tm.dp_comm_s:.3g}", "")
+    console.print(times)
+    console.print(f"{tp.tokens_per_s:,.0f} tokens/s ({tp.tokens_per_s_per_gpu:,.0f} per GPU), MFU {tp.mfu:.1%}")
+    colour = {"ok": "green", "warn": "yellow", "bad": "red"}
+    ztable = Table(title="Zones", title_justify="left", show_lines=False)
+    for col in ("zone", "level", "value", "diagnosis"):
+        ztable.add_column(col, justify="right" if col == "value" else "left", overflow="fold")
+    for z in (zones.hbm, zones.communication, zones.bubbles, zones.checkpoint):
+        c = colour[z.level]
+        ztable.add_row(z.name, f"[{c}]{z.level}", f"{z.value:.1%}", z.sentence)
+    console.print(ztable)
+    console.print(f"bottleneck: [bold]{zones.bottleneck}[/bold]")
+    if not advice:
+        console.print("advice: none; no neighbouring plan improves a zone that needs it")
+    for i, a in enumerate(advice, 1):
+        console.print(f"{i}. [{a.zone}] {a.effect}\n   {a.rationale}", highlight=False)
+
+
 def main() -> None:
     """Entry point: run the app; a StratagemError becomes one line on stderr and exit status 2."""
     try:

@@ -1,6 +1,7 @@
 """How a plan is judged: the analytic model (formulas) and, later, real runs. One narrow interface:
 `evaluator.evaluate(scenario, plan) -> Evaluation`."""
 
+from stratagem.evaluators.advice import Advice, NeighbourSummary, advise
 from stratagem.evaluators.analytic import AnalyticEvaluator, evaluate, evaluate_many
 from stratagem.evaluators.base import Evaluator
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
@@ -15,8 +16,10 @@ from stratagem.evaluators.evaluation import (
     Zone,
     Zones,
 )
+from stratagem.evaluators.zones import THRESHOLDS, ZONE_NAMES
 
 __all__ = [
+    "Advice", "NeighbourSummary", "advise", "THRESHOLDS", "ZONE_NAMES",
     "AnalyticEvaluator", "evaluate", "evaluate_many", "Evaluator",
     "DEFAULT_CALIBRATION", "Calibration", "PlanColumns",
     "BLOCKS", "CheckpointRisk", "Evaluation", "MemoryBreakdown", "Throughput", "TimeBreakdown", "Zone", "Zones",

@@ -1,7 +1,8 @@
 """The analytic evaluator: formulas only, no torch, no ray.
 
 `evaluate_many` computes every figure as numpy columns (screening); `evaluate` is the same computation on
-one plan, wrapped in an `Evaluation`, so both agree exactly.
+one plan, wrapped in an `Evaluation`, so both agree exactly. Memory: evaluators.memory; step time:
+evaluators.timing (+ comm); checkpoint risk: evaluators.checkpoint; zones: evaluators.zones.
 """
 
 from __future__ import annotations
@@ -12,9 +13,21 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
+from stratagem.evaluators.checkpoint import CHECKPOINT_KEYS, checkpoint_columns
 from stratagem.evaluators.columns import PlanColumns
-from stratagem.evaluators.evaluation import BLOCKS, Evaluation, Fidelity, MemoryBreakdown, Status
+from stratagem.evaluators.evaluation import (
+    BLOCKS,
+    CheckpointRisk,
+    Evaluation,
+    Fidelity,
+    MemoryBreakdown,
+    Status,
+    Throughput,
+    TimeBreakdown,
+)
 from stratagem.evaluators.memory import GIB, memory_columns
+from stratagem.evaluators.timing import time_columns
+from stratagem.evaluators.zones import build_zones, zone_columns
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario
@@ -29,8 +42,15 @@ def evaluate_many(
 ) -> dict[str, Array]:
     """Figures for many valid plans at once, as columns.
 
-    Keys: `<block>_gib` for each block, `peak_gib`, `hbm_gib`, `headroom_gib`, `worst_stage`,
-    `first_block_to_break` (index into BLOCKS, -1 when the plan fits) and `fits` (1.0/0.0).
+    Keys:
+      memory      `<block>_gib` for each block, `peak_gib`, `hbm_gib`, `headroom_gib`, `worst_stage`,
+                  `first_block_to_break` (index into BLOCKS, -1 when the plan fits), `fits` (1.0/0.0);
+      time        compute_s, recompute_s, tp_comm_s, dp_comm_s, pp_comm_s, cp_comm_s, bubble_s, optimizer_s,
+                  overhead_s, exposed_comm_s, step_s (seconds per optimizer step), micro_batches;
+      throughput  tokens_per_s, tokens_per_s_per_gpu, mfu, model_flops (per token);
+      checkpoint  state_gib, shard_gib, save_s, stall_s, load_s, job_mtbf_h, interval_s, goodput_loss;
+      zones       zone_<name>_value, zone_<name>_level (0 ok, 1 warn, 2 bad) for hbm, communication, bubbles,
+                  checkpoint, and bottleneck (index into evaluators.zones.ZONE_NAMES).
     The plans must already satisfy the validity rules (the search space only yields valid plans).
     """
     pc = plans if isinstance(plans, PlanColumns) else PlanColumns.from_plans(plans)
@@ -45,6 +65,16 @@ def evaluate_many(
     over = cumulative > mem["hbm"]
     out["first_block_to_break"] = np.where(over.any(axis=0), over.argmax(axis=0), -1).astype(np.float64)
     out["fits"] = (out["headroom_gib"] >= 0).astype(np.float64)
+    out.update(time_columns(scenario, pc, cal))
+    tr, gpu = scenario.training, scenario.cluster.gpu
+    out["tokens_per_s"] = tr.global_batch_size * tr.seq_len / out["step_s"]
+    out["tokens_per_s_per_gpu"] = out["tokens_per_s"] / scenario.cluster.num_gpus
+    # MFU: model FLOPs (no recompute) over the dense peak of the compute dtype; fp8 plans against the bf16
+    # peak, so their gain shows as higher MFU (torchtitan's convention).
+    peak = np.where(pc.precision == 0, gpu.peak_tflops("fp32"), gpu.peak_tflops("bf16")) * 1e12
+    out["mfu"] = out["model_flops"] * out["tokens_per_s_per_gpu"] / peak
+    out.update(checkpoint_columns(scenario, pc))
+    out.update(zone_columns(out))
     return out
 
 
@@ -74,7 +104,12 @@ def evaluate(scenario: Scenario, plan: Plan | None = None, calibration: Calibrat
         status = "oom"
         reason = (f"peak {memory.peak_gib:.1f} GiB exceeds {memory.hbm_gib:.1f} GiB; "
                   f"{memory.first_block_to_break} is the first block that does not fit")
-    return Evaluation(plan=plan, status=status, reason=reason, memory=memory)
+    time = TimeBreakdown(**{k: float(cols[k][0]) for k in TimeBreakdown.model_fields})
+    throughput = Throughput(**{k: float(cols[k][0]) for k in Throughput.model_fields})
+    checkpoint = CheckpointRisk(**{k: float(cols[k][0]) for k in CHECKPOINT_KEYS})
+    zones = build_zones(scenario, plan, memory, time, checkpoint, cols)
+    return Evaluation(plan=plan, status=status, reason=reason, memory=memory, time=time,
+                      throughput=throughput, checkpoint=checkpoint, zones=zones)
 
 
 class AnalyticEvaluator:

@@ -16,12 +16,36 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    fragmentation: float = Field(default=0.05, ge=0, le=1)
+    fragmentation: float = Field(default=0.044, ge=0, le=1)
     """Allocator fragmentation/caching as a fraction of the allocated peak (reserved vs allocated)."""
-    context_gib: float = Field(default=0.0, ge=0)
+    context_gib: float = Field(default=0.28, ge=0)
     """Per-rank runtime memory outside the allocator's statistics (CUDA context, NCCL), GiB."""
-    logits_bytes: float = Field(default=10.0, ge=0)
+    logits_bytes: float = Field(default=12.2, ge=0)
     """Bytes per logit element alive at the loss: bf16 logits (2) + fp32 upcast (4) + fp32 gradient (4)."""
+
+    # ---- time model (evaluators.timing, evaluators.comm); fitted by bench/throughput_accuracy.py ----------
+    matmul_efficiency: float = Field(default=0.65, gt=0, le=1)
+    """Achieved fraction of the dense peak on large matmuls (the GEMM efficiency ceiling)."""
+    attention_efficiency: float = Field(default=0.19, gt=0, le=1)
+    """Achieved fraction of the dense peak in the fused (flash) attention kernels, forward and backward
+    (FlashAttention-2 reaches well under the GEMM ceiling on Hopper)."""
+    half_efficiency_gflop: float = Field(default=70.0, ge=0)
+    """Per-GPU forward GFLOP of one layer on one micro-batch at which efficiency falls to half the ceiling:
+    efficiency = ceiling x F / (F + this), i.e. a fixed cost per layer pass (kernel launches, small tiles)."""
+    layer_floor_ms: float = Field(default=2.0, ge=0)
+    """Host-side time to launch one layer's forward + backward kernels for one micro-batch, ms: a layer takes at
+    least this long however little GPU work it has (eager PyTorch is launch-bound on small per-GPU work)."""
+    fp8_matmul_speedup: float = Field(default=1.54, ge=1)
+    """Achieved fp8 / bf16 speed on the linear layers (datasheet 2x; scaling and casts eat part of it)."""
+    overlap: float = Field(default=1.0, ge=0, le=1)
+    """Fraction of the backward (or, for ZeRO-3, the whole micro-batch) compute that can hide data-parallel
+    traffic; the rest of that traffic is exposed."""
+    link_efficiency: float = Field(default=0.70, gt=0, le=1)
+    """Achieved fraction of the nominal per-GPU link bandwidth (NVLink and network) for large messages."""
+    collective_step_us: float = Field(default=25.0, ge=0)
+    """Software cost of one ring step in NCCL (protocol, proxy thread), microseconds, added to link latency."""
+    step_overhead_s: float = Field(default=0.08, ge=0)
+    """Fixed cost of one optimizer step outside the model (data loading, logging, synchronisation), s."""
 
 
 DEFAULT_CALIBRATION = Calibration()

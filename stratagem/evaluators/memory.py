@@ -6,17 +6,25 @@ Every function works on `PlanColumns` (numpy arrays), so one code path serves `e
 Sources:
   [ZeRO]  Rajbhandari et al. 2019, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
           sec. 3.1 (2 + 2 + K bytes/param) and sec. 5 (stage 1/2/3 divide optimizer / + grads / + params by Nd).
-  [MLM]   Megatron-LM docs, distributed optimizer: 18 bytes/param, or 6 + 12/d with the distributed optimizer.
+  [MLM]   Megatron-LM megatron/training/theoretical_memory_usage.py: 18 bytes/param, or 6 + 12/d with the
+          distributed optimizer (bf16 params 2 + fp32 main grads 4 unsharded; fp32 master 4 + Adam 8 sharded).
   [DS]    DeepSpeed memory estimators (deepspeed.runtime.zero.stage_1_and_2 / stage3
           estimate_zero{2,3}_model_states_mem_needs): ZeRO-2 = 4P + 16P/d, ZeRO-3 = 18P/d + 4 * largest layer.
   [Korthikanti] Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
           (arXiv 2205.05198), sec. 4 and Table 2: per-layer activations sbh(34 + 5as/h), TP/SP division,
           selective/full recompute, sec. 4.2.3 in-flight micro-batches (1F1B: p; interleaved x(1 + (p-1)/(pv))).
+  [NT]    huggingface/nanotron (src/nanotron): optim/gradient_accumulator.py FP32GradientAccumulator (fp32 grad
+          buffers for every parameter, fp32 master copies of this rank's ZeRO-1 shard only), helpers.py
+          (ZeroDistributedOptimizer around the accumulator; DDP bf16 grad buckets when dp > 1),
+          models/base.py build_model (pipeline blocks assigned by cumulative compute cost), models/llama.py
+          (MHA packs q/k/v into one [3, b, s, a, d] copy that q's view keeps alive), parallel/tensor_parallel
+          (tp_recompute_allgather: column linears save the sharded input, one reused all-gather buffer).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,6 +35,7 @@ from stratagem.spaces.scenario import Scenario
 
 __all__ = [
     "GIB",
+    "DEEPSPEED_ZERO3_LAYER_BYTES",
     "StateTerm",
     "STACK_STATES",
     "FP32_STATES",
@@ -35,23 +44,30 @@ __all__ = [
     "model_state_bytes",
     "korthikanti_layer_bytes",
     "stage_layers",
+    "cost_split_layers",
+    "pipeline_layers",
+    "rank_memory_columns",
     "memory_columns",
 ]
 
 Array = NDArray[np.float64]
 GIB = float(2**30)
+# [DS] estimate_zero3_model_states_mem_needs: 4 bytes x the largest layer's parameters stay gathered on the GPU.
+DEEPSPEED_ZERO3_LAYER_BYTES = 4.0
 
 
 # ---- model states ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StateTerm:
     """One per-parameter buffer: its block, bytes per parameter, from which ZeRO stage it is sharded over
-    the data-parallel ranks (4 = never), and up to which stage it exists at all (3 = always)."""
+    the data-parallel ranks (4 = never), up to which stage it exists at all (3 = always), and whether it
+    exists only under data parallelism (dp > 1: DDP's gradient buckets)."""
 
     block: str
-    bytes_per_param: float  # negative = the optimizer's state bytes (see optimizer_state_bytes) + |value| - 1
+    bytes_per_param: float  # OPTIMIZER = the optimizer's state bytes (see optimizer_state_bytes)
     sharded_from: int
     exists_until: int = 3
+    needs_dp: bool = False
 
 
 OPTIMIZER = -1.0  # placeholder: replaced by the optimizer's state bytes per parameter
@@ -82,13 +98,15 @@ STACK_STATES: dict[str, tuple[StateTerm, ...]] = {
         StateTerm("optimizer", 4, 1),
         StateTerm("optimizer", OPTIMIZER, 1),
     ),
-    # nanotron: bf16 params and grads; FP32GradientAccumulator keeps fp32 master params and fp32 grad
-    # buffers for the whole model; ZeRO-1 shards the optimizer states.
+    # [NT]: bf16 params; bf16 grads in DDP's bucket buffers when dp > 1 (without DDP, param.grad lives only
+    # until the accumulator folds it into fp32 after each backward); FP32GradientAccumulator's fp32 grad
+    # buffers for every parameter (ZeRO-1 keeps them whole: grads accumulate locally, reduce-scatter at the
+    # sync step); fp32 master weights and Adam states only for this rank's ZeRO-1 shard.
     "nanotron": (
         StateTerm("weights", 2, 3),
-        StateTerm("gradients", 2, 2),
+        StateTerm("gradients", 2, 2, needs_dp=True),
         StateTerm("gradients", 4, 2),
-        StateTerm("optimizer", 4, 3),
+        StateTerm("optimizer", 4, 1),
         StateTerm("optimizer", OPTIMIZER, 1),
     ),
 }
@@ -123,18 +141,19 @@ def optimizer_state_bytes(optimizer: str, hidden: int, ffn: int) -> float:
 
 def model_state_bytes(
     terms: tuple[StateTerm, ...], params: Array | float, zero_stage: Array | float, shard: Array | float,
-    opt_bytes: float, offload: Array | float = 0.0,
+    opt_bytes: float, offload: Array | float = 0.0, dp: Array | float = 2.0,
 ) -> dict[str, Array]:
     """Bytes per block for `params` parameters: each term's bytes, divided by `shard` once its stage is on.
 
     [ZeRO] sec. 5: stage 1 shards optimizer states, stage 2 also gradients, stage 3 also parameters.
-    Offload moves the optimizer block to host memory (ZeRO-Offload, Ren et al. 2021).
+    Offload moves the optimizer block to host memory (ZeRO-Offload, Ren et al. 2021). `dp` (data-parallel
+    degree) only decides whether terms that need data parallelism exist.
     """
     z = np.asarray(zero_stage, dtype=np.float64)
     out: dict[str, Array] = {b: np.zeros_like(z) for b in ("weights", "gradients", "optimizer")}
     for t in terms:
         per = opt_bytes if t.bytes_per_param == OPTIMIZER else t.bytes_per_param
-        exists = z <= t.exists_until
+        exists = (z <= t.exists_until) & ((np.asarray(dp) > 1) | (not t.needs_dp))
         divisor = np.where(z >= t.sharded_from, shard, 1.0)
         value = np.where(exists, per * np.asarray(params) / divisor, 0.0)
         if t.block == "optimizer":
@@ -170,6 +189,8 @@ def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple
       MLP:       norm2 input sbh, MLP input sbh [replicated without SP]; SwiGLU: gate g, up u, silu(g),
                  silu(g)*u: 4 sbf; GELU: fc1 output, gelu output: 2 sbf [/ t];
       MoE:       the MLP terms for top_k routed copies with the expert size, + dispatched inputs/outputs 2k sbh.
+    [NT] nanotron with MHA (kv heads = heads) permutes QKV into one contiguous [3, b, s, a, d] copy; q is a
+    view of it, so its k and v thirds stay alive next to the rotary k/v copy passed to flash: + 2 sb*kvd / t.
     Selective recomputes the MLP activation and its down projection: SwiGLU keeps g, u (2 sbf), GELU fc1 out.
     Full recompute keeps only the layer input sbh (/ t with SP) [Korthikanti Table 2: 2sbh bytes in fp16].
     """
@@ -178,6 +199,8 @@ def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple
     sbh = s * b * m.hidden_size
     replicated = 4 * sbh / np.where(sp > 0, t, 1.0)
     attention = s * b * (2 * m.q_size + 2 * m.kv_size) / t
+    if scn.training.stack == "nanotron" and m.kv_heads == m.num_attention_heads:
+        attention = attention + 2 * s * b * m.kv_size / t
     ffn = float(m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size)
     copies = float(m.moe.top_k if m.moe else 1)
     dispatch = 2 * copies * sbh / t * (m.moe is not None)
@@ -206,21 +229,52 @@ def _in_flight(pc: PlanColumns, m: Array, last: bool) -> Array:
     return np.where(p > 1, held, 1.0)
 
 
+# ---- pipeline split ----------------------------------------------------------------------------------------
 def stage_layers(num_layers: int, pp: Array, virtual: Array) -> Array:
     """Layers on the most loaded pipeline rank: ceil(L / (p v)) per chunk x v chunks (uneven splits put
     the extra layers on the first ranks, as Megatron's and torch.distributed.pipelining's splits do)."""
     return np.ceil(num_layers / (pp * virtual)) * virtual
 
 
+def cost_split_layers(num_layers: int, layer_cost: float, head_cost: float, pp: Array) -> tuple[Array, Array]:
+    """(first, last) stage layers under nanotron's split [NT models/base.py build_model].
+
+    Blocks (embedding: cost 0, L layers: c each, LM head: V h) go in order to the current rank, which moves
+    on once the cumulative cost exceeds its share C (r + 1)/p, C = L c + V h. Rank 0 thus takes the layer
+    that crosses C/p: floor(C/(p c)) + 1 layers; the last rank keeps what follows the crossing of
+    C (p - 1)/p (rules keep p <= L, so each block crosses at most one share).
+    """
+    total = num_layers * layer_cost + head_cost
+    share = total / (pp * layer_cost)  # one rank's share, in layers
+    first = np.minimum(float(num_layers), np.floor(share) + 1)
+    before_last = np.minimum(float(num_layers), np.floor(share * (pp - 1)) + 1)
+    last = np.maximum(0.0, num_layers - before_last)
+    one = pp <= 1
+    return np.where(one, float(num_layers), first), np.where(one, float(num_layers), last)
+
+
+def pipeline_layers(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
+    """(first, last) stage layers for the stack's split: nanotron by compute cost (non-interleaved),
+    the others evenly with the remainder on the first ranks (`stage_layers`) [MLM, torch pipelining]."""
+    m = scn.model
+    even = stage_layers(m.num_layers, pc.pp, pc.virtual_stages)
+    if scn.training.stack != "nanotron":
+        return even, even
+    # nanotron's costs [NT models/llama.py get_block_compute_costs]: 4 a d h + 3 f h per layer, V h the head.
+    layer_cost = float(4 * m.num_attention_heads * m.dim_head * m.hidden_size + 3 * m.ffn_hidden_size * m.hidden_size)
+    first, last = cost_split_layers(m.num_layers, layer_cost, float(m.vocab_size * m.hidden_size), pc.pp)
+    interleaved = pc.virtual_stages > 1  # nanotron has no interleaved schedule: fall back to the even split
+    return np.where(interleaved, even, first), np.where(interleaved, even, last)
+
+
 # ---- the whole rank ----------------------------------------------------------------------------------------
-def _stage_params(scn: Scenario, pc: PlanColumns, last: bool) -> tuple[Array, Array, Array]:
+def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> tuple[Array, Array, Array]:
     """(dense params, expert params, largest FSDP unit) held by one rank of the first or last stage."""
     m = scn.model
     t, p, ep = pc.tp, pc.pp, pc.ep
     norms = 2 * m.norm_params()  # replicated across TP
     layer_dense = (m.layer_dense_params() - norms) / t + norms
     layer_expert = m.layer_expert_params() / (ep * t)
-    layers = stage_layers(m.num_layers, p, pc.virtual_stages)
     emb = m.embedding_params() / t
     head = m.head_params() / t
     tied_copy = m.vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0
@@ -236,8 +290,8 @@ def _stage_params(scn: Scenario, pc: PlanColumns, last: bool) -> tuple[Array, Ar
 
 def memory_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, Array]:
     """Bytes per block for the worst rank of every plan, plus `peak`, `hbm` and `worst_stage`."""
-    first = _rank_memory(scn, pc, cal, last=False)
-    last = _rank_memory(scn, pc, cal, last=True)
+    first = rank_memory_columns(scn, pc, cal, "first")
+    last = rank_memory_columns(scn, pc, cal, "last")
     use_last = last["peak"] > first["peak"]
     out = {k: np.where(use_last, last[k], first[k]) for k in first}
     out["worst_stage"] = np.where(use_last, pc.pp - 1, 0.0)
@@ -245,17 +299,24 @@ def memory_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str
     return out
 
 
-def _rank_memory(scn: Scenario, pc: PlanColumns, cal: Calibration, last: bool) -> dict[str, Array]:
+def rank_memory_columns(
+    scn: Scenario, pc: PlanColumns, cal: Calibration, stage: Literal["first", "last"],
+) -> dict[str, Array]:
+    """Bytes per block (weights, gradients, optimizer, activations, transient, overhead) and `peak` for one
+    rank of the first or the last pipeline stage (the same rank when pp = 1)."""
     m, tr = scn.model, scn.training
+    last = stage == "last"
     fp32 = pc.precision == 0
-    dense, expert, unit = _stage_params(scn, pc, last)
+    first_layers, last_layers = pipeline_layers(scn, pc)
+    layers = last_layers if last else first_layers
+    dense, expert, unit = _stage_params(scn, pc, layers, last)
     shard = pc.dp * pc.cp / pc.dp_replicate  # ZeRO/FSDP shard group (torchtitan: dp_shard x cp)
     expert_shard = np.maximum(1.0, shard / pc.ep)
     opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
 
     def states(terms: tuple[StateTerm, ...]) -> dict[str, Array]:
-        d = model_state_bytes(terms, dense, pc.zero_stage, shard, opt, pc.optimizer_offload)
-        e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload)
+        d = model_state_bytes(terms, dense, pc.zero_stage, shard, opt, pc.optimizer_offload, pc.dp)
+        e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload, pc.dp)
         return {k: d[k] + e[k] for k in d}
 
     mixed, full32 = states(STACK_STATES[tr.stack]), states(FP32_STATES)
@@ -268,7 +329,6 @@ def _rank_memory(scn: Scenario, pc: PlanColumns, cal: Calibration, last: bool) -
     none, selective, full = _layer_elements(scn, pc, s, b)
     per_layer = np.select([pc.activation_checkpointing == 0, pc.activation_checkpointing == 1],
                           [none, selective], full)
-    layers = stage_layers(m.num_layers, pc.pp, pc.virtual_stages)
     m_steps = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
     in_flight = _in_flight(pc, m_steps, last)
     activations = per_layer * layers * in_flight * act_bytes
@@ -282,17 +342,19 @@ def _rank_memory(scn: Scenario, pc: PlanColumns, cal: Calibration, last: bool) -
     # Transients: backward working set = one layer's activations re-materialised (full recompute) or the
     # gradient of one layer's largest activations; FSDP gathers (current + prefetched unit, compute dtype)
     # and one unit's unsharded gradients for reduce-scatter [FSDP2 design, torch docs]; DeepSpeed ZeRO-3
-    # holds 4 B x largest layer [DS].
+    # holds 4 B x largest layer [DS]; with sequence parallelism one reused buffer holds the all-gathered
+    # layer input, s b h (Megatron's global memory buffer, nanotron's MemoryBuffer [NT]).
     compute_bytes = np.where(fp32, 4.0, 2.0)
     working = np.where(pc.activation_checkpointing == 2, none * act_bytes, per_layer * act_bytes)
     gather = np.where(pc.zero_stage == 3, 2 * unit * compute_bytes, 0.0)
     grad_bytes = np.where(fp32, 4.0, 4.0 if tr.stack == "torch" else 2.0)
     scatter = np.where(pc.zero_stage >= 2, unit * grad_bytes, 0.0)
     if tr.stack == "deepspeed":
-        gather = np.where(pc.zero_stage == 3, 4.0 * unit, 0.0)
+        gather = np.where(pc.zero_stage == 3, DEEPSPEED_ZERO3_LAYER_BYTES * unit, 0.0)
         scatter = np.zeros_like(gather)
     p2p = np.where(pc.pp > 1, 2 * 2 * s * b * m.hidden_size / sp_div * act_bytes, 0.0)
-    transient = working + gather + scatter + p2p
+    sp_gather = np.where(pc.sequence_parallel > 0, s * b * m.hidden_size * act_bytes, 0.0)
+    transient = working + gather + scatter + p2p + sp_gather
 
     allocated = blocks["weights"] + blocks["gradients"] + blocks["optimizer"] + activations + transient
     overhead = cal.fragmentation * allocated + cal.context_gib * GIB

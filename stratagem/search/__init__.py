@@ -1,1 +1,32 @@
-"""search"""
+"""The Optuna search over the plan space: screen it analytically (`screen`), store the predicted Pareto front
+and a bounded sample as trials, run measured evaluations from the study's queue (`run_search`). Never imports
+ray or torch: it receives an evaluator."""
+
+from stratagem.search.pareto import dominates, nondominated
+from stratagem.search.records import (
+    CONSTRAINT,
+    DIRECTIONS,
+    OBJECTIVES,
+    ROLES,
+    front_trials,
+    objective_values,
+    plan_key,
+    plan_params,
+    study_scenario,
+    trial_evaluation,
+    trial_plan,
+)
+from stratagem.search.runner import SearchResult, run_search, select_plans
+from stratagem.search.samplers import SAMPLERS, ProjectingSampler, make_sampler
+from stratagem.search.screening import ScreenCounts, Screening, objective_matrix, screen
+from stratagem.search.storage import StorageSpec, default_storage, open_storage, parse_storage, storage_lock
+
+__all__ = [
+    "dominates", "nondominated",
+    "CONSTRAINT", "DIRECTIONS", "OBJECTIVES", "ROLES", "front_trials", "objective_values", "plan_key",
+    "plan_params", "study_scenario", "trial_evaluation", "trial_plan",
+    "SearchResult", "run_search", "select_plans",
+    "SAMPLERS", "ProjectingSampler", "make_sampler",
+    "ScreenCounts", "Screening", "objective_matrix", "screen",
+    "StorageSpec", "default_storage", "open_storage", "parse_storage", "storage_lock",
+]

@@ -7,19 +7,33 @@ Study:
   user_attrs["stratagem_version"]
   directions                    [maximize tokens_per_s, maximize headroom_gib, minimize goodput_loss] (OBJECTIVES)
 Trial:
-  params                        the Plan's fields (enums as strings, booleans as bool), see plan_params()
-  values                        [tokens_per_s, headroom_gib, goodput_loss] of the evaluation
+  params                        the Plan's fields (enums as strings, booleans as bool), see plan_params(); a search
+                                records the axes that apply to the plan (SearchSpace.params: sequence_parallel only
+                                with tp > 1, pp_schedule only with pp > 1, ...): an absent field has its Plan default,
+                                which trial_plan() fills in
+  state                         COMPLETE (fits), PRUNED (predicted or measured not to fit; user_attrs["pruned"] says
+                                which block broke), FAIL (a run that crashed or was killed; its plan is re-queued)
+  values                        [tokens_per_s, headroom_gib, goodput_loss] of the evaluation (COMPLETE trials)
   constraints (set_constraint)  [peak_gib - usable_gib]: > 0 means predicted or measured not to fit
+                                (key CONSTRAINT = "memory"; usable_gib = HBM - search.memory_margin_gib)
   user_attrs["plan"]            format_plan(plan) (compact key=value string, the identity used for dedup)
   user_attrs["fidelity"]        "analytic" | "measured"
   user_attrs["status"]          Evaluation.status
   user_attrs["evaluation"]      Evaluation.model_dump(mode="json")
   user_attrs["provenance"]      {"stratagem_version", "scenario_hash", ...}
+  user_attrs["role"]            why the search stored it: "front" (predicted Pareto front), "boundary" (pruned, nearest
+                                the memory limit), "sample" (a bounded random sample of the rest), "sampler"
+                                (proposed by the Optuna sampler during measured runs)
+  user_attrs["pruned"]          (PRUNED trials) the reason: predicted peak vs usable memory and the block that broke
+Study (added by search):
+  user_attrs["space_digest"]    SearchSpace.digest(): scenario + search section; a study serves one space
+  user_attrs["counts"]          {"valid", "screened", "pruned", "feasible", "front"} of the last screening
+  user_attrs["screening"]       "exhaustive" or the sampler that explored a sampled space
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from stratagem.evaluators.evaluation import Evaluation
 from stratagem.spaces.plan import Plan, format_plan
@@ -37,10 +51,15 @@ __all__ = [
     "trial_plan",
     "trial_evaluation",
     "study_scenario",
+    "CONSTRAINT",
+    "ROLES",
+    "front_trials",
 ]
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "headroom_gib", "goodput_loss")
-DIRECTIONS: tuple[str, ...] = ("maximize", "maximize", "minimize")
+DIRECTIONS: tuple[Literal["maximize", "minimize"], ...] = ("maximize", "maximize", "minimize")
+CONSTRAINT = "memory"
+ROLES: tuple[str, ...] = ("front", "boundary", "sample", "sampler")
 
 
 def plan_params(plan: Plan) -> dict[str, Any]:
@@ -79,3 +98,8 @@ def study_scenario(study: optuna.Study) -> Scenario:
 
         raise StratagemError(f"study {study.study_name!r} was not made by stratagem (no scenario stored)")
     return scenario_from_dict(data, source=f"study {study.study_name}")
+
+
+def front_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The study's Pareto front (feasible COMPLETE trials no other dominates), highest tokens/s first."""
+    return sorted(study.best_trials, key=lambda t: (-t.values[0], t.number))

@@ -5,6 +5,7 @@ from stratagem.spaces.model import MODEL_PRESETS, ModelSpec, MoESpec, model_pres
 from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, format_plan, parse_plan
 from stratagem.spaces.rules import RULES, Rule, check_plan, divisors, violations
 from stratagem.spaces.scenario import Scenario, load_scenario, scenario_from_dict
+from stratagem.spaces.space import AXES, IntRange, SearchConfig, SearchSpace
 from stratagem.spaces.training import CheckpointPolicy, TrainingSpec
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "PRECISIONS", "RECOMPUTES", "SCHEDULES", "Plan", "format_plan", "parse_plan",
     "RULES", "Rule", "check_plan", "divisors", "violations",
     "Scenario", "load_scenario", "scenario_from_dict",
+    "AXES", "IntRange", "SearchConfig", "SearchSpace",
     "CheckpointPolicy", "TrainingSpec",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -91,17 +92,22 @@ def parse_plan(text: str | dict[str, Any] | None, base: Plan | None = None) -> P
         items = list(text.items())
     else:
         items = []
-        for part in (text or "").replace(" ", ",").split(","):
+        # Pairs are separated by commas or whitespace; spaces around "=" are allowed ("dp = 8").
+        for part in re.sub(r"\s*=\s*", "=", (text or "").strip()).replace(" ", ",").split(","):
             if not part:
                 continue
-            if "=" not in part:
+            if "=" not in part or part.startswith("="):
                 raise StratagemError(f"plan ({part!r}): write key=value pairs, e.g. dp=8,tp=2,zero=1")
             k, v = part.split("=", 1)
             items.append((k.strip(), v.strip()))
+    seen: set[str] = set()
     for key, value in items:
         name = _ALIASES.get(key, key)
         if name not in Plan.model_fields:
             raise StratagemError(f"plan.{key}: unknown field; valid: {', '.join(_FIELDS)}")
+        if name in seen:
+            raise StratagemError(f"plan.{name}: given twice; give each field once")
+        seen.add(name)
         if name == "sequence_parallel" and isinstance(value, str):
             low = value.lower()
             if low not in _BOOL_TRUE | _BOOL_FALSE:

@@ -56,8 +56,10 @@ def _pp_layers(s: Scenario, p: Plan) -> str | None:
 def _batch(s: Scenario, p: Plan) -> str | None:
     gbs = s.training.global_batch_size
     if gbs % (p.dp * p.micro_batch_size):
-        ok = [d for d in divisors(gbs) if (gbs // p.dp if gbs % p.dp == 0 else 0) % d == 0]
-        hint = f"valid micro_batch_size: {_valid(ok)}" if ok else f"dp must divide {gbs}"
+        if gbs % p.dp:  # no micro-batch size helps: the batch must be a multiple of dp
+            hint = f"dp ({p.dp}) does not divide it: use global_batch_size={gbs + p.dp - gbs % p.dp} or another dp"
+        else:
+            hint = f"valid micro_batch_size: {_valid(divisors(gbs // p.dp))}"
         return (f"dp*micro_batch_size ({p.dp}*{p.micro_batch_size}) must divide global_batch_size "
                 f"({gbs}); {hint}")
     return None

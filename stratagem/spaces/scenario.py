@@ -14,6 +14,7 @@ from stratagem.errors import StratagemError
 from stratagem.spaces.hardware import ClusterSpec
 from stratagem.spaces.model import ModelSpec, model_preset
 from stratagem.spaces.plan import Plan
+from stratagem.spaces.space import SearchConfig
 from stratagem.spaces.training import TrainingSpec
 
 __all__ = ["Scenario", "load_scenario", "scenario_from_dict"]
@@ -32,6 +33,8 @@ class Scenario(BaseModel):
     """The training job."""
     plan: Plan | None = None
     """A plan to evaluate (`stratagem evaluate` uses it unless --plan is given)."""
+    search: SearchConfig | None = None
+    """How `stratagem search` explores plans: fixed or narrowed axes, cross-node TP, memory margin (optional)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -46,8 +49,8 @@ class Scenario(BaseModel):
         return f"{self.model.name} on {self.cluster.num_gpus}x {self.cluster.gpu.name}"
 
     def problem_hash(self) -> str:
-        """Hash of model + cluster + training (not the plan): identifies a study's problem."""
-        blob = json.dumps(self.model_dump(exclude={"plan"}, mode="json"), sort_keys=True)
+        """Hash of model + cluster + training (not the plan nor the search section): identifies the problem."""
+        blob = json.dumps(self.model_dump(exclude={"plan", "search"}, mode="json"), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,206 @@
+"""Accuracy of the analytic memory model against measured peak memory (issue 2, item 5).
+
+Reference data (../shared/reference/, or the folder named by STRATAGEM_REFERENCE):
+  playbook_sweep_calibration.json   503 nanotron runs on H100 80GB (the Ultra-Scale Playbook sweep): seq 4096,
+                                    bf16, AdamW, fp32 grad accumulation, SP when tp > 1, 1F1B when pp > 1.
+  published_cases_calibration.json  the cases of kind memory+... (torchtitan on H100 96GB / H200: FSDP2, CP).
+
+What is compared, per source (never per run):
+  playbook   nanotron's benchmark CSV is written by world rank 0 (src/nanotron/helpers.py log_throughput, from
+             torch.cuda.max_memory_* / 1024**3, i.e. GiB): rank 0 is on the first pipeline stage, so the
+             prediction is the first stage's peak (`rank_memory_columns(..., "first")`).
+  torchtitan max over ranks of reserved memory (GiB): the worst rank (`memory_columns`).
+
+    python bench/memory_accuracy.py            # figures with the default calibration
+    python bench/memory_accuracy.py --fit      # refit fragmentation, context_gib, logits_bytes on this set
+
+The figure (median and p90 absolute % error) is printed last, with the configuration and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stratagem import __version__
+from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
+from stratagem.evaluators.columns import PlanColumns
+from stratagem.evaluators.memory import GIB, memory_columns, rank_memory_columns
+from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, gpu_preset, violations
+
+BLOCKS = ("weights", "gradients", "optimizer", "activations", "transient", "overhead")
+
+
+def reference_dir() -> Path:
+    """STRATAGEM_REFERENCE, else shared/reference inside the repository, else ../shared/reference beside it."""
+    env = os.environ.get("STRATAGEM_REFERENCE")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parent.parent
+    for candidate in (repo / "shared" / "reference", repo.parent / "shared" / "reference"):
+        if candidate.is_dir():
+            return candidate
+    sys.exit("reference data not found: set STRATAGEM_REFERENCE to the folder holding the *_calibration.json")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured run as a scenario + plan, which rank was measured, and the measured peak (GiB)."""
+
+    source: str
+    label: str
+    scenario: Scenario
+    plan: Plan
+    rank: str  # "first" (pipeline stage 0) or "worst"
+    measured_gib: float
+
+
+def playbook_cases(path: Path) -> list[Case]:
+    data = json.loads(path.read_text())
+    models = {name: ModelSpec(name=name, mlp="swiglu", norm="rmsnorm", **dims)
+              for name, dims in data["meta"]["models"].items()}
+    gpu = gpu_preset("h100-sxm-80g")
+    cases = []
+    for r in data["runs"]:
+        scn = Scenario(
+            model=models[r["model"]],
+            cluster=ClusterSpec(gpu=gpu, num_nodes=r["nodes"], gpus_per_node=8),
+            training={"seq_len": 4096, "global_batch_size": r["gbs"], "optimizer": "adamw", "stack": "nanotron"},
+        )
+        plan = Plan(dp=r["dp"], tp=r["tp"], pp=r["pp"], zero_stage=r["zero"], micro_batch_size=r["mbs"],
+                    sequence_parallel=r["tp"] > 1, pp_schedule="1f1b", precision="bf16")
+        label = f"{r['model']} n{r['nodes']} dp{r['dp']} tp{r['tp']} pp{r['pp']} z{r['zero']} mbs{r['mbs']}"
+        cases.append(Case("playbook", label, scn, plan, "first", float(r["mem_gb"])))
+    return cases
+
+
+def _gpu_for(hardware: str) -> str:
+    if "H200" in hardware:
+        return "h200"
+    return "h100-96g" if "96GB" in hardware else "h100-sxm-80g"
+
+
+def torchtitan_cases(path: Path) -> list[Case]:
+    cases = []
+    for c in json.loads(path.read_text())["cases"]:
+        if "memory" not in c["kind"]:
+            continue
+        md, par, tr = c["model"], c["parallel"], c["training"]
+        model = ModelSpec(name=md["name"], num_layers=md["layers"], hidden_size=md["hidden"],
+                          num_attention_heads=md["heads"], num_kv_heads=md["kv_heads"], ffn_hidden_size=md["ffn"],
+                          vocab_size=md["vocab"], tied_embeddings=md["tied"])
+        gpus = par["gpus"]
+        dp = par.get("dp_shard", 1) * par.get("dp_replicate", 1)
+        mbs = tr["micro_batch"]
+        scn = Scenario(
+            model=model,
+            cluster=ClusterSpec(gpu=gpu_preset(_gpu_for(c["hardware"])), num_nodes=max(1, gpus // 8),
+                                gpus_per_node=min(8, gpus)),
+            training={"seq_len": tr["seq_len"], "global_batch_size": tr.get("global_batch", dp * mbs),
+                      "optimizer": "adamw", "stack": "torch"},
+        )
+        ac = tr["activation_checkpointing"].split()[0]
+        plan = Plan(dp=dp, tp=par.get("tp", 1), pp=par.get("pp", 1), cp=par.get("cp", 1),
+                    zero_stage=3, micro_batch_size=mbs, precision="fp8" if "fp8" in tr["precision"] else "bf16",
+                    activation_checkpointing=ac if ac in ("none", "selective", "full") else "none")
+        cases.append(Case("torchtitan", c["id"], scn, plan, "worst", float(c["measured"]["peak_mem_gib"])))
+    return cases
+
+
+def predict(case: Case, cal: Calibration) -> dict[str, float]:
+    """Predicted blocks and peak (GiB) of the rank that was measured."""
+    broken = violations(case.scenario, case.plan)
+    if broken:
+        raise SystemExit(f"{case.label}: the reference run breaks a validity rule: {broken[0]}")
+    pc = PlanColumns.from_plans([case.plan])
+    cols = (rank_memory_columns(case.scenario, pc, cal, "first") if case.rank == "first"
+            else memory_columns(case.scenario, pc, cal))
+    return {k: float(cols[k][0]) / GIB for k in (*BLOCKS, "peak")}
+
+
+def errors(cases: list[Case], cal: Calibration) -> tuple[np.ndarray, list[dict[str, float]]]:
+    preds = [predict(c, cal) for c in cases]
+    err = np.array([p["peak"] / c.measured_gib - 1 for c, p in zip(cases, preds, strict=True)]) * 100
+    return err, preds
+
+
+def fit(cases: list[Case], iterations: int = 100) -> Calibration:
+    """Robust fit of peak = (1 + fragmentation)(A + logits_bytes L) + context_gib, where A is the allocated
+    peak without logits and L the logit elements (the model is linear in a = 1 + f, a lb and context).
+
+    Minimises the mean absolute relative error (iteratively reweighted least squares), so that the runs the
+    model cannot explain (see the worst list) do not drag the constants; one fit for the whole set.
+    """
+    base = Calibration(fragmentation=0.0, context_gib=0.0, logits_bytes=0.0)
+    unit = Calibration(fragmentation=0.0, context_gib=0.0, logits_bytes=1.0)
+    a = np.array([predict(c, base)["peak"] for c in cases])
+    logit = np.array([predict(c, unit)["peak"] for c in cases]) - a
+    y = np.array([c.measured_gib for c in cases])
+    design = np.column_stack([a, logit, np.ones_like(a)]) / y[:, None]
+    target = np.ones_like(y)
+    weight = np.ones_like(y)
+    for _ in range(iterations):
+        coef, *_ = np.linalg.lstsq(design * weight[:, None], target * weight, rcond=None)
+        weight = 1.0 / np.sqrt(np.maximum(np.abs(design @ coef - target), 1e-3))
+    k_a, k_l, ctx = (float(x) for x in coef)
+    return Calibration(fragmentation=max(0.0, k_a - 1), logits_bytes=max(0.0, k_l / k_a),
+                       context_gib=max(0.0, ctx))
+
+
+def summary(err: np.ndarray) -> str:
+    e = np.abs(err)
+    return (f"median {np.median(e):5.1f}%  p90 {np.percentile(e, 90):5.1f}%  max {e.max():5.1f}%  "
+            f"signed median {np.median(err):+5.1f}%  (n={len(e)})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="refit the memory constants on this set first")
+    parser.add_argument("--worst", type=int, default=10, help="how many of the worst predictions to list")
+    args = parser.parse_args(argv)
+
+    ref = reference_dir()
+    cases = playbook_cases(ref / "playbook_sweep_calibration.json")
+    cases += torchtitan_cases(ref / "published_cases_calibration.json")
+    cal = DEFAULT_CALIBRATION
+    start = time.perf_counter()
+    if args.fit:
+        cal = fit(cases)
+        print(f"fitted: fragmentation={cal.fragmentation:.4f} context_gib={cal.context_gib:.3f} "
+              f"logits_bytes={cal.logits_bytes:.2f}")
+    err, preds = errors(cases, cal)
+    elapsed = time.perf_counter() - start
+
+    print(f"\nworst {args.worst} (GiB; blocks of the measured rank):")
+    head = f"{'err%':>7} {'meas':>6} {'pred':>6} " + " ".join(f"{b[:6]:>6}" for b in BLOCKS) + "  run"
+    print(head)
+    for i in np.argsort(-np.abs(err))[: args.worst]:
+        c, p = cases[i], preds[i]
+        print(f"{err[i]:+7.1f} {c.measured_gib:6.1f} {p['peak']:6.1f} "
+              + " ".join(f"{p[b]:6.2f}" for b in BLOCKS) + f"  {c.source}: {c.label}")
+
+    print()
+    for source in ("playbook", "torchtitan"):
+        mask = np.array([c.source == source for c in cases])
+        print(f"{source:>10}: {summary(err[mask])}")
+    print(f"{'all':>10}: {summary(err)}")
+    print(f"\nconfig: fragmentation={cal.fragmentation:.4f} context_gib={cal.context_gib:.3f} "
+          f"logits_bytes={cal.logits_bytes:.2f}; reference {ref}; {len(cases)} runs predicted in "
+          f"{elapsed:.2f} s")
+    print(f"versions: stratagem {__version__}, numpy {np.__version__}, python {platform.python_version()}")
+    e = np.abs(err)
+    print(f"FIGURE memory accuracy: median abs error {np.median(e):.1f}%, p90 {np.percentile(e, 90):.1f}% "
+          f"over {len(e)} measured runs (target: median <= 5%, p90 <= 12%)")
+
+
+if __name__ == "__main__":
+    main()

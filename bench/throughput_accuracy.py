@@ -1,0 +1,286 @@
+"""How well the analytic time model predicts published throughput.
+
+Predicts tokens/s/GPU for the nanotron playbook sweep (`playbook_sweep_calibration.json`, field tok_s_gpu) and
+torchtitan's tables, and TFLOP/s/GPU for Megatron-LM's H100 table (`published_cases_calibration.json`), then
+prints MAPE per source and overall, the worst 10 with the terms of their predicted step, and the nccl-tests
+bus bandwidth the collective model predicts next to the measured one. The figure is printed last.
+
+    .venv/bin/python bench/throughput_accuracy.py            # with stratagem's default calibration
+    .venv/bin/python bench/throughput_accuracy.py --fit      # refit the time constants on this set, print them
+
+Reference directory: $STRATAGEM_REFERENCE, else ../shared/reference next to the repository root.
+
+Assumptions for what the sources do not state (each one printed with the run):
+  sweep       nanotron stack (fp32 grad accumulation buffers), bf16, AdamW, no recompute, SP when tp > 1, 1F1B,
+              global batch = dp x mbs x gas (4 runs record gbs 256 but ran dp x mbs x gas = 4096).
+  torchtitan  torch stack on h100-96g (Grand Teton) / h200, FSDP2 = ZeRO-3 over dp_shard x cp, bf16 or fp8
+              linears, global batch = dp_shard x micro-batch where not stated; torch.compile is not modelled.
+  megatron    megatron stack (distributed optimizer = ZeRO-1), micro-batch 1, SP when tp > 1, GPT (GELU 4h, MHA,
+              LayerNorm, untied), bf16, no recompute, pp > 1: interleaved with 2 chunks per stage (the
+              README enables overlap of DP/TP/PP traffic but states neither micro-batch nor schedule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, PlanColumns, evaluate_many  # noqa: E402
+from stratagem.evaluators.comm import bus_bandwidth_gbps  # noqa: E402
+from stratagem.evaluators.timing import megatron_flops_per_token  # noqa: E402
+from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset  # noqa: E402
+
+TIME_FIELDS = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "fp8_matmul_speedup", "overlap",
+               "step_overhead_s")
+# The collective constants are fitted on the nccl-tests bus bandwidths (what they describe), not here:
+COMM_FIELDS = ("link_efficiency", "collective_step_us")
+
+
+def reference_dir() -> Path:
+    env = os.environ.get("STRATAGEM_REFERENCE")
+    path = Path(env) if env else ROOT.parent / "shared" / "reference"
+    if not (path / "published_cases_calibration.json").exists():
+        sys.exit(f"reference data not found in {path}; set STRATAGEM_REFERENCE")
+    return path
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured run: the scenario and plan to predict, what was measured, and how to compare."""
+
+    source: str
+    label: str
+    scenario: Scenario
+    plan: Plan
+    measured: float
+    unit: str  # "tok/s/gpu" or "TFLOP/s/gpu"
+
+
+def _cluster(gpu: str, gpus: int) -> ClusterSpec:
+    per_node = min(8, gpus)
+    return ClusterSpec(gpu=gpu_preset(gpu), num_nodes=gpus // per_node, gpus_per_node=per_node)
+
+
+def sweep_points(ref: Path) -> list[Point]:
+    data = json.loads((ref / "playbook_sweep_calibration.json").read_text())
+    models = {
+        name: ModelSpec(name=f"nanotron-{name}", num_layers=m["num_layers"], hidden_size=m["hidden_size"],
+                        num_attention_heads=m["num_attention_heads"], num_kv_heads=m["num_kv_heads"],
+                        ffn_hidden_size=m["ffn_hidden_size"], vocab_size=m["vocab_size"],
+                        tied_embeddings=m["tied_embeddings"])
+        for name, m in data["meta"]["models"].items()
+    }
+    points = []
+    for r in data["runs"]:
+        gbs = r["dp"] * r["mbs"] * r["gas"]
+        scn = Scenario(model=models[r["model"]], cluster=_cluster("h100-sxm-80g", 8 * r["nodes"]),
+                       training=TrainingSpec(seq_len=4096, global_batch_size=gbs, stack="nanotron"))
+        plan = Plan(dp=r["dp"], tp=r["tp"], pp=r["pp"], zero_stage=r["zero"], micro_batch_size=r["mbs"],
+                    sequence_parallel=r["tp"] > 1)
+        label = (f"sweep {r['model']} {r['nodes']}n dp{r['dp']} tp{r['tp']} pp{r['pp']} z{r['zero']} "
+                 f"mbs{r['mbs']} gas{r['gas']}")
+        points.append(Point("sweep", label, scn, plan, float(r["tok_s_gpu"]), "tok/s/gpu"))
+    return points
+
+
+def _model(m: dict[str, Any], gpt: bool) -> ModelSpec:
+    kw: dict[str, Any] = dict(name=m["name"], num_layers=m["layers"], hidden_size=m["hidden"],
+                              num_attention_heads=m["heads"], num_kv_heads=m["kv_heads"],
+                              ffn_hidden_size=m["ffn"], vocab_size=m["vocab"], tied_embeddings=m["tied"])
+    if gpt:
+        kw.update(mlp="gelu", norm="layernorm", bias="all", position_embedding="rope")
+    return ModelSpec(**kw)
+
+
+def published_points(ref: Path) -> list[Point]:
+    data = json.loads((ref / "published_cases_calibration.json").read_text())
+    points = []
+    for c in data["cases"]:
+        cid, par, tr = c["id"], c.get("parallel", {}), c.get("training", {})
+        if cid.startswith("tt-"):
+            gpu = "h200" if "h200" in cid else "h100-96g"
+            dp, cp = par["dp_shard"], par.get("cp", 1)
+            mbs = tr["micro_batch"]
+            gbs = tr.get("global_batch", dp * mbs)
+            ac = "full" if tr["activation_checkpointing"].startswith("full") else "selective"
+            precision = "fp8" if "fp8" in tr["precision"] else "bf16"
+            scn = Scenario(model=_model(c["model"], gpt=False), cluster=_cluster(gpu, par["gpus"]),
+                           training=TrainingSpec(seq_len=tr["seq_len"], global_batch_size=gbs, stack="torch"))
+            plan = Plan(dp=dp, cp=cp, zero_stage=3, micro_batch_size=mbs, precision=precision,
+                        activation_checkpointing=ac)
+            points.append(Point("torchtitan", cid, scn, plan, float(c["measured"]["tokens_per_s_per_gpu"]),
+                                "tok/s/gpu"))
+        elif cid.startswith("mlm-"):
+            tp, pp = par["tp"], par["pp"]
+            scn = Scenario(model=_model(c["model"], gpt=True), cluster=_cluster("h100-sxm-80g", par["gpus"]),
+                           training=TrainingSpec(seq_len=tr["seq_len"], global_batch_size=tr["global_batch"],
+                                                 stack="megatron"))
+            plan = Plan(dp=par["dp"], tp=tp, pp=pp, zero_stage=1, micro_batch_size=1, sequence_parallel=tp > 1,
+                        pp_schedule="interleaved" if pp > 1 else "1f1b", virtual_stages=2 if pp > 1 else 1)
+            points.append(Point("megatron", cid, scn, plan, float(c["measured"]["tflops_per_gpu"]),
+                                "TFLOP/s/gpu"))
+    return points
+
+
+def predict(points: list[Point], cal: Calibration) -> tuple[np.ndarray, list[dict[str, float]]]:
+    """Predicted value of every point (same unit as measured) and its step breakdown."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(points):
+        groups[p.scenario.model_dump_json()].append(i)
+    pred = np.zeros(len(points))
+    parts: list[dict[str, float]] = [{} for _ in points]
+    for idx in groups.values():
+        scn = points[idx[0]].scenario
+        cols = evaluate_many(scn, PlanColumns.from_plans([points[i].plan for i in idx]), cal)
+        for j, i in enumerate(idx):
+            p = points[i]
+            if p.unit == "TFLOP/s/gpu":
+                m = scn.model
+                flops = megatron_flops_per_token(m.num_layers, m.hidden_size, scn.training.seq_len, m.vocab_size)
+                pred[i] = flops * cols["tokens_per_s_per_gpu"][j] / 1e12
+            else:
+                pred[i] = cols["tokens_per_s_per_gpu"][j]
+            parts[i] = {k: float(cols[k][j]) for k in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s",
+                                                      "cp_comm_s", "bubble_s", "exposed_comm_s", "optimizer_s",
+                                                      "overhead_s", "step_s")}
+    return pred, parts
+
+
+def ape(pred: np.ndarray, points: list[Point]) -> np.ndarray:
+    meas = np.array([p.measured for p in points])
+    return np.abs(pred - meas) / meas
+
+
+def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: np.ndarray, iters: int) -> np.ndarray:
+    """Minimise f from x0 (Nelder & Mead 1965, standard coefficients 1, 2, 0.5, 0.5)."""
+    simplex = [x0] + [x0 + np.eye(len(x0))[i] * step[i] for i in range(len(x0))]
+    values = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centroid = np.mean(simplex[:-1], axis=0)
+        worst = simplex[-1]
+        xr = centroid + (centroid - worst)
+        fr = f(xr)
+        if fr < values[0]:
+            xe = centroid + 2 * (centroid - worst)
+            fe = f(xe)
+            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (worst - centroid)
+            fc = f(xc)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = xc, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    return simplex[int(np.argmin(values))]
+
+
+# Fitted in log space so every constant stays positive; efficiencies are clipped to their bounds.
+def _decode(x: np.ndarray) -> Calibration:
+    v = dict(zip(TIME_FIELDS, np.exp(x), strict=True))
+    for k in ("matmul_efficiency", "attention_efficiency", "overlap"):
+        v[k] = min(v[k], 1.0)
+    v["fp8_matmul_speedup"] = max(v["fp8_matmul_speedup"], 1.0)
+    return START.model_copy(update=v)
+
+
+START = DEFAULT_CALIBRATION
+
+
+def fit(points: list[Point], start: Calibration, iters: int) -> Calibration:
+    x0 = np.log(np.array([max(getattr(start, k), 1e-3) for k in TIME_FIELDS]))
+
+    meas = np.array([p.measured for p in points])
+    sources = [np.array([p.source == s for p in points]) for s in sorted({p.source for p in points})]
+
+    def loss(x: np.ndarray) -> float:
+        # |log(pred / measured)| capped at log 2 (a run more than 2x off, e.g. a failing node, weighs no more
+        # than any other miss), averaged per source, then over sources (each source counts the same).
+        pred, _ = predict(points, _decode(x))
+        r = np.minimum(np.abs(np.log(pred / meas)), np.log(2.0))
+        return float(np.mean([r[s].mean() for s in sources]))
+
+    return _decode(nelder_mead(loss, x0, np.full(len(x0), 0.3), iters))
+
+
+def nccl_report(ref: Path, cal: Calibration) -> list[str]:
+    data = json.loads((ref / "published_cases_calibration.json").read_text())
+    lines = ["nccl-tests busbw, 256 MB, H100 8/node (measured -> predicted GB/s):"]
+    by_kind: dict[str, list[str]] = defaultdict(list)
+    for c in data["cases"]:
+        if c["kind"] != "collective_bandwidth":
+            continue
+        kind = c["id"].split("-")[1]
+        n, nodes = c["parallel"]["gpus"], c["parallel"]["nodes"]
+        cluster = ClusterSpec(gpu=gpu_preset("h100-sxm-80g"), num_nodes=nodes, gpus_per_node=8)
+        pred = bus_bandwidth_gbps(cluster, cal, kind, n, c["training"]["message_bytes"])
+        by_kind[kind].append(f"{nodes}n {c['measured']['busbw_GBps']:.0f}->{pred:.0f}")
+    for kind, row in by_kind.items():
+        lines.append(f"  {kind:15s} " + ", ".join(row))
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fit", action="store_true", help="refit the time constants on this set and print them")
+    ap.add_argument("--iters", type=int, default=400, help="Nelder-Mead iterations with --fit")
+    ap.add_argument("--worst", type=int, default=10)
+    args = ap.parse_args()
+    ref = reference_dir()
+    points = sweep_points(ref) + published_points(ref)
+    cal = fit(points, DEFAULT_CALIBRATION, args.iters) if args.fit else DEFAULT_CALIBRATION
+    pred, parts = predict(points, cal)
+    err = ape(pred, points)
+    print(f"reference: {ref}")
+    print("calibration: " + ", ".join(f"{k}={getattr(cal, k):.4g}" for k in TIME_FIELDS + COMM_FIELDS))
+    for line in nccl_report(ref, cal):
+        print(line)
+    print(f"\nworst {args.worst} (measured -> predicted; predicted step terms as % of step):")
+    for i in np.argsort(-err)[: args.worst]:
+        p, pt = points[i], parts[i]
+        step = pt["step_s"]
+        terms = ", ".join(f"{k[:-2]} {pt[k] / step:.0%}" for k in ("compute_s", "exposed_comm_s", "tp_comm_s",
+                                                                  "pp_comm_s", "bubble_s", "overhead_s"))
+        print(f"  {err[i]:7.0%}  {p.label}: {p.measured:,.0f} -> {pred[i]:,.0f} {p.unit}  [{terms}]")
+    sources = sorted({p.source for p in points})
+    print("\nper source:")
+    for s in sources:
+        mask = np.array([p.source == s for p in points])
+        print(f"  {s:11s} n={mask.sum():4d}  MAPE {np.mean(err[mask]):6.1%}  median APE {np.median(err[mask]):6.1%}")
+    # How the error splits by regime (which terms dominate the misses).
+    regimes = {
+        "one node": lambda p: p.scenario.cluster.num_nodes == 1,
+        "tp > gpus/node": lambda p: p.plan.tp > p.scenario.cluster.gpus_per_node,
+        "pp > 1 across nodes": lambda p: p.plan.pp > 1 and p.scenario.cluster.num_nodes > 1,
+        "no pp, tp <= node": lambda p: p.plan.pp == 1 and p.plan.tp <= p.scenario.cluster.gpus_per_node,
+    }
+    print("sweep by regime:")
+    for name, pick in regimes.items():
+        mask = np.array([p.source == "sweep" and pick(p) for p in points])
+        if mask.any():
+            print(f"  {name:22s} n={mask.sum():4d}  MAPE {np.mean(err[mask]):6.1%}  "
+                  f"median APE {np.median(err[mask]):6.1%}")
+    print(f"\npython {platform.python_version()}, numpy {np.__version__}")
+    print(f"MAPE over all {len(points)} points: {np.mean(err):.1%} (median APE {np.median(err):.1%})")
+
+
+if __name__ == "__main__":
+    main()

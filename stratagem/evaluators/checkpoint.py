@@ -1,0 +1,92 @@
+"""Checkpoint cost and failure exposure: state size, save/stall/load time, job MTBF, interval, goodput loss.
+
+Sources:
+  [Young]  Young 1974, "A first order approximation to the optimum checkpoint interval", CACM 17(9):
+           tau = sqrt(2 C M).
+  [Daly]   Daly 2006, "A higher order estimate of the optimum checkpoint interval for restart dumps",
+           FGCS 22(3), eq. 37: tau = sqrt(2CM) [1 + sqrt(C/2M)/3 + (C/2M)/9] - C for C < 2M, else M.
+           Published optima (R = 10 min, C = 5 min): M = 24 h -> 117 min, 6 h -> 57 min, 15 min -> 9.1 min.
+  Expected lost fraction of wall time: C/tau (checkpoint stalls) + (tau/2 + lag + R)/M (on each failure half an
+  interval of work, the save still in flight, and the restart are lost) [Young sec. 2, Daly sec. 3].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators.columns import PlanColumns
+from stratagem.evaluators.memory import optimizer_state_bytes
+from stratagem.evaluators.timing import rank_params
+from stratagem.spaces.scenario import Scenario
+
+__all__ = ["CHECKPOINT_KEYS", "STAGING_BYTES_S", "young_interval", "daly_interval", "checkpoint_columns"]
+
+Array = NDArray[np.float64]
+GIB = float(2**30)
+GB = 1e9
+
+CHECKPOINT_KEYS: tuple[str, ...] = (
+    "state_gib", "shard_gib", "save_s", "stall_s", "load_s", "job_mtbf_h", "interval_s", "goodput_loss",
+)
+# Async save stages each rank's shard from device to pinned host memory: PCIe Gen4 x16 ~25 GB/s one way
+# (a GPU of kind "cpu" copies in memory at its own memory bandwidth).
+STAGING_BYTES_S = 25e9
+
+
+def young_interval(cost: Array | float, mtbf: Array | float) -> Array:
+    """[Young] optimum compute time between checkpoints: sqrt(2 C M)."""
+    return np.sqrt(2.0 * np.asarray(cost) * np.asarray(mtbf))
+
+
+def daly_interval(cost: Array | float, mtbf: Array | float) -> Array:
+    """[Daly] eq. 37 optimum compute time between checkpoints (same unit as the inputs)."""
+    c, m = np.asarray(cost, dtype=np.float64), np.asarray(mtbf, dtype=np.float64)
+    x = c / (2.0 * m)
+    tau = np.sqrt(2.0 * c * m) * (1.0 + np.sqrt(x) / 3.0 + x / 9.0) - c
+    return np.where(c < 2.0 * m, tau, m)
+
+
+def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
+    """CHECKPOINT_KEYS for every plan (times in seconds, sizes in GiB, MTBF in hours)."""
+    m, tr, cl = scn.model, scn.training, scn.cluster
+    policy = tr.checkpoint
+    n = len(pc)
+    fp32 = pc.precision == 0
+    # Saved per parameter: the weights as the stack keeps them (torch: the fp32 params are the master copy;
+    # others: bf16 weights + fp32 master in the optimizer) + optimizer states.
+    opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
+    weight_b = np.where(fp32 | (tr.stack == "torch"), 4.0, 2.0)
+    master_b = np.where(fp32 | (tr.stack == "torch"), 0.0, 4.0)
+    state = m.num_params() * (weight_b + master_b + opt)
+
+    # Largest per-rank write: its share of weights (replicas deduplicated: written once per dp group) and of
+    # the optimizer (sharded over dp x cp from ZeRO-1 on).
+    dense, expert = rank_params(scn, pc)
+    shard_n = pc.dp * pc.cp / pc.dp_replicate
+    z = pc.zero_stage
+    held = dense + expert
+    shard = held * (weight_b / np.where(z >= 3, shard_n, 1.0) + (master_b + opt) / np.where(z >= 1, shard_n, 1.0))
+
+    write_bw = min(cl.storage_write_gbps, cl.node_storage_gbps * cl.num_nodes) * GB
+    read_bw = min(cl.storage_read_gbps, cl.node_storage_gbps * cl.num_nodes) * GB
+    save = state / write_bw
+    load = state / read_bw
+    staging = STAGING_BYTES_S if cl.gpu.kind == "gpu" else cl.gpu.hbm_tbps * 1e12
+    stall = save if policy.mode == "blocking" else shard / staging
+    lag = np.where(policy.mode == "async", save - stall, 0.0)
+
+    mtbf_h = cl.node_mtbf_hours / cl.num_nodes
+    mtbf = mtbf_h * 3600.0
+    if policy.interval_minutes is not None:
+        interval = np.full(n, policy.interval_minutes * 60.0)
+    else:
+        interval = daly_interval(stall, mtbf)
+        if policy.mode == "async":  # a new save cannot start before the previous one is written
+            interval = np.maximum(interval, save)
+    restart = policy.restart_minutes * 60.0 + load
+    loss = np.minimum(1.0, stall / interval + (interval / 2.0 + lag + restart) / mtbf)
+    return {
+        "state_gib": state / GIB, "shard_gib": shard / GIB, "save_s": save, "stall_s": stall, "load_s": load,
+        "job_mtbf_h": np.full(n, mtbf_h), "interval_s": interval, "goodput_loss": loss,
+    }

@@ -1,0 +1,227 @@
+"""Analytic step time: compute, recompute, communication by kind, pipeline bubble, optimizer, overhead.
+
+Vectorised over `PlanColumns`; every column is seconds per optimizer step on the slowest pipeline rank.
+
+Sources:
+  [PaLM]   Chowdhery et al. 2022, app. B: model FLOPs per token 6N + 12 L H Q T (attention, non-causal).
+  [Narayanan] Narayanan et al. 2021 (Megatron-LM at scale, SC21), sec. 5.1 / app.: 72 B s L h^2 (1 + s/(6h)
+           + V/(12 h L)) FLOPs per iteration for GPT (4h MLP), the same count as [PaLM] for that shape;
+           sec. 2.2: pipeline bubble (p-1)/m for GPipe and 1F1B, (p-1)/(v m) interleaved.
+  [MLM-TP] Shoeybi et al. 2019, sec. 3: 2 all-reduces forward + 2 backward per layer (f/g operators);
+           Korthikanti et al. 2022 sec. 4.2.2: with sequence parallelism all-gather + reduce-scatter, same volume.
+  [FA2]    Dao 2023, FlashAttention-2, sec. 4.1: causal attention does half the work; backward = 2.5x forward.
+  [ZeRO]   Rajbhandari et al. 2019, sec. 7: DDP and ZeRO-1/2 move 2 Psi per step, ZeRO-3 3 Psi (1.5x).
+  [ZB]     Qi et al. 2023, Zero Bubble Pipeline Parallelism, sec. 3: ZB-H1 bubble ~ 1/3 of 1F1B's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.columns import PlanColumns
+from stratagem.evaluators.comm import (
+    Link,
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    group_link,
+    p2p_s,
+    reduce_scatter_s,
+)
+from stratagem.evaluators.memory import optimizer_state_bytes, stage_layers
+from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.scenario import Scenario
+
+__all__ = [
+    "TIME_KEYS",
+    "matmul_params_per_layer",
+    "model_flops_per_token",
+    "megatron_flops_per_token",
+    "bubble_fraction",
+    "rank_params",
+    "time_columns",
+]
+
+Array = NDArray[np.float64]
+
+TIME_KEYS: tuple[str, ...] = (
+    "compute_s", "recompute_s", "tp_comm_s", "dp_comm_s", "pp_comm_s", "cp_comm_s", "bubble_s",
+    "optimizer_s", "overhead_s", "exposed_comm_s", "step_s",
+)
+# Device <-> host copy bandwidth per GPU for optimizer offload: PCIe Gen4 x16 achieves ~25 GB/s one way.
+PCIE_BYTES_S = 25e9
+# Host memory bandwidth per GPU for the CPU optimizer step (ZeRO-Offload): ~200 GB/s per 2-socket node / 8.
+HOST_MEM_BYTES_S = 25e9
+
+
+# ---- FLOPs --------------------------------------------------------------------------------------------------
+def matmul_params_per_layer(m: ModelSpec) -> float:
+    """Weights one token multiplies through in one layer: attention Q,K,V,O + the active MLP (top_k experts
+    and the router for MoE). Norms and biases do no matmul work."""
+    attention = m.hidden_size * (m.q_size + 2 * m.kv_size) + m.q_size * m.hidden_size
+    if m.moe is None:
+        mats = 3 if m.mlp == "swiglu" else 2
+        return float(attention + mats * m.hidden_size * m.ffn_hidden_size)
+    mats = 3 if m.mlp == "swiglu" else 2
+    expert = mats * m.hidden_size * m.moe.expert_ffn_hidden_size
+    return float(attention + m.moe.top_k * expert + m.hidden_size * m.moe.num_experts)
+
+
+def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    """Model FLOPs per token, forward + backward, no recompute [PaLM app. B]: 6 N_mm + 12 L s q, where N_mm
+    counts the matmul weights a token passes (layers + LM head) and q = heads x head_dim. Used for MFU."""
+    n_mm = m.num_layers * matmul_params_per_layer(m) + m.vocab_size * m.hidden_size
+    return 6.0 * n_mm + 12.0 * m.num_layers * seq_len * m.q_size
+
+
+def megatron_flops_per_token(num_layers: int, hidden: int, seq_len: int, vocab: int) -> float:
+    """[Narayanan] 72 B s L h^2 (1 + s/(6h) + V/(12 h L)) per iteration, divided by the B s tokens."""
+    return 72.0 * num_layers * hidden**2 * (1 + seq_len / (6 * hidden) + vocab / (12 * hidden * num_layers))
+
+
+def bubble_fraction(pp: Array, micro_batches: Array, schedule: Array, virtual: Array) -> Array:
+    """Bubble time over ideal time [Narayanan sec. 2.2, ZB sec. 3]: (p-1)/m for gpipe (0) and 1f1b (1),
+    (p-1)/(v m) interleaved (2), (p-1)/(3 m) zero-bubble ZB-H1 (3)."""
+    per = np.select([schedule == 2, schedule == 3], [1.0 / virtual, 1.0 / 3.0], 1.0)
+    return np.where(pp > 1, (pp - 1) * per / micro_batches, 0.0)
+
+
+# ---- parameters per rank -------------------------------------------------------------------------------------
+def rank_params(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
+    """(dense, expert) parameters held by one rank of the most loaded pipeline stage, before ZeRO sharding:
+    stage layers / tp (experts also / ep), plus the embedding or LM head (both when pp = 1)."""
+    m = scn.model
+    layers = stage_layers(m.num_layers, pc.pp, pc.virtual_stages)
+    ends = m.embedding_params() + m.head_params() + (m.vocab_size * m.hidden_size if m.tied_embeddings else 0)
+    one_end = max(m.embedding_params(), m.head_params() + (m.vocab_size * m.hidden_size if m.tied_embeddings
+                                                          else 0))
+    extra = np.where(pc.pp > 1, float(one_end), float(ends))
+    dense = (layers * m.layer_dense_params() + extra) / pc.tp
+    expert = layers * m.layer_expert_params() / (pc.ep * pc.tp)
+    return dense, expert
+
+
+# ---- the step ----------------------------------------------------------------------------------------------
+def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, Array]:
+    """Seconds per optimizer step by part (TIME_KEYS) for every plan, plus `micro_batches` and `model_flops`
+    (model FLOPs per token). step_s = compute + recompute + exposed_comm + bubble + optimizer + overhead."""
+    m, tr, cl, gpu = scn.model, scn.training, scn.cluster, scn.cluster.gpu
+    t, p, c, d, e, v = pc.tp, pc.pp, pc.cp, pc.dp, pc.ep, pc.virtual_stages
+    fp32, fp8 = pc.precision == 0, pc.precision == 2
+    act_bytes = np.where(fp32, 4.0, 2.0)
+    micro = tr.global_batch_size / (d * pc.micro_batch_size)
+    tokens = pc.micro_batch_size * tr.seq_len / c  # tokens of one micro-batch on one rank
+
+    # Compute of one micro-batch on the most loaded rank (forward + backward).
+    peak_bf16 = gpu.peak_tflops("bf16") * 1e12
+    peak = np.where(fp32, gpu.peak_tflops("fp32") * 1e12, peak_bf16)
+    peak_mm = np.where(fp8, peak_bf16 * cal.fp8_matmul_speedup, peak)
+    layer_mm = 2.0 * tokens * matmul_params_per_layer(m) / t  # forward FLOPs of one layer's matmuls per rank
+    layer_attn = 2.0 * tokens * tr.seq_len * m.q_size / t  # causal flash forward: 2 s q per token [FA2]
+    head_mm = 2.0 * tokens * m.vocab_size * m.hidden_size / t
+    size = layer_mm / (layer_mm + cal.half_efficiency_gflop * 1e9)  # small per-GPU matmuls run less efficiently
+    mm_rate = peak_mm * cal.matmul_efficiency * size
+    attn_rate = peak * cal.attention_efficiency * size
+    layers = stage_layers(m.num_layers, p, v)
+    fwd_layer = layer_mm / mm_rate + layer_attn / attn_rate
+    fwd_bwd_layer = 3.0 * layer_mm / mm_rate + 3.5 * layer_attn / attn_rate  # backward: 2x matmul, 2.5x attention
+    compute_mb = layers * fwd_bwd_layer + 3.0 * head_mm / mm_rate
+
+    # Recompute: full = one more forward of every layer; selective (memory.py's definition: the MLP activation
+    # is recomputed from the saved gate/up projections) = elementwise work, bound by HBM: read + write the
+    # dropped tensors (SwiGLU: silu(g) and silu(g)*u; GELU: gelu(x)).
+    ffn = float(m.moe.expert_ffn_hidden_size * m.moe.top_k if m.moe else m.ffn_hidden_size)
+    dropped = 4.0 if m.mlp == "swiglu" else 2.0
+    selective = layers * dropped * tokens * ffn / t * act_bytes / (gpu.hbm_tbps * 1e12)
+    recompute_mb = np.select([pc.activation_checkpointing == 2, pc.activation_checkpointing == 1],
+                             [layers * fwd_layer, selective], 0.0)
+
+    # Tensor parallel: 4 all-reduces of the b s h activation per layer per micro-batch [MLM-TP]; MoE adds 4
+    # all-to-alls (dispatch + combine, forward + backward) of the top_k routed copies over the ep group.
+    tp_link = group_link(cl, cal, t, 1.0)
+    activation = tokens * m.hidden_size * act_bytes
+    tp_layer = 4.0 * all_reduce_s(tp_link, activation)
+    if m.moe is not None:
+        ep_link = group_link(cl, cal, e, t * c)
+        tp_layer = tp_layer + 4.0 * all_to_all_s(ep_link, activation * m.moe.top_k / t)
+
+    # Context parallel: per layer, K and V of the local chunk gathered forward, again backward, and their
+    # gradients reduce-scattered: 3 ring passes of c x local KV.
+    cp_link = group_link(cl, cal, c, t)
+    kv_local = tokens * 2 * m.kv_size * act_bytes
+    cp_layer = 3.0 * all_gather_s(cp_link, c * kv_local)
+
+    # Megatron overlaps TP collectives with the GEMMs they feed (--tp-comm-overlap) and P2P with compute;
+    # the other stacks run them in line. Hidden traffic is bounded by the compute it hides behind.
+    hides = tr.stack == "megatron"
+    layer_compute = fwd_bwd_layer + recompute_mb / layers
+    tp_exposed = np.maximum(0.0, tp_layer - cal.overlap * layer_compute) if hides else tp_layer
+
+    # A layer takes at least the host time to launch its kernels (layer_floor_ms; a third more with full
+    # recompute); the GPU idles for the difference.
+    floor = cal.layer_floor_ms * 1e-3 * (1.0 + (pc.activation_checkpointing == 2) / 3.0)
+    idle_layer = np.maximum(0.0, floor - (layer_compute + tp_exposed + cp_layer))
+    tp_mb, cp_mb, idle_mb = layers * tp_exposed, layers * cp_layer, layers * idle_layer
+
+    # Pipeline: per micro-batch each model chunk sends its output forward and receives a gradient backward;
+    # with sequence parallelism the boundary tensor is sharded over tp.
+    pp_link = group_link(cl, cal, p, t * c * d)
+    boundary = activation / np.where(pc.sequence_parallel > 0, t, 1.0)
+    pp_mb = 2.0 * v * p2p_s(pp_link, boundary, p > 1)
+    if hides:
+        pp_mb = np.maximum(0.0, pp_mb - cal.overlap * compute_mb)
+
+    # Data parallel over the dp x cp ranks that hold the same weights (HSDP: shard inside dp/replicate).
+    dense, expert = rank_params(scn, pc)
+    grad_bytes = np.where(fp32, 4.0, 2.0 if tr.stack == "deepspeed" else 4.0)  # grads reduced in fp32
+    param_bytes = act_bytes
+    shard_n = d * c / pc.dp_replicate
+    shard_link = group_link(cl, cal, shard_n, t)
+    rep_link = group_link(cl, cal, pc.dp_replicate, t * shard_n)
+    expert_link = group_link(cl, cal, np.maximum(1.0, d * c / e), t * e)
+    z = pc.zero_stage
+
+    def sync(link_: Link, params: Array) -> tuple[Array, Array]:
+        """(once-per-step seconds, per-micro-batch seconds) of this group's gradient/parameter traffic."""
+        g, w = params * grad_bytes, params * param_bytes
+        rs, ag = reduce_scatter_s(link_, g), all_gather_s(link_, w)
+        per_step = np.select([z == 0, z == 1], [all_reduce_s(link_, g), rs + ag],
+                             np.where((z == 2) & (tr.stack != "torch"), ag, 0.0))
+        per_mb = np.select([z == 2, z == 3], [rs + np.where(tr.stack == "torch", ag, 0.0), rs + 2.0 * ag], 0.0)
+        return per_step, per_mb
+
+    dense_step, dense_mb = sync(shard_link, dense)
+    expert_step, expert_mb = sync(expert_link, expert)
+    replicas = np.where(z >= 1, all_reduce_s(rep_link, dense * grad_bytes / shard_n),
+                        all_reduce_s(rep_link, dense * grad_bytes))
+    dp_step = dense_step + expert_step + replicas
+    dp_mb = (dense_mb + expert_mb) * micro
+    compute_only = compute_mb + recompute_mb
+    window = cal.overlap * compute_only * np.where(dp_mb > 0, micro, 1.0)
+    exposed_dp = np.maximum(0.0, dp_step + dp_mb - window)
+
+    # Optimizer: read gradient, read + write master weights and states, write the compute copy, over HBM;
+    # offloaded: gradients down and weights up over PCIe, the update over host memory.
+    updated = dense / np.where(z >= 1, shard_n, 1.0) + expert / np.where(z >= 1, np.maximum(1.0, d * c / e), 1.0)
+    opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
+    master = np.where(fp32 | (tr.stack == "torch"), 0.0, 4.0)
+    touched = grad_bytes + 2.0 * (master + opt) + np.where(master > 0, param_bytes, 2.0 * 4.0)
+    on_device = updated * touched / (gpu.hbm_tbps * 1e12)
+    offloaded = updated * (grad_bytes + param_bytes) / PCIE_BYTES_S + updated * touched / HOST_MEM_BYTES_S
+    optimizer = np.where(pc.optimizer_offload > 0, offloaded, on_device)
+
+    slot = compute_only + tp_mb + cp_mb + pp_mb + idle_mb
+    bubble = bubble_fraction(p, micro, pc.pp_schedule, v) * micro * slot
+    tp_s, cp_s, pp_s = micro * tp_mb, micro * cp_mb, micro * pp_mb
+    exposed = tp_s + cp_s + pp_s + exposed_dp
+    overhead = cal.step_overhead_s + micro * idle_mb
+    compute, recompute = micro * compute_mb, micro * recompute_mb
+    step = compute + recompute + exposed + bubble + optimizer + overhead
+    return {
+        "compute_s": compute, "recompute_s": recompute, "tp_comm_s": tp_s, "dp_comm_s": dp_step + dp_mb,
+        "pp_comm_s": pp_s, "cp_comm_s": cp_s, "bubble_s": bubble, "optimizer_s": optimizer,
+        "overhead_s": overhead, "exposed_comm_s": exposed, "step_s": step, "micro_batches": micro,
+        "model_flops": np.full(len(pc), model_flops_per_token(m, tr.seq_len)),
+    }

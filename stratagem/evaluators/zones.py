@@ -1,0 +1,174 @@
+"""The four zones a plan is judged in (HBM, communication, pipeline bubbles, checkpoint I/O risk), their
+levels, the bottleneck, and one sentence of diagnosis each.
+
+Thresholds (value -> level; documented here and in `THRESHOLDS`):
+  hbm            headroom / HBM           ok >= 10%, warn 5-10%, bad < 5% (includes not fitting)
+  communication  exposed comm / step      ok < 15%,  warn 15-30%, bad >= 30%
+  bubbles        pipeline bubble / step   ok < 10%,  warn 10-25%, bad >= 25%
+  checkpoint     expected goodput loss    ok < 3%,   warn 3-10%,  bad >= 10%
+The bottleneck is the zone with the highest level. Among zones at warn or bad, the one losing the largest
+fraction of wall time wins (communication, bubbles and checkpoint are all fractions of time lost); HBM loses no
+time, so at warn it yields to a time zone, and at bad it always wins (a plan that does not fit is broken by
+memory first, as the seed's decision tree says). When every zone is ok, the zone closest to its warn threshold
+is named (value / warn; for HBM warn / headroom).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators.evaluation import (
+    BLOCKS,
+    CheckpointRisk,
+    Level,
+    MemoryBreakdown,
+    TimeBreakdown,
+    Zone,
+    ZoneName,
+    Zones,
+)
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.scenario import Scenario
+
+__all__ = ["ZONE_NAMES", "LEVELS", "Threshold", "THRESHOLDS", "zone_columns", "build_zones"]
+
+Array = NDArray[np.float64]
+
+ZONE_NAMES: tuple[ZoneName, ...] = ("hbm", "communication", "bubbles", "checkpoint")
+LEVELS: tuple[Level, ...] = ("ok", "warn", "bad")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Where a zone turns warn and bad; `higher_is_worse` False for headroom (lower is worse)."""
+
+    warn: float
+    bad: float
+    higher_is_worse: bool = True
+
+
+THRESHOLDS: dict[ZoneName, Threshold] = {
+    "hbm": Threshold(warn=0.10, bad=0.05, higher_is_worse=False),
+    "communication": Threshold(warn=0.15, bad=0.30),
+    "bubbles": Threshold(warn=0.10, bad=0.25),
+    "checkpoint": Threshold(warn=0.03, bad=0.10),
+}
+
+
+def _level(name: ZoneName, value: Array) -> Array:
+    th = THRESHOLDS[name]
+    if th.higher_is_worse:
+        return (value >= th.warn).astype(np.float64) + (value >= th.bad)
+    return (value < th.warn).astype(np.float64) + (value < th.bad)
+
+
+def zone_columns(cols: dict[str, Array]) -> dict[str, Array]:
+    """`zone_<name>_value`, `zone_<name>_level` (0 ok, 1 warn, 2 bad) and `bottleneck` (index into
+    ZONE_NAMES) from evaluate_many's memory, time and checkpoint columns."""
+    step = cols["step_s"]
+    values: dict[ZoneName, Array] = {
+        "hbm": cols["headroom_gib"] / cols["hbm_gib"],
+        "communication": cols["exposed_comm_s"] / step,
+        "bubbles": cols["bubble_s"] / step,
+        "checkpoint": cols["goodput_loss"],
+    }
+    out: dict[str, Array] = {}
+    scores = []
+    for name in ZONE_NAMES:
+        level = _level(name, values[name])
+        out[f"zone_{name}_value"] = values[name]
+        out[f"zone_{name}_level"] = level
+        th = THRESHOLDS[name]
+        if name == "hbm":
+            near = np.minimum(1.0, th.warn / np.maximum(values[name], 1e-12))
+            within = np.select([level == 0, level == 2], [near, 1.5], 0.0)
+        else:
+            within = np.where(level == 0, values[name] / th.warn, values[name])
+        scores.append(10.0 * level + within)
+    out["bottleneck"] = np.argmax(np.stack(scores), axis=0).astype(np.float64)
+    return out
+
+
+# ---- sentences (one plan) ------------------------------------------------------------------------------------
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if abs(x) >= 0.01 else f"{x:.1%}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _hbm_sentence(mem: MemoryBreakdown, level: Level) -> str:
+    largest = max(BLOCKS, key=mem.block_gib)
+    if mem.first_block_to_break is not None:
+        return (f"Does not fit: peak {mem.peak_gib:.1f} GiB exceeds {mem.hbm_gib:.1f} GiB; "
+                f"{mem.first_block_to_break} is the first block that breaks HBM ({largest} is the largest).")
+    head = f"Peak {mem.peak_gib:.1f} of {mem.hbm_gib:.1f} GiB leaves {_pct(mem.headroom_fraction)} headroom"
+    if level == "ok":
+        return f"{head}; {largest} is the largest block ({mem.block_gib(largest):.1f} GiB)."
+    return (f"{head}, too little for allocator spikes; {largest} is the largest block "
+            f"({mem.block_gib(largest):.1f} GiB).")
+
+
+def _comm_sentence(scn: Scenario, plan: Plan, tm: TimeBreakdown, value: float) -> str:
+    exposed_dp = max(0.0, tm.exposed_comm_s - tm.tp_comm_s - tm.pp_comm_s - tm.cp_comm_s)
+    parts = {"TP": tm.tp_comm_s, "DP": exposed_dp, "PP": tm.pp_comm_s, "CP": tm.cp_comm_s}
+    shown = ", ".join(f"{k} {_pct(v / tm.step_s)}" for k, v in parts.items() if v / tm.step_s >= 0.005)
+    g = scn.cluster.gpus_per_node
+    where = []
+    if plan.tp > 1:
+        where.append(f"TP group of {plan.tp} " + ("inside a node" if plan.tp <= g else f"spans {plan.tp // g} nodes"))
+    dp_group = plan.dp * plan.cp
+    if dp_group > 1:
+        hidden = tm.dp_comm_s - exposed_dp
+        where.append(f"DP traffic {_duration(tm.dp_comm_s)} per step, {_duration(hidden)} of it hidden "
+                     "behind backward")
+    head = f"Exposed communication is {_pct(value)} of the step"
+    if shown:
+        head += f" ({shown})"
+    return head + "".join(f"; {w}" for w in where) + "."
+
+
+def _bubble_sentence(plan: Plan, micro: float, value: float) -> str:
+    if plan.pp == 1:
+        return "No pipeline parallelism, so no bubble."
+    sched = plan.pp_schedule + (f" x{plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+    return (f"{plan.pp} stages ({sched}) over {micro:.0f} micro-batches per step idle {_pct(value)} of the step "
+            "in warm-up and drain.")
+
+
+def _ckpt_sentence(scn: Scenario, ck: CheckpointRisk) -> str:
+    mode = scn.training.checkpoint.mode
+    stall = f"blocks {_duration(ck.stall_s)}" if mode == "blocking" else f"stalls {_duration(ck.stall_s)} (async)"
+    return (f"Saving {ck.state_gib:,.0f} GiB takes {_duration(ck.save_s)} and {stall} every "
+            f"{_duration(ck.interval_s)}; with a job MTBF of {_duration(ck.job_mtbf_h * 3600)} the expected "
+            f"goodput loss is {_pct(ck.goodput_loss)}.")
+
+
+def build_zones(
+    scn: Scenario, plan: Plan, mem: MemoryBreakdown, tm: TimeBreakdown, ck: CheckpointRisk,
+    cols: dict[str, Array], i: int = 0,
+) -> Zones:
+    """The Zones of row i of evaluate_many's columns, with a sentence per zone."""
+    def lv(name: ZoneName) -> Level:
+        return LEVELS[int(cols[f"zone_{name}_level"][i])]
+
+    def val(name: ZoneName) -> float:
+        return float(cols[f"zone_{name}_value"][i])
+
+    micro = float(cols["micro_batches"][i])
+    sentences: dict[ZoneName, str] = {
+        "hbm": _hbm_sentence(mem, lv("hbm")),
+        "communication": _comm_sentence(scn, plan, tm, val("communication")),
+        "bubbles": _bubble_sentence(plan, micro, val("bubbles")),
+        "checkpoint": _ckpt_sentence(scn, ck),
+    }
+    zones = {n: Zone(name=n, value=val(n), level=lv(n), sentence=sentences[n]) for n in ZONE_NAMES}
+    return Zones(**zones, bottleneck=ZONE_NAMES[int(cols["bottleneck"][i])])

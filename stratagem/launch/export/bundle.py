@@ -1,0 +1,190 @@
+"""What an exporter returns (`ExportBundle`), the facts every exporter derives from a plan (`Layout`), and
+writing a bundle to a directory without leaving half-written files."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators.evaluation import Evaluation
+from stratagem.spaces.plan import Plan, format_plan
+from stratagem.spaces.rules import check_plan, divisors
+from stratagem.spaces.scenario import Scenario
+
+__all__ = ["Target", "TARGETS", "FieldNote", "ExportBundle", "Layout", "layout", "comment_safe",
+           "note_lines", "header_lines", "master_addr_line", "write_bundle", "checkpoint_interval_steps",
+           "RDZV_PORT"]
+
+Target = Literal["torchrun", "torchtitan", "deepspeed", "megatron"]
+TARGETS: tuple[Target, ...] = ("torchrun", "torchtitan", "deepspeed", "megatron")
+RDZV_PORT = 29500
+"""The c10d rendezvous port on node 0 used by every exported launch command."""
+
+
+@dataclass(frozen=True)
+class FieldNote:
+    """A scenario or plan field the target could not express exactly, and why.
+
+    `field` is a dotted path: `plan.pp_schedule`, `training.optimizer`, `model`, ...
+    """
+
+    field: str
+    why: str
+
+    def line(self) -> str:
+        return f"{self.field}: {self.why}"
+
+
+@dataclass(frozen=True)
+class ExportBundle:
+    """Files for one target, relative path -> text, and the fields the target could not express.
+
+    unexpressed   fields the target has no setting for: left out of the files (and said so in them).
+    approximated  fields mapped to the target's closest setting, which behaves differently (said how).
+    Both lists are also written as comments into `main` (for JSON, into its `_stratagem` key and README.md).
+    """
+
+    target: Target
+    main: str
+    """The file to start with (the config or launch script)."""
+    files: dict[str, str]
+    unexpressed: list[FieldNote] = field(default_factory=list)
+    approximated: list[FieldNote] = field(default_factory=list)
+
+    @property
+    def notes(self) -> list[FieldNote]:
+        return [*self.unexpressed, *self.approximated]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What every exporter needs to know about a valid plan in its scenario, computed once."""
+
+    scenario: Scenario
+    plan: Plan
+    nodes: int
+    """Nodes the job is launched on."""
+    procs_per_node: int
+    """Processes (GPUs) per node: world size / nodes."""
+    grad_accum: int
+    """Micro-batches per optimizer step per data-parallel rank: global_batch / (dp * micro_batch)."""
+    stage_layers: tuple[int, ...]
+    """Transformer layers of each model chunk in model order (pp * virtual_stages chunks; chunk i runs on
+    pipeline rank i % pp); an uneven split puts the extra layers on the first chunks."""
+    train_steps: int
+    """Optimizer steps to train the scenario's training_tokens (rounded up)."""
+    source: str
+    """Where the plan came from (study and trial, or the scenario file), for the header."""
+
+    @property
+    def world(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def even_stages(self) -> bool:
+        return len(set(self.stage_layers)) == 1
+
+
+def layout(scenario: Scenario, plan: Plan, nodes: int | None = None, source: str = "") -> Layout:
+    """Check the plan against the scenario's rules and derive the launch layout on `nodes` nodes."""
+    check_plan(scenario, plan)
+    world = plan.world_size
+    n = scenario.cluster.num_nodes if nodes is None else nodes
+    if n < 1 or world % n:
+        ok = ", ".join(map(str, divisors(world)))
+        raise StratagemError(f"nodes ({n}): must divide the plan's world size ({world}); valid: {ok}")
+    chunks = plan.pp * plan.virtual_stages
+    base, extra = divmod(scenario.model.num_layers, chunks)
+    stages = tuple(base + (1 if i < extra else 0) for i in range(chunks))
+    tokens_per_step = scenario.training.tokens_per_step
+    steps = -(-int(scenario.training.training_tokens) // tokens_per_step)
+    return Layout(
+        scenario=scenario, plan=plan, nodes=n, procs_per_node=world // n,
+        grad_accum=plan.grad_accumulation(scenario.training.global_batch_size),
+        stage_layers=stages, train_steps=max(1, steps), source=source,
+    )
+
+
+def master_addr_line(nodes: int) -> str:
+    """The shell line that sets or requires MASTER_ADDR (node 0's address) for the rendezvous."""
+    if nodes == 1:
+        return 'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"'
+    return ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 (port ' + str(RDZV_PORT) + ' must be reachable)}"'
+
+
+def checkpoint_interval_steps(evaluation: Evaluation | None) -> int | None:
+    """The evaluation's checkpoint interval in optimizer steps (None without time and checkpoint figures)."""
+    if evaluation is None or evaluation.checkpoint is None or evaluation.time is None:
+        return None
+    if evaluation.time.step_s <= 0:
+        return None
+    return max(1, round(evaluation.checkpoint.interval_s / evaluation.time.step_s))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+
+
+def comment_safe(text: str) -> str:
+    """Text safe inside a one-line `#` comment: control characters and line breaks become spaces."""
+    return _CONTROL.sub(" ", text)
+
+
+def header_lines(lay: Layout, target_line: str) -> list[str]:
+    """The lines every exported file starts with (without comment markers)."""
+    s, p = lay.scenario, lay.plan
+    lines = [
+        f"stratagem export for {target_line}",
+        f"scenario: {s.name}",
+        f"plan: {format_plan(p)}",
+        f"launch: {lay.nodes} node(s) x {lay.procs_per_node} processes = world {lay.world}; "
+        f"{lay.grad_accum} micro-batch(es) of {p.micro_batch_size} per step per data-parallel rank",
+    ]
+    if lay.source:
+        lines.append(f"source: {lay.source}")
+    return [comment_safe(x) for x in lines]
+
+
+def note_lines(unexpressed: list[FieldNote], approximated: list[FieldNote], target_name: str) -> list[str]:
+    """The notes as comment lines (without comment markers)."""
+    lines: list[str] = []
+    if unexpressed:
+        lines.append(f"Not expressible in {target_name} (left out):")
+        lines += [f"  - {n.line()}" for n in unexpressed]
+    if approximated:
+        lines.append(f"Approximated in {target_name} (closest setting; differs as said):")
+        lines += [f"  - {n.line()}" for n in approximated]
+    if not lines:
+        lines.append(f"Every plan field is expressed exactly in {target_name}.")
+    return [comment_safe(x) for x in lines]
+
+
+def write_bundle(bundle: ExportBundle, out_dir: str | Path) -> list[Path]:
+    """Write the bundle's files under `out_dir` (created). Every file is written to a temporary name in its
+    directory first and renamed only when all were written, so a failure leaves no half-written file."""
+    root = Path(out_dir)
+    if root.exists() and not root.is_dir():
+        raise StratagemError(f"-o ({root}): exists and is not a directory")
+    staged: list[tuple[str, Path]] = []
+    try:
+        for rel, text in bundle.files.items():
+            dest = root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+            staged.append((tmp, dest))
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o755 if rel.endswith(".sh") else 0o644)
+    except OSError as e:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise StratagemError(f"-o ({root}): cannot write: {e.strerror or e}") from None
+    written = []
+    for tmp, dest in staged:
+        os.replace(tmp, dest)
+        written.append(dest)
+    return written

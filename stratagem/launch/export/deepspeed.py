@@ -1,0 +1,184 @@
+"""deepspeed target: a ds_config JSON and a README next to it.
+
+Verified against DeepSpeed 0.19.8 (PyPI), by reading and by running its own parser in the tests:
+  deepspeed/runtime/config.py                    DeepSpeedConfig: batch triple, bf16, pipeline, removed keys
+  deepspeed/runtime/zero/config.py               DeepSpeedZeroConfig (pydantic, extra keys forbidden)
+  deepspeed/runtime/zero/offload_config.py       offload_optimizer {device, pin_memory}
+  deepspeed/runtime/activation_checkpointing/config.py   the activation_checkpointing keys
+  deepspeed/runtime/tensor_parallel/config.py    tensor_parallel.autotp_size (AutoTP training)
+  deepspeed/runtime/pipe/engine.py               pipeline.activation_checkpoint_interval seeds PipelineModule
+The notes (fields DeepSpeed's config cannot express) go in two places: the `_stratagem` key of the JSON, which
+DeepSpeed ignores (it reads known keys only and rejects only removed ones), and README.md beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stratagem.launch.export.bundle import ExportBundle, FieldNote, Layout, header_lines, note_lines
+
+__all__ = ["DEEPSPEED_VERSION", "COMMENT_KEY", "export_deepspeed", "ds_config"]
+
+DEEPSPEED_VERSION = "0.19.8"
+COMMENT_KEY = "_stratagem"
+CONFIG_FILE = "ds_config.json"
+README_FILE = "README.md"
+
+
+def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldNote]]:
+    """The DeepSpeed config (without the comment key) and the unexpressed / approximated fields."""
+    s, p = lay.scenario, lay.plan
+    m, tr = s.model, s.training
+    un: list[FieldNote] = []
+    ap: list[FieldNote] = []
+    cfg: dict[str, Any] = {
+        "train_batch_size": tr.global_batch_size,
+        "train_micro_batch_size_per_gpu": p.micro_batch_size,
+        "gradient_accumulation_steps": lay.grad_accum,
+        "bf16": {"enabled": p.precision in ("bf16", "fp8")},
+    }
+    if p.precision == "fp8":
+        un.append(FieldNote(
+            "plan.precision",
+            "fp8: DeepSpeed's config has no FP8 matmul setting (bf16 is enabled here); run the matmuls in FP8 "
+            "from the model code, e.g. Transformer Engine's fp8_autocast",
+        ))
+
+    zero: dict[str, Any] = {"stage": p.zero_stage}
+    if p.zero_stage >= 1:
+        zero["overlap_comm"] = True
+        zero["contiguous_gradients"] = True
+    if p.zero_stage in (1, 2):
+        zero["reduce_scatter"] = True
+    if p.optimizer_offload == "cpu":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if tr.optimizer == "adamw":  # ZeRO-Offload wants DeepSpeed's own CPU Adam, built from this section
+            cfg["optimizer"] = {"type": "AdamW"}
+    cfg["zero_optimization"] = zero
+    if p.zero_stage >= 1 and p.dp_replicate > 1:
+        un.append(FieldNote(
+            "plan.dp_replicate",
+            f"{p.dp_replicate}: DeepSpeed {DEEPSPEED_VERSION} has no hybrid sharding (MiCS was removed; ZeRO++ "
+            "hpZ only adds a secondary weight copy), so ZeRO shards over all data-parallel ranks: less memory, "
+            "more cross-node traffic than planned",
+        ))
+
+    if p.activation_checkpointing != "none":
+        cfg["activation_checkpointing"] = {
+            "partition_activations": p.tp > 1 and p.sequence_parallel,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    if p.pp > 1:
+        cfg["pipeline"] = {"activation_checkpoint_interval": 1 if p.activation_checkpointing == "full" else 0}
+    if p.activation_checkpointing == "selective":
+        un.append(FieldNote(
+            "plan.activation_checkpointing",
+            "selective: DeepSpeed's config cannot choose what to recompute; in the model code wrap the MLP "
+            "activation (act(gate) * up, the down projection's input) in deepspeed.checkpointing.checkpoint",
+        ))
+    elif p.activation_checkpointing == "full" and p.pp == 1:
+        un.append(FieldNote(
+            "plan.activation_checkpointing",
+            "full: without a PipelineModule DeepSpeed recomputes only what the model code wraps: call "
+            "deepspeed.checkpointing.checkpoint around every transformer layer (the activation_checkpointing "
+            "section configures that function)",
+        ))
+
+    if p.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": p.tp}
+        ap.append(FieldNote(
+            "plan.tp",
+            f"{p.tp}: written as AutoTP training (tensor_parallel.autotp_size), which splits the Linear layers "
+            "of supported Hugging Face models column/row-wise like Megatron TP; give deepspeed.initialize an "
+            f"mpu or mesh so its data-parallel size is dp={p.dp}",
+        ))
+        if p.sequence_parallel:
+            un.append(FieldNote(
+                "plan.sequence_parallel",
+                "true: AutoTP keeps norm and dropout activations replicated across the TP group (no Megatron-"
+                "style sequence parallelism): more activation memory than planned",
+            ))
+    if p.pp > 1:
+        un.append(FieldNote(
+            "plan.pp",
+            f"{p.pp}: DeepSpeed's pipeline is built in code: PipelineModule(layers, num_stages={p.pp}, "
+            "partition_method='uniform'); the config holds only its activation_checkpoint_interval",
+        ))
+        if p.pp_schedule != "1f1b":
+            un.append(FieldNote(
+                "plan.pp_schedule",
+                f"{p.pp_schedule}: DeepSpeed's PipelineEngine runs one schedule (TrainSchedule, 1F1B-like); "
+                "it has no GPipe, interleaved or zero-bubble variant",
+            ))
+        if p.virtual_stages > 1:
+            un.append(FieldNote(
+                "plan.virtual_stages",
+                f"{p.virtual_stages}: DeepSpeed's PipelineModule holds one chunk per stage (no interleaving): "
+                "the bubble is (pp-1)/micro-batches instead of that over virtual_stages",
+            ))
+    if p.cp > 1:
+        cfg["sequence_parallel_size"] = p.cp
+        ap.append(FieldNote(
+            "plan.cp",
+            f"{p.cp}: written as DeepSpeed-Ulysses sequence parallelism (sequence_parallel_size), which swaps "
+            "sequence and head shards with all-to-all instead of ring attention's KV exchange; the heads "
+            f"({m.num_attention_heads}) and kv heads ({m.kv_heads}) must divide by {p.cp}, and the model code "
+            "sets it up (deepspeed.sequence.layer.DistributedAttention)",
+        ))
+    if p.ep > 1:
+        un.append(FieldNote(
+            "plan.ep",
+            f"{p.ep}: expert parallelism is set in the model code: deepspeed.moe.layer.MoE(..., ep_size={p.ep})",
+        ))
+    un.append(FieldNote(
+        "model",
+        "DeepSpeed's config does not describe the model: build it in your code "
+        f"({m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads}/{m.kv_heads} heads, "
+        f"ffn {m.ffn_hidden_size}, vocab {m.vocab_size}, {m.mlp}, {m.norm}, seq_len {tr.seq_len})",
+    ))
+    un.append(FieldNote(
+        "training.checkpoint",
+        f"{tr.checkpoint.mode}: DeepSpeed saves when the training loop calls engine.save_checkpoint(); "
+        "call it at the interval the evaluation gives",
+    ))
+    return cfg, un, ap
+
+
+def export_deepspeed(lay: Layout, checkpoint_interval: int | None = None) -> ExportBundle:
+    """ds_config.json (notes under its `_stratagem` key) and README.md (the same notes, the launch line)."""
+    cfg, un, ap = ds_config(lay)
+    if checkpoint_interval is not None:
+        un = [FieldNote(n.field, n.why.replace("at the interval the evaluation gives",
+                                               f"every {checkpoint_interval} steps"))
+              if n.field == "training.checkpoint" else n for n in un]
+    target = f"DeepSpeed {DEEPSPEED_VERSION} ds_config JSON (deepspeed/runtime/config.py)"
+    head = header_lines(lay, target)
+    notes = note_lines(un, ap, f"DeepSpeed {DEEPSPEED_VERSION}")
+    launch = (f"deepspeed --num_nodes {lay.nodes} --num_gpus {lay.procs_per_node} --hostfile hostfile "
+              f"your_train.py --deepspeed --deepspeed_config {CONFIG_FILE}")
+    comment = {
+        "export": head,
+        "unexpressed": [n.line() for n in un],
+        "approximated": [n.line() for n in ap],
+        "readme": README_FILE,
+    }
+    text = json.dumps({COMMENT_KEY: comment, **cfg}, indent=2) + "\n"
+    readme = "\n".join([
+        f"# DeepSpeed config from stratagem ({CONFIG_FILE})",
+        "",
+        *[f"    {x}" for x in head],
+        "",
+        f"Launch: `{launch}`",
+        "",
+        f"The notes below are also in the `{COMMENT_KEY}` key of {CONFIG_FILE}; DeepSpeed ignores that key.",
+        "Optimizer hyperparameters, data and the model are your training script's.",
+        "",
+        *[f"    {x}" for x in notes],
+        "",
+    ])
+    return ExportBundle(target="deepspeed", main=CONFIG_FILE, files={CONFIG_FILE: text, README_FILE: readme},
+                        unexpressed=un, approximated=ap)

@@ -1,0 +1,249 @@
+"""megatron target: a bash script with Megatron-LM's pretrain_gpt.py arguments.
+
+Verified against NVIDIA/Megatron-LM tag core_v0.19.0, commit 5be9626709af2722333bf54797c954c09edeada3
+(2026-08-19), by building its real parser (megatron/training/arguments.py `add_megatron_arguments`, which also
+generates options from TransformerConfig and the megatron/training/config dataclasses) and reading:
+  arguments.py validate_args   pipeline split rules (num_layers % pp, --num-layers-per-virtual-pipeline-stage,
+                               --pipeline-model-parallel-layout), Megatron-FSDP needs --ckpt-format
+                               fsdp_dtensor, --optimizer-cpu-offload needs --use-precision-aware-optimizer
+  core/transformer/transformer_config.py   --recompute-modules (core_attn, moe_act, layernorm, mlp, ...)
+  core/transformer/pipeline_parallel_layer_layout.py   the layout string: E, t, L, stages split by '|'
+  core/distributed/fsdp/mcore_fsdp_adapter.py   --num-distributed-optimizer-instances > 1 enables HSDP
+  training/vocab_utils.py      vocabulary padding to a multiple of 128 x tp
+The option names, nargs and types used here are checked in at tests/launch/golden/megatron_options.json.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from stratagem.launch.export.bundle import (
+    RDZV_PORT,
+    ExportBundle,
+    FieldNote,
+    Layout,
+    header_lines,
+    master_addr_line,
+    note_lines,
+)
+
+__all__ = ["MEGATRON_VERSION", "MEGATRON_COMMIT", "export_megatron", "megatron_args", "pipeline_layout"]
+
+MEGATRON_VERSION = "core_v0.19.0"
+MEGATRON_COMMIT = "5be9626709af2722333bf54797c954c09edeada3"
+SCRIPT_FILE = "megatron.sh"
+_VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by default
+
+
+def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
+    """Megatron's --pipeline-model-parallel-layout for these chunk sizes: embedding first, loss last."""
+    stages = []
+    for i, n in enumerate(stage_layers):
+        part = ("E" if i == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
+        if i == len(stage_layers) - 1:
+            part += "L"
+        stages.append(part)
+    return "|".join(stages)
+
+
+def megatron_args(lay: Layout, checkpoint_interval: int | None = None
+                  ) -> tuple[dict[str, list[str]], dict[str, str], list[FieldNote], list[FieldNote]]:
+    """Argument groups (name -> args), environment variables Megatron requires, and the unexpressed /
+    approximated fields."""
+    s, p = lay.scenario, lay.plan
+    m, tr = s.model, s.training
+    un: list[FieldNote] = []
+    ap: list[FieldNote] = []
+
+    # ---- model -------------------------------------------------------------------------------------------
+    model = [
+        "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+        "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
+    ]
+    if m.head_dim is not None and m.head_dim * m.num_attention_heads != m.hidden_size:
+        model += ["--kv-channels", str(m.head_dim)]
+    if m.kv_heads != m.num_attention_heads:
+        model += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
+    model += ["--seq-length", str(tr.seq_len)]
+    if m.position_embedding == "rope":
+        model += ["--position-embedding-type", "rope", "--max-position-embeddings", str(tr.seq_len)]
+    else:
+        model += ["--position-embedding-type", "learned_absolute",
+                  "--max-position-embeddings", str(m.max_position_embeddings)]
+    if m.mlp == "swiglu":
+        model.append("--swiglu")
+    model += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    if not m.tied_embeddings:
+        model.append("--untie-embeddings-and-output-weights")
+    if m.bias == "none":
+        model.append("--disable-bias-linear")
+    elif m.bias == "qkv":
+        model += ["--disable-bias-linear", "--add-qkv-bias"]
+    if m.moe is not None:
+        model += ["--num-experts", str(m.moe.num_experts), "--moe-router-topk", str(m.moe.top_k),
+                  "--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size),
+                  "--moe-grouped-gemm"]  # TransformerConfig: recompute of moe_act needs grouped GEMM
+    # stratagem's activation model has no dropout (Megatron's default is 0.1 and saves masks)
+    model += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    multiple = _VOCAB_MULTIPLE * p.tp
+    padded = -(-m.vocab_size // multiple) * multiple
+    if padded != m.vocab_size:
+        ap.append(FieldNote(
+            "model.vocab_size",
+            f"{m.vocab_size}: Megatron pads the embedding and output to a multiple of 128 x tp = {padded} rows "
+            "(--make-vocab-size-divisible-by 128): slightly more memory and compute than planned",
+        ))
+
+    # ---- parallelism -------------------------------------------------------------------------------------
+    par = ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp),
+           "--context-parallel-size", str(p.cp)]
+    if p.sequence_parallel:
+        par.append("--sequence-parallel")
+    if p.ep > 1:
+        par += ["--expert-model-parallel-size", str(p.ep)]
+    if p.pp > 1:
+        v = p.virtual_stages
+        if not lay.even_stages:
+            par += ["--pipeline-model-parallel-layout", pipeline_layout(lay.stage_layers)]
+        elif v > 1:
+            par += ["--num-layers-per-virtual-pipeline-stage", str(lay.stage_layers[0])]
+        if p.pp_schedule == "gpipe":
+            ap.append(FieldNote(
+                "plan.pp_schedule",
+                "gpipe: Megatron-LM has no GPipe schedule; 1F1B runs instead (same bubble, at most pp "
+                "micro-batches in flight instead of all: less activation memory than planned)",
+            ))
+        elif p.pp_schedule == "zero_bubble":
+            ap.append(FieldNote(
+                "plan.pp_schedule",
+                f"zero_bubble: Megatron-LM {MEGATRON_VERSION} has no zero-bubble schedule; 1F1B runs instead, "
+                "with a bubble of (pp-1)/micro-batches instead of about a third of that",
+            ))
+    # data parallel: ZeRO-1 = distributed optimizer; ZeRO-2/3 = Megatron-FSDP; HSDP replicas = optimizer
+    # instances (Megatron-FSDP turns hybrid when there is more than one).
+    ckpt_format = "torch_dist"
+    if p.zero_stage == 1:
+        par.append("--use-distributed-optimizer")
+    elif p.zero_stage >= 2:
+        strategy = "optim_grads" if p.zero_stage == 2 else "optim_grads_params"
+        par += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+        ckpt_format = "fsdp_dtensor"
+    if p.zero_stage >= 1 and p.dp_replicate > 1:
+        par += ["--num-distributed-optimizer-instances", str(p.dp_replicate)]
+    if p.dp > 1 or p.cp > 1:
+        par.append("--overlap-grad-reduce")
+        if p.zero_stage >= 1:
+            par.append("--overlap-param-gather")
+
+    # ---- training ----------------------------------------------------------------------------------------
+    train = ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(tr.global_batch_size),
+             "--train-iters", str(lay.train_steps)]
+    if p.precision in ("bf16", "fp8"):
+        train.append("--bf16")
+    if p.precision == "fp8":
+        train += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+    if p.activation_checkpointing == "full":
+        train += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif p.activation_checkpointing == "selective":
+        if m.moe is not None:
+            train += ["--recompute-granularity", "selective", "--recompute-modules", "moe_act"]
+        else:
+            train += ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
+            ap.append(FieldNote(
+                "plan.activation_checkpointing",
+                "selective (stratagem: recompute the MLP activation feeding the down projection, keep the "
+                "gate/up outputs): Megatron recomputes an activation alone only in MoE layers (moe_act); for "
+                "this dense model --recompute-modules mlp recomputes the whole MLP from its input, freeing the "
+                "gate/up outputs too and re-running their matmuls: less memory, more recompute than planned",
+            ))
+    if tr.optimizer in ("adamw", "sgd"):
+        train += ["--optimizer", "adam" if tr.optimizer == "adamw" else "sgd"]
+    else:
+        un.append(FieldNote("training.optimizer",
+                            f"{tr.optimizer}: Megatron-LM offers adam (decoupled weight decay), sgd and others, "
+                            "not this one"))
+    if p.optimizer_offload == "cpu":
+        train += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",
+                  "--use-precision-aware-optimizer"]
+    train += ["--ckpt-format", ckpt_format, "--save", "$CHECKPOINT_DIR"]
+    if checkpoint_interval is not None:
+        train += ["--save-interval", str(checkpoint_interval)]
+    else:
+        un.append(FieldNote(
+            "training.checkpoint.interval_minutes",
+            "Megatron counts --save-interval in iterations; no step time was given to convert it (export from "
+            "a study, or pass an evaluation): add --save-interval",
+        ))
+    if tr.checkpoint.mode == "async":
+        if ckpt_format == "torch_dist":
+            train += ["--async-save", "--use-persistent-ckpt-worker"]
+        else:
+            un.append(FieldNote(
+                "training.checkpoint.mode",
+                "async: Megatron's --async-save is wired for --ckpt-format torch_dist; Megatron-FSDP needs "
+                "fsdp_dtensor, so checkpoints are saved synchronously",
+            ))
+
+    data = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size), "--lr", "0.0001"]
+    groups = {"MODEL_ARGS": model, "PARALLEL_ARGS": par, "TRAINING_ARGS": train, "DATA_ARGS": data}
+    env: dict[str, str] = {}
+    if (p.tp > 1 or p.cp > 1) and p.zero_stage < 2:
+        # validate_args: TP or CP before Blackwell asserts CUDA_DEVICE_MAX_CONNECTIONS == 1 (Megatron-FSDP
+        # asserts the opposite and only warns about TP/CP).
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return groups, env, un, ap
+
+
+def _array(name: str, args: list[str]) -> list[str]:
+    lines = [f"{name}=("]
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            lines.append(f"  {word} {_quote(args[i + 1])}")
+            i += 2
+        else:
+            lines.append(f"  {word}")
+            i += 1
+    lines.append(")")
+    return lines
+
+
+def _quote(arg: str) -> str:
+    return '"$CHECKPOINT_DIR"' if arg == "$CHECKPOINT_DIR" else shlex.quote(arg)
+
+
+def export_megatron(lay: Layout, checkpoint_interval: int | None = None) -> ExportBundle:
+    """megatron.sh: the arguments in four bash arrays and the torchrun line that passes them."""
+    groups, env, un, ap = megatron_args(lay, checkpoint_interval)
+    head = header_lines(lay, f"Megatron-LM {MEGATRON_VERSION} (NVIDIA/Megatron-LM@{MEGATRON_COMMIT[:12]}), "
+                             "pretrain_gpt.py arguments (megatron/training/arguments.py)")
+    notes = note_lines(un, ap, f"Megatron-LM {MEGATRON_VERSION}")
+    rdzv = master_addr_line(lay.nodes)
+    lines = [
+        "#!/usr/bin/env bash",
+        *[f"# {x}" for x in head],
+        *[f"# {x}" for x in notes],
+        f"# Run on each of the {lay.nodes} node(s) with MEGATRON_LM pointing at a Megatron-LM {MEGATRON_VERSION} "
+        "checkout.",
+        "set -euo pipefail",
+        ': "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"',
+        rdzv,
+        'CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"',
+        *[f"export {k}={v}" for k, v in env.items()],
+        "",
+    ]
+    for name, args in groups.items():
+        if name == "DATA_ARGS":
+            lines.append("# Synthetic data and a placeholder learning rate, for a throughput check of this layout;")
+            lines.append("# replace with your data (--data-path), tokenizer and learning-rate schedule.")
+        lines += _array(name, args)
+    lines += [
+        "",
+        f"torchrun --nnodes {lay.nodes} --nproc-per-node {lay.procs_per_node} --rdzv-backend c10d "
+        f"--rdzv-endpoint $MASTER_ADDR:{RDZV_PORT} \\",
+        '  "$MEGATRON_LM/pretrain_gpt.py" ' + " ".join(f'"${{{n}[@]}}"' for n in groups),
+        "",
+    ]
+    return ExportBundle(target="megatron", main=SCRIPT_FILE, files={SCRIPT_FILE: "\n".join(lines)},
+                        unexpressed=un, approximated=ap)

@@ -1,0 +1,108 @@
+"""torchrun target: the exact command that runs stratagem's own harness with this plan on N nodes, and the
+scenario + plan YAML file it reads.
+
+The harness entry point is `python -m stratagem.launch.harness --scenario S.yaml --plan "k=v,..." --steps N
+--out result.json [--seed S]`. Every scenario and plan field is passed verbatim (the YAML file carries the
+scenario and the plan; --plan repeats every plan field explicitly, defaults included), so nothing is
+unexpressed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import yaml
+
+from stratagem.launch.export.bundle import (
+    RDZV_PORT,
+    ExportBundle,
+    FieldNote,
+    Layout,
+    header_lines,
+    master_addr_line,
+    note_lines,
+)
+from stratagem.spaces.plan import Plan
+
+__all__ = ["HARNESS_MODULE", "export_torchrun", "plan_argument", "torchrun_command", "scenario_document"]
+
+HARNESS_MODULE = "stratagem.launch.harness"
+SCENARIO_FILE = "scenario.yaml"
+SCRIPT_FILE = "run.sh"
+RESULT_FILE = "result.json"
+
+
+def plan_argument(plan: Plan) -> str:
+    """Every plan field as `key=value`, defaults included, so the harness needs no default of its own."""
+    parts = []
+    for name in Plan.model_fields:
+        value = getattr(plan, name)
+        parts.append(f"{name}={str(value).lower() if isinstance(value, bool) else value}")
+    return ",".join(parts)
+
+
+def torchrun_command(lay: Layout, steps: int, seed: int | None = None, scenario_path: str = SCENARIO_FILE,
+                     out: str = RESULT_FILE, endpoint: str = f"$MASTER_ADDR:{RDZV_PORT}") -> list[str]:
+    """The torchrun command line as arguments (the endpoint is left for the shell to expand)."""
+    cmd = [
+        "torchrun", "--nnodes", str(lay.nodes), "--nproc-per-node", str(lay.procs_per_node),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+        "-m", HARNESS_MODULE, "--scenario", scenario_path, "--plan", plan_argument(lay.plan),
+        "--steps", str(steps), "--out", out,
+    ]
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    return cmd
+
+
+def scenario_document(lay: Layout) -> dict[str, Any]:
+    """The scenario with the plan in it, as the harness reads it (the search section is left out)."""
+    s = lay.scenario
+    data = s.model_dump(mode="json", exclude={"plan", "search"})
+    if lay.nodes != s.cluster.num_nodes:
+        data["cluster"] = {**data["cluster"], "num_nodes": lay.nodes, "gpus_per_node": lay.procs_per_node}
+    data["plan"] = lay.plan.model_dump(mode="json")
+    return data
+
+
+def _shell_word(arg: str) -> str:
+    return arg if arg.startswith("$MASTER_ADDR") else shlex.quote(arg)
+
+
+def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0) -> ExportBundle:
+    """run.sh (the torchrun command, run on every node) and scenario.yaml (scenario + plan)."""
+    unexpressed: list[FieldNote] = []
+    approximated: list[FieldNote] = []
+    s = lay.scenario
+    if lay.nodes != s.cluster.num_nodes:
+        approximated.append(FieldNote(
+            "cluster.num_nodes",
+            f"launched on {lay.nodes} node(s) of {lay.procs_per_node} instead of the scenario's "
+            f"{s.cluster.num_nodes} x {s.cluster.gpus_per_node}; scenario.yaml says so",
+        ))
+    head = header_lines(lay, f"torchrun + stratagem's harness ({HARNESS_MODULE})")
+    notes = note_lines(unexpressed, approximated, "the harness")
+    cmd = torchrun_command(lay, steps, seed)
+    rdzv = master_addr_line(lay.nodes)
+    script = "\n".join([
+        "#!/usr/bin/env bash",
+        *[f"# {x}" for x in head],
+        *[f"# {x}" for x in notes],
+        f"# Run this script on each of the {lay.nodes} node(s); it writes {RESULT_FILE} next to it.",
+        "set -euo pipefail",
+        'cd "$(dirname "$0")"',
+        rdzv,
+        " ".join(_shell_word(a) for a in cmd),
+        "",
+    ])
+    yaml_text = "\n".join([
+        *[f"# {x}" for x in head],
+        "# Read by: " + " ".join(cmd[cmd.index("-m"):cmd.index("--plan")]),
+        yaml.safe_dump(scenario_document(lay), sort_keys=False, default_flow_style=False),
+    ])
+    return ExportBundle(
+        target="torchrun", main=SCRIPT_FILE,
+        files={SCRIPT_FILE: script, SCENARIO_FILE: yaml_text},
+        unexpressed=unexpressed, approximated=approximated,
+    )

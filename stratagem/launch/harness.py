@@ -1,0 +1,280 @@
+"""The training harness entry point: run one plan for a few steps and write one JSON result (rank 0).
+
+Command line (under torchrun, or any launcher that sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+LOCAL_RANK; without them it runs as a single process):
+
+    python -m stratagem.launch.harness --scenario S.yaml --plan "dp=2,tp=2" --steps N --out result.json \
+        [--warmup W] [--seed S] [--memory-cap-gib X] [--checkpoint-dir D | --no-checkpoint]
+
+In-process, for a launcher that has set that environment (e.g. inside a Ray actor):
+
+    run_harness(scenario, plan, steps, warmup=1, seed=0, out=None, memory_cap_gib=None,
+                checkpoint_dir=None, checkpoint=True) -> dict
+
+`scenario` is a Scenario or a YAML path, `plan` a Plan or a "dp=2,tp=2" string. It initialises the process
+group (gloo on CPU, nccl on GPU) when WORLD_SIZE > 1, validates the plan against that world size (a 1-rank
+plan is the single-process reference whatever the scenario's cluster; the other rules still apply), trains
+warmup + steps optimizer steps, writes the result to `out` on rank 0 and returns it (other ranks return their
+own figures). Raises StratagemError for a plan it cannot apply, MemoryCapExceeded when the tracked peak passes
+the cap, torch.cuda.OutOfMemoryError on a CUDA OOM.
+
+Result keys: plan, plan_text, world_size, backend, device, steps, warmup, seed, losses (one per optimizer
+step, warm-up first), step_times_s (one per step), step_s (median of the timed steps), tokens_per_s,
+tokens_per_step, build_s, memory_tracked_step, mechanisms, ranks (per rank: stage ids, param_bytes,
+unsharded_param_bytes, grad_bytes, optimizer_bytes, peak_bytes and its source figures, rss_bytes,
+rss_peak_bytes), checkpoint (save_s, async_save_blocking_s, async_save_total_s, load_s), versions.
+
+Exit codes of the command: 0 ok; 2 a plan or scenario error (one line); 3 OOM (a line starting "OOM:");
+1 any other crash (traceback on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stratagem.errors import StratagemError
+from stratagem.launch.memtrack import (
+    HeldParams,
+    MemoryCapExceeded,
+    grad_bytes,
+    peak_memory,
+    rss_bytes,
+    state_bytes,
+)
+from stratagem.launch.train import DEFAULT_LR, Job, build_job, mechanisms, train_step
+from stratagem.spaces.plan import Plan, format_plan, parse_plan
+from stratagem.spaces.rules import violations
+from stratagem.spaces.scenario import Scenario, load_scenario
+
+__all__ = ["validate_plan", "run_plan", "run_harness", "main", "GIB"]
+
+# Our model never modifies a module's output in place, which is what this FSDP2 warning is about.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+GIB = float(2**30)
+PG_TIMEOUT_S = float(os.environ.get("STRATAGEM_PG_TIMEOUT_S", "300"))
+
+
+def validate_plan(scenario: Scenario, plan: Plan, world_size: int) -> None:
+    """The plan's degrees must multiply to the launched world size; the scenario's other rules apply with
+    a cluster of exactly that many devices (its GPU count is ignored)."""
+    if plan.world_size != world_size:
+        raise StratagemError(
+            f"plan: dp*tp*pp*cp ({plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.world_size}) must equal the "
+            f"{world_size} rank(s) the harness was launched with; launch {plan.world_size} ranks or change the plan")
+    cluster = scenario.cluster.model_copy(update={"num_nodes": 1, "gpus_per_node": world_size})
+    broken = violations(scenario.model_copy(update={"cluster": cluster}), plan)
+    if broken:
+        raise StratagemError(f"plan: {broken[0]}")
+
+
+def pick_device() -> tuple[torch.device, str]:
+    """cuda:LOCAL_RANK with nccl when a GPU is present, else cpu with gloo."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device, "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _max_over_ranks(value: float) -> float:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _check_cap(peak_bytes: float, cap_gib: float | None) -> None:
+    """Collective: every rank raises together when any rank's peak passed the cap."""
+    if cap_gib is None:
+        return
+    worst = _max_over_ranks(peak_bytes)
+    if worst > cap_gib * GIB:
+        raise MemoryCapExceeded(f"tracked peak {worst / GIB:.4f} GiB exceeds --memory-cap-gib {cap_gib:g}")
+
+
+def _gather(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: int = 0, *,
+             memory_cap_gib: float | None = None, checkpoint_dir: str | Path | None = None,
+             checkpoint: bool = True, lr: float = DEFAULT_LR, job: Job | None = None) -> dict[str, Any]:
+    """Train `plan` on the already-initialised process group (or a single process); the result dict.
+
+    The memory is traced during one untimed step (the last warm-up step; step 0 when warmup is 0).
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    validate_plan(scenario, plan, world)
+    if steps < 1 or warmup < 0:
+        raise StratagemError(f"steps ({steps}) must be >= 1 and warmup ({warmup}) >= 0")
+    device, backend = pick_device()
+    start = time.perf_counter()
+    job = job or build_job(scenario, plan, device, seed, lr)
+    _sync(device)
+    build_s = time.perf_counter() - start
+
+    tracked = warmup - 1 if warmup > 0 else 0
+    losses: list[float] = []
+    times: list[float] = []
+    memory: dict[str, Any] = {}
+    grads: list[int] = []
+    held = 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for step in range(warmup + steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        if step == tracked:
+            with HeldParams(job.parts) as hp, peak_memory(job.parts, job.optimizer, device) as memory:
+                loss = train_step(job, step, seed, after_backward=lambda: grads.append(grad_bytes(job.parts)))
+            held = hp.peak
+        else:
+            loss = train_step(job, step, seed)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        if device.type == "cuda":
+            _check_cap(torch.cuda.max_memory_allocated(device), memory_cap_gib)
+        elif step == tracked:
+            _check_cap(memory["peak_bytes"], memory_cap_gib)
+    if device.type == "cuda":
+        memory = {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+                  "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
+        memory["peak_bytes"] = memory["peak_allocated_bytes"]
+
+    rank_figures: dict[str, Any] = {
+        "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "stage_ids": job.stage_ids,
+        **state_bytes(job.parts, job.optimizer),
+        "unsharded_param_bytes": held,
+        "grad_bytes": grads[0] if grads else 0,
+        **memory,
+        **rss_bytes(),
+    }
+    ckpt: dict[str, Any] = {}
+    if checkpoint:
+        from stratagem.launch.checkpoint import save_load_times
+
+        base = checkpoint_dir or tempfile.gettempdir()
+        name = f"stratagem-ckpt-{os.environ.get('MASTER_PORT', 'single')}-{os.getpid() if world == 1 else 0}"
+        ckpt = save_load_times(job, Path(base) / name)
+    timed = times[warmup:] or times
+    step_s = statistics.median(timed)
+    tokens = scenario.training.tokens_per_step
+    return {
+        "plan": plan.model_dump(mode="json"),
+        "plan_text": format_plan(plan),
+        "world_size": world,
+        "backend": backend if world > 1 else "none",
+        "device": device.type if device.type != "cuda" else torch.cuda.get_device_name(device),
+        "steps": steps,
+        "warmup": warmup,
+        "seed": seed,
+        "lr": lr,
+        "losses": losses,
+        "step_times_s": times,
+        "step_s": step_s,
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / step_s,
+        "build_s": build_s,
+        "memory_tracked_step": tracked,
+        "mechanisms": mechanisms(job),
+        "ranks": _gather(rank_figures),
+        "checkpoint": ckpt,
+        "versions": {"torch": torch.__version__, "python": platform.python_version(),
+                     "cuda": torch.version.cuda or "none"},
+    }
+
+
+def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int, warmup: int = 1, seed: int = 0,
+                out: str | Path | None = None, memory_cap_gib: float | None = None,
+                checkpoint_dir: str | Path | None = None, checkpoint: bool = True) -> dict[str, Any]:
+    """Initialise the process group from the torchrun environment, run the plan, write `out` on rank 0."""
+    scn = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    the_plan = plan if isinstance(plan, Plan) else parse_plan(plan)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if the_plan.world_size != world:  # fail before any rendezvous
+        validate_plan(scn, the_plan, world)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    own_group = world > 1 and not dist.is_initialized()
+    if own_group:
+        _, backend = pick_device()
+        dist.init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S))
+    try:
+        result = run_plan(scn, the_plan, steps, warmup, seed, memory_cap_gib=memory_cap_gib,
+                          checkpoint_dir=checkpoint_dir, checkpoint=checkpoint)
+        if out is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+            path = Path(out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(json.dumps(result, indent=1))
+            tmp.replace(path)
+        return result
+    finally:
+        if own_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m stratagem.launch.harness", description=__doc__.split("\n")[0])
+    p.add_argument("--scenario", required=True, help="scenario YAML")
+    p.add_argument("--plan", required=True, help='plan, e.g. "dp=2,tp=2,zero=3"')
+    p.add_argument("--steps", type=int, default=5, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before them (memory is traced in the last)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="result JSON written by rank 0")
+    p.add_argument("--memory-cap-gib", type=float, default=None,
+                   help="fail with OOM when the tracked peak of any rank exceeds this")
+    p.add_argument("--checkpoint-dir", default=None, help="where the timed checkpoint is written (then removed)")
+    p.add_argument("--no-checkpoint", action="store_true", help="skip the checkpoint save/load timing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        run_harness(args.scenario, args.plan, args.steps, args.warmup, args.seed, args.out,
+                    args.memory_cap_gib, args.checkpoint_dir, not args.no_checkpoint)
+    except StratagemError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except MemoryCapExceeded as e:
+        print(f"OOM: {e}", file=sys.stderr)
+        return 3
+    except torch.cuda.OutOfMemoryError as e:
+        print(f"OOM: CUDA out of memory: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

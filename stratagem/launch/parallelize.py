@@ -1,0 +1,225 @@
+"""Apply a Plan to one model part with PyTorch's own mechanisms, in torchtitan's fixed order.
+
+    mesh = build_mesh(plan, "cpu")                 # one DeviceMesh, dims (pp, dp, cp, tp)
+    part = parallelize(part, plan, mesh, spec)     # TP/SP -> activation checkpointing -> FSDP2 (zero 2/3)
+    ...materialize...                              # DDP (zero 0/1) wraps after the weights exist
+
+Data parallel by zero stage (over the mesh's "dp" dim):
+  0: DistributedDataParallel(gradient_as_bucket_view=True) (wrapped by `wrap_ddp` after materialisation)
+  1: the same DDP + ZeroRedundancyOptimizer over the dp group (optimizer states partitioned by whole
+     parameters, greedily balanced: a rank's share is 1/dp to within one parameter; see `build_optimizer`)
+  2: FSDP2 fully_shard(reshard_after_forward=False): params and grads sharded at rest, unsharded params kept
+     from forward to backward
+  3: FSDP2 fully_shard(reshard_after_forward=True)
+bf16: FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) under zero 2/3, torch.autocast
+otherwise (the model's `autocast_dtype`). fp8 is rejected on hardware without it (see `check_applicable`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from stratagem.errors import StratagemError
+from stratagem.launch.model import Transformer
+from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.plan import Plan
+
+__all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
+           "parallelize", "wrap_ddp", "build_optimizer", "uses_fsdp"]
+
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+
+
+def check_applicable(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
+    """Raise StratagemError naming the field for what the harness cannot apply to this plan here."""
+    if plan.cp > 1:
+        raise StratagemError(f"plan.cp ({plan.cp}): the harness does not apply context parallelism; use cp=1")
+    if plan.ep > 1:
+        raise StratagemError(f"plan.ep ({plan.ep}): the harness trains dense models only; use ep=1")
+    if plan.dp_replicate > 1:
+        raise StratagemError(f"plan.dp_replicate ({plan.dp_replicate}): HSDP is not applied by the harness; "
+                             "use dp_replicate=1")
+    if plan.optimizer_offload != "none":
+        raise StratagemError("plan.optimizer_offload (cpu): the harness keeps optimizer states on the device; "
+                             "use optimizer_offload=none")
+    if spec.tied_embeddings and plan.pp > 1:
+        raise StratagemError("plan.pp: tied embeddings span the first and last pipeline stage, which the "
+                             "harness does not sync; use pp=1 or model.tied_embeddings=false")
+    if plan.precision == "fp8":
+        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+            raise StratagemError(f"plan.precision (fp8): needs a GPU with FP8 tensor cores (sm89+); this run is "
+                                 f"on {device.type}: use bf16")
+        try:
+            import torchao  # noqa: F401
+        except ImportError:
+            raise StratagemError("plan.precision (fp8): needs torchao's Float8Linear (pip install torchao); "
+                                 "or use bf16") from None
+
+
+def build_mesh(plan: Plan, device_type: str) -> Any:
+    """One DeviceMesh over all ranks with named dims (pp, dp, cp, tp); tp varies fastest (inside a node)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = (plan.pp, plan.dp, plan.cp, plan.tp)
+    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def uses_fsdp(plan: Plan) -> bool:
+    return plan.dp > 1 and plan.zero_stage >= 2
+
+
+def _blocks(part: Transformer) -> list[tuple[str, nn.Module]]:
+    return list(part.layers.items())
+
+
+def apply_tp(part: Transformer, tp_mesh: Any, sequence_parallel: bool) -> None:
+    """Megatron-style TP with DTensor: column-parallel QKV / gate / up, row-parallel O / down; with SP the
+    norms run on sequence shards and the blocks exchange [b, s/t, h] activations (all-gather before attention
+    and MLP, reduce-scatter after)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    between = Shard(1) if sequence_parallel else Replicate()  # layout of the residual stream [b, s, h]
+    top: dict[str, Any] = {}
+    if part.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+    if part.norm is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if part.output is not None:  # full logits on every TP rank: [b, s, V]
+        top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate(), use_local_output=True)
+    if top:
+        parallelize_module(part, tp_mesh, top)
+    if part.spec.tied_embeddings and part.output is not None and part.tok_embeddings is not None:
+        part.output.weight = part.tok_embeddings.weight  # both Shard(0) over the vocabulary: re-tie
+
+    for _, block in _blocks(part):
+        plan: dict[str, Any] = {
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=between),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.down.w2": RowwiseParallel(output_layouts=between),
+        }
+        if sequence_parallel:
+            gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                         "attention": gather,
+                         "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                            desired_input_layouts=(Replicate(),))})
+        parallelize_module(block, tp_mesh, plan)
+
+
+def apply_ac(part: Transformer, mode: str) -> None:
+    """Activation checkpointing with `checkpoint_wrapper` (non-reentrant).
+
+    full: each whole block (only its input is kept). selective: the region down(silu(g) * u) of each MLP,
+    whose inputs g and u are kept: what stratagem.evaluators.memory `_layer_elements` counts as selective.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if mode == "none":
+        return
+    for name, block in _blocks(part):
+        if mode == "full":
+            part.layers.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
+        else:
+            ff = block.feed_forward
+            ff.register_module("down", checkpoint_wrapper(ff.down, preserve_rng_state=False))
+
+
+def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, precision: str) -> None:
+    """FSDP2 units: each block, the embedding, the final norm + output, then the root (tied embeddings
+    stay in the root unit, the only one that spans both ends)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if precision != "fp32" else MixedPrecisionPolicy()
+    kw: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": mp}
+    for _, block in _blocks(part):
+        fully_shard(block, **kw)
+    if not part.spec.tied_embeddings:
+        if part.tok_embeddings is not None:
+            fully_shard(part.tok_embeddings, **kw)
+        head = [m for m in (part.norm, part.output) if m is not None]
+        if head:
+            fully_shard(head, **kw)
+    fully_shard(part, **kw)
+
+
+def parallelize(part: Transformer, plan: Plan, mesh: Any) -> Transformer:
+    """TP/SP, then activation checkpointing, then FSDP2 for zero 2/3 (order matters: FSDP must see the
+    DTensor parameters TP made and the wrappers AC inserted). DDP for zero 0/1 comes after
+    materialisation (`wrap_ddp`): it broadcasts real weights at construction."""
+    if plan.tp > 1:  # 1. tensor (+ sequence) parallel
+        apply_tp(part, mesh["tp"], plan.sequence_parallel)
+    apply_ac(part, plan.activation_checkpointing)  # 2. activation checkpointing
+    if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
+        apply_fsdp(part, mesh["dp"], plan.zero_stage == 3, plan.precision)
+    elif plan.precision != "fp32":  # bf16 without FSDP: autocast in the model's forward
+        part.autocast_dtype = torch.bfloat16
+    if plan.precision == "fp8":
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(part)
+    return part
+
+
+def wrap_ddp(part: nn.Module, plan: Plan, mesh: Any) -> nn.Module:
+    """DDP over the dp group for zero 0/1 (dp > 1); identity otherwise. With a dp mesh sliced from the full
+    mesh, DDP applies torch's TP+DDP transform (DTensor params held as local tensors between forwards)."""
+    if plan.dp == 1 or plan.zero_stage >= 2:
+        return part
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(part, device_mesh=mesh["dp"], gradient_as_bucket_view=True)
+    _keep_local_params_registered(part)
+    return ddp
+
+
+def _keep_local_params_registered(module: nn.Module) -> None:
+    """Work around torch's TP+DDP transform (torch.distributed.tensor.parallel.ddp): its pre-forward hook
+    replaces each local parameter by a plain DTensor attribute and its post-forward hook looks for them among
+    `named_parameters()`, where they no longer are, so after the first forward the module would list no TP
+    parameters (state dicts and checkpoints would miss them). Re-register the local parameters after forward."""
+    slots = [(module.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2], p)
+             for n, p in module.named_parameters() if hasattr(p, "_st_info")]
+    if not slots:
+        return
+
+    def restore(*_: Any) -> None:
+        for owner, name, param in slots:
+            if owner._parameters.get(name) is not param:
+                if name in owner.__dict__:
+                    delattr(owner, name)
+                owner._parameters.pop(name, None)
+                owner.register_parameter(name, param)
+
+    module.register_forward_hook(restore, always_call=True)
+
+
+def build_optimizer(params: list[nn.Parameter], plan: Plan, optimizer: str, mesh: Any,
+                    lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:
+    """The scenario's optimizer; ZeroRedundancyOptimizer over the dp group for zero 1."""
+    kinds: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+        "adamw": (torch.optim.AdamW, {"lr": lr, "weight_decay": 0.1, "eps": eps}),
+        "sgd": (torch.optim.SGD, {"lr": lr, "momentum": 0.9}),
+        "adafactor": (torch.optim.Adafactor, {"lr": lr}),
+    }
+    if optimizer not in kinds:
+        raise StratagemError(f"training.optimizer ({optimizer}): the harness runs {', '.join(kinds)}; "
+                             "adamw8bit needs bitsandbytes, which it does not use")
+    cls, kwargs = kinds[optimizer]
+    if plan.zero_stage == 1 and plan.dp > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=mesh["dp"].get_group(),
+                                       **kwargs)
+    return cls(params, **kwargs)

@@ -1,0 +1,192 @@
+"""One plan made runnable on this rank (`build_job`) and one optimizer step of it (`train_step`).
+
+Every step trains on the scenario's whole global batch (`synthetic_batch(step)`): data-parallel rank d takes
+rows [d B/dp, (d+1) B/dp) and runs them as B / (dp * micro_batch_size) micro-batches (gradient accumulation,
+or the pipeline schedule's micro-batches). The reported loss is the mean cross-entropy over the global
+batch, identical on every rank, so any plan's trajectory compares with the single-process reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from stratagem.launch.model import build_model, check_supported, materialize, named_parameters, synthetic_batch
+from stratagem.launch.parallelize import (
+    build_mesh,
+    build_optimizer,
+    check_applicable,
+    parallelize,
+    uses_fsdp,
+    wrap_ddp,
+)
+from stratagem.launch.pipeline import build_schedule, build_stage_model, rank_chunks
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.scenario import Scenario
+
+__all__ = ["Job", "build_job", "train_step", "loss_fn", "full_parameters", "as_dtensor", "mechanisms",
+           "DEFAULT_LR"]
+
+DEFAULT_LR = 1e-3
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: logits [b, s, V], targets [b, s]."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@dataclass
+class Job:
+    """Everything this rank holds for one plan."""
+
+    scenario: Scenario
+    plan: Plan
+    device: torch.device
+    mesh: Any
+    parts: list[nn.Module]
+    """The model parts this rank runs (one, or v pipeline chunks), wrapped (DDP) where the plan says."""
+    stage_ids: list[int]
+    optimizer: torch.optim.Optimizer
+    schedule: Any = None
+    dp_rank: int = 0
+    microbatches: int = 1
+    is_first: bool = True
+    is_last: bool = True
+    loss_owner: bool = True
+    """Whether this rank adds its loss to the global mean (last stage, tp rank 0)."""
+    hooks: list[Callable[[], None]] = field(default_factory=list)
+
+
+def _coord(mesh: Any, dim: str) -> int:
+    return 0 if mesh is None else int(mesh[dim].get_local_rank())
+
+
+def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, lr: float = DEFAULT_LR,
+              eps: float = 1e-8) -> Job:
+    """Build, parallelise and initialise the model parts, optimizer and pipeline schedule of `plan`.
+
+    Needs an initialised default process group of plan.world_size ranks when the plan has more than one.
+    """
+    spec, training = scenario.model, scenario.training
+    check_supported(spec)
+    check_applicable(plan, spec, device)
+    mesh = build_mesh(plan, device.type) if plan.world_size > 1 else None
+    pp_rank = _coord(mesh, "pp")
+    stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
+    chunks = plan.pp * plan.virtual_stages
+    modules = [build_stage_model(spec, plan, s) for s in stage_ids] if plan.pp > 1 else [build_model(spec)]
+    for module in modules:
+        parallelize(module, plan, mesh)
+    materialize(modules, device, seed)  # type: ignore[arg-type]
+    parts = [wrap_ddp(m, plan, mesh) for m in modules]
+    params = [p for _, p in named_parameters(parts)]
+    optimizer = build_optimizer(params, plan, training.optimizer, mesh, lr, eps)
+    micro = plan.grad_accumulation(training.global_batch_size)
+    schedule = None
+    if plan.pp > 1:
+        schedule = build_schedule(parts, stage_ids, plan, mesh["pp"].get_group(), device, micro, loss_fn)
+    is_last = (chunks - 1) in stage_ids
+    return Job(
+        scenario=scenario, plan=plan, device=device, mesh=mesh, parts=parts, stage_ids=stage_ids,
+        optimizer=optimizer, schedule=schedule, dp_rank=_coord(mesh, "dp"), microbatches=micro,
+        is_first=0 in stage_ids, is_last=is_last,
+        loss_owner=is_last and _coord(mesh, "tp") == 0 and _coord(mesh, "cp") == 0,
+    )
+
+
+def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Gradients of the mean loss over this rank's rows x, y [B/dp, s]; returns that loss (detached)."""
+    mbs = job.plan.micro_batch_size
+    if job.schedule is not None:
+        losses: list[torch.Tensor] = []
+        args = (x,) if job.is_first else ()
+        kwargs: dict[str, Any] = {"target": y, "losses": losses} if job.is_last else {}
+        job.schedule.step(*args, **kwargs)
+        return torch.stack(losses).mean().detach() if job.is_last else torch.zeros((), device=job.device)
+    model = job.parts[0]
+    total = torch.zeros((), device=job.device)
+    for i in range(job.microbatches):
+        last = i == job.microbatches - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:  # DDP: all-reduce the accumulated gradients once, on the last micro-batch
+            loss = loss_fn(model(x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs])  # [mbs, s, V] -> []
+            (loss / job.microbatches).backward()
+        total += loss.detach() / job.microbatches
+    return total
+
+
+def train_step(job: Job, step: int, seed: int, after_backward: Callable[[], None] | None = None) -> float:
+    """One optimizer step on global batch `step`; returns the global mean loss (same on every rank)."""
+    training = job.scenario.training
+    inputs, targets = synthetic_batch(job.scenario.model, training, seed, step, job.device)  # [B, s] each
+    rows = training.global_batch_size // job.plan.dp
+    sl = slice(job.dp_rank * rows, (job.dp_rank + 1) * rows)
+    local_loss = _forward_backward(job, inputs[sl], targets[sl])
+    if after_backward is not None:
+        after_backward()
+    job.optimizer.step()
+    job.optimizer.zero_grad(set_to_none=True)
+    if job.mesh is None:
+        return float(local_loss)
+    share = local_loss / job.plan.dp if job.loss_owner else torch.zeros_like(local_loss)
+    dist.all_reduce(share)
+    return float(share)
+
+
+def as_dtensor(p: torch.Tensor) -> torch.Tensor:
+    """A TP parameter that DDP holds as a local tensor between forwards, back as a DTensor (same storage)."""
+    spec = getattr(p, "_st_info", None)
+    if spec is None:
+        return p
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(p.detach(), spec.mesh, spec.placements, run_check=False, shape=spec.shape,
+                              stride=spec.stride)
+
+
+@torch.no_grad()
+def full_parameters(job: Job) -> dict[str, torch.Tensor]:
+    """Canonical name -> full (unsharded) value on CPU, for the parameters of this rank's stages."""
+    import logging
+
+    from torch.distributed.tensor import DTensor
+
+    # Gathering an FSDP x TP parameter takes two all-gathers; torch warns that it is slow. It is a check.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    out = {}
+    for name, p in named_parameters(job.parts):
+        t = as_dtensor(p)
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        out[name] = full.detach().to("cpu", copy=True)
+    return out
+
+
+def mechanisms(job: Job) -> dict[str, str]:
+    """Which PyTorch mechanism applied each part of the plan (recorded in the result)."""
+    plan = job.plan
+    if plan.dp == 1:
+        dp = "none"
+    elif uses_fsdp(plan):
+        dp = f"FSDP2 fully_shard(reshard_after_forward={plan.zero_stage == 3})"
+    else:
+        dp = "DDP(gradient_as_bucket_view=True)"
+        if plan.zero_stage == 1:
+            dp += " + ZeroRedundancyOptimizer"
+    tp = "none" if plan.tp == 1 else "DTensor parallelize_module (Colwise/Rowwise" + \
+        (" + SequenceParallel)" if plan.sequence_parallel else ")")
+    pp = "none" if job.schedule is None else type(job.schedule).__name__
+    ac = {"none": "none", "full": "checkpoint_wrapper(block)",
+          "selective": "checkpoint_wrapper(mlp down(silu(g) * u))"}[plan.activation_checkpointing]
+    prec = "fp32" if plan.precision == "fp32" else (
+        "FSDP2 MixedPrecisionPolicy(bf16, reduce fp32)" if uses_fsdp(plan) else "torch.autocast(bf16)")
+    if plan.precision == "fp8":
+        prec = "torchao Float8Linear + " + prec
+    return {"data_parallel": dp, "tensor_parallel": tp, "pipeline": pp, "activation_checkpointing": ac,
+            "precision": prec}

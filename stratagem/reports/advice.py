@@ -1,0 +1,39 @@
+"""Advice for a plan in report form, from `stratagem.evaluators.advise` (the seed's decision tree)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stratagem.evaluators import Advice, advise
+from stratagem.evaluators.evaluation import Evaluation
+from stratagem.spaces.scenario import Scenario
+
+__all__ = ["AdviceView", "advice_for"]
+
+
+@dataclass(frozen=True)
+class AdviceView:
+    """One piece of advice: the zone it addresses, why, the neighbouring plan and its predicted effect."""
+
+    zone: str
+    rationale: str
+    plan: str
+    """The neighbouring plan's short label ('' when only the checkpoint policy changes)."""
+    effect: str
+    """The change and its predicted effect, e.g. `zero_stage 1 -> 3: peak 92.1 -> 61.3 GiB, step +4%`."""
+
+
+def _view(item: Advice, own_label: str) -> AdviceView:
+    label = item.plan.short()
+    return AdviceView(zone=item.zone, rationale=item.rationale, plan="" if label == own_label else label,
+                      effect=item.effect or item.change)
+
+
+def advice_for(scenario: Scenario, evaluation: Evaluation, prediction: Evaluation | None = None) -> tuple[AdviceView, ...]:
+    """The advice for an evaluated plan. Advice reasons from the analytic model: a measured plan passes its
+    analytic prediction (or none, and advise evaluates the plan itself)."""
+    analytic = evaluation if evaluation.fidelity == "analytic" else prediction
+    if analytic is not None and analytic.fidelity != "analytic":
+        analytic = None
+    own = evaluation.plan.short()
+    return tuple(_view(a, own) for a in advise(scenario, evaluation.plan, analytic))

@@ -1,0 +1,170 @@
+"""Capacity planning: for each cluster size, the best plan and what training the scenario's tokens costs.
+
+For each node count the scenario's cluster is resized, every plan is screened analytically
+(`stratagem.search.screen`), and the feasible plan with the highest effective throughput,
+tokens/s x (1 - expected goodput loss), is chosen. Then:
+  time to train  = training_tokens / (tokens/s x (1 - goodput_loss))     (wall clock, losses included)
+  GPU-hours      = time x GPUs;  cost = GPU-hours x price per GPU-hour
+  checkpoint overhead = stall / interval (time blocked saving); failure loss = goodput_loss - overhead
+  (the expected rework and restarts, (T/2 + R)/MTBF).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators.analytic import evaluate
+from stratagem.evaluators.evaluation import Evaluation
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.scenario import Scenario
+
+if TYPE_CHECKING:
+    from stratagem.evaluators.calibration import Calibration
+
+__all__ = ["CapacityRow", "CapacityInfo", "capacity_plan", "parse_nodes", "default_nodes"]
+
+
+@dataclass(frozen=True)
+class BestPlan:
+    """The chosen plan at one cluster size, fully evaluated."""
+
+    plan: Plan
+    label: str
+    evaluation: Evaluation
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """One cluster size."""
+
+    num_nodes: int
+    num_gpus: int
+    n_plans: int
+    """Valid plans screened."""
+    n_feasible: int
+    """Plans predicted to fit."""
+    best: BestPlan | None
+    tokens_per_s: float | None
+    goodput_loss: float | None
+    checkpoint_overhead: float | None
+    """Fraction of time stalled by checkpoint saves (stall / interval)."""
+    failure_loss: float | None
+    """Fraction of time lost to failures: rework since the last checkpoint and restarts."""
+    hours: float | None
+    """Wall-clock hours to train the scenario's training_tokens, expected losses included."""
+    gpu_hours: float | None
+    cost_usd: float | None
+    failure_hours: float | None
+    """Expected hours of the run lost to failures."""
+    note: str = ""
+    """Why there is no plan at this size."""
+
+    @property
+    def days(self) -> float | None:
+        return None if self.hours is None else self.hours / 24.0
+
+
+@dataclass(frozen=True)
+class CapacityInfo:
+    """Capacity planning across cluster sizes for one scenario."""
+
+    scenario: Scenario
+    training_tokens: float
+    price_per_gpu_hour: float
+    rows: tuple[CapacityRow, ...]
+
+    @property
+    def cheapest(self) -> CapacityRow | None:
+        rows = [r for r in self.rows if r.cost_usd is not None]
+        return min(rows, key=lambda r: (r.cost_usd, r.num_nodes)) if rows else None
+
+    @property
+    def fastest(self) -> CapacityRow | None:
+        rows = [r for r in self.rows if r.hours is not None]
+        return min(rows, key=lambda r: (r.hours, r.num_nodes)) if rows else None
+
+
+def parse_nodes(text: str) -> list[int]:
+    """`"8,16,32"` -> [8, 16, 32] (sorted, unique), or a one-line error naming --nodes."""
+    parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
+    try:
+        nodes = sorted({int(p) for p in parts})
+    except ValueError:
+        nodes = []
+    if not nodes or nodes[0] < 1:
+        raise StratagemError(f"--nodes ({text!r}): give positive node counts separated by commas, e.g. 8,16,32")
+    return nodes
+
+
+def default_nodes(scenario: Scenario) -> list[int]:
+    """Half, the same and twice the scenario's node count."""
+    n = scenario.cluster.num_nodes
+    return sorted({max(1, n // 2), n, 2 * n})
+
+
+def _resized(scenario: Scenario, num_nodes: int) -> Scenario:
+    cluster = scenario.cluster.model_copy(update={"num_nodes": num_nodes})
+    return scenario.model_copy(update={"cluster": cluster, "plan": None})
+
+
+def _no_plan(num_nodes: int, gpus: int, n_plans: int, n_feasible: int, note: str,
+             best: BestPlan | None = None) -> CapacityRow:
+    return CapacityRow(num_nodes=num_nodes, num_gpus=gpus, n_plans=n_plans, n_feasible=n_feasible, best=best,
+                       tokens_per_s=None, goodput_loss=None, checkpoint_overhead=None, failure_loss=None,
+                       hours=None, gpu_hours=None, cost_usd=None, failure_hours=None, note=note)
+
+
+def _row(scenario: Scenario, num_nodes: int, calibration: Calibration | None) -> CapacityRow:
+    from stratagem.search.screening import screen  # every valid plan of the resized cluster, vectorised
+
+    scn = _resized(scenario, num_nodes)
+    gpus = scn.cluster.num_gpus
+    try:
+        scr = screen(scn, calibration=calibration)
+    except StratagemError as e:
+        return _no_plan(num_nodes, gpus, 0, 0, str(e))
+    n_plans = len(scr.plans)
+    feasible = np.asarray(scr.feasible, dtype=bool)
+    n_fit = int(feasible.sum())
+    if not n_fit:
+        return _no_plan(num_nodes, gpus, n_plans, 0,
+                        "no valid plan" if n_plans == 0 else f"none of {n_plans} plans fits in HBM")
+    tps = np.asarray(scr.columns["tokens_per_s"], dtype=np.float64)
+    loss = np.asarray(scr.columns["goodput_loss"], dtype=np.float64)
+    effective = np.where(feasible, tps * (1.0 - loss), -np.inf)
+    plan = scr.plans.plan(int(np.argmax(effective)))
+    ev = evaluate(scn, plan, calibration)
+    if ev.throughput is None or ev.checkpoint is None:
+        return _no_plan(num_nodes, gpus, n_plans, n_fit, "the evaluator gave no throughput or checkpoint figures")
+    t, ck = ev.throughput.tokens_per_s, ev.checkpoint
+    best = BestPlan(plan=plan, label=plan.short(), evaluation=ev)
+    overhead = ck.stall_s / ck.interval_s if ck.interval_s > 0 else 0.0
+    useful = 1.0 - ck.goodput_loss
+    if t <= 0 or useful <= 0:
+        why = "expected losses leave no useful time" if useful <= 0 else "zero throughput"
+        return _no_plan(num_nodes, gpus, n_plans, n_fit, why, best)
+    hours = scenario.training.training_tokens / (t * useful) / 3600.0
+    gpu_hours = hours * gpus
+    return CapacityRow(
+        num_nodes=num_nodes, num_gpus=gpus, n_plans=n_plans, n_feasible=n_fit, best=best,
+        tokens_per_s=t, goodput_loss=ck.goodput_loss, checkpoint_overhead=overhead,
+        failure_loss=ck.goodput_loss - overhead, hours=hours, gpu_hours=gpu_hours,
+        cost_usd=gpu_hours * scenario.cluster.price_per_gpu_hour,
+        failure_hours=hours * (ck.goodput_loss - overhead),
+    )
+
+
+def capacity_plan(
+    scenario: Scenario, nodes: Sequence[int], calibration: Calibration | None = None,
+) -> CapacityInfo:
+    """The best plan and the cost of training `training.training_tokens` at each node count."""
+    if not nodes:
+        raise StratagemError("--nodes: give at least one node count, e.g. 8,16,32")
+    rows = tuple(_row(scenario, n, calibration) for n in sorted(set(nodes)))
+    return CapacityInfo(scenario=scenario, training_tokens=scenario.training.training_tokens,
+                        price_per_gpu_hour=scenario.cluster.price_per_gpu_hour, rows=rows)

@@ -1,0 +1,270 @@
+"""ParetoInfo (and capacity) -> one self-contained HTML page that works offline.
+
+The page holds plotly.js once (plotly's offline bundle), the report's own script and style (package data in
+`reports/assets/`), and the data as gzip + base64 JSON that the script decodes. Tables and headings are
+rendered here with every string escaped; plots, plan cards and the explorer are built by the script from
+the data with text nodes only. A Content-Security-Policy forbids any network request.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from functools import lru_cache
+from html import escape
+from importlib import resources
+from typing import Any
+
+from stratagem.reports.capacity import CapacityInfo, CapacityRow
+from stratagem.reports.info import ParetoInfo, PlanResult
+from stratagem.reports.payload import PAYLOAD_VERSION, capacity_payload, report_payload, scenario_summary
+
+__all__ = ["render_html", "render_capacity_html", "encode_payload", "decode_payload"]
+
+_CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
+        "img-src data: blob:; font-src data:; worker-src blob:")
+
+
+@lru_cache(maxsize=1)
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    js: str = get_plotlyjs()
+    return js.replace("</script", "<\\/script")
+
+
+@lru_cache(maxsize=2)
+def _asset(name: str) -> str:
+    return (resources.files("stratagem.reports") / "assets" / name).read_text(encoding="utf-8")
+
+
+def encode_payload(payload: dict[str, Any]) -> str:
+    """JSON -> gzip (deterministic, no timestamp) -> base64 text for the page."""
+    raw = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
+
+
+def decode_payload(text: str) -> dict[str, Any]:
+    """The inverse of encode_payload (tests and tools read a page's data with it)."""
+    data: dict[str, Any] = json.loads(gzip.decompress(base64.b64decode(text)))
+    return data
+
+
+def _e(x: object) -> str:
+    return escape(str(x), quote=True)
+
+
+def fmt(x: float | None, digits: int = 0) -> str:
+    """A number for a table cell ('–' when absent)."""
+    return "–" if x is None else f"{x:,.{digits}f}"
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _td(x: float | None, digits: int = 0, percent: bool = False) -> str:
+    v = "" if x is None else f' data-v="{x!r}"'
+    return f'<td class="num"{v}>{pct(x, digits) if percent else fmt(x, digits)}</td>'
+
+
+def _page(title: str, body: str, payload: dict[str, Any]) -> str:
+    return "\n".join([
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}</title>",
+        f"<style>{_asset('report.css')}</style>",
+        f'<script>{_plotly_js()}</script>',
+        "</head><body>",
+        body,
+        f'<script type="application/octet-stream" id="stratagem-data">{encode_payload(payload)}</script>',
+        f"<script>{_asset('report.js')}</script>",
+        "</body></html>",
+    ])
+
+
+def _scenario_table(s: dict[str, Any]) -> str:
+    rows = [
+        ("model", f"{s['model']} ({s['params_b']:g} B parameters)"),
+        ("cluster", f"{s['nodes']} node{'s' if s['nodes'] != 1 else ''} x {s['gpus_per_node']} {s['gpu']} "
+                    f"({s['num_gpus']} GPUs, "
+                    f"{s['hbm_gib']:g} GiB HBM each)"),
+        ("training", f"seq_len {s['seq_len']}, global batch {s['global_batch_size']} sequences, "
+                     f"{s['optimizer']}, {s['stack']} memory conventions"),
+        ("target", f"{s['training_tokens']:.3g} tokens at {s['price_per_gpu_hour']:g} USD per GPU-hour"),
+    ]
+    return '<table class="summary">' + "".join(
+        f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _counts(info: ParetoInfo) -> str:
+    parts = [
+        f"{info.n_trials} trials", f"{len(info.plans)} distinct plans", f"{len(info.feasible)} feasible",
+        f"{len(info.front)} on the Pareto front", f"{len(info.measured)} measured",
+    ]
+    if info.n_superseded:
+        parts.append(f"{info.n_superseded} trials superseded by a later or measured trial of the same plan")
+    if info.n_unfinished:
+        parts.append(f"{info.n_unfinished} unfinished trials not shown")
+    out = f"<p>{_e(', '.join(parts))}.</p>"
+    causes = info.infeasible_summary
+    if causes:
+        items = "".join(f"<li>{_e(c)}: {n}</li>" for c, n in causes)
+        out += f"<p>Why plans are not feasible:</p><ul>{items}</ul>"
+    return out
+
+
+_OBJECTIVE_TITLE = {"tokens_per_s": "highest tokens/s", "headroom_gib": "most memory headroom",
+                    "goodput_loss": "lowest checkpoint risk"}
+
+
+def _bottleneck(p: PlanResult) -> str:
+    z = p.evaluation.zones if p.evaluation else None
+    return z.bottleneck if z else "–"
+
+
+def _front_row(rank: int, p: PlanResult) -> str:
+    ev = p.evaluation
+    mem = ev.memory if ev else None
+    tp = ev.throughput if ev else None
+    ck = ev.checkpoint if ev else None
+    return (
+        f'<tr data-plan="{p.index}"><td class="num" data-v="{rank}">{rank}</td>'
+        f'<td class="plan-label">{_e(p.label)}</td><td>{_e(p.fidelity)}</td>'
+        + _td(p.value("tokens_per_s"))
+        + _td(tp.tokens_per_s_per_gpu if tp else None)
+        + _td(tp.mfu if tp else None, 1, percent=True)
+        + _td(mem.peak_gib if mem else None, 2)
+        + _td(p.value("headroom_gib"), 2)
+        + _td(p.value("goodput_loss"), 2, percent=True)
+        + _td(ck.interval_s / 60 if ck else None, 1)
+        + f"<td>{_e(_bottleneck(p))}</td></tr>"
+    )
+
+
+def _front_table(info: ParetoInfo) -> str:
+    if not info.front:
+        return '<p class="why">No feasible plan: nothing is on the front.</p>'
+    heads = [("#", "num"), ("plan", "text"), ("fidelity", "text"), ("tokens/s", "num"), ("tokens/s/GPU", "num"),
+             ("MFU", "num"), ("peak GiB", "num"), ("headroom GiB", "num"), ("checkpoint goodput loss", "num"),
+             ("checkpoint every (min)", "num"), ("bottleneck", "text")]
+    th = "".join(f'<th data-type="{t}" class="{"num" if t == "num" else ""}">{_e(h)}</th>' for h, t in heads)
+    rows = "".join(_front_row(k + 1, info.plans[i]) for k, i in enumerate(info.front))
+    return (f'<table class="data sortable front" id="front-table"><thead><tr>{th}</tr></thead>'
+            f"<tbody>{rows}</tbody></table>"
+            '<p class="note">Click a heading to sort; double-click a row to open the plan in the explorer.</p>')
+
+
+def _best(info: ParetoInfo) -> str:
+    if not info.best:
+        return ""
+    items = []
+    for name, i in info.best.items():
+        p = info.plans[i]
+        v = p.value(name)
+        shown = {"tokens_per_s": fmt(v), "headroom_gib": f"{fmt(v, 2)} GiB", "goodput_loss": pct(v, 2)}[name]
+        items.append(f'<li>{_e(_OBJECTIVE_TITLE.get(name, name))}: <span class="plan-label">{_e(p.label)}</span>'
+                     f" ({_e(shown)})</li>")
+    return "<ul>" + "".join(items) + "</ul>"
+
+
+def _cards(info: ParetoInfo, open_first: int = 3) -> str:
+    out = []
+    for k, i in enumerate(info.front):
+        p = info.plans[i]
+        bits = [f"{fmt(p.value('tokens_per_s'))} tokens/s", f"headroom {fmt(p.value('headroom_gib'), 2)} GiB",
+                f"goodput loss {pct(p.value('goodput_loss'), 2)}", f"bottleneck {_bottleneck(p)}"]
+        opened = " open" if k < open_first else ""
+        out.append(f'<details class="card" data-plan="{p.index}"{opened}><summary><span class="plan-label">'
+                   f"{_e(p.label)}</span> — {_e(', '.join(bits))}</summary></details>")
+    return "".join(out)
+
+
+def capacity_table(cap: CapacityInfo) -> str:
+    """The capacity rows as an HTML table."""
+    heads = ["nodes", "GPUs", "best plan", "tokens/s", "days to train", "GPU-hours", "cost (USD)",
+             "checkpoint overhead", "failure loss", "failure hours", "plans fitting / screened"]
+    th = "".join(f"<th>{_e(h)}</th>" for h in heads)
+
+    def row(r: CapacityRow) -> str:
+        if r.best is None or r.hours is None:
+            label = r.best.label if r.best else ""
+            note = f'<td colspan="8" class="why">{_e(label + (": " if label else "") + r.note)}</td>'
+            return (f'<tr><td class="num">{r.num_nodes}</td><td class="num">{r.num_gpus}</td>{note}'
+                    f'<td class="num">{r.n_feasible} / {r.n_plans}</td></tr>')
+        return (f'<tr><td class="num">{r.num_nodes}</td><td class="num">{r.num_gpus}</td>'
+                f'<td class="plan-label">{_e(r.best.label)}</td>' + _td(r.tokens_per_s) + _td(r.days, 1)
+                + _td(r.gpu_hours) + _td(r.cost_usd) + _td(r.checkpoint_overhead, 2, percent=True)
+                + _td(r.failure_loss, 2, percent=True) + _td(r.failure_hours, 1)
+                + f'<td class="num">{r.n_feasible} / {r.n_plans}</td></tr>')
+
+    return (f'<table class="data sortable capacity" id="capacity-table"><thead><tr>{th}</tr></thead><tbody>'
+            + "".join(row(r) for r in cap.rows) + "</tbody></table>")
+
+
+def _capacity_section(cap: CapacityInfo | None) -> str:
+    if cap is None:
+        return ('<p class="note">Not computed for this report: add <code>--nodes 8,16,32</code> to '
+                "<code>stratagem report</code>, or run <code>stratagem capacity SCENARIO.yaml --nodes ...</code>."
+                "</p>")
+    return (f"<p>Training {cap.training_tokens:.3g} tokens at {cap.price_per_gpu_hour:g} USD per GPU-hour. "
+            "At each size the feasible plan with the most useful throughput, tokens/s x (1 - goodput loss), "
+            "is chosen; time includes expected checkpoint stalls and failure losses.</p>"
+            + capacity_table(cap) + '<div id="capacity-plot" class="plot"></div>')
+
+
+def render_html(info: ParetoInfo, capacity: CapacityInfo | None = None) -> str:
+    """The study's report as one offline HTML page."""
+    s = scenario_summary(info.scenario)
+    title = f"stratagem: {info.scenario.name}"
+    body = f"""
+<h1>{_e(title)}</h1>
+<p class="note">Study <code>{_e(info.study_name)}</code>, scenario hash {_e(info.scenario_hash)}.</p>
+<nav><a href="#pareto">Pareto plots</a><a href="#front">Front</a><a href="#cards">Plans</a><a href="#explore">Explorer</a><a href="#capacity">Capacity</a></nav>
+<h2 id="scenario">Scenario</h2>
+{_scenario_table(s)}
+{_counts(info)}
+<h3>Best plan per objective</h3>
+{_best(info) or '<p class="why">No feasible plan.</p>'}
+<h2 id="pareto">Pareto plots</h2>
+<p class="note">Red: the Pareto front over tokens/s, memory headroom and checkpoint goodput loss; blue: other
+feasible plans; grey: plans that do not fit or failed (hover for why). Diamonds are measured, circles
+analytic. Click a point to open it in the explorer.</p>
+<div class="plots">
+<div id="plot-headroom" class="plot"></div>
+<div id="plot-risk" class="plot"></div>
+<div id="plot-3d" class="plot tall"></div>
+</div>
+<h2 id="front">Pareto front</h2>
+{_front_table(info)}
+<h2 id="cards">Plans on the front</h2>
+<p class="note">Memory stack of the worst rank against HBM, step-time breakdown, the four zones and advice.</p>
+{_cards(info)}
+<h2 id="explore">Plan explorer</h2>
+<p class="note">Move through the evaluated plans: the memory stack, zones and advice follow. Combinations the
+study did not evaluate say so.</p>
+<div id="explorer"></div>
+<h2 id="capacity">Capacity planning</h2>
+{_capacity_section(capacity)}
+{_footer(info)}
+"""
+    return _page(title, body, report_payload(info, capacity))
+
+
+def _footer(info: ParetoInfo) -> str:
+    version = info.stratagem_version or "unknown"
+    return (f"<footer>Made by stratagem {_e(version)} from study {_e(info.study_name)}; every figure is read "
+            "from the study's stored evaluations (analytic formulas or measured runs).</footer>")
+
+
+def render_capacity_html(cap: CapacityInfo) -> str:
+    """Capacity planning alone, as one offline HTML page."""
+    s = scenario_summary(cap.scenario)
+    title = f"stratagem capacity: {s['model']} on {s['gpu']}"
+    body = (f"<h1>{_e(title)}</h1>{_scenario_table(s)}<h2>Capacity planning</h2>{_capacity_section(cap)}"
+            "<footer>Made by stratagem from analytic screening of every valid plan at each size.</footer>")
+    payload = {"version": PAYLOAD_VERSION, "plans": None, "fields": None, "capacity": capacity_payload(cap)}
+    return _page(title, body, payload)

@@ -1,0 +1,333 @@
+"""A finished study as plain data: `pareto_info(study) -> ParetoInfo`. Every renderer reads only this.
+
+One row per plan (`PlanResult`): when a plan was evaluated more than once, a measured trial overrides the
+analytic one (the latest of each kind wins), and the analytic evaluation becomes the measured one's
+prediction when the measured evaluation carries none. The front is the set of feasible plans that no other
+feasible plan dominates on the study's objectives (tokens/s up, headroom up, checkpoint goodput loss down);
+plans with equal values are all on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import ValidationError
+
+from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
+from stratagem.reports.advice import AdviceView, advice_for
+from stratagem.search.pareto import nondominated
+from stratagem.search.records import (
+    DIRECTIONS,
+    OBJECTIVES,
+    objective_values,
+    plan_key,
+    study_scenario,
+    trial_plan,
+)
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.scenario import Scenario
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["PlanResult", "ParetoInfo", "TrialRecord", "pareto_info", "pareto_front", "DEFAULT_ADVICE_LIMIT"]
+
+DEFAULT_ADVICE_LIMIT = 200
+"""Plans given advice in a report (the front first, then feasible plans by tokens/s); advice evaluates
+neighbouring plans, so it is bounded to keep a 10,000-trial report fast."""
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """One evaluated plan of the study, as the report shows it."""
+
+    index: int
+    """Position in ParetoInfo.plans."""
+    plan: Plan
+    key: str
+    """plan_key(plan): the plan's identity in the study."""
+    label: str
+    """plan.short(): the compact human label."""
+    trial_number: int
+    """The trial that represents the plan (the latest measured one, else the latest analytic one)."""
+    trial_numbers: tuple[int, ...]
+    """Every trial of this plan, ascending."""
+    fidelity: str
+    status: str
+    """Evaluation.status, or the Optuna state for a trial that stored no evaluation."""
+    reason: str
+    values: tuple[float, ...] | None
+    """Objective values (OBJECTIVES order) or None when the plan has none (e.g. rule-infeasible)."""
+    constraint: float | None
+    """Largest stored constraint (peak - usable GiB); > 0 means it does not fit."""
+    feasible: bool
+    """Has objective values, status ok and no violated constraint."""
+    on_front: bool
+    evaluation: Evaluation | None
+    prediction: Evaluation | None
+    """For a measured plan: the analytic prediction of the same plan (when known)."""
+    advice: tuple[AdviceView, ...] | None
+    """Advice for this plan; None when it was not computed (advice unavailable or beyond the limit)."""
+
+    def value(self, objective: str) -> float | None:
+        """One objective's value, or None."""
+        if self.values is None:
+            return None
+        return self.values[OBJECTIVES.index(objective)]
+
+    @property
+    def why_infeasible(self) -> str:
+        """A short reason for a plan that is not feasible ('' when feasible)."""
+        if self.feasible:
+            return ""
+        if self.reason:
+            return self.reason
+        mem = self.evaluation.memory if self.evaluation else None
+        if mem is not None and mem.first_block_to_break:
+            return f"{mem.first_block_to_break} breaks HBM"
+        if self.constraint is not None and self.constraint > 0:
+            return f"peak exceeds usable HBM by {self.constraint:.2f} GiB"
+        return self.status if self.status != "ok" else "no objective values"
+
+
+@dataclass(frozen=True)
+class ParetoInfo:
+    """What a study found."""
+
+    study_name: str
+    scenario: Scenario
+    scenario_hash: str
+    stratagem_version: str
+    objectives: tuple[str, ...]
+    directions: tuple[str, ...]
+    plans: tuple[PlanResult, ...]
+    front: tuple[int, ...]
+    """Indices into plans, best tokens/s first."""
+    best: dict[str, int]
+    """Objective -> index of the best feasible plan on it (ties: higher tokens/s, then lower index)."""
+    n_trials: int
+    """All trials in the study."""
+    n_unfinished: int
+    """Trials running, waiting, or failed without an evaluation (not shown)."""
+    n_superseded: int
+    """Trials replaced by a later or measured trial of the same plan."""
+    trials: tuple[TrialRecord, ...]
+    """Every finished trial, by number (superseded ones included)."""
+    trial_plan: dict[int, int]
+    """Trial number -> index of its plan in plans."""
+    advice_limit: int
+
+    @property
+    def feasible(self) -> list[int]:
+        return [p.index for p in self.plans if p.feasible]
+
+    @property
+    def measured(self) -> list[int]:
+        return [p.index for p in self.plans if p.fidelity == "measured"]
+
+    @property
+    def infeasible_summary(self) -> list[tuple[str, int]]:
+        """Why plans were not feasible: (cause, count), most frequent first."""
+        counts: dict[str, int] = {}
+        for p in self.plans:
+            if p.feasible:
+                continue
+            mem = p.evaluation.memory if p.evaluation else None
+            if mem is not None and mem.first_block_to_break:
+                cause = f"{p.status}: {mem.first_block_to_break} breaks HBM first"
+            elif mem is not None and p.constraint is not None and p.constraint > 0:
+                block = _first_over(mem, mem.peak_gib - p.constraint)
+                cause = f"fits HBM but not the search's memory margin: {block} crosses it first"
+            elif p.status == "infeasible":
+                cause = "infeasible: breaks a validity rule"
+            else:
+                cause = p.status
+            counts[cause] = counts.get(cause, 0) + 1
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _first_over(mem: MemoryBreakdown, usable_gib: float) -> str:
+    """The block whose running sum (in BLOCKS order) first exceeds usable_gib."""
+    total = 0.0
+    for b in BLOCKS:
+        total += mem.block_gib(b)
+        if total > usable_gib:
+            return b
+    return BLOCKS[-1]
+
+
+def pareto_front(values: NDArray[np.float64], directions: Sequence[str]) -> NDArray[np.bool_]:
+    """Mask of the rows no other row dominates; rows with a NaN are never on it, equal rows all are.
+
+    The same non-dominated filter the search uses (`stratagem.search.pareto.nondominated`).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    mask = np.zeros(v.shape[0], dtype=bool)
+    ok = np.flatnonzero(np.isfinite(v).all(axis=1)) if v.size else np.zeros(0, dtype=np.intp)
+    if ok.size:
+        mask[ok[nondominated(v[ok], directions)]] = True
+    return mask
+
+
+def _constraint(trial: optuna.trial.FrozenTrial) -> float | None:
+    """The largest constraint value: Optuna 5 keeps named constraints (records.CONSTRAINT = "memory");
+    older studies a list in system_attrs["constraints"]."""
+    named = getattr(trial, "constraints", None)
+    values = list(named.values()) if isinstance(named, dict) else []
+    if not values:
+        values = list(trial.system_attrs.get("constraints") or [])
+    return float(max(values)) if values else None
+
+
+def _evaluation(trial: optuna.trial.FrozenTrial) -> Evaluation | None:
+    data = trial.user_attrs.get("evaluation")
+    if not data:
+        return None
+    try:
+        return Evaluation.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _values(trial: optuna.trial.FrozenTrial, ev: Evaluation | None) -> tuple[float, ...] | None:
+    vals: Sequence[float] | None = trial.values
+    if vals is None and ev is not None:
+        try:
+            vals = objective_values(ev)
+        except ValueError:
+            vals = None
+    if vals is None or len(vals) != len(OBJECTIVES) or any(not math.isfinite(x) for x in vals):
+        return None
+    return tuple(float(x) for x in vals)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One finished trial as stored (several trials may evaluate the same plan)."""
+
+    number: int
+    plan: Plan
+    fidelity: str
+    status: str
+    reason: str
+    values: tuple[float, ...] | None
+    constraint: float | None
+    evaluation: Evaluation | None
+
+    @property
+    def feasible(self) -> bool:
+        return self.values is not None and self.status == "ok" and (self.constraint is None or self.constraint <= 0)
+
+
+def _read_trial(trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
+    import optuna
+
+    state = trial.state
+    ev = _evaluation(trial)
+    if state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING):
+        return None
+    if state == optuna.trial.TrialState.FAIL and ev is None:
+        return None
+    try:
+        plan = ev.plan if ev is not None else trial_plan(trial)
+    except (ValidationError, TypeError):
+        return None
+    fidelity = str(trial.user_attrs.get("fidelity") or (ev.fidelity if ev else "analytic"))
+    status: str
+    if ev is not None:
+        status, reason = ev.status, ev.reason or str(trial.user_attrs.get("pruned") or "")
+    else:
+        status = str(trial.user_attrs.get("status") or ("ok" if state == optuna.trial.TrialState.COMPLETE
+                                                         else state.name.lower()))
+        reason = ""
+    return TrialRecord(trial.number, plan, fidelity, status, reason, _values(trial, ev), _constraint(trial), ev)
+
+
+def _pick(trials: list[TrialRecord]) -> tuple[TrialRecord, Evaluation | None]:
+    """The trial representing a plan and, for a measured one, its analytic prediction."""
+    measured = [t for t in trials if t.fidelity == "measured"]
+    analytic = [t for t in trials if t.fidelity != "measured"]
+    if not measured:
+        return analytic[-1], None
+    chosen = measured[-1]
+    prediction = chosen.evaluation.prediction if chosen.evaluation else None
+    if prediction is None and analytic:
+        prediction = analytic[-1].evaluation
+    return chosen, prediction
+
+
+def _best(plans: Sequence[PlanResult], objectives: Sequence[str], directions: Sequence[str]) -> dict[str, int]:
+    best: dict[str, int] = {}
+    feasible = [p for p in plans if p.feasible and p.values is not None]
+    for k, (name, direction) in enumerate(zip(objectives, directions, strict=True)):
+        if not feasible:
+            break
+        sign = 1.0 if direction == "maximize" else -1.0
+
+        def rank(p: PlanResult, k: int = k, sign: float = sign) -> tuple[float, float, int]:
+            assert p.values is not None
+            return (sign * p.values[k], p.values[0], -p.index)
+
+        best[name] = max(feasible, key=rank).index
+    return best
+
+
+def pareto_info(
+    study: optuna.Study, advice_limit: int = DEFAULT_ADVICE_LIMIT, scenario: Scenario | None = None,
+) -> ParetoInfo:
+    """Read a stratagem study: one PlanResult per plan, the front, the best plan per objective, advice."""
+    scn = scenario or study_scenario(study)
+    all_trials = study.get_trials(deepcopy=False)
+    by_key: dict[str, list[TrialRecord]] = {}
+    n_unfinished = 0
+    for ft in sorted(all_trials, key=lambda t: t.number):
+        t = _read_trial(ft)
+        if t is None:
+            n_unfinished += 1
+            continue
+        by_key.setdefault(plan_key(t.plan), []).append(t)
+
+    directions = tuple(d.name.lower() for d in study.directions)
+    if len(directions) != len(OBJECTIVES):
+        directions = DIRECTIONS
+    rows: list[PlanResult] = []
+    for key, trials in by_key.items():
+        chosen, prediction = _pick(trials)
+        rows.append(PlanResult(
+            index=len(rows), plan=chosen.plan, key=key, label=chosen.plan.short(),
+            trial_number=chosen.number, trial_numbers=tuple(t.number for t in trials),
+            fidelity=chosen.fidelity, status=chosen.status, reason=chosen.reason, values=chosen.values,
+            constraint=chosen.constraint, feasible=chosen.feasible, on_front=False,
+            evaluation=chosen.evaluation, prediction=prediction, advice=None,
+        ))
+
+    vals = np.array([r.values if r.feasible and r.values else [np.nan] * len(OBJECTIVES) for r in rows],
+                    dtype=np.float64).reshape(len(rows), len(OBJECTIVES))
+    mask = pareto_front(vals, directions)
+    rows = [replace(r, on_front=bool(mask[r.index])) for r in rows]
+    front = sorted((r.index for r in rows if r.on_front), key=lambda i: (-vals[i, 0], i))
+
+    # Advice: the front first, then feasible plans by tokens/s, then the rest, up to the limit.
+    others = sorted((r.index for r in rows if r.feasible and not r.on_front), key=lambda i: (-vals[i, 0], i))
+    rest = [r.index for r in rows if not r.feasible]
+    for i in (front + others + rest)[: max(0, advice_limit)]:
+        ev = rows[i].evaluation
+        if ev is not None and ev.status != "infeasible":
+            rows[i] = replace(rows[i], advice=advice_for(scn, ev, rows[i].prediction))
+
+    attrs: dict[str, Any] = study.user_attrs
+    return ParetoInfo(
+        study_name=study.study_name, scenario=scn,
+        scenario_hash=str(attrs.get("scenario_hash") or scn.problem_hash()),
+        stratagem_version=str(attrs.get("stratagem_version") or ""),
+        objectives=OBJECTIVES, directions=directions, plans=tuple(rows), front=tuple(front),
+        best=_best(rows, OBJECTIVES, directions), n_trials=len(all_trials), n_unfinished=n_unfinished,
+        n_superseded=sum(len(v) - 1 for v in by_key.values()),
+        trials=tuple(sorted((t for ts in by_key.values() for t in ts), key=lambda t: t.number)),
+        trial_plan={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
+    )

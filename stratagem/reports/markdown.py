@@ -1,0 +1,146 @@
+"""ParetoInfo (and capacity) -> Markdown: front table, best plan per objective, zones, capacity."""
+
+from __future__ import annotations
+
+from html import escape
+
+from stratagem.reports.capacity import CapacityInfo
+from stratagem.reports.html import fmt, pct
+from stratagem.reports.info import ParetoInfo, PlanResult
+from stratagem.reports.payload import scenario_summary
+
+__all__ = ["render_markdown", "capacity_markdown", "MAX_ZONE_SECTIONS"]
+
+MAX_ZONE_SECTIONS = 25
+"""Front plans whose zones and advice are written out (the front table lists them all)."""
+
+_TITLES = {"tokens_per_s": "highest tokens/s", "headroom_gib": "most memory headroom",
+           "goodput_loss": "lowest checkpoint risk"}
+
+
+def _md(x: object) -> str:
+    """A user or data string made safe for a Markdown table cell (no HTML, no column breaks)."""
+    return escape(" ".join(str(x).split()), quote=False).replace("|", "\\|")
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if h.endswith("*") else "---" for h in head) + "|"]
+    out[0] = out[0].replace("*", "")
+    return out + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _scenario(info_scenario: object) -> list[str]:
+    s = scenario_summary(info_scenario)
+    return [
+        f"- model: {_md(s['model'])} ({s['params_b']:g} B parameters)",
+        f"- cluster: {s['nodes']} node{'s' if s['nodes'] != 1 else ''} x {s['gpus_per_node']} {_md(s['gpu'])} "
+        f"({s['num_gpus']} GPUs, "
+        f"{s['hbm_gib']:g} GiB HBM each)",
+        f"- training: seq_len {s['seq_len']}, global batch {s['global_batch_size']}, {_md(s['optimizer'])}, "
+        f"{_md(s['stack'])} memory conventions",
+        f"- target: {s['training_tokens']:.3g} tokens at {s['price_per_gpu_hour']:g} USD per GPU-hour",
+    ]
+
+
+def _front_rows(info: ParetoInfo) -> list[list[str]]:
+    rows = []
+    for k, i in enumerate(info.front):
+        p = info.plans[i]
+        ev = p.evaluation
+        tp = ev.throughput if ev else None
+        mem = ev.memory if ev else None
+        z = ev.zones if ev else None
+        rows.append([str(k + 1), f"`{_md(p.label)}`", p.fidelity, fmt(p.value("tokens_per_s")),
+                     fmt(tp.tokens_per_s_per_gpu if tp else None), pct(tp.mfu if tp else None),
+                     fmt(mem.peak_gib if mem else None, 2), fmt(p.value("headroom_gib"), 2),
+                     pct(p.value("goodput_loss"), 2), z.bottleneck if z else "–"])
+    return rows
+
+
+def _zones(p: PlanResult) -> list[str]:
+    ev = p.evaluation
+    out = [f"### `{_md(p.label)}`", ""]
+    if ev is not None and ev.memory is not None:
+        m = ev.memory
+        blocks = ", ".join(f"{b} {m.block_gib(b):.2f}" for b in ("weights", "gradients", "optimizer", "activations",
+                                                                 "transient", "overhead"))
+        out += [f"Memory (GiB, worst rank): {blocks}; peak {m.peak_gib:.2f} of {m.hbm_gib:.2f}, "
+                f"headroom {m.headroom_gib:.2f}.", ""]
+    if ev is not None and ev.zones is not None:
+        z = ev.zones
+        rows = [[n + (" (bottleneck)" if n == z.bottleneck else ""), getattr(z, n).level,
+                 f"{getattr(z, n).value:.3g}", _md(getattr(z, n).sentence)]
+                for n in ("hbm", "communication", "bubbles", "checkpoint")]
+        out += _table(["zone", "level", "value*", "diagnosis"], rows) + [""]
+    else:
+        out += ["No zone verdicts stored for this plan.", ""]
+    if p.advice:
+        out += ["Advice:"] + [f"- [{_md(a.zone)}] {_md(a.rationale)}" + (f" -> `{_md(a.plan)}`" if a.plan else "")
+                              + (f" ({_md(a.effect)})" if a.effect else "") for a in p.advice] + [""]
+    if p.fidelity == "measured" and p.prediction is not None and ev is not None:
+        pr = p.prediction
+        pairs = [("peak GiB", pr.memory.peak_gib if pr.memory else None, ev.memory.peak_gib if ev.memory else None),
+                 ("tokens/s", pr.throughput.tokens_per_s if pr.throughput else None,
+                  ev.throughput.tokens_per_s if ev.throughput else None)]
+        rows = [[n, fmt(a, 2), fmt(b, 2), pct((a - b) / b) if a is not None and b else "–"] for n, a, b in pairs]
+        out += ["Predicted vs measured:", ""] + _table(["figure", "predicted*", "measured*", "error*"], rows) + [""]
+    return out
+
+
+def capacity_markdown(cap: CapacityInfo, heading: str = "##") -> str:
+    """Capacity planning as a Markdown section."""
+    out = [f"{heading} Capacity planning", "",
+           f"Training {cap.training_tokens:.3g} tokens at {cap.price_per_gpu_hour:g} USD per GPU-hour; at each size "
+           "the feasible plan with the most useful throughput, tokens/s x (1 - goodput loss). Time includes expected "
+           "checkpoint stalls and failure losses.", ""]
+    rows = []
+    for r in cap.rows:
+        if r.best is None or r.hours is None:
+            rows.append([str(r.num_nodes), str(r.num_gpus), _md(r.note)] + ["–"] * 7
+                        + [f"{r.n_feasible} / {r.n_plans}"])
+            continue
+        rows.append([str(r.num_nodes), str(r.num_gpus), f"`{_md(r.best.label)}`", fmt(r.tokens_per_s),
+                     fmt(r.days, 1), fmt(r.gpu_hours), fmt(r.cost_usd), pct(r.checkpoint_overhead, 2),
+                     pct(r.failure_loss, 2), fmt(r.failure_hours, 1), f"{r.n_feasible} / {r.n_plans}"])
+    out += _table(["nodes*", "GPUs*", "best plan", "tokens/s*", "days*", "GPU-hours*", "cost USD*",
+                   "checkpoint overhead*", "failure loss*", "failure hours*", "fit / screened*"], rows)
+    for name, row in (("Fastest", cap.fastest), ("Cheapest", cap.cheapest)):
+        if row is not None and row.best is not None:
+            out += ["", f"{name}: {row.num_nodes} nodes, `{_md(row.best.label)}`, {fmt(row.days, 1)} days, "
+                        f"{fmt(row.cost_usd)} USD."]
+    return "\n".join(out) + "\n"
+
+
+def render_markdown(info: ParetoInfo, capacity: CapacityInfo | None = None) -> str:
+    """The study's report as Markdown."""
+    out = [f"# stratagem: {_md(info.scenario.name)}", "",
+           f"Study `{_md(info.study_name)}`, scenario hash {_md(info.scenario_hash)}, "
+           f"stratagem {_md(info.stratagem_version or 'unknown')}.", "", "## Scenario", ""]
+    out += _scenario(info.scenario) + [""]
+    out += [f"{info.n_trials} trials, {len(info.plans)} distinct plans, {len(info.feasible)} feasible, "
+            f"{len(info.front)} on the Pareto front, {len(info.measured)} measured.", ""]
+    if info.infeasible_summary:
+        out += ["Not feasible:"] + [f"- {_md(c)}: {n}" for c, n in info.infeasible_summary] + [""]
+    out += ["## Best plan per objective", ""]
+    if info.best:
+        rows = [[_TITLES.get(k, k), f"`{_md(info.plans[i].label)}`", fmt(info.plans[i].value("tokens_per_s")),
+                 fmt(info.plans[i].value("headroom_gib"), 2), pct(info.plans[i].value("goodput_loss"), 2)]
+                for k, i in info.best.items()]
+        out += _table(["objective", "plan", "tokens/s*", "headroom GiB*", "goodput loss*"], rows) + [""]
+    else:
+        out += ["No feasible plan.", ""]
+    out += ["## Pareto front", ""]
+    if info.front:
+        out += _table(["#*", "plan", "fidelity", "tokens/s*", "tokens/s/GPU*", "MFU*", "peak GiB*", "headroom GiB*",
+                       "goodput loss*", "bottleneck"], _front_rows(info)) + [""]
+        out += ["## Zones of the plans on the front", ""]
+        for i in info.front[:MAX_ZONE_SECTIONS]:
+            out += _zones(info.plans[i])
+        if len(info.front) > MAX_ZONE_SECTIONS:
+            out += [f"({len(info.front) - MAX_ZONE_SECTIONS} more plans on the front: see the table above or the "
+                    "HTML report.)", ""]
+    else:
+        out += ["No feasible plan: nothing is on the front.", ""]
+    if capacity is not None:
+        out += [capacity_markdown(capacity)]
+    return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,122 @@
+"""What `stratagem search` shows: a rich progress bar while it works, then the Pareto front as a table and
+the counts; or the same as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from stratagem.errors import StratagemError
+from stratagem.search.records import trial_evaluation, trial_plan
+from stratagem.search.runner import SearchResult
+from stratagem.search.samplers import SAMPLERS
+from stratagem.search.screening import Mode
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.space import SearchSpace
+
+__all__ = ["default_study_name", "check_sampler", "progress_bar", "front_table", "print_result", "summary_lines", "result_json"]
+
+_PHASES = {"screen": "screening plans", "explore": "sampler exploring", "store": "storing trials",
+           "evaluate": "measured runs"}
+
+
+def default_study_name(scenario_path: str | Path, scenario: Scenario) -> str:
+    """<scenario file stem>-<space digest>: rerunning the same scenario resumes its study."""
+    return f"{Path(scenario_path).stem}-{SearchSpace(scenario).digest()[:8]}"
+
+
+def check_sampler(name: str) -> Mode:
+    choices = ("auto", "exhaustive", *SAMPLERS)
+    if name not in choices:
+        raise StratagemError(f"--sampler ({name!r}): use one of {', '.join(choices)}")
+    return name  # type: ignore[return-value]
+
+
+@contextmanager
+def progress_bar(console: Console, enabled: bool = True) -> Iterator[Any]:
+    """A progress(phase, done, total) callback drawing one rich bar per phase."""
+    if not enabled:
+        yield None
+        return
+    bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=False)
+    tasks: dict[str, Any] = {}
+
+    def update(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(_PHASES.get(phase, phase), total=max(total, 1))
+        bar.update(tasks[phase], completed=done, total=max(total, done, 1))
+
+    with bar:
+        yield update
+
+
+def front_table(result: SearchResult, top: int) -> Table:
+    """The study's Pareto front: plan, tokens/s/GPU, MFU, peak/HBM, headroom, checkpoint risk, bottleneck."""
+    fidelity = sorted({str(t.user_attrs.get("fidelity", "?")) for t in result.front[:top]})
+    table = Table(title=f"Pareto front of study {result.study_name!r}: {len(result.front)} plans"
+                        + (f", top {top} by tokens/s" if len(result.front) > top else "")
+                        + f" ({'/'.join(fidelity) or 'no'} figures)", title_justify="left")
+    table.box = box.SIMPLE_HEAD
+    table.add_column("#", justify="right", no_wrap=True, min_width=2)
+    table.add_column("plan", min_width=22)
+    for col in ("tok/s/GPU", "MFU", "peak/HBM", "free GiB", "ckpt loss", "bottleneck"):
+        table.add_column(col, justify="left" if col == "bottleneck" else "right", no_wrap=True, min_width=len(col))
+    for t in result.front[:top]:
+        ev = trial_evaluation(t)
+        plan = trial_plan(t)
+        if ev is None or ev.memory is None or ev.throughput is None or ev.checkpoint is None:
+            continue
+        m = ev.memory
+        table.add_row(str(t.number), plan.short(), f"{ev.throughput.tokens_per_s_per_gpu:,.0f}",
+                      f"{ev.throughput.mfu:.1%}", f"{m.peak_gib:.1f}/{m.hbm_gib:.0f}", f"{m.headroom_gib:.1f}",
+                      f"{ev.checkpoint.goodput_loss:.2%}", ev.zones.bottleneck if ev.zones else "-")
+    return table
+
+
+def print_result(console: Console, result: SearchResult, top: int) -> None:
+    """The front table and the summary lines (at least 110 columns wide when not on a terminal)."""
+    out = console if console.is_terminal else Console(width=max(console.width, 110))
+    out.print(front_table(result, top))
+    for line in summary_lines(result):
+        out.print(line, markup=False, soft_wrap=True, highlight=False)
+
+
+def summary_lines(result: SearchResult) -> list[str]:
+    c = result.counts
+    space = (f"{c.valid:,} valid plans, all screened" if c.screened == c.valid
+             else f"{c.valid:,} valid plans, {c.screened:,} screened ({result.mode})")
+    margin = result.screening.space.config.memory_margin_gib
+    return [
+        f"{space}; {c.pruned:,} pruned (predicted peak over HBM - {margin:g} GiB margin), "
+        f"{c.feasible:,} fit, {c.front:,} on the predicted front",
+        f"study {result.study_name!r}: {result.stored} new trials, {result.already} already stored, "
+        f"{result.trials} in all ({result.seconds:.1f} s)",
+        f"watch it: {result.storage.dashboard_command()}",
+        f"report:   stratagem report --storage {result.storage.url} --study {result.study_name}",
+    ]
+
+
+def result_json(result: SearchResult) -> str:
+    c = result.counts
+    front = []
+    for t in result.front:
+        ev = trial_evaluation(t)
+        front.append({"number": t.number, "plan": t.user_attrs.get("plan"), "params": t.params,
+                      "values": t.values, "fidelity": t.user_attrs.get("fidelity"),
+                      "bottleneck": ev.zones.bottleneck if ev is not None and ev.zones else None})
+    return json.dumps({
+        "study": result.study_name, "storage": result.storage.url, "mode": result.mode,
+        "counts": {"valid": c.valid, "screened": c.screened, "pruned": c.pruned, "feasible": c.feasible,
+                   "front": c.front},
+        "stored": result.stored, "already": result.already, "trials": result.trials,
+        "seconds": round(result.seconds, 3), "front": front,
+    }, indent=2)

@@ -1,0 +1,190 @@
+"""Where a study lives: an Optuna storage named by a URL, checked before anything is written, and a lock
+that serialises the few writes that must not interleave (creating the study, storing the screened plans).
+
+URLs:
+  sqlite:///PATH.db              a SQLite file (the default: stratagem.db beside the scenario)
+  postgresql://..., mysql://...  any SQLAlchemy RDB URL Optuna supports (a database shared by a cluster)
+  journal:PATH                   an Optuna journal file (append-only; works on shared disks such as NFS)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from stratagem.errors import StratagemError
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["StorageSpec", "parse_storage", "open_storage", "storage_lock", "default_storage", "LOCK_TIMEOUT_S"]
+
+LOCK_TIMEOUT_S = 600.0
+HEARTBEAT_S = 30  # RDB heartbeat of running (measured) trials; stale after GRACE_S without one
+GRACE_S = 120
+_HINT = "use sqlite:///FILE.db, journal:FILE.log or an RDB URL such as postgresql://user@host/db"
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """A parsed storage URL."""
+
+    url: str
+    kind: Literal["sqlite", "rdb", "journal"]
+    path: Path | None
+    """The file of a sqlite or journal storage."""
+
+    def dashboard_command(self) -> str:
+        """The optuna-dashboard command that watches this storage."""
+        if self.kind == "journal":
+            return f"optuna-dashboard {self.path}"
+        return f"optuna-dashboard {self.url}"
+
+
+def default_storage(scenario_path: str | Path) -> str:
+    """sqlite:///<scenario's directory>/stratagem.db"""
+    return f"sqlite:///{Path(scenario_path).resolve().parent / 'stratagem.db'}"
+
+
+def parse_storage(url: str) -> StorageSpec:
+    """Check a storage URL without touching anything; one-line StratagemError when it is wrong."""
+    url = url.strip()
+    if url.startswith("journal:"):
+        rest = url.removeprefix("journal:")
+        rest = rest[2:] if rest.startswith("//") else rest
+        if not rest:
+            raise StratagemError(f"storage ({url!r}): journal: needs a file path, e.g. journal:study.log")
+        path = Path(rest)
+        _check_dir(url, path)
+        return StorageSpec(url=f"journal:{path}", kind="journal", path=path)
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StratagemError(f"storage ({url!r}): not a storage URL; {_HINT}") from None
+    try:
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        raise StratagemError(f"storage ({url!r}): unknown database kind {parsed.drivername!r}; {_HINT}") from None
+    if parsed.get_backend_name() == "sqlite":
+        if not parsed.database or parsed.database == ":memory:":
+            raise StratagemError(f"storage ({url!r}): an in-memory SQLite database cannot be resumed; give a "
+                                 "file, e.g. sqlite:///stratagem.db")
+        path = Path(parsed.database)
+        _check_dir(url, path)
+        return StorageSpec(url=url, kind="sqlite", path=path)
+    return StorageSpec(url=url, kind="rdb", path=None)
+
+
+def _check_dir(url: str, path: Path) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise StratagemError(f"storage ({url!r}): directory {parent} does not exist; create it or give another path")
+    if path.is_dir():
+        raise StratagemError(f"storage ({url!r}): {path} is a directory; give a file path")
+
+
+def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
+    """The Optuna storage for `spec` (creates the file / tables if needed, never a study)."""
+    import optuna
+    from optuna.storages import JournalStorage, RDBStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        if spec.kind == "journal":
+            assert spec.path is not None
+            return JournalStorage(JournalFileBackend(str(spec.path)))
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
+            return RDBStorage(spec.url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+    except (ImportError, OSError) as e:
+        raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
+    except Exception as e:  # sqlalchemy OperationalError and friends: unreachable server, bad file
+        if type(e).__module__.startswith(("sqlalchemy", "optuna")):
+            raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
+        raise
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(getattr(e, "orig", None) or e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def storage_lock(spec: StorageSpec, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Exclusive across processes (and hosts sharing the file or database) for the block.
+
+    Files (sqlite, journal): flock on `<file>.stratagem-lock`, released by the kernel if the holder dies.
+    PostgreSQL: pg_advisory_lock; MySQL: GET_LOCK (both released when the holder's connection drops).
+    Other databases have no lock: concurrent searches may then store a plan twice.
+    """
+    if spec.path is not None:
+        with _file_lock(Path(f"{spec.path}.stratagem-lock"), timeout):
+            yield
+        return
+    with _db_lock(spec.url, timeout):
+        yield
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path, timeout: float) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    raise StratagemError(f"storage lock ({path}): still held by another search after "
+                                         f"{timeout:.0f} s; wait for it or remove a stale lock holder") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _db_lock(url: str, timeout: float) -> Iterator[None]:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    key = zlib.crc32(b"stratagem-search")
+    try:
+        with engine.connect() as conn:
+            backend = engine.dialect.name
+            if backend == "postgresql":
+                conn.execute(text(f"SET lock_timeout = '{int(timeout * 1000)}ms'"))
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            elif backend in ("mysql", "mariadb"):
+                got = conn.execute(text("SELECT GET_LOCK('stratagem-search', :t)"), {"t": int(timeout)}).scalar()
+                if got != 1:
+                    raise StratagemError(f"storage lock ({url}): not acquired within {timeout:.0f} s")
+            try:
+                yield
+            finally:
+                if backend == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                elif backend in ("mysql", "mariadb"):
+                    conn.execute(text("SELECT RELEASE_LOCK('stratagem-search')"))
+    finally:
+        engine.dispose()

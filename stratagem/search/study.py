@@ -1,0 +1,131 @@
+"""The stratagem study in an Optuna storage: create or resume it (one study serves one scenario + search
+section), list what it already holds, and turn evaluations into trials per records.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators.evaluation import Evaluation
+from stratagem.search.records import CONSTRAINT, DIRECTIONS, objective_values, plan_key
+from stratagem.search.storage import StorageSpec
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.space import SearchSpace
+
+__all__ = ["open_study", "held_keys", "evaluation_trial", "provenance", "worker_id", "version"]
+
+_LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING)
+
+
+def version() -> str:
+    from stratagem import __version__
+
+    return __version__
+
+
+def provenance(scenario: Scenario, space: SearchSpace, **extra: Any) -> dict[str, Any]:
+    """Where a trial's figures come from."""
+    return {"stratagem_version": version(), "scenario_hash": scenario.problem_hash(),
+            "space_digest": space.digest(), "optuna_version": optuna.__version__, **extra}
+
+
+def worker_id() -> dict[str, Any]:
+    """This process, as recorded on the trials it runs (to recognise them after a crash)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_ticks(os.getpid())}
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def worker_alive(worker: dict[str, Any]) -> bool | None:
+    """Whether the recorded worker still runs: True/False on this host, None (unknown) elsewhere."""
+    if worker.get("host") != socket.gethostname():
+        return None
+    pid = int(worker.get("pid", -1))
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    started = worker.get("started")
+    return started is None or _start_ticks(pid) == started
+
+
+def open_study(storage: optuna.storages.BaseStorage, spec: StorageSpec, study_name: str, scenario: Scenario,
+               space: SearchSpace) -> optuna.Study:
+    """Create the study, or load it and check it was made for this scenario and search section. Call it
+    under `storage_lock`; the scenario attribute is written last, so a study killed while being created is
+    recognised (no scenario, no trials) and completed on the next run."""
+    if not study_name or len(study_name) > 512:
+        raise StratagemError(f"--study ({study_name!r}): give a name of 1-512 characters")
+    study = optuna.create_study(storage=storage, study_name=study_name, directions=list(DIRECTIONS),
+                                load_if_exists=True)
+    attrs = study.user_attrs
+    if "scenario" not in attrs:
+        if study.get_trials(deepcopy=False):
+            raise StratagemError(f"--study ({study_name!r}): {spec.url} already holds a study of that name that "
+                                 "stratagem did not make; pick another name")
+        if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
+            raise StratagemError(f"--study ({study_name!r}): {spec.url} already holds a study of that name with "
+                                 "other objectives; pick another name")
+        study.set_user_attr("stratagem_version", version())
+        study.set_user_attr("scenario_hash", scenario.problem_hash())
+        study.set_user_attr("space_digest", space.digest())
+        study.set_user_attr("space", space.summary())
+        study.set_user_attr("scenario", scenario.model_dump(mode="json"))
+        return study
+    if attrs.get("space_digest") != space.digest():
+        same_problem = attrs.get("scenario_hash") == scenario.problem_hash()
+        what = "another search section" if same_problem else "another scenario"
+        raise StratagemError(
+            f"--study ({study_name!r}): that study in {spec.url} was made for {what} "
+            f"(space {attrs.get('space_digest')}, this one {space.digest()}); use a new --study name")
+    return study
+
+
+def held_keys(study: optuna.Study) -> dict[str, FrozenTrial]:
+    """Plan key -> the trial that holds it (done, queued or running); FAIL trials hold nothing."""
+    out: dict[str, FrozenTrial] = {}
+    for t in study.get_trials(deepcopy=False, states=_LIVE):
+        key = t.user_attrs.get("plan")
+        if key is not None and key not in out:
+            out[key] = t
+    return out
+
+
+def evaluation_trial(space: SearchSpace, ev: Evaluation, usable_gib: float, role: str, prov: dict[str, Any],
+                     pruned_reason: str = "") -> FrozenTrial:
+    """A finished trial for one evaluation: COMPLETE with the objective values when the plan fits within
+    usable_gib, PRUNED with the reason otherwise; params per SearchSpace.params; user attrs per records.py."""
+    params, dists = space.params(ev.plan)
+    attrs: dict[str, Any] = {
+        "plan": plan_key(ev.plan), "fidelity": ev.fidelity, "status": ev.status,
+        "evaluation": ev.model_dump(mode="json"), "provenance": prov, "role": role,
+    }
+    constraints = None if ev.memory is None else {CONSTRAINT: ev.memory.peak_gib - usable_gib}
+    fits = ev.status == "ok" and ev.memory is not None and ev.memory.peak_gib <= usable_gib
+    if fits:
+        try:
+            values = objective_values(ev)
+        except ValueError:
+            fits = False
+    if not fits:
+        attrs["pruned"] = pruned_reason or ev.reason or f"status {ev.status}"
+        return optuna.trial.create_trial(state=TrialState.PRUNED, params=params, distributions=dists,
+                                         user_attrs=attrs, constraints=constraints)
+    return optuna.trial.create_trial(state=TrialState.COMPLETE, params=params, distributions=dists,
+                                     values=values, user_attrs=attrs, constraints=constraints)

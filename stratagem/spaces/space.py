@@ -1,0 +1,501 @@
+"""The search space: which values each Plan axis may take in a scenario, counted, enumerated as columns, and
+suggested to an Optuna trial.
+
+A plan is a *layout* (tp, pp, cp, dp, ep: how the world is cut) plus per-layout choices. Each layout keeps
+three small joint lists -- sharding (zero_stage, dp_replicate, optimizer_offload), sequence_parallel and
+pipelining (micro_batch_size, pp_schedule, virtual_stages) -- and two global ones (precision,
+activation_checkpointing). Plan number i is a mixed-radix number over those lists, so counting is a sum of
+products and enumeration (or sampling) is a vectorised decode: no Plan object on the hot path.
+
+Conditional axes apply only where they mean something: sequence_parallel with tp > 1, pp_schedule with
+pp > 1, virtual_stages with the interleaved schedule, dp_replicate and optimizer_offload with zero_stage >= 1,
+zero_stage > 0 with a sharding group dp*cp > 1 (otherwise it would duplicate zero_stage 0). Elsewhere they
+keep the Plan default, so no two enumerated plans are the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field
+
+from stratagem.errors import StratagemError
+from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, Precision, Recompute, Schedule
+
+if TYPE_CHECKING:
+    import optuna
+
+    from stratagem.evaluators.columns import PlanColumns
+    from stratagem.spaces.scenario import Scenario
+
+__all__ = ["IntRange", "SearchConfig", "SearchSpace", "AXES"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+IntArray = NDArray[np.int64]
+
+# Axis order of `SearchSpace.suggest` (define-by-run) and of the stored trial params.
+AXES: tuple[str, ...] = (
+    "tp", "pp", "cp", "dp", "ep", "zero_stage", "dp_replicate", "optimizer_offload", "sequence_parallel",
+    "micro_batch_size", "pp_schedule", "virtual_stages", "precision", "activation_checkpointing",
+)
+# Default heuristics (bypassed by axes the scenario lists explicitly).
+MIN_CP_SHARD_TOKENS = 1024  # cp: each rank keeps >= 1k tokens, or ring attention's KV exchange is exposed
+DEFAULT_MAX_VIRTUAL = 8  # interleaved: 2..8 model chunks per rank (Megatron's usual range)
+_OFFLOAD = ("none", "cpu")
+
+
+class IntRange(BaseModel):
+    """An inclusive range of an integer axis: `{min: 2, max: 16}`."""
+
+    model_config = _FROZEN
+
+    min: int = Field(default=0, ge=0)
+    """Smallest value allowed."""
+    max: int | None = Field(default=None, ge=0)
+    """Largest value allowed (None = no bound)."""
+
+
+IntAxis = int | list[int] | IntRange
+
+
+class SearchConfig(BaseModel):
+    """The scenario's `search:` section. Every axis is optional: unset, it takes defaults derived from the
+    scenario; an int or value fixes it; a list narrows it to those values; `{min, max}` to a range."""
+
+    model_config = _FROZEN
+
+    dp: IntAxis | None = None
+    """Data-parallel degree (derived: world / (tp*pp*cp)); a value or list filters the layouts."""
+    tp: IntAxis | None = None
+    """Tensor-parallel degree. Default: divisors of the world that divide the heads, KV heads and MLP size."""
+    pp: IntAxis | None = None
+    """Pipeline degree. Default: divisors of the world whose layer split is within max_stage_imbalance."""
+    cp: IntAxis | None = None
+    """Context-parallel degree. Default: divisors of the world with 2*cp | seq_len and >= 1024 tokens per rank."""
+    ep: IntAxis | None = None
+    """Expert-parallel degree (MoE). Default: divisors of num_experts that divide dp*cp."""
+    dp_replicate: IntAxis | None = None
+    """HSDP replicas (zero_stage >= 1). Default 1 (plain ZeRO/FSDP); give a list or range to explore HSDP."""
+    zero_stage: IntAxis | None = None
+    """ZeRO/FSDP stage. Default 0-3 (stages > 0 only where the sharding group dp*cp > 1)."""
+    sequence_parallel: bool | list[bool] | None = None
+    """Sequence parallelism (applies to tp > 1). Default: both."""
+    micro_batch_size: IntAxis | None = None
+    """Sequences per micro-batch. Default: every divisor of the per-replica batch global_batch_size / dp."""
+    precision: Precision | list[Precision] | None = None
+    """Compute precision. Default: fp32, bf16 and fp8 where the GPU has FP8 tensor cores."""
+    activation_checkpointing: Recompute | list[Recompute] | None = None
+    """Recomputation. Default: none, selective, full."""
+    pp_schedule: Schedule | list[Schedule] | None = None
+    """Pipeline schedule (applies to pp > 1). Default: all four."""
+    virtual_stages: IntAxis | None = None
+    """Model chunks per rank (applies to the interleaved schedule). Default: 2-8, within max_stage_imbalance."""
+    optimizer_offload: Literal["none", "cpu"] | list[Literal["none", "cpu"]] | None = None
+    """Optimizer states in host memory (applies to zero_stage >= 1). Default: none only; list cpu to try it."""
+    cross_node_tp: Literal["forbid", "allow"] = "forbid"
+    """forbid: a TP group stays inside one node (tp divides gpus_per_node); allow: TP may span nodes."""
+    memory_margin_gib: float = Field(default=2.0, ge=0)
+    """GiB kept free per GPU: plans whose predicted peak exceeds HBM minus this are pruned. Covers what the
+    analytic model leaves out (CUDA context, NCCL buffers: ~1-2 GiB on H100)."""
+    max_stage_imbalance: float = Field(default=1.25, ge=1.0)
+    """Default pp/virtual_stages values keep the most loaded pipeline rank within this factor of the mean."""
+    exhaustive_limit: int = Field(default=2_000_000, ge=1)
+    """Spaces up to this many valid plans are screened exhaustively; larger ones are sampled and explored."""
+    stored_sample: int = Field(default=64, ge=0)
+    """Plans off the front stored as trials besides the front: half pruned ones nearest the memory limit,
+    half a random sample of the rest."""
+    seed: int = 0
+    """Seed of every random choice (samples, samplers), so a rerun makes the same choices and resumes."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One way to cut the world, with its joint lists of per-plan choices."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    ep: int
+    zero: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_replicate, offload 0/1)
+    sp: tuple[int, ...]  # 0/1
+    pipe: tuple[tuple[int, int, int], ...]  # (micro_batch_size, schedule code, virtual_stages)
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        return self.tp, self.pp, self.cp, self.ep
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending (as rules.divisors; rules imports the scenario, which imports this)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _choices(spec: Any, universe: Sequence[Any], default: Sequence[Any], field: str) -> list[Any]:
+    """Values of one axis: the default list when unset; a range filters the universe; a value/list is kept."""
+    if spec is None:
+        return list(default)
+    if isinstance(spec, IntRange):
+        hi = spec.max if spec.max is not None else math.inf
+        if hi < spec.min:
+            raise StratagemError(f"search.{field} ({{min: {spec.min}, max: {spec.max}}}): max is below min")
+        return [v for v in universe if spec.min <= v <= hi]
+    values = spec if isinstance(spec, list) else [spec]
+    if not values:
+        raise StratagemError(f"search.{field} ([]): give at least one value or leave the axis out")
+    return list(dict.fromkeys(values))
+
+
+def _imbalance(layers: int, chunks: int) -> float:
+    """Layers on the most loaded rank over the mean: ceil(L / chunks) * chunks / L."""
+    return math.ceil(layers / chunks) * chunks / layers
+
+
+class SearchSpace:
+    """Every valid plan of a scenario under its search config; see the module docstring."""
+
+    def __init__(self, scenario: Scenario, config: SearchConfig | None = None) -> None:
+        self.scenario = scenario
+        self.config = cfg = config or scenario.search or SearchConfig()
+        m, cl, tr = scenario.model, scenario.cluster, scenario.training
+        world, layers = cl.num_gpus, m.num_layers
+        if cfg.memory_margin_gib >= cl.gpu.hbm_gib:
+            raise StratagemError(f"search.memory_margin_gib ({cfg.memory_margin_gib}): must be below the GPU's "
+                                 f"{cl.gpu.hbm_gib} GiB of HBM")
+        ffn = m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size
+        world_div = divisors(world)
+        balanced: Callable[[int], bool] = lambda p: _imbalance(layers, p) <= cfg.max_stage_imbalance  # noqa: E731
+
+        def tp_ok(t: int) -> bool:
+            in_node = cfg.cross_node_tp == "allow" or cl.gpus_per_node % t == 0
+            return world % t == 0 and not (m.num_attention_heads % t or m.kv_heads % t or ffn % t) and in_node
+
+        tps = [t for t in _choices(cfg.tp, world_div, world_div, "tp") if tp_ok(t)]
+        node_hint = ("" if cfg.cross_node_tp == "allow" else
+                     f" (a TP group stays inside a node of {cl.gpus_per_node} GPUs unless search.cross_node_tp: allow)")
+        self._check_listed("tp", cfg.tp, [t for t in world_div if tp_ok(t)], node_hint)
+        pp_universe = [p for p in world_div if p <= layers]
+        pp_default = [p for p in pp_universe if balanced(p)]
+        pps = _choices(cfg.pp, pp_default if isinstance(cfg.pp, IntRange) else pp_universe, pp_default, "pp")
+        pps = [p for p in pps if world % p == 0 and p <= layers]
+        self._check_listed("pp", cfg.pp, pp_universe)
+        cp_universe = [c for c in world_div if c == 1 or tr.seq_len % (2 * c) == 0]
+        cp_default = [c for c in cp_universe if c == 1 or tr.seq_len // c >= MIN_CP_SHARD_TOKENS]
+        cps = [c for c in _choices(cfg.cp, cp_universe, cp_default, "cp") if c in cp_universe]
+        self._check_listed("cp", cfg.cp, cp_universe)
+        dps = set(_choices(cfg.dp, world_div, world_div, "dp"))
+        if m.moe is None:
+            eps_all = [e for e in _choices(cfg.ep, [1], [1], "ep")]
+            if eps_all != [1]:
+                raise StratagemError(f"search.ep ({cfg.ep}): {m.name} is dense; expert parallelism needs an "
+                                     "MoE model, leave ep out")
+        else:
+            e_div = divisors(m.moe.num_experts)
+            eps_all = [e for e in _choices(cfg.ep, e_div, e_div, "ep") if m.moe.num_experts % e == 0]
+        zeros = [z for z in _choices(cfg.zero_stage, [0, 1, 2, 3], [0, 1, 2, 3], "zero_stage") if z in (0, 1, 2, 3)]
+        self._check_listed("zero_stage", cfg.zero_stage, zeros)
+        offloads = [1 if o == "cpu" else 0 for o in _choices(cfg.optimizer_offload, _OFFLOAD, ["none"],
+                                                            "optimizer_offload")]
+        sps = [int(s) for s in _choices(cfg.sequence_parallel, [False, True], [False, True], "sequence_parallel")]
+        fp8 = cl.gpu.peak_tflops_fp8 is not None
+        prec_default = [p for p in PRECISIONS if fp8 or p != "fp8"]
+        precisions = _choices(cfg.precision, PRECISIONS, prec_default, "precision")
+        if "fp8" in precisions and not fp8:
+            raise StratagemError(f"search.precision (fp8): {cl.gpu.name} has no FP8 tensor cores; use bf16")
+        recomputes = _choices(cfg.activation_checkpointing, RECOMPUTES, RECOMPUTES, "activation_checkpointing")
+        schedules = [SCHEDULES.index(s) for s in _choices(cfg.pp_schedule, SCHEDULES, SCHEDULES, "pp_schedule")]
+        self.precisions: tuple[Precision, ...] = tuple(precisions)
+        self.recomputes: tuple[Recompute, ...] = tuple(recomputes)
+
+        gbs = tr.global_batch_size
+        layouts: list[_Layout] = []
+        for t in tps:
+            for p in pps:
+                for c in cps:
+                    if world % (t * p * c):
+                        continue
+                    d = world // (t * p * c)
+                    if d not in dps or gbs % d:
+                        continue
+                    pipe = self._pipe(p, gbs // d, schedules)
+                    sp = tuple(sps) if t > 1 else (0,)
+                    if not pipe or not sp:
+                        continue
+                    for e in eps_all:
+                        if (d * c) % e:
+                            continue
+                        zero = self._zero(d, c, zeros, offloads)
+                        if zero:
+                            layouts.append(_Layout(t, p, c, d, e, zero, sp, pipe))
+        if not layouts:
+            raise StratagemError(
+                f"search: no valid plan for {scenario.name} under this search section (tp {tps}, pp {pps}, "
+                f"cp {cps}); widen the axes, or set cross_node_tp: allow")
+        self.layouts: tuple[_Layout, ...] = tuple(layouts)
+        for name, spec in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp), ("dp", cfg.dp), ("ep", cfg.ep)):
+            self._check_listed(name, spec, sorted({getattr(lay, name) for lay in layouts}))
+        self._check_listed("micro_batch_size", cfg.micro_batch_size,
+                           sorted({q[0] for lay in layouts for q in lay.pipe}))
+        self._check_listed("dp_replicate", cfg.dp_replicate, sorted({z[1] for lay in layouts for z in lay.zero}))
+        self._build_tables()
+
+    # ---- construction --------------------------------------------------------------------------------
+    def _pipe(self, pp: int, per_replica: int, schedules: list[int]) -> tuple[tuple[int, int, int], ...]:
+        """(micro_batch_size, schedule, virtual_stages) triples for one pp degree and per-replica batch."""
+        cfg, layers = self.config, self.scenario.model.num_layers
+        div = divisors(per_replica)
+        mbs = [b for b in _choices(cfg.micro_batch_size, div, div, "micro_batch_size") if per_replica % b == 0]
+        v_universe = [v for v in range(2, layers // max(pp, 1) + 1)]
+        v_default = [v for v in v_universe if v <= DEFAULT_MAX_VIRTUAL and
+                     _imbalance(layers, pp * v) <= cfg.max_stage_imbalance]
+        if isinstance(cfg.virtual_stages, IntRange):
+            v_universe = [v for v in v_universe if _imbalance(layers, pp * v) <= cfg.max_stage_imbalance]
+        vs = [v for v in _choices(cfg.virtual_stages, v_universe, v_default, "virtual_stages")
+              if v >= 2 and pp * v <= layers]
+        out: list[tuple[int, int, int]] = []
+        for b in mbs:
+            if pp == 1:
+                out.append((b, SCHEDULES.index("1f1b"), 1))
+                continue
+            micro = per_replica // b
+            for s in schedules:
+                if SCHEDULES[s] != "interleaved":
+                    out.append((b, s, 1))
+                elif micro % pp == 0:
+                    out.extend((b, s, v) for v in vs)
+        return tuple(out)
+
+    def _zero(self, dp: int, cp: int, zeros: list[int], offloads: list[int]) -> tuple[tuple[int, int, int], ...]:
+        """(zero_stage, dp_replicate, offload) triples for one layout."""
+        reps = [r for r in _choices(self.config.dp_replicate, divisors(dp), [1], "dp_replicate") if dp % r == 0]
+        out: list[tuple[int, int, int]] = []
+        for z in zeros:
+            if z == 0:
+                out.append((0, 1, 0))
+                continue
+            out.extend((z, r, o) for r in reps if dp * cp // r > 1 for o in offloads)
+        return tuple(out)
+
+    def _check_listed(self, name: str, spec: Any, possible: Sequence[Any], hint: str = "") -> None:
+        """An axis value the scenario lists explicitly must occur in some valid plan."""
+        if spec is None or isinstance(spec, IntRange):
+            return
+        listed = spec if isinstance(spec, list) else [spec]
+        missing = [v for v in listed if v not in possible]
+        if missing:
+            raise StratagemError(
+                f"search.{name} ({', '.join(map(str, missing))}): no valid plan of {self.scenario.name} has it; "
+                f"possible here: {', '.join(map(str, possible)) or 'none'}{hint}")
+
+    def _build_tables(self) -> None:
+        lays = self.layouts
+        n = len(lays)
+        self._lay = {k: np.array([getattr(lay, k) for lay in lays], dtype=np.int64)
+                     for k in ("tp", "pp", "cp", "dp", "ep")}
+        self._nz = np.array([len(lay.zero) for lay in lays], dtype=np.int64)
+        self._nsp = np.array([len(lay.sp) for lay in lays], dtype=np.int64)
+        self._npipe = np.array([len(lay.pipe) for lay in lays], dtype=np.int64)
+        self._zero_tab = np.zeros((n, int(self._nz.max()), 3), dtype=np.int64)
+        self._sp_tab = np.zeros((n, int(self._nsp.max())), dtype=np.int64)
+        self._pipe_tab = np.zeros((n, int(self._npipe.max()), 3), dtype=np.int64)
+        for i, lay in enumerate(lays):
+            self._zero_tab[i, : len(lay.zero)] = lay.zero
+            self._sp_tab[i, : len(lay.sp)] = lay.sp
+            self._pipe_tab[i, : len(lay.pipe)] = lay.pipe
+        self._prec_codes = np.array([PRECISIONS.index(p) for p in self.precisions], dtype=np.int64)
+        self._ac_codes = np.array([RECOMPUTES.index(r) for r in self.recomputes], dtype=np.int64)
+        per = self._nz * self._nsp * self._npipe * len(self.precisions) * len(self.recomputes)
+        self._ends = np.cumsum(per)
+        self._starts = self._ends - per
+        self._by_key = {lay.key: lay for lay in lays}
+        self._axis_choices = self._global_choices()
+
+    # ---- counting and enumeration --------------------------------------------------------------------
+    def count(self) -> int:
+        """Number of valid plans (exact, without enumerating)."""
+        return int(self._ends[-1])
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def decode(self, index: NDArray[np.integer[Any]]) -> PlanColumns:
+        """The plans with these numbers (0 <= i < count()), as columns; vectorised."""
+        from stratagem.evaluators.columns import PlanColumns
+
+        idx = np.asarray(index, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.count()):
+            raise IndexError(f"plan numbers must lie in [0, {self.count()})")
+        s = np.searchsorted(self._ends, idx, side="right")
+        r = idx - self._starts[s]
+        n_ac, n_prec = len(self.recomputes), len(self.precisions)
+        ac, r = r % n_ac, r // n_ac
+        prec, r = r % n_prec, r // n_prec
+        ipipe, r = r % self._npipe[s], r // self._npipe[s]
+        isp, iz = r % self._nsp[s], r // self._nsp[s]
+        zero, pipe = self._zero_tab[s, iz], self._pipe_tab[s, ipipe]
+
+        def f(a: NDArray[Any]) -> NDArray[np.float64]:
+            return np.asarray(a, dtype=np.float64)
+
+        return PlanColumns(
+            dp=f(self._lay["dp"][s]), tp=f(self._lay["tp"][s]), pp=f(self._lay["pp"][s]),
+            cp=f(self._lay["cp"][s]), ep=f(self._lay["ep"][s]), dp_replicate=f(zero[:, 1]),
+            zero_stage=f(zero[:, 0]), sequence_parallel=f(self._sp_tab[s, isp]), micro_batch_size=f(pipe[:, 0]),
+            precision=f(self._prec_codes[prec]), activation_checkpointing=f(self._ac_codes[ac]),
+            pp_schedule=f(pipe[:, 1]), virtual_stages=f(pipe[:, 2]), optimizer_offload=f(zero[:, 2]),
+        )
+
+    def enumerate(self) -> PlanColumns:
+        """Every valid plan, as columns."""
+        return self.decode(np.arange(self.count(), dtype=np.int64))
+
+    def sample_numbers(self, size: int, seed: int | None = None) -> IntArray:
+        """`size` distinct plan numbers drawn uniformly (all of them, sorted, when size >= count)."""
+        n = self.count()
+        if size >= n:
+            return np.arange(n, dtype=np.int64)
+        rng = np.random.default_rng(self.config.seed if seed is None else seed)
+        return np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
+
+    def digest(self) -> str:
+        """Hash of the scenario (problem) and the search config: identifies this space."""
+        blob = json.dumps([self.scenario.problem_hash(), self.config.model_dump(mode="json")], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    # ---- Optuna: define-by-run -----------------------------------------------------------------------
+    def _global_choices(self) -> dict[str, tuple[Any, ...]]:
+        """Per axis, every value it takes anywhere in the space (the trial's categorical choices)."""
+        lays = self.layouts
+
+        def ints(values: Any) -> tuple[int, ...]:
+            return tuple(sorted({int(v) for v in values}))
+
+        return {
+            "tp": ints(lay.tp for lay in lays),
+            "pp": ints(lay.pp for lay in lays),
+            "cp": ints(lay.cp for lay in lays),
+            "ep": ints(lay.ep for lay in lays),
+            "zero_stage": ints(z[0] for lay in lays for z in lay.zero),
+            "dp_replicate": ints(z[1] for lay in lays for z in lay.zero if z[0] > 0) or (1,),
+            "optimizer_offload": tuple(o for i, o in enumerate(_OFFLOAD)
+                                       if any(z[2] == i for lay in lays for z in lay.zero if z[0] > 0)) or ("none",),
+            "sequence_parallel": tuple(bool(v) for v in sorted({s for lay in lays if lay.tp > 1 for s in lay.sp}))
+            or (False,),
+            "micro_batch_size": ints(q[0] for lay in lays for q in lay.pipe),
+            "pp_schedule": tuple(SCHEDULES[c] for c in sorted({q[1] for lay in lays if lay.pp > 1 for q in lay.pipe}))
+            or ("1f1b",),
+            "virtual_stages": ints(q[2] for lay in lays for q in lay.pipe if q[2] > 1) or (2,),
+            "precision": self.precisions,
+            "activation_checkpointing": self.recomputes,
+        }
+
+    def choices(self, name: str) -> tuple[Any, ...]:
+        """The categorical choices of axis `name` in this space (identical in every trial of a study)."""
+        return self._axis_choices[name]
+
+    def allowed(self, name: str, partial: dict[str, Any]) -> list[Any] | None:
+        """Values axis `name` may take given the earlier axes in `partial` (AXES order); None when the axis
+        does not apply to that partial plan (it keeps the Plan default and is not suggested)."""
+        p = partial
+        lays = self.layouts
+        if name == "tp":
+            return sorted({lay.tp for lay in lays})
+        if name == "pp":
+            return sorted({lay.pp for lay in lays if lay.tp == p["tp"]})
+        if name == "cp":
+            return sorted({lay.cp for lay in lays if (lay.tp, lay.pp) == (p["tp"], p["pp"])})
+        if name == "dp":
+            return sorted({lay.dp for lay in lays if (lay.tp, lay.pp, lay.cp) == (p["tp"], p["pp"], p["cp"])})
+        if name == "ep":
+            if self.scenario.model.moe is None:
+                return None
+            return sorted({lay.ep for lay in lays if (lay.tp, lay.pp, lay.cp) == (p["tp"], p["pp"], p["cp"])})
+        lay = self._by_key.get((p["tp"], p["pp"], p["cp"], p.get("ep", 1)))
+        if lay is None:
+            return []
+        if name == "zero_stage":
+            return sorted({z[0] for z in lay.zero}) if lay.dp * lay.cp > 1 else None
+        if name in ("dp_replicate", "optimizer_offload"):
+            if p.get("zero_stage", 0) == 0:
+                return None
+            zs = [z for z in lay.zero if z[0] == p["zero_stage"]]
+            if name == "dp_replicate":
+                return sorted({z[1] for z in zs})
+            return [o for i, o in enumerate(_OFFLOAD) if any(z[2] == i and z[1] == p["dp_replicate"] for z in zs)]
+        if name == "sequence_parallel":
+            return [bool(s) for s in lay.sp] if lay.tp > 1 else None
+        if name == "micro_batch_size":
+            return sorted({q[0] for q in lay.pipe})
+        if name == "pp_schedule":
+            if lay.pp == 1:
+                return None
+            codes = sorted({q[1] for q in lay.pipe if q[0] == p["micro_batch_size"]})
+            return [SCHEDULES[c] for c in codes]
+        if name == "virtual_stages":
+            if p.get("pp_schedule", "1f1b") != "interleaved":
+                return None
+            return sorted({q[2] for q in lay.pipe if q[0] == p["micro_batch_size"] and SCHEDULES[q[1]] == "interleaved"})
+        if name == "precision":
+            return list(self.precisions)
+        if name == "activation_checkpointing":
+            return list(self.recomputes)
+        raise KeyError(name)
+
+    def project(self, name: str, value: Any, partial: dict[str, Any]) -> Any:
+        """`value` if axis `name` allows it after `partial`, else the nearest allowed value (by log-ratio for
+        integers, by position in the choices otherwise)."""
+        ok = self.allowed(name, partial)
+        if not ok or value in ok:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            order = self._axis_choices[name]
+            pos = order.index(value) if value in order else 0
+            return min(ok, key=lambda v: (abs(order.index(v) - pos), order.index(v)))
+        return min(ok, key=lambda v: (abs(math.log(v) - math.log(max(value, 1))), v))
+
+    def suggest(self, trial: optuna.trial.Trial) -> Plan:
+        """Define-by-run: suggest each applicable axis in AXES order, its choices fixed per study; dp is
+        derived (a single-valued int). With `ProjectingSampler` every suggestion is valid; with another sampler
+        an invalid combination yields a Plan that breaks a rule (the caller records it as infeasible)."""
+        values: dict[str, Any] = {}
+        for name in AXES:
+            ok = self.allowed(name, values)
+            if ok is None:
+                continue
+            if name == "dp":
+                world = self.scenario.cluster.num_gpus
+                d = max(1, world // (values["tp"] * values["pp"] * values["cp"]))
+                values["dp"] = trial.suggest_int("dp", d, d)
+            else:
+                values[name] = trial.suggest_categorical(name, self._axis_choices[name])
+        return Plan(**values)
+
+    def params(self, plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(params, distributions) that `suggest` records for `plan`: the applicable axes only."""
+        from optuna.distributions import CategoricalDistribution, IntDistribution
+
+        dump = plan.model_dump(mode="json")
+        params: dict[str, Any] = {}
+        dists: dict[str, Any] = {}
+        for name in AXES:
+            if self.allowed(name, params) is None:
+                continue
+            params[name] = dump[name]
+            if name == "dp":
+                dists[name] = IntDistribution(plan.dp, plan.dp)
+            else:
+                dists[name] = CategoricalDistribution(self._axis_choices[name])
+        return params, dists
+
+    def summary(self) -> dict[str, Any]:
+        """Axis values and counts, for reports and the CLI."""
+        return {"plans": self.count(), "layouts": len(self.layouts),
+                **{k: list(v) for k, v in self._axis_choices.items()}}

@@ -1,0 +1,136 @@
+"""The decision tree on hand-built cases, and `stratagem explain`."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stratagem.cli import app
+from stratagem.evaluators import Advice, advise, evaluate
+from stratagem.spaces import Plan, Scenario, cluster_preset, model_preset, violations
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EFFECT = re.compile(r"^.+ -> .+: .+ -> .+, step ([+-]\d+%|unchanged)$")
+
+
+def check(scn: Scenario, plan: Plan, advice: list[Advice]) -> None:
+    for a in advice:
+        assert violations(scn, a.plan) == [], a.change
+        assert EFFECT.match(a.effect), a.effect
+        assert a.effect.startswith(a.change)
+        assert a.rationale.endswith(".")
+        if a.checkpoint_policy is None:
+            neighbour = evaluate(scn, a.plan)
+            assert neighbour.time is not None
+            assert a.neighbour.step_s == pytest.approx(neighbour.time.step_s, rel=1e-9)
+
+
+def test_oom_follows_precision_then_micro_batch_then_sharding() -> None:
+    scn = Scenario(model=model_preset("llama3-8b"), cluster=cluster_preset("h100-sxm-80g", 8),
+                   training={"seq_len": 4096, "global_batch_size": 64})
+    plan = Plan(dp=8, zero_stage=0, precision="fp32", micro_batch_size=2)
+    ev = evaluate(scn, plan)
+    assert ev.status == "oom"
+    advice = [a for a in advise(scn, plan, ev) if a.zone == "hbm"]
+    check(scn, plan, advice)
+    changes = [a.change for a in advice]
+    assert changes[0] == "precision fp32 -> bf16" or any(a.neighbour.status == "ok" for a in advice)
+    order = ["precision", "micro_batch_size", "activation_checkpointing", "zero_stage"]
+    firsts = [next(i for i, k in enumerate(order) if c.startswith(k)) for c in changes if
+              any(c.startswith(k) for k in order)]
+    fitting = [a for a in advice if a.neighbour.status == "ok"]
+    # Among neighbours with the same fit status the seed's order holds.
+    same = [f for f, a in zip(firsts, advice, strict=False) if a.neighbour.status == advice[0].neighbour.status]
+    assert same == sorted(same)
+    for a in advice:
+        assert a.neighbour.peak_gib < ev.memory.peak_gib  # type: ignore[union-attr]
+        assert f"peak {ev.memory.peak_gib:.1f} -> {a.neighbour.peak_gib:.1f} GiB" in a.effect  # type: ignore[union-attr]
+    assert fitting or advice
+
+
+def test_zero3_over_many_micro_batches_is_network_bound() -> None:
+    scn = Scenario(model=model_preset("llama3-70b"), cluster=cluster_preset("h100-sxm-80g", 64),
+                   training={"seq_len": 8192, "global_batch_size": 256})
+    plan = Plan(dp=8, tp=8, zero_stage=3, sequence_parallel=True, activation_checkpointing="selective")
+    ev = evaluate(scn, plan)
+    assert ev.zones is not None and ev.zones.communication.level == "bad"
+    assert ev.zones.bottleneck == "communication"
+    advice = advise(scn, plan, ev)
+    check(scn, plan, advice)
+    comm = [a for a in advice if a.zone == "communication"]
+    assert comm and all(a.neighbour.step_s < ev.time.step_s for a in comm)  # type: ignore[union-attr]
+    assert all(a.neighbour.status == "ok" for a in comm)
+    assert any("micro_batch_size 1 -> 2" in a.change or "zero_stage 3 -> 2" in a.change for a in comm)
+
+
+def test_tensor_parallel_across_nodes_is_moved_inside() -> None:
+    mha_8b = model_preset("llama3-8b").model_copy(update={"num_kv_heads": 32})  # the playbook's 8B: MHA
+    scn = Scenario(model=mha_8b, cluster=cluster_preset("h100-sxm-80g", 32),
+                   training={"seq_len": 4096, "global_batch_size": 64, "stack": "nanotron"})
+    plan = Plan(dp=2, tp=16, zero_stage=1, sequence_parallel=True, micro_batch_size=1)
+    ev = evaluate(scn, plan)
+    assert ev.zones is not None and ev.zones.communication.level != "ok"
+    advice = advise(scn, plan, ev)
+    check(scn, plan, advice)
+    assert any(a.plan.tp == 8 for a in advice if a.zone == "communication")
+
+
+def test_bubbles_get_more_micro_batches_or_interleaving() -> None:
+    scn = Scenario(model=model_preset("llama3-8b"), cluster=cluster_preset("h100-sxm-80g", 16),
+                   training={"seq_len": 4096, "global_batch_size": 32})
+    plan = Plan(dp=2, pp=8, micro_batch_size=4, zero_stage=1)
+    ev = evaluate(scn, plan)
+    assert ev.zones is not None and ev.zones.bubbles.level == "bad"
+    bubbles = [a for a in advise(scn, plan, ev) if a.zone == "bubbles"]
+    check(scn, plan, bubbles)
+    assert bubbles
+    assert all(a.neighbour.bubble_fraction < ev.zones.bubbles.value for a in bubbles)
+    kinds = {k for a in bubbles for k in ("micro_batch_size", "pp_schedule", "pp ") if k in a.change + " "}
+    assert kinds & {"micro_batch_size", "pp_schedule"}
+
+
+def test_checkpoint_risk_gets_async_and_daly_interval() -> None:
+    scn = Scenario(model=model_preset("llama3-405b"), cluster=cluster_preset("h100-sxm-80g", 1024),
+                   training={"seq_len": 8192, "global_batch_size": 1024, "stack": "megatron",
+                             "checkpoint": {"mode": "blocking", "interval_minutes": 15}})
+    plan = Plan(dp=8, tp=8, pp=16, zero_stage=1, sequence_parallel=True, activation_checkpointing="full",
+                pp_schedule="interleaved", virtual_stages=2)
+    ev = evaluate(scn, plan)
+    assert ev.zones is not None and ev.zones.checkpoint.level != "ok"
+    ck = [a for a in advise(scn, plan, ev) if a.zone == "checkpoint"]
+    check(scn, plan, ck)
+    assert any(a.checkpoint_policy is not None and a.checkpoint_policy.mode == "async" for a in ck)
+    assert all(a.plan == plan for a in ck)
+    assert all(a.neighbour.goodput_loss < ev.zones.checkpoint.value for a in ck)
+    assert "checkpoint.mode blocking -> async" in [a.change for a in ck]
+
+
+def test_infeasible_plan_gets_no_advice() -> None:
+    scn = Scenario(model=model_preset("llama3-8b"), cluster=cluster_preset("h100-sxm-80g", 8))
+    assert advise(scn, Plan(dp=3)) == []
+
+
+# ---- stratagem explain ---------------------------------------------------------------------------------------
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_explain_examples(path: Path) -> None:
+    result = runner.invoke(app, ["explain", str(path)])
+    assert result.exit_code == 0, result.output
+    for word in ("Memory per GPU", "Step time", "Zones", "bottleneck:", "tokens/s"):
+        assert word in result.output
+    data = json.loads(runner.invoke(app, ["explain", str(path), "--json"]).output)
+    assert data["evaluation"]["zones"]["bottleneck"] in ("hbm", "communication", "bubbles", "checkpoint")
+    assert isinstance(data["advice"], list)
+
+
+def test_explain_bad_plan_is_one_line() -> None:
+    proc = subprocess.run([sys.executable, "-c", "from stratagem.cli import main; main()", "explain",
+                           str(EXAMPLES[0]), "--plan", "tp=3"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "tp (3)" in proc.stderr

@@ -1,0 +1,191 @@
+"""The HTML report in a real headless Chromium (Debian's `chromium`, driven by playwright-python).
+
+Checks: no console errors, no network request, the plots render (points in the DOM, non-blank pixels), hover
+shows the plan, the front table sorts, the explorer's controls change the memory figures, plans not
+evaluated say so, and a model called `<script>alert(1)</script>` shows as text.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from report_studies import EVIL, small_study
+
+from stratagem.reports import capacity_plan, pareto_info, render_html
+
+CHROMIUM = os.environ.get("STRATAGEM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium); browser checks skipped",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+expect = sync_api.expect
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def info():
+    return pareto_info(small_study(name=EVIL))
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_api.sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=FLAGS, viewport={"width": 1280, "height": 900})
+        yield ctx
+        ctx.close()
+
+
+class Loaded:
+    def __init__(self, page, console, requests, dialogs) -> None:
+        self.page, self.console, self.requests, self.dialogs = page, console, requests, dialogs
+
+
+def load(browser, path: Path) -> Loaded:
+    page = browser.new_page()
+    console: list[tuple[str, str]] = []
+    requests: list[str] = []
+    dialogs: list[str] = []
+    page.on("console", lambda m: console.append((m.type, m.text)))
+    page.on("pageerror", lambda e: console.append(("pageerror", str(e))))
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    page.wait_for_timeout(300)
+    return Loaded(page, console, requests, dialogs)
+
+
+@pytest.fixture(scope="module")
+def report(browser, info, tmp_path_factory) -> Loaded:
+    path = tmp_path_factory.mktemp("report") / "report.html"
+    path.write_text(render_html(info, capacity_plan(info.scenario, [1, 2])), encoding="utf-8")
+    return load(browser, path)
+
+
+def non_white_fraction(browser, png: bytes) -> float:
+    """Share of the screenshot's pixels that are not white, measured by the browser's own decoder."""
+    page = browser.new_page()
+    page.set_content("<canvas id=c></canvas>")
+    frac = page.evaluate("""async (b64) => {
+        const img = new Image(); img.src = 'data:image/png;base64,' + b64; await img.decode();
+        const c = document.getElementById('c'); c.width = img.width; c.height = img.height;
+        const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+        const d = g.getImageData(0, 0, c.width, c.height).data; let n = 0;
+        for (let i = 0; i < d.length; i += 4) if (d[i] < 240 || d[i+1] < 240 || d[i+2] < 240) n++;
+        return n / (d.length / 4);
+    }""", base64.b64encode(png).decode())
+    page.close()
+    return float(frac)
+
+
+def test_no_console_errors_no_network_no_script_execution(report) -> None:
+    errors = [m for m in report.console if m[0] in ("error", "pageerror")]
+    assert errors == []
+    assert report.requests == [report.page.url], "the page must load nothing but itself"
+    assert report.dialogs == [], "the model name must never run as script"
+
+
+def test_model_name_shows_as_text(report) -> None:
+    assert EVIL in report.page.locator("h1").inner_text()
+    assert EVIL in report.page.locator("table.summary").inner_text()
+    assert report.page.locator("body script:not([id]):not([type])").count() == 1  # only the report's script
+
+
+def test_plots_render_with_every_point(report, info, browser) -> None:
+    plotted = sum(1 for p in info.plans if p.values is not None)
+    page = report.page
+    assert page.locator("#plot-headroom .scatterlayer .point").count() == plotted
+    assert page.locator("#plot-risk .scatterlayer .point").count() == plotted
+    assert page.locator("#plot-3d canvas").count() >= 1
+    for sel in ("#plot-headroom", "#plot-3d"):
+        frac = non_white_fraction(browser, page.locator(sel).screenshot())
+        assert frac > 0.01, f"{sel} looks blank ({frac:.4f} non-white)"
+
+
+def test_hover_shows_the_plan(report, info) -> None:
+    page = report.page
+    page.locator("#plot-headroom").scroll_into_view_if_needed()
+    front_points = page.locator("#plot-headroom .scatterlayer .trace").last.locator(".point")
+    front_points.first.hover(force=True)
+    page.wait_for_selector("#plot-headroom .hoverlayer .hovertext", timeout=5_000)
+    text = page.eval_on_selector("#plot-headroom .hoverlayer", "e => e.textContent")
+    assert any(info.plans[i].label in text for i in info.front) and "tokens/s" in text
+
+
+def column(page, n: int) -> list[str]:
+    return page.eval_on_selector_all(
+        f"#front-table tbody tr td:nth-child({n})", "els => els.map(e => e.dataset.v ?? e.textContent)")
+
+
+def test_front_table_sorts(report) -> None:
+    page = report.page
+    head = page.locator("#front-table th", has_text="tokens/s").first
+    head.click()
+    asc = [float(x) for x in column(page, 4)]
+    assert asc == sorted(asc) and head.get_attribute("aria-sort") == "ascending"
+    head.click()
+    desc = [float(x) for x in column(page, 4)]
+    assert desc == sorted(desc, reverse=True) and asc != desc
+    page.locator("#front-table th", has_text="headroom").click()
+    head_room = [float(x) for x in column(page, 8)]
+    assert head_room == sorted(head_room)
+
+
+def test_explorer_moves_among_evaluated_plans(report, info) -> None:
+    page = report.page
+    start = info.plans[info.front[0]]
+    peak = page.locator("#explorer-plan .mem-peak")
+    assert peak.inner_text() == f"{start.evaluation.memory.peak_gib:.2f}"
+    target = next(p for p in info.plans if p.plan == start.plan.model_copy(update={"zero_stage": 3}))
+    page.select_option("#ex-zero_stage", "3")
+    assert peak.inner_text() == f"{target.evaluation.memory.peak_gib:.2f}" != f"{start.evaluation.memory.peak_gib:.2f}"
+    assert target.label in page.locator("#explorer-plan .plan-label").first.inner_text()
+    zones = page.locator("#explorer-plan tr[data-zone='checkpoint']").inner_text()
+    assert target.evaluation.zones.checkpoint.sentence in zones
+    advice = page.locator("#explorer-plan ul.advice li")
+    assert target.advice is not None and advice.count() == len(target.advice)
+    for shown, a in zip(advice.all_inner_texts(), target.advice, strict=True):
+        assert a.rationale in shown and a.effect in shown
+
+
+def test_explorer_says_when_not_evaluated(report, info) -> None:
+    page = report.page
+    page.select_option("#ex-zero_stage", "2")
+    page.select_option("#ex-micro_batch_size", "2")
+    assert "not evaluated" in page.locator("#explorer-status").inner_text()
+    assert page.locator("#explorer-plan .mem-peak").count() == 0
+    near = page.locator("#explorer-status button.near")
+    assert near.count() >= 1
+    label = near.first.inner_text()
+    near.first.click()
+    assert label in page.locator("#explorer-plan .plan-label").first.inner_text()
+    assert page.locator("#explorer-plan .mem-peak").count() == 1
+
+
+def test_cards_render_when_opened(report, info) -> None:
+    page = report.page
+    cards = page.locator("details.card")
+    assert cards.count() == len(info.front)
+    last = cards.nth(len(info.front) - 1)
+    assert last.locator(".plan-view").count() == 0
+    last.locator("summary").click()
+    expect(last.locator(".plan-view .mem-peak")).to_have_count(1)  # rendered on the toggle event
+    measured = page.locator(f"details.card[data-plan='{info.measured[0]}'] table.pvm")
+    if measured.count() == 0:
+        page.locator(f"details.card[data-plan='{info.measured[0]}'] summary").click()
+    expect(measured).to_contain_text("60,000")
+    expect(measured).to_contain_text("95,000")
+
+
+def test_capacity_section(report) -> None:
+    page = report.page
+    assert page.locator("#capacity-table tbody tr").count() == 2
+    assert page.locator("#capacity-plot .scatterlayer .point").count() == 4  # days and cost at 2 sizes

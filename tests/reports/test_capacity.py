@@ -1,0 +1,94 @@
+"""Capacity planning: each size's best plan comes from real screening, and every figure from its formula."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from report_studies import EVIL, scenario
+from typer.testing import CliRunner
+
+from stratagem.cli import app
+from stratagem.errors import StratagemError
+from stratagem.evaluators import evaluate
+from stratagem.reports import capacity_markdown, capacity_plan, decode_payload, parse_nodes, render_capacity_html
+from stratagem.search.screening import screen
+from stratagem.spaces import Scenario, cluster_preset, model_preset
+
+
+@pytest.fixture(scope="module")
+def cap():
+    return capacity_plan(scenario(), [1, 2, 4])
+
+
+def test_rows_follow_the_formulas(cap) -> None:
+    scn = scenario()
+    assert [r.num_nodes for r in cap.rows] == [1, 2, 4] and [r.num_gpus for r in cap.rows] == [8, 16, 32]
+    for r in cap.rows:
+        assert r.best is not None and r.hours is not None, r.note
+        ev = r.best.evaluation
+        assert ev.throughput is not None and ev.checkpoint is not None
+        tps, ck = ev.throughput.tokens_per_s, ev.checkpoint
+        assert r.tokens_per_s == tps and r.goodput_loss == ck.goodput_loss
+        assert r.hours == pytest.approx(scn.training.training_tokens / (tps * (1 - ck.goodput_loss)) / 3600)
+        assert r.gpu_hours == pytest.approx(r.hours * r.num_gpus)
+        assert r.cost_usd == pytest.approx(r.gpu_hours * scn.cluster.price_per_gpu_hour)
+        assert r.checkpoint_overhead == pytest.approx(ck.stall_s / ck.interval_s)
+        assert r.failure_loss == pytest.approx(ck.goodput_loss - r.checkpoint_overhead)
+        assert r.failure_hours == pytest.approx(r.hours * r.failure_loss)
+        assert r.best.plan.world_size == r.num_gpus
+
+
+def test_best_plan_is_the_screened_optimum(cap) -> None:
+    r = cap.rows[1]
+    resized = scenario().model_copy(update={"cluster": cluster_preset("h100-sxm-80g", 16), "plan": None})
+    scr = screen(resized)
+    effective = np.where(scr.feasible, scr.columns["tokens_per_s"] * (1 - scr.columns["goodput_loss"]), -np.inf)
+    assert r.n_plans == len(scr.plans) and r.n_feasible == int(scr.feasible.sum())
+    best_ev = evaluate(resized, r.best.plan)
+    assert best_ev.throughput.tokens_per_s * (1 - best_ev.checkpoint.goodput_loss) == pytest.approx(
+        effective.max(), rel=1e-9)
+    assert cap.fastest is not None and cap.cheapest is not None
+    assert cap.fastest.hours == min(x.hours for x in cap.rows)
+
+
+def test_size_where_nothing_fits() -> None:
+    scn = Scenario(model=model_preset("llama3-405b"), cluster=cluster_preset("a100-40g", 8),
+                   training={"seq_len": 8192, "global_batch_size": 64})
+    (row,) = capacity_plan(scn, [1]).rows
+    assert row.best is None and row.n_feasible == 0 and row.n_plans > 0
+    assert row.note == f"none of {row.n_plans} plans fits in HBM"
+
+
+def test_parse_nodes() -> None:
+    assert parse_nodes("16, 8,8,32") == [8, 16, 32]
+    for bad in ("", "8,x", "0,8", "-1"):
+        with pytest.raises(StratagemError, match=r"--nodes"):
+            parse_nodes(bad)
+
+
+def test_markdown_and_html(cap) -> None:
+    md = capacity_markdown(cap)
+    rows = [ln for ln in md.splitlines() if re.match(r"\| \d+ \| \d+ \|", ln)]
+    assert len(rows) == 3
+    first = cap.rows[0]
+    assert f"| 1 | 8 | `{first.best.label}` | {first.tokens_per_s:,.0f} | {first.days:,.1f} |" in md
+    page = render_capacity_html(capacity_plan(scenario(EVIL), [1]))
+    assert EVIL not in page and "&lt;script&gt;" in page
+    data = decode_payload(re.search(r'id="stratagem-data">([^<]*)<', page).group(1))
+    assert data["capacity"]["nodes"] == [1] and data["plans"] is None
+
+
+def test_capacity_command(tmp_path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 2}\n"
+                    "training: {seq_len: 8192, global_batch_size: 64, training_tokens: 1.0e+12}\n")
+    out = tmp_path / "cap.md"
+    res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "1,2", "-o", str(out)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "dp" in res.output and out.read_text().startswith("# Capacity planning")
+    res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "a"])
+    assert isinstance(res.exception, StratagemError) and "--nodes" in str(res.exception)
+    res = CliRunner().invoke(app, ["capacity", str(path), "-o", str(tmp_path / "c.csv")])
+    assert isinstance(res.exception, StratagemError) and ".md or .html" in str(res.exception)

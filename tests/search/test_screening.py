@@ -1,0 +1,92 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators import BLOCKS, evaluate, evaluate_many
+from stratagem.search import objective_matrix, screen
+from stratagem.search.records import OBJECTIVES, objective_values
+from stratagem.spaces import SearchConfig, SearchSpace, load_scenario
+
+D3 = ("maximize", "maximize", "minimize")
+
+
+def brute(values: np.ndarray, directions) -> np.ndarray:
+    """O(n^2) Pareto front by definition."""
+    m = values * np.array([-1.0 if d == "maximize" else 1.0 for d in directions])
+    le = np.all(m[:, None, :] <= m[None, :, :], axis=2)
+    lt = np.any(m[:, None, :] < m[None, :, :], axis=2)
+    return np.flatnonzero(~np.any(le & lt, axis=0))
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def small():
+    s = load_scenario(EXAMPLES / "llama3-8b-8xh100.yaml")
+    return s.model_copy(update={"search": SearchConfig(precision=["bf16", "fp8"], activation_checkpointing=["none", "full"])})
+
+
+def test_front_equals_brute_force_over_every_plan() -> None:
+    s = small()
+    sc = screen(s)
+    assert sc.mode == "exhaustive" and sc.counts.screened == sc.counts.valid == SearchSpace(s).count()
+    # brute force, independently: all plans, evaluate, keep those under HBM - margin, O(n^2) Pareto
+    pc = SearchSpace(s).enumerate()
+    cols = evaluate_many(s, pc)
+    usable = s.cluster.gpu.hbm_gib - s.search.memory_margin_gib
+    ok = np.flatnonzero(cols["peak_gib"] <= usable)
+    v = objective_matrix(cols)[ok]
+    expected = ok[brute(v, D3)]
+    assert 5 < len(expected) < len(ok)
+    assert np.array_equal(np.sort(sc.front), expected)
+    assert sc.counts.front == len(expected) and sc.counts.pruned == len(pc) - len(ok)
+
+
+def test_pruned_plans_name_the_block_that_broke() -> None:
+    s = small()
+    sc = screen(s)
+    pruned = np.flatnonzero(~sc.feasible)
+    assert len(pruned) == sc.counts.pruned > 0
+    for i in pruned[:: max(1, len(pruned) // 50)]:
+        reason = sc.pruned_reason(int(i))
+        assert BLOCKS[int(sc.broke[i])] in reason and "GiB" in reason
+        assert sc.columns["peak_gib"][i] > sc.usable_gib
+    assert all(sc.pruned_reason(int(i)) == "" for i in sc.front)
+
+
+def test_margin_prunes_more() -> None:
+    s = small()
+    loose = screen(s.model_copy(update={"search": s.search.model_copy(update={"memory_margin_gib": 0.0})}))
+    tight = screen(s.model_copy(update={"search": s.search.model_copy(update={"memory_margin_gib": 20.0})}))
+    assert tight.counts.pruned > loose.counts.pruned
+    assert tight.columns["peak_gib"][tight.front].max() <= s.cluster.gpu.hbm_gib - 20.0
+
+
+def test_screening_agrees_with_single_plan_evaluation() -> None:
+    s = small()
+    sc = screen(s)
+    for i in sc.front[:5]:
+        ev = evaluate(s, sc.plan(int(i)))
+        assert np.allclose(objective_values(ev), sc.objectives()[i], rtol=1e-12)
+    assert OBJECTIVES == ("tokens_per_s", "headroom_gib", "goodput_loss")
+
+
+@pytest.mark.parametrize("sampler", ["nsga2", "random"])
+def test_large_space_is_sampled_and_explored(sampler) -> None:
+    s = load_scenario(EXAMPLES / "llama3-405b-1024xh100.yaml")
+    cfg = SearchConfig(exhaustive_limit=20_000)  # 230k valid plans > limit: sample 2,000 + explore
+    s = s.model_copy(update={"search": cfg})
+    a = screen(s, sampler="auto" if sampler == "nsga2" else sampler, n_trials=300)
+    assert a.mode == sampler and a.counts.valid > cfg.exhaustive_limit
+    assert 2_000 < a.counts.screened <= 2_300
+    assert a.counts.front == len(a.front) > 0 and a.feasible[a.front].all()
+    b = screen(s, sampler=sampler, n_trials=300)  # seeded: the same plans again
+    assert np.array_equal(a.objectives()[a.front], b.objectives()[b.front])
+
+
+def test_exhaustive_refuses_a_space_over_the_limit() -> None:
+    s = load_scenario(EXAMPLES / "llama3-405b-1024xh100.yaml")
+    s = s.model_copy(update={"search": SearchConfig(exhaustive_limit=1000)})
+    with pytest.raises(StratagemError, match="exhaustive_limit"):
+        screen(s, sampler="exhaustive")

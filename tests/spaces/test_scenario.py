@@ -1,0 +1,135 @@
+"""Scenario YAML loading: preset names, {preset, overrides}, {hf_config}, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stratagem.errors import StratagemError
+from stratagem.spaces import MODEL_PRESETS, Plan, Scenario, load_scenario, scenario_from_dict
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def write(tmp_path: Path, text: str, name: str = "scenario.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_preset_names(tmp_path: Path) -> None:
+    scn = load_scenario(write(tmp_path, "model: llama3-70b\ncluster: {gpu: h100-sxm-80g, num_nodes: 8}\n"
+                                        "training: {seq_len: 8192, global_batch_size: 512, stack: megatron}\n"
+                                        "plan: {dp: 8, tp: 8, zero_stage: 1}\n"))
+    assert scn.model == MODEL_PRESETS["llama3-70b"]
+    assert scn.cluster.num_gpus == 64 and scn.cluster.gpu.name == "h100-sxm-80g"
+    assert scn.cluster.intra_node_gbps == 450 and scn.cluster.inter_node_gbps == 50  # preset link defaults
+    assert scn.training.stack == "megatron" and scn.training.optimizer == "adamw"  # default optimizer
+    assert scn.plan == Plan(dp=8, tp=8, zero_stage=1)
+    assert scn.name == "llama3-70b on 64x h100-sxm-80g"
+
+
+def test_preset_with_overrides(tmp_path: Path) -> None:
+    scn = load_scenario(write(tmp_path, "model: {preset: llama3-8b, num_layers: 16, name: half-8b}\n"
+                                        "cluster: {gpu: a100-80g}\n"))
+    base = MODEL_PRESETS["llama3-8b"]
+    assert scn.model.num_layers == 16 and scn.model.name == "half-8b"
+    assert scn.model.hidden_size == base.hidden_size and scn.model.vocab_size == base.vocab_size
+    assert scn.plan is None and scn.training.seq_len == 4096
+
+
+def test_hf_config(tmp_path: Path) -> None:
+    cfg = {"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    scn = load_scenario(write(tmp_path, f"model: {{hf_config: {tmp_path / 'config.json'}}}\n"
+                                        "cluster: {gpu: h100-sxm-80g}\n"))
+    assert abs(scn.model.num_params() / 7.24e9 - 1) < 0.005  # Mistral 7B
+    # A directory holding config.json works too, and overrides apply on top.
+    scn = load_scenario(write(tmp_path, f"model: {{hf_config: {tmp_path}, num_layers: 2}}\n"
+                                        "cluster: {gpu: h100-sxm-80g}\n", "dir.yaml"))
+    assert scn.model.num_layers == 2
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_load(example: Path) -> None:
+    assert isinstance(load_scenario(example), Scenario)
+
+
+def test_problem_hash_ignores_plan() -> None:
+    data = {"model": "tiny", "cluster": {"gpu": "cpu", "gpus_per_node": 2}}
+    a = scenario_from_dict(data)
+    b = scenario_from_dict({**data, "plan": {"dp": 2}})
+    c = scenario_from_dict({**data, "training": {"seq_len": 128}})
+    assert a.problem_hash() == b.problem_hash() != c.problem_hash()
+
+
+BAD = [
+    ("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 1\n", ["not valid YAML at line"]),
+    ("", ["expected a mapping with model, cluster and training"]),
+    ("- 1\n- 2\n", ["expected a mapping"]),
+    ("model: llama3-8b\n", ["cluster", "Field required"]),
+    ("model: llama3-9b\ncluster: {gpu: h100-sxm-80g}\n", ["model ('llama3-9b') is not a preset", "llama3-8b"]),
+    ("model: llama3-8b\ncluster: {gpu: h900}\n", ["cluster.gpu ('h900') is not a preset", "h100-sxm-80g"]),
+    ("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 0}\n",
+     ["cluster.num_nodes (0)", "greater than or equal to 1"]),
+    ("model: llama3-8b\ncluster: {gpu: h100-sxm-80g}\ntraining: {seq_len: abc}\n", ["training.seq_len ('abc')"]),
+    ("model: llama3-8b\ncluster: {gpu: h100-sxm-80g}\ntraining: {stack: jax}\n", ["training.stack ('jax')",
+                                                                                "'torch', 'megatron'"]),
+    ("model: llama3-8b\ncluster: {gpu: h100-sxm-80g}\nplan: {dp: 8, zero_stage: 5}\n", ["plan.zero_stage (5)"]),
+    ("model: {preset: llama3-8b, num_kv_heads: 5}\ncluster: {gpu: h100-sxm-80g}\n",
+     ["model.num_kv_heads (5) must divide num_attention_heads (32)"]),
+    ("model: {num_layers: 2}\ncluster: {gpu: h100-sxm-80g}\n", ["model.hidden_size", "Field required"]),
+    ("model: {hf_config: /nonexistent/config.json}\ncluster: {gpu: h100-sxm-80g}\n",
+     ["model.hf_config (/nonexistent/config.json): file not found"]),
+    ("model: llama3-8b\ncluster: {gpu: h100-sxm-80g}\nbudget: 3\n", ["budget", "Extra inputs are not permitted"]),
+]
+
+
+@pytest.mark.parametrize("text,fragments", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_scenario_is_one_line_naming_the_field(tmp_path: Path, text: str, fragments: list[str]) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(StratagemError) as info:
+        load_scenario(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert str(path) in msg  # the file is named
+    for fragment in fragments:
+        assert fragment in msg, (fragment, msg)
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(StratagemError, match="file not found"):
+        load_scenario(tmp_path / "nope.yaml")
+    with pytest.raises(StratagemError, match="is a directory"):
+        load_scenario(tmp_path)
+
+
+@pytest.mark.xfail(strict=True, reason="scenario.py: errors raised while resolving `model` have an empty loc and "
+                                       "read 'path: : model ...' (fix proposed in the helper report)")
+def test_model_errors_have_no_empty_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "model: llama3-9b\ncluster: {gpu: h100-sxm-80g}\n")
+    with pytest.raises(StratagemError) as info:
+        load_scenario(path)
+    assert ": :" not in str(info.value)
+
+
+@pytest.mark.xfail(strict=True, reason="scenario.py: an unknown field in {preset: ...} is reported without its "
+                                       "'model.' prefix (fix proposed in the helper report)")
+def test_preset_override_typo_names_model_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "model: {preset: llama3-8b, num_layerz: 3}\ncluster: {gpu: h100-sxm-80g}\n")
+    with pytest.raises(StratagemError, match=r"model\.num_layerz"):
+        load_scenario(path)
+
+
+@pytest.mark.xfail(strict=True, reason="scenario.py: hf_config paths resolve against the working directory, "
+                                       "not the scenario file (fix proposed in the helper report)")
+def test_hf_config_relative_to_scenario_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "intermediate_size": 128, "vocab_size": 256}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    path = write(tmp_path, "model: {hf_config: config.json}\ncluster: {gpu: cpu, gpus_per_node: 1}\n")
+    monkeypatch.chdir(Path("/"))
+    assert load_scenario(path).model.num_layers == 2

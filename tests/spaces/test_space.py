@@ -1,0 +1,213 @@
+import itertools
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+
+from stratagem.errors import StratagemError
+from stratagem.search.records import trial_plan
+from stratagem.search.samplers import ProjectingSampler
+from stratagem.spaces import (
+    IntRange,
+    Plan,
+    Scenario,
+    SearchConfig,
+    SearchSpace,
+    cluster_preset,
+    divisors,
+    load_scenario,
+    model_preset,
+    scenario_from_dict,
+    violations,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# Everything open: no default heuristics, so the space must be exactly "every plan the rules allow, once".
+OPEN = dict(cp=IntRange(), micro_batch_size=IntRange(), dp_replicate=IntRange(), virtual_stages=IntRange(),
+            optimizer_offload=["none", "cpu"], cross_node_tp="allow", max_stage_imbalance=100.0)
+
+
+def tiny(model: str = "tiny-4l", gpus: int = 4, per_node: int = 4, gbs: int = 8, seq: int = 64, **search) -> Scenario:
+    return Scenario(model=model_preset(model), cluster=cluster_preset("h100-sxm-80g", gpus, per_node),
+                    training={"seq_len": seq, "global_batch_size": gbs},
+                    search=SearchConfig(**search) if search else None)
+
+
+def rows(space: SearchSpace) -> set[Plan]:
+    pc = space.enumerate()
+    return {pc.plan(i) for i in range(len(pc))}
+
+
+def brute_force(s: Scenario, precisions, recomputes) -> set[Plan]:
+    """Every Plan over a superset product that the validity rules accept, in canonical form (an axis that
+    does not apply keeps its default)."""
+    n, m = s.cluster.num_gpus, s.model
+    out = set()
+    experts = divisors(m.moe.num_experts) if m.moe else [1]
+    for dp, tp, pp, cp in itertools.product(divisors(n), repeat=4):
+        if dp * tp * pp * cp != n:
+            continue
+        for ep, rep, zero, sp, mbs, prec, ac, sched, v, off in itertools.product(
+                experts, divisors(dp), (0, 1, 2, 3), (False, True), divisors(s.training.global_batch_size),
+                precisions, recomputes, ("gpipe", "1f1b", "interleaved", "zero_bubble"),
+                range(1, m.num_layers + 1), ("none", "cpu")):
+            if pp == 1 and sched != "1f1b":
+                continue  # canonical: the schedule does not apply
+            if zero == 0 and (rep > 1 or off == "cpu"):
+                continue
+            if zero > 0 and dp * cp // rep == 1:
+                continue  # sharding over one rank is zero_stage 0
+            plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep, zero_stage=zero, sequence_parallel=sp,
+                        micro_batch_size=mbs, precision=prec, activation_checkpointing=ac, pp_schedule=sched,
+                        virtual_stages=v, optimizer_offload=off)
+            if not violations(s, plan):
+                out.add(plan)
+    return out
+
+
+@pytest.mark.parametrize("model,gpus", [("tiny-4l", 4), ("tiny-moe", 4)])
+def test_open_space_is_exactly_the_valid_plans(model, gpus) -> None:
+    s = tiny(model, gpus, precision=["bf16"], activation_checkpointing=["none", "full"], **OPEN)
+    space = SearchSpace(s)
+    got = rows(space)
+    assert space.count() == len(space.enumerate()) == len(got)  # no duplicates
+    assert got == brute_force(s, ["bf16"], ["none", "full"])
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-8xh100", "llama3-70b-64xh100", "llama3-405b-1024xh100",
+                                  "mixtral-8x7b-64xh200"])
+def test_example_spaces_are_valid_and_distinct(name) -> None:
+    s = load_scenario(EXAMPLES / f"{name}.yaml")
+    space = SearchSpace(s)
+    pc = space.enumerate()
+    assert len(pc) == space.count() > 1000
+    cols = np.stack([pc.dp, pc.tp, pc.pp, pc.cp, pc.ep, pc.dp_replicate, pc.zero_stage, pc.sequence_parallel,
+                     pc.micro_batch_size, pc.precision, pc.activation_checkpointing, pc.pp_schedule,
+                     pc.virtual_stages, pc.optimizer_offload], axis=1)
+    assert len(np.unique(cols, axis=0)) == len(pc)
+    for i in np.random.default_rng(0).choice(len(pc), 300, replace=False):
+        plan = pc.plan(int(i))
+        assert violations(s, plan) == [], plan
+        assert s.cluster.gpus_per_node % plan.tp == 0  # cross-node TP forbidden by default
+        assert plan.tp > 1 or not plan.sequence_parallel
+        assert plan.pp > 1 or plan.pp_schedule == "1f1b"
+        assert plan.zero_stage == 0 or plan.dp * plan.cp > 1
+
+
+def test_default_axes() -> None:
+    s = load_scenario(EXAMPLES / "llama3-405b-1024xh100.yaml")  # 126 layers, 128 heads, 8 KV heads
+    space = SearchSpace(s)
+    assert space.choices("tp") == (1, 2, 4, 8)
+    # 126 layers: pp 16 (8 layers on the fullest rank, 126/16 = 7.9 mean) is an uneven but balanced split.
+    assert 16 in space.choices("pp") and 64 in space.choices("pp")
+    assert space.choices("cp") == (1, 2, 4, 8)  # seq 8192: >= 1024 tokens per rank
+    assert space.choices("precision") == ("fp32", "bf16", "fp8")
+    assert space.choices("dp_replicate") == (1,) and space.choices("optimizer_offload") == ("none",)
+    a100 = scenario_from_dict({**s.model_dump(exclude={"cluster", "plan"}),
+                               "cluster": {"gpu": "a100-80g", "num_nodes": 128}})
+    assert "fp8" not in SearchSpace(a100).choices("precision")
+
+
+def test_balance_limits_default_pipeline_degrees() -> None:
+    s = load_scenario(EXAMPLES / "llama3-70b-64xh100.yaml")  # 80 layers
+    pps = SearchSpace(s).choices("pp")
+    assert 32 in pps  # ceil(80/32) * 32 / 80 = 1.2 <= 1.25: uneven but balanced enough
+    assert 64 not in pps  # ceil(80/64) * 64 / 80 = 1.6
+    loose = SearchSpace(s, SearchConfig(max_stage_imbalance=2.0)).choices("pp")
+    assert 64 in loose
+
+
+def test_search_section_narrows_and_fixes() -> None:
+    s = load_scenario(EXAMPLES / "llama3-70b-64xh100.yaml")
+    full = SearchSpace(s).count()
+    fixed = SearchSpace(s, SearchConfig(tp=8, precision="bf16", zero_stage=[1, 3],
+                                        micro_batch_size=IntRange(max=2)))
+    assert fixed.count() < full
+    pc = fixed.enumerate()
+    assert set(pc.tp) == {8} and set(pc.precision) == {1} and set(pc.zero_stage) <= {0, 1, 3}
+    assert pc.micro_batch_size.max() <= 2
+    gpt3 = scenario_from_dict({"model": "gpt3-175b", "cluster": {"gpu": "h100-sxm-80g", "num_nodes": 8},
+                               "training": {"seq_len": 2048, "global_batch_size": 512}})  # 96 heads
+    assert max(SearchSpace(gpt3).choices("tp")) == 8
+    assert 32 in SearchSpace(gpt3, SearchConfig(cross_node_tp="allow")).choices("tp")
+
+
+@pytest.mark.parametrize("search,field", [
+    ({"tp": 3}, "search.tp"),
+    ({"tp": 16}, "search.tp"),  # cross-node TP is forbidden by default
+    ({"precision": "fp8"}, None),
+    ({"ep": 2}, "search.ep"),
+    ({"memory_margin_gib": 100}, "search.memory_margin_gib"),
+    ({"pp": [3]}, "search"),
+    ({"micro_batch_size": []}, "search.micro_batch_size"),
+    ({"cp": {"min": 8, "max": 2}}, "search.cp"),
+])
+def test_bad_search_section_is_one_line(search, field) -> None:
+    gpu = "a100-80g" if search.get("precision") == "fp8" else "h100-sxm-80g"
+    s = scenario_from_dict({"model": "llama3-70b", "cluster": {"gpu": gpu, "num_nodes": 8},
+                            "training": {"seq_len": 8192, "global_batch_size": 256}, "search": search})
+    with pytest.raises(StratagemError) as e:
+        SearchSpace(s)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert (field or "search.precision") in msg
+
+
+def test_unknown_search_key_is_rejected() -> None:
+    with pytest.raises(StratagemError, match="search.tensor"):
+        scenario_from_dict({"model": "llama3-8b", "cluster": {"gpu": "h100-sxm-80g"}, "search": {"tensor": 2}})
+
+
+def test_problem_hash_ignores_the_search_section() -> None:
+    a = tiny()
+    b = tiny(tp=2)
+    assert a.problem_hash() == b.problem_hash()
+    assert SearchSpace(a).digest() != SearchSpace(b).digest()
+
+
+def test_decode_and_sample() -> None:
+    space = SearchSpace(load_scenario(EXAMPLES / "mixtral-8x7b-64xh200.yaml"))
+    idx = space.sample_numbers(5000, seed=3)
+    assert len(np.unique(idx)) == 5000
+    sub, full = space.decode(idx), space.enumerate()
+    for k in range(0, 5000, 250):
+        assert sub.plan(k) == full.plan(int(idx[k]))
+    with pytest.raises(IndexError):
+        space.decode(np.array([space.count()]))
+
+
+@pytest.mark.parametrize("sampler", ["random", "nsga2"])
+def test_suggest_yields_valid_plans_of_the_space(sampler) -> None:
+    s = tiny("tiny-moe", 8, 4, gbs=16, seq=128)
+    space = SearchSpace(s)
+    members = rows(space)
+    base = (optuna.samplers.RandomSampler(seed=1) if sampler == "random"
+            else optuna.samplers.NSGAIISampler(seed=1, population_size=20))
+    study = optuna.create_study(directions=["maximize", "maximize", "minimize"],
+                                sampler=ProjectingSampler(base, space))
+    seen = set()
+    for _ in range(150):
+        t = study.ask()
+        plan = space.suggest(t)
+        assert plan in members, plan
+        assert trial_plan(study._storage.get_trial(t._trial_id)) == plan
+        # conditional axes are suggested only where they apply
+        assert ("sequence_parallel" in t.params) == (plan.tp > 1)
+        assert ("virtual_stages" in t.params) == (plan.pp_schedule == "interleaved" and plan.pp > 1)
+        seen.add(plan)
+        study.tell(t, [float(plan.dp), float(plan.micro_batch_size), float(plan.pp)])
+    assert len(seen) > 30
+
+
+def test_params_round_trip_through_a_stored_trial() -> None:
+    s = load_scenario(EXAMPLES / "llama3-405b-1024xh100.yaml")
+    space = SearchSpace(s)
+    pc = space.decode(space.sample_numbers(200, seed=1))
+    study = optuna.create_study(directions=["maximize", "maximize", "minimize"])
+    for i in range(len(pc)):
+        params, dists = space.params(pc.plan(i))
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, values=[1, 2, 3]))
+    assert [trial_plan(t) for t in study.trials] == [pc.plan(i) for i in range(len(pc))]

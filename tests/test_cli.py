@@ -1,0 +1,134 @@
+"""`stratagem evaluate` and `stratagem presets` through the real entry point (`stratagem.cli:main`).
+
+Exit 0 with a table or JSON; a user mistake exits 2 with one line on stderr naming the field and the fix,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratagem import cli
+from stratagem.evaluators import Evaluation
+from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama3-8b-8xh100.yaml"
+
+
+def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run `stratagem ARGS` in-process through main(); (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["stratagem", *args])
+    monkeypatch.setenv("COLUMNS", "200")
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_evaluate_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(monkeypatch, capsys, "evaluate", str(EXAMPLE))
+    assert code == 0, err
+    assert "llama3-8b on 8x h100-sxm-80g" in out
+    for word in ("weights", "gradients", "optimizer", "activations", "transient", "overhead", "peak", "HBM",
+                 "headroom"):
+        assert word in out
+    assert "fits" in out
+
+
+def test_evaluate_json_is_an_evaluation(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(monkeypatch, capsys, "evaluate", str(EXAMPLE), "--plan", "tp=2,zero=1,mbs=2", "--json")
+    assert code == 0
+    ev = Evaluation.model_validate_json(out)
+    assert ev.plan.tp == 2 and ev.plan.dp == 4 and ev.plan.zero_stage == 1  # dp fills the cluster
+    assert ev.memory is not None and ev.status in ("ok", "oom")
+    m = ev.memory
+    total = m.weights_gib + m.gradients_gib + m.optimizer_gib + m.activations_gib + m.transient_gib + m.overhead_gib
+    assert m.peak_gib == pytest.approx(total)
+    assert m.headroom_gib == pytest.approx(m.hbm_gib - m.peak_gib)
+
+
+def test_evaluate_oom_names_first_block(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                        tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("model: llama3-70b\ncluster: {gpu: h100-sxm-80g}\ntraining: {seq_len: 8192}\n")
+    # Pure DP (torch stack: fp32 params + bf16 copy = 6 B/param): 423 GB of weights on each GPU.
+    code, out, _ = run(monkeypatch, capsys, "evaluate", str(path), "--json")
+    assert code == 0
+    ev = Evaluation.model_validate_json(out)
+    assert ev.status == "oom" and ev.memory is not None
+    assert ev.memory.first_block_to_break == "weights"
+    # FSDP over 8: fp32 params 4/8 + grads 4/8 = 66 GiB fit, Adam's 8/8 more do not.
+    code, out, _ = run(monkeypatch, capsys, "evaluate", str(path), "--plan", "zero=3", "--json")
+    ev = Evaluation.model_validate_json(out)
+    assert ev.status == "oom" and ev.memory is not None
+    assert ev.memory.first_block_to_break == "optimizer"
+    assert "optimizer is the first block" in ev.reason
+    code, out, _ = run(monkeypatch, capsys, "evaluate", str(path), "--plan", "zero=3")
+    assert code == 0 and "OOM" in out and "first to break" in out
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["evaluate", "missing.yaml"], ["scenario (missing.yaml): file not found"]),
+    (["evaluate", str(EXAMPLE), "--plan", "tp=3"], ["tp (3) must divide num_attention_heads (32)", "valid: 1, 2"]),
+    (["evaluate", str(EXAMPLE), "--plan", "dp8"], ["write key=value pairs"]),
+    (["evaluate", str(EXAMPLE), "--plan", "zero=7"], ["plan.zero_stage (7)"]),
+    (["evaluate", str(EXAMPLE), "--plan", "dp=4,mbs=3"], ["dp*tp*pp*cp (4*1*1*1 = 4)"]),
+])
+def test_evaluate_bad_input(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+                            fragments: list[str]) -> None:
+    code, _, err = run(monkeypatch, capsys, *args)
+    assert_one_line_error(code, err, *fragments)
+
+
+def test_evaluate_bad_yaml(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                           tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 1\n")
+    code, _, err = run(monkeypatch, capsys, "evaluate", str(bad))
+    assert_one_line_error(code, err, "not valid YAML at line")
+    bad.write_text("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: zero}\n")
+    code, _, err = run(monkeypatch, capsys, "evaluate", str(bad))
+    assert_one_line_error(code, err, "cluster.num_nodes ('zero')")
+
+
+def test_presets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(monkeypatch, capsys, "presets")
+    assert code == 0
+    for name in (*MODEL_PRESETS, *GPU_PRESETS):
+        assert name in out
+    assert "8.03B" in out  # llama3-8b's parameter count
+    code, out, _ = run(monkeypatch, capsys, "presets", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert set(data["models"]) == set(MODEL_PRESETS) and set(data["gpus"]) == set(GPU_PRESETS)
+    assert data["gpus"]["h100-sxm-80g"]["peak_tflops_bf16"] == 989.5
+
+
+def test_console_script_exit_codes(tmp_path: Path) -> None:
+    """The installed entry point, as a user runs it: one line and exit 2 for a mistake, exit 0 otherwise."""
+    entry = [sys.executable, "-c", "from stratagem.cli import main; main()"]
+    bad = subprocess.run([*entry, "evaluate", str(tmp_path / "none.yaml")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [f"error: scenario ({tmp_path / 'none.yaml'}): file not found"]
+    ok = subprocess.run([*entry, "evaluate", str(EXAMPLE), "--json"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert Evaluation.model_validate_json(ok.stdout).status == "ok"
