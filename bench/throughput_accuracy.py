@@ -44,7 +44,7 @@ from stratagem.evaluators.timing import megatron_flops_per_token  # noqa: E402
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset  # noqa: E402
 
 TIME_FIELDS = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "fp8_matmul_speedup", "overlap",
-               "step_overhead_s")
+               "step_overhead_s", "pp_hop_ms")
 # The collective constants are fitted on the nccl-tests bus bandwidths (what they describe), not here:
 COMM_FIELDS = ("link_efficiency", "collective_step_us")
 
@@ -193,12 +193,17 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: np.ndarr
     return simplex[int(np.argmin(values))]
 
 
+STACKS = ("torch", "nanotron")  # the stacks with reference data besides megatron (the reference, 1.0)
+
+
 # Fitted in log space so every constant stays positive; efficiencies are clipped to their bounds.
 def _decode(x: np.ndarray) -> Calibration:
-    v = dict(zip(TIME_FIELDS, np.exp(x), strict=True))
+    v: dict[str, Any] = dict(zip(TIME_FIELDS, np.exp(x[: len(TIME_FIELDS)]), strict=True))
+    v["stack_efficiency"] = {**START.stack_efficiency,
+                             **dict(zip(STACKS, np.exp(x[len(TIME_FIELDS):]), strict=True))}
     for k in ("matmul_efficiency", "attention_efficiency", "overlap"):
         v[k] = min(v[k], 1.0)
-    v["fp8_matmul_speedup"] = max(v["fp8_matmul_speedup"], 1.0)
+    v["fp8_matmul_speedup"] = min(max(v["fp8_matmul_speedup"], 1.0), 2.0)  # datasheet: fp8 = 2x bf16
     return START.model_copy(update=v)
 
 
@@ -206,7 +211,8 @@ START = DEFAULT_CALIBRATION
 
 
 def fit(points: list[Point], start: Calibration, iters: int) -> Calibration:
-    x0 = np.log(np.array([max(getattr(start, k), 1e-3) for k in TIME_FIELDS]))
+    x0 = np.log(np.array([max(getattr(start, k), 1e-3) for k in TIME_FIELDS]
+                         + [start.stack_efficiency.get(s, 1.0) for s in STACKS]))
 
     meas = np.array([p.measured for p in points])
     sources = [np.array([p.source == s for p in points]) for s in sorted({p.source for p in points})]
@@ -250,7 +256,8 @@ def main() -> None:
     pred, parts = predict(points, cal)
     err = ape(pred, points)
     print(f"reference: {ref}")
-    print("calibration: " + ", ".join(f"{k}={getattr(cal, k):.4g}" for k in TIME_FIELDS + COMM_FIELDS))
+    print("calibration: " + ", ".join(f"{k}={getattr(cal, k):.4g}" for k in TIME_FIELDS + COMM_FIELDS)
+          + ", stack_efficiency=" + ", ".join(f"{k}:{v:.3g}" for k, v in cal.stack_efficiency.items()))
     for line in nccl_report(ref, cal):
         print(line)
     print(f"\nworst {args.worst} (measured -> predicted; predicted step terms as % of step):")

@@ -318,6 +318,31 @@ def _advise_zone(
     return out[:MAX_PER_ZONE]
 
 
+def _memory_path(scn: Scenario, plan: Plan, base: NeighbourSummary, cal: Calibration) -> Advice | None:
+    """When no single step fits: walk the memory branch of the tree, taking at each step the first neighbour (in
+    the tree's order) that lowers the peak, until the plan fits; None if it never does."""
+    current, summary = plan, base
+    order: dict[str, None] = {}  # fields in the order the walk changed them
+    for _ in range(8):
+        cands = [c for c in _memory(scn, current) if not violations(scn, c.plan)]
+        if not cands:
+            return None
+        cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in cands]), cal)
+        lower = [i for i in range(len(cands)) if cols["peak_gib"][i] < summary.peak_gib * 0.99]
+        if not lower:
+            return None
+        i = lower[0]
+        order.update({k: None for k in Plan.model_fields if getattr(cands[i].plan, k) != getattr(current, k)})
+        current, summary = cands[i].plan, _summary(cols, i)
+        if summary.status == "ok":
+            change = ", ".join(f"{k} {getattr(plan, k)} -> {getattr(current, k)}" for k in order
+                               if getattr(plan, k) != getattr(current, k))
+            return Advice(zone="hbm", rationale="No single step fits; following the tree (precision, then "
+                          "micro-batch and recomputation, then sharding) until the plan fits.", change=change,
+                          plan=current, neighbour=summary, effect=_effect("hbm", change, base, summary))
+    return None
+
+
 def advise(
     scenario: Scenario, plan: Plan, evaluation: Evaluation | None = None, calibration: Calibration | None = None,
 ) -> list[Advice]:
@@ -334,7 +359,11 @@ def advise(
     flagged = [z for z in ZONE_NAMES if LEVELS.index(getattr(zones, z).level) >= 1]
     out: list[Advice] = []
     for zone in flagged:
-        out += _advise_zone(scenario, plan, zone, base, cal, strict=False)
+        advice = _advise_zone(scenario, plan, zone, base, cal, strict=False)
+        if zone == "hbm" and base.status != "ok" and not any(a.neighbour.status == "ok" for a in advice):
+            path = _memory_path(scenario, plan, base, cal)
+            advice += [path] if path is not None else []
+        out += advice
     if not flagged:
         out += _advise_zone(scenario, plan, zones.bottleneck, base, cal, strict=True)
         if zones.bottleneck != "hbm":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stratagem.spaces.training import Stack
+
 __all__ = ["Calibration", "DEFAULT_CALIBRATION"]
 
 
@@ -24,18 +26,22 @@ class Calibration(BaseModel):
     """Bytes per logit element alive at the loss: bf16 logits (2) + fp32 upcast (4) + fp32 gradient (4)."""
 
     # ---- time model (evaluators.timing, evaluators.comm); fitted by bench/throughput_accuracy.py ----------
-    matmul_efficiency: float = Field(default=0.65, gt=0, le=1)
+    matmul_efficiency: float = Field(default=0.62, gt=0, le=1)
     """Achieved fraction of the dense peak on large matmuls (the GEMM efficiency ceiling)."""
-    attention_efficiency: float = Field(default=0.19, gt=0, le=1)
+    attention_efficiency: float = Field(default=0.26, gt=0, le=1)
     """Achieved fraction of the dense peak in the fused (flash) attention kernels, forward and backward
     (FlashAttention-2 reaches well under the GEMM ceiling on Hopper)."""
-    half_efficiency_gflop: float = Field(default=70.0, ge=0)
+    stack_efficiency: dict[Stack, float] = Field(
+        default_factory=lambda: {"torch": 0.70, "megatron": 1.0, "deepspeed": 1.0, "nanotron": 0.80})
+    """Kernel efficiency of each training stack relative to the ceilings above (fusion, kernels, host overhead);
+    multiplies matmul and attention efficiency. A stack missing here counts as 1."""
+    half_efficiency_gflop: float = Field(default=16.0, ge=0)
     """Per-GPU forward GFLOP of one layer on one micro-batch at which efficiency falls to half the ceiling:
     efficiency = ceiling x F / (F + this), i.e. a fixed cost per layer pass (kernel launches, small tiles)."""
-    layer_floor_ms: float = Field(default=2.0, ge=0)
+    layer_floor_ms: float = Field(default=3.1, ge=0)
     """Host-side time to launch one layer's forward + backward kernels for one micro-batch, ms: a layer takes at
     least this long however little GPU work it has (eager PyTorch is launch-bound on small per-GPU work)."""
-    fp8_matmul_speedup: float = Field(default=1.54, ge=1)
+    fp8_matmul_speedup: float = Field(default=2.0, ge=1, le=2)
     """Achieved fp8 / bf16 speed on the linear layers (datasheet 2x; scaling and casts eat part of it)."""
     overlap: float = Field(default=1.0, ge=0, le=1)
     """Fraction of the backward (or, for ZeRO-3, the whole micro-batch) compute that can hide data-parallel
@@ -44,7 +50,9 @@ class Calibration(BaseModel):
     """Achieved fraction of the nominal per-GPU link bandwidth (NVLink and network) for large messages."""
     collective_step_us: float = Field(default=25.0, ge=0)
     """Software cost of one ring step in NCCL (protocol, proxy thread), microseconds, added to link latency."""
-    step_overhead_s: float = Field(default=0.08, ge=0)
+    pp_hop_ms: float = Field(default=1.0, ge=0)
+    """experiment"""
+    step_overhead_s: float = Field(default=0.11, ge=0)
     """Fixed cost of one optimizer step outside the model (data loading, logging, synchronisation), s."""
 
 

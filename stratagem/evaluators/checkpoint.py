@@ -36,7 +36,8 @@ STAGING_BYTES_S = 25e9
 
 def young_interval(cost: Array | float, mtbf: Array | float) -> Array:
     """[Young] optimum compute time between checkpoints: sqrt(2 C M)."""
-    return np.sqrt(2.0 * np.asarray(cost) * np.asarray(mtbf))
+    c, m = np.asarray(cost, dtype=np.float64), np.asarray(mtbf, dtype=np.float64)
+    return np.sqrt(2.0 * c * m)
 
 
 def daly_interval(cost: Array | float, mtbf: Array | float) -> Array:

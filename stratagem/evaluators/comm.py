@@ -91,7 +91,7 @@ def all_reduce_s(link: Link, size: Array | float) -> Array:
     return 2.0 * all_gather_s(link, size)
 
 
-def p2p_s(link: Link, size: Array | float, active: Array | bool = True) -> Array:
+def p2p_s(link: Link, size: Array | float, active: NDArray[np.bool_] | bool = True) -> Array:
     """One point-to-point send: alpha + size / B [Hockney]; 0 where not `active`."""
     return np.where(active, link.alpha + size / link.bandwidth, 0.0)
 

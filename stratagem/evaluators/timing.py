@@ -122,8 +122,9 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     layer_attn = 2.0 * tokens * tr.seq_len * m.q_size / t  # causal flash forward: 2 s q per token [FA2]
     head_mm = 2.0 * tokens * m.vocab_size * m.hidden_size / t
     size = layer_mm / (layer_mm + cal.half_efficiency_gflop * 1e9)  # small per-GPU matmuls run less efficiently
-    mm_rate = peak_mm * cal.matmul_efficiency * size
-    attn_rate = peak * cal.attention_efficiency * size
+    stack = cal.stack_efficiency.get(tr.stack, 1.0)
+    mm_rate = peak_mm * cal.matmul_efficiency * stack * size
+    attn_rate = peak * cal.attention_efficiency * stack * size
     layers = stage_layers(m.num_layers, p, v)
     fwd_layer = layer_mm / mm_rate + layer_attn / attn_rate
     fwd_bwd_layer = 3.0 * layer_mm / mm_rate + 3.5 * layer_attn / attn_rate  # backward: 2x matmul, 2.5x attention
@@ -170,6 +171,7 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     pp_link = group_link(cl, cal, p, t * c * d)
     boundary = activation / np.where(pc.sequence_parallel > 0, t, 1.0)
     pp_mb = 2.0 * v * p2p_s(pp_link, boundary, p > 1)
+    pp_mb = pp_mb + np.where((p > 1) & (pp_link.per_node < p), 2.0 * v * cal.pp_hop_ms * 1e-3, 0.0)
     if hides:
         pp_mb = np.maximum(0.0, pp_mb - cal.overlap * compute_mb)
 

@@ -56,9 +56,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s(/t with SP), h]
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s(/t with SP), h]: saves x and rstd [b, s, 1]
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def _rotary(x: torch.Tensor) -> torch.Tensor:
@@ -86,11 +85,8 @@ class Attention(nn.Module):
         q = _rotary(self.wq(x).view(b, s, -1, d))  # [b, s, a/t, d]
         k = _rotary(self.wk(x).view(b, s, -1, d))  # [b, s, k/t, d]
         v = self.wv(x).view(b, s, -1, d)  # [b, s, k/t, d]
-        rep = q.shape[2] // k.shape[2]  # GQA: each kv head serves `rep` query heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True)  # [b, a/t, s, d]
+                                             is_causal=True, enable_gqa=True)  # [b, a/t, s, d]
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # [b, s, a d / t] -> [b, s, h]
 
 

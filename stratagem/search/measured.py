@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +34,9 @@ __all__ = ["run_queue", "recover"]
 def recover(study: optuna.Study, storage: optuna.storages.BaseStorage) -> int:
     """Fail the RUNNING trials whose worker is dead and queue their plans again; returns how many."""
     if getattr(storage, "get_heartbeat_interval", lambda: None)() is not None:
-        optuna.storages.fail_stale_trials(study)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "experimental"
+            optuna.storages.fail_stale_trials(study)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
         if worker is not None and worker_alive(worker) is False:
@@ -99,7 +102,9 @@ def run_queue(study: optuna.Study, storage: optuna.storages.BaseStorage, spec: S
         attempts += 1
         if attempts > 10 * (budget or len(waiting)) + 100:
             break  # the sampler keeps proposing plans already held: the space is exhausted
-        trial = study.ask()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with optimize": _heartbeat does it
+            trial = study.ask()
         queued = "plan" in trial.user_attrs  # enqueued with its plan key
         plan = space.suggest(trial)
         key = plan_key(plan)

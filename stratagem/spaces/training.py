@@ -37,8 +37,10 @@ class TrainingSpec(BaseModel):
         + states: 18 B/param, or 6 + 12/d with the distributed optimizer (Megatron-LM docs, distrib_optimizer).
       - deepspeed: bf16/fp16 params (2 B) and grads (2 B), fp32 master + states in the optimizer; ZeRO
         partitions them (Rajbhandari et al. 2019) and keeps an fp32 gradient partition (DeepSpeed's estimator).
-      - nanotron: bf16 params (2 B), bf16 grads (2 B) plus an fp32 gradient accumulation buffer (4 B,
-        accumulate_grad_in_fp32), fp32 master weights + states in the optimizer.
+      - nanotron: bf16 params (2 B), bf16 grads in DDP buckets (2 B, only when dp > 1), an fp32 gradient
+        accumulation buffer for every parameter (4 B, accumulate_grad_in_fp32; ZeRO-1 keeps it whole), fp32
+        master weights + optimizer states for this rank's ZeRO-1 shard; pipeline layers assigned by compute
+        cost (the LM head counts as V h), so the first stage can hold one layer more than an even split.
     """
 
     model_config = _FROZEN

@@ -71,7 +71,7 @@ def blocks(scn: Scenario, plans: list[Plan]) -> dict[str, np.ndarray]:
     return memory_columns(scn, PlanColumns.from_plans(plans), DEFAULT_CALIBRATION)
 
 
-def states(cols: dict[str, np.ndarray], stage: str = "first") -> np.ndarray:
+def states(cols: dict[str, np.ndarray]) -> np.ndarray:
     return cols["weights"] + cols["gradients"] + cols["optimizer"]
 
 

@@ -146,3 +146,18 @@ def small_study(name: str = "llama3-8b", storage: str | None = None, study_name:
                                loss=0.005, fidelity="measured", prediction=analytic)
     add(study, measured)  # F, measured: now on the front
     return study
+
+
+def add_many(n: int) -> optuna.Study:
+    """n distinct plans (micro-batch 1..n) with spread-out figures; every seventh does not fit."""
+    study = new_study(scenario())
+    trials = []
+    for k in range(1, n + 1):
+        tps = 50_000 + (k * 7919) % 60_000
+        headroom = -5.0 + (k * 104729) % 300 / 10.0
+        ev = full_evaluation(plan(micro_batch_size=k), tps=tps, headroom=headroom if k % 7 else -abs(headroom) - 1,
+                             loss=0.001 + (k * 31) % 97 / 1000, status="ok" if k % 7 and headroom >= 0 else "oom")
+        trials.append(ev)
+    for ev in trials:
+        add(study, ev)
+    return study

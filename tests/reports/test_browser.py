@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from report_studies import EVIL, small_study
+from report_studies import EVIL, add_many, small_study
 
 from stratagem.reports import capacity_plan, pareto_info, render_html
 
@@ -104,7 +104,8 @@ def test_plots_render_with_every_point(report, info, browser) -> None:
     page = report.page
     assert page.locator("#plot-headroom .scatterlayer .point").count() == plotted
     assert page.locator("#plot-risk .scatterlayer .point").count() == plotted
-    assert page.locator("#plot-3d canvas").count() >= 1
+    page.locator("#plot-3d").scroll_into_view_if_needed()  # the 3D view is drawn when it comes into view
+    page.wait_for_selector("#plot-3d[data-drawn='1'] canvas", timeout=30_000)
     for sel in ("#plot-headroom", "#plot-3d"):
         frac = non_white_fraction(browser, page.locator(sel).screenshot())
         assert frac > 0.01, f"{sel} looks blank ({frac:.4f} non-white)"
@@ -189,3 +190,18 @@ def test_capacity_section(report) -> None:
     page = report.page
     assert page.locator("#capacity-table tbody tr").count() == 2
     assert page.locator("#capacity-plot .scatterlayer .point").count() == 4  # days and cost at 2 sizes
+
+
+def test_large_study_draws_with_webgl(browser, tmp_path) -> None:
+    """Above 2,000 points the 2D views switch to WebGL; still no errors, every point drawn."""
+    info = pareto_info(add_many(3000), advice_limit=5)
+    path = tmp_path / "big.html"
+    path.write_text(render_html(info), encoding="utf-8")
+    big = load(browser, path)
+    assert [m for m in big.console if m[0] in ("error", "pageerror")] == []
+    assert big.requests == [big.page.url]
+    n = big.page.evaluate("() => document.getElementById('plot-headroom').data.reduce((s, t) => s + t.x.length, 0)")
+    assert n == 3000
+    assert big.page.evaluate("() => document.getElementById('plot-headroom').data.every(t => t.type === 'scattergl')")
+    assert non_white_fraction(browser, big.page.locator("#plot-headroom").screenshot()) > 0.01
+    big.page.close()

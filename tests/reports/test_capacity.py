@@ -12,7 +12,13 @@ from typer.testing import CliRunner
 from stratagem.cli import app
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
-from stratagem.reports import capacity_markdown, capacity_plan, decode_payload, parse_nodes, render_capacity_html
+from stratagem.reports import (
+    capacity_markdown,
+    capacity_plan,
+    decode_payload,
+    parse_nodes,
+    render_capacity_html,
+)
 from stratagem.search.screening import screen
 from stratagem.spaces import Scenario, cluster_preset, model_preset
 

@@ -201,14 +201,17 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
     shard = p.dp // p.dp_replicate if p.zero_stage >= 1 else 1
     if shard == 1 and p.cp == 1:
         # Nothing is sharded: plain data parallelism (DDP), which torchtitan allows only on its own.
-        why = "zero_stage 0" if p.zero_stage == 0 else f"zero_stage {p.zero_stage} over dp_replicate = dp"
+        if p.zero_stage == 0:
+            field, why = "plan.zero_stage", "0 (DDP)"
+        else:
+            field, why = "plan.dp_replicate", f"{p.dp_replicate} = dp (every rank a full replica: DDP)"
         if p.dp > 1 and multi_d:
             par["data_parallel_replicate_degree"] = 1
             par["data_parallel_shard_degree"] = p.dp
             par["fsdp_reshard_after_forward"] = "never"
             ap.append(FieldNote(
-                "plan.zero_stage",
-                f"{p.zero_stage} ({why}: DDP): torchtitan supports DDP only as the sole parallelism "
+                field,
+                f"{why}: torchtitan supports DDP only as the sole parallelism "
                 "(parallelize.py raises 'DDP has not supported > 1D parallelism'); written as FSDP2 with "
                 "fsdp_reshard_after_forward=never, which also shards gradients and optimizer states over the "
                 f"{p.dp} dp ranks (ZeRO-2): less memory than planned, plus a weight all-gather per step",

@@ -71,12 +71,13 @@
     }
     return g;
   }
+  var GL_POINTS = 2000;  // above this many points the 2D views draw with WebGL (SVG gets slow)
   function traces(xk, yk, zk) {
-    var g = groups(), out = [];
+    var g = groups(), out = [], many = g.infeasible.length + g.feasible.length + g.front.length > GL_POINTS && hasWebGL();
     [["infeasible", "not feasible", 0.25, 5], ["feasible", "feasible", 0.55, 6], ["front", "Pareto front", 1, 10]].forEach(function (t) {
       var idx = g[t[0]];
       var tr = {
-        type: zk == null ? "scatter" : "scatter3d", mode: "markers", name: t[1] + " (" + idx.length + ")",
+        type: zk != null ? "scatter3d" : many ? "scattergl" : "scatter", mode: "markers", name: t[1] + " (" + idx.length + ")",
         x: idx.map(function (i) { return P.values[i][xk]; }),
         y: idx.map(function (i) { return P.values[i][yk]; }),
         text: idx.map(hoverText), customdata: idx, hovertemplate: "%{text}<extra></extra>",
@@ -101,19 +102,31 @@
     }, { displaylogo: false, responsive: true });
     el.on("plotly_click", function (ev) { if (ev.points.length) Explorer.show(ev.points[0].customdata, true); });
   }
-  function plot3d(id) {
+  var webgl = null;
+  function hasWebGL() {
+    if (webgl === null) { var c = document.createElement("canvas"); webgl = !!(c.getContext("webgl") || c.getContext("experimental-webgl")); }
+    return webgl;
+  }
+  function plot3d(id) {  // drawn when it scrolls into view: a 3D scene of many points takes a while
     var el = document.getElementById(id);
     if (!el) return;
-    var c = document.createElement("canvas");
-    if (!(c.getContext("webgl") || c.getContext("experimental-webgl"))) {
+    if (!hasWebGL()) {
       el.appendChild(h("p", { class: "note", text: "The 3D view needs WebGL, which this browser does not offer; the two 2D views show the same points." }));
       return;
     }
+    if (!("IntersectionObserver" in window)) { draw3d(el); return; }
+    var io = new IntersectionObserver(function (entries) {
+      if (entries.some(function (e) { return e.isIntersecting; })) { io.disconnect(); draw3d(el); }
+    });
+    io.observe(el);
+  }
+  function draw3d(el) {
     Plotly.newPlot(el, traces(1, 2, 0), {
       margin: { l: 0, r: 0, t: 0, b: 0 }, legend: { orientation: "h" },
       scene: { xaxis: { title: { text: "headroom GiB" } }, yaxis: { title: { text: "goodput loss" } }, zaxis: { title: { text: "tokens/s" } } }
     }, { displaylogo: false, responsive: true });
     el.on("plotly_click", function (ev) { if (ev.points.length) Explorer.show(ev.points[0].customdata, true); });
+    el.setAttribute("data-drawn", "1");
   }
 
   // ---------- one plan: memory stack, time, zones, advice, predicted vs measured ----------
@@ -336,14 +349,16 @@
     var el = document.getElementById("stratagem-data");
     decode(el).then(function (data) {
       D = data; P = D.plans; F = D.fields;
+      var mark = function (m) { if (window.performance && performance.mark) performance.mark("stratagem:" + m); };
+      mark("decoded");
       sortable();
       capacityPlot();
       if (P) {  // absent on a capacity-only page
-        Explorer.init();
-        cards();
-        plot2d("plot-headroom", 1, 0);
-        plot2d("plot-risk", 2, 0);
-        plot3d("plot-3d");
+        Explorer.init(); mark("explorer");
+        cards(); mark("cards");
+        plot2d("plot-headroom", 1, 0); mark("plot-headroom");
+        plot2d("plot-risk", 2, 0); mark("plot-risk");
+        plot3d("plot-3d"); mark("plot-3d");
       }
       document.body.setAttribute("data-ready", "1");
     }).catch(function (e) {

@@ -1,0 +1,165 @@
+"""The real-run evaluator: a plan trains for a few steps through Ray (launch.ray_runner) and is judged on
+what it measured. The analytic prediction of the same plan is kept beside it (`Evaluation.prediction`).
+
+Measured: tokens/s and step time (median of the timed steps), peak memory of the worst rank (CUDA: max
+reserved; CPU: the peak of live tensors the harness tracks), per-rank parameter/gradient/optimizer bytes,
+checkpoint save time. Derived: MFU scales the predicted MFU by measured/predicted tokens/s (same FLOPs per
+token); checkpoint risk is the analytic one (a short run cannot measure a cluster's MTBF), with the
+measured save time recorded in `measurements`. Time breakdown: None (only the step is measured).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stratagem.evaluators.analytic import evaluate
+from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.evaluation import Evaluation, Fidelity, MemoryBreakdown, Status, Throughput
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.rules import violations
+from stratagem.spaces.scenario import Scenario
+
+__all__ = ["RayRunEvaluator", "measured_evaluation", "provenance"]
+
+GIB = float(2**30)
+_ENV_FLAGS = ("OMP_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_DISABLE", "CUDA_DEVICE_MAX_CONNECTIONS",
+              "PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def _git_revision() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=False)
+        rev = out.stdout.strip()
+        if rev:
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=5, check=False).stdout.strip()
+            return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def provenance(result: dict[str, Any] | None, command: str, seed: int) -> dict[str, Any]:
+    """Everything needed to judge whether a rerun is comparable: versions, revision, seed, hardware, env."""
+    import optuna
+    import ray
+
+    import stratagem
+
+    versions = dict((result or {}).get("versions", {}))
+    return {
+        "stratagem_version": stratagem.__version__,
+        "git_revision": _git_revision(),
+        "torch": versions.get("torch"),
+        "cuda": versions.get("cuda"),
+        "python": versions.get("python") or platform.python_version(),
+        "ray": ray.__version__,
+        "optuna": optuna.__version__,
+        "seed": seed,
+        "hardware": {"device": (result or {}).get("device"), "world_size": (result or {}).get("world_size"),
+                     "machine": platform.machine(), "cpu_count": os.cpu_count()},
+        "env": {k: os.environ[k] for k in _ENV_FLAGS if k in os.environ},
+        "command": command,
+    }
+
+
+def measured_evaluation(scenario: Scenario, plan: Plan, status: Status, reason: str,
+                        result: dict[str, Any] | None, prediction: Evaluation,
+                        prov: dict[str, Any] | None = None) -> Evaluation:
+    """An Evaluation with fidelity "measured" from a harness result (or a failed run's status)."""
+    if status != "ok" or result is None:
+        return Evaluation(plan=plan, status=status, reason=reason, fidelity="measured", prediction=prediction,
+                          provenance=prov)
+    ranks = result["ranks"]
+    worst = max(ranks, key=lambda r: r.get("peak_reserved_bytes", r["peak_bytes"]))
+    peak = worst.get("peak_reserved_bytes", worst["peak_bytes"]) / GIB
+    weights = max(r.get("param_bytes", 0) + r.get("unsharded_param_bytes", 0) for r in ranks) / GIB
+    grads = max(r.get("grad_bytes", 0) for r in ranks) / GIB
+    opt = max(r.get("optimizer_bytes", 0) for r in ranks) / GIB
+    hbm = scenario.cluster.gpu.hbm_gib
+    rest = max(0.0, peak - weights - grads - opt)
+    memory = MemoryBreakdown(
+        weights_gib=weights, gradients_gib=grads, optimizer_gib=opt, activations_gib=rest, transient_gib=0.0,
+        overhead_gib=0.0, peak_gib=peak, hbm_gib=hbm, headroom_gib=hbm - peak,
+        first_block_to_break=None if peak <= hbm else "activations",
+        worst_stage=int(worst.get("stage_ids", [0])[0]) if worst.get("stage_ids") else 0,
+    )
+    tokens = float(result["tokens_per_s"])
+    world = plan.world_size
+    mfu = 0.0
+    if prediction.throughput is not None and prediction.throughput.tokens_per_s > 0:
+        mfu = prediction.throughput.mfu * tokens / prediction.throughput.tokens_per_s
+    measurements = {k: result[k] for k in ("step_s", "step_times_s", "losses", "tokens_per_s", "device",
+                                           "world_size", "checkpoint", "mechanisms", "ranks") if k in result}
+    return Evaluation(
+        plan=plan, status="ok", fidelity="measured", memory=memory,
+        throughput=Throughput(tokens_per_s=tokens, tokens_per_s_per_gpu=tokens / world, mfu=mfu),
+        checkpoint=prediction.checkpoint, zones=None, prediction=prediction, measurements=measurements,
+        provenance=prov,
+    )
+
+
+class RayRunEvaluator:
+    """Judges plans by short real runs through Ray; `evaluate(scenario, plan) -> Evaluation` (measured)."""
+
+    fidelity: Fidelity = "measured"
+
+    def __init__(self, run_dir: str | Path, address: str | None = None, num_cpus: int | None = None,
+                 steps: int = 6, warmup: int = 2, seed: int = 0, timeout_s: float = 180.0,
+                 calibration: Calibration | None = None) -> None:
+        from stratagem.launch.ray_runner import RayRunner
+
+        self.runner = RayRunner(run_dir, address=address, num_cpus=num_cpus)
+        self.steps, self.warmup, self.seed, self.timeout_s = steps, warmup, seed, timeout_s
+        self.calibration = calibration
+
+    @property
+    def slots(self) -> int:
+        """Ranks the cluster can run at once (GPUs, or CPUs on a CPU cluster)."""
+        return self.runner.slots
+
+    def _cap(self, scenario: Scenario) -> float | None:
+        # On CPU workers the scenario's per-device memory is enforced by the harness's tracked peak.
+        return scenario.cluster.gpu.hbm_gib if scenario.cluster.gpu.kind == "cpu" else None
+
+    def evaluate(self, scenario: Scenario, plan: Plan, name: str | None = None) -> Evaluation:
+        return self.evaluate_many(scenario, [plan], names=[name] if name else None)[0]
+
+    def evaluate_many(self, scenario: Scenario, plans: Sequence[Plan],
+                      names: Sequence[str] | None = None) -> list[Evaluation]:
+        """Run several plans at once (as many as the cluster's free slots allow); results in order."""
+        out: list[Evaluation | None] = [None] * len(plans)
+        jobs = []
+        for i, plan in enumerate(plans):
+            broken = violations(scenario, plan)
+            if broken:
+                out[i] = Evaluation(plan=plan, status="infeasible", reason="; ".join(broken), fidelity="measured")
+            else:
+                jobs.append((i, plan))
+        results = self.runner.run_many(
+            [(scenario, p, (names[i] if names else None) or _run_name(p)) for i, p in jobs],
+            steps=self.steps, warmup=self.warmup, seed=self.seed, timeout_s=self.timeout_s,
+            memory_cap_gib=self._cap(scenario))
+        for (i, plan), run in zip(jobs, results, strict=True):
+            prediction = evaluate(scenario, plan, self.calibration)
+            prov = provenance(run.result, run.command, self.seed)
+            prov["log_dir"] = run.log_dir
+            prov["wall_s"] = run.wall_s
+            out[i] = measured_evaluation(scenario, plan, run.status, run.reason, run.result, prediction, prov)
+        return [e for e in out if e is not None]
+
+    def close(self) -> None:
+        self.runner.shutdown()
+
+
+def _run_name(plan: Plan) -> str:
+    import uuid
+
+    return plan.short().replace(" ", "_") + "-" + uuid.uuid4().hex[:6]

@@ -1,0 +1,502 @@
+"""Every exporter over plans that cover every Plan field, each output read back by the target's own format:
+
+- torchrun: the command parsed with shlex, --plan read back with parse_plan, scenario.yaml with load_scenario;
+- torchtitan: tomllib, each key checked against torchtitan v0.2.2's JobConfig dataclass fields
+  (golden/torchtitan_job_config.json, extracted from torchtitan/config/job_config.py at commit 73a0e69);
+- deepspeed: json, each key checked against DeepSpeed 0.19.8's config keys (golden/deepspeed_keys.json), and
+  DeepSpeed's own DeepSpeedConfig in a subprocess when deepspeed is installed;
+- megatron: the bash arrays parsed by an argparse parser built from Megatron-LM core_v0.19.0's option table
+  (golden/megatron_options.json, read off its real parser at commit 5be9626).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators import evaluate
+from stratagem.launch.export import TARGETS, ExportBundle, export_plan, write_bundle
+from stratagem.launch.export.deepspeed import COMMENT_KEY
+from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan, scenario_from_dict
+from stratagem.spaces.rules import violations
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
+
+GOLDEN = Path(__file__).parent / "golden"
+_DATA = yaml.safe_load((GOLDEN / "cases.yaml").read_text())
+SCENARIOS: dict[str, Scenario] = {k: scenario_from_dict(v, source=k) for k, v in _DATA["scenarios"].items()}
+CASES: dict[str, tuple[Scenario, Plan]] = {
+    name: (SCENARIOS[c["scenario"]], parse_plan(c["plan"])) for name, c in _DATA["cases"].items()
+}
+TT_FIELDS: dict[str, dict[str, str]] = json.loads((GOLDEN / "torchtitan_job_config.json").read_text())["sections"]
+DS_KEYS: dict[str, list[str]] = json.loads((GOLDEN / "deepspeed_keys.json").read_text())
+MG_OPTIONS: dict[str, dict[str, Any]] = json.loads((GOLDEN / "megatron_options.json").read_text())["options"]
+
+
+# ---- reading each target's output back ------------------------------------------------------------------
+def torchrun_command(bundle: ExportBundle) -> list[str]:
+    lines = [x for x in bundle.files["run.sh"].splitlines() if x.startswith("torchrun ")]
+    assert len(lines) == 1
+    return shlex.split(lines[0])
+
+
+def harness_parser() -> argparse.ArgumentParser:
+    """The harness interface: python -m stratagem.launch.harness --scenario S --plan P --steps N --out F [--seed S]."""
+    p = argparse.ArgumentParser(exit_on_error=False)
+    for opt in ("--scenario", "--plan", "--out"):
+        p.add_argument(opt, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--seed", type=int)
+    return p
+
+
+def torchrun_args(cmd: list[str]) -> tuple[argparse.Namespace, str, list[str]]:
+    """torchrun's own options, the module it runs (-m) and the module's arguments."""
+    assert cmd[0] == "torchrun"
+    i = cmd.index("-m")
+    p = argparse.ArgumentParser(exit_on_error=False)
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--nproc-per-node", type=int, required=True)
+    p.add_argument("--rdzv-backend", choices=["c10d"], required=True)
+    p.add_argument("--rdzv-endpoint", required=True)
+    return p.parse_args(cmd[1:i]), cmd[i + 1], cmd[i + 2:]
+
+
+def megatron_arrays(text: str) -> dict[str, list[str]]:
+    arrays = {}
+    for name, body in re.findall(r"^([A-Z_]+)=\(\n(.*?)^\)", text, flags=re.M | re.S):
+        arrays[name] = shlex.split(body, comments=True)
+    return arrays
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """An argparse parser with exactly the Megatron-LM core_v0.19.0 options, nargs, types and choices we use."""
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    types = {"int": int, "float": float, "str": str}
+    for opt, spec in MG_OPTIONS.items():
+        dest = spec.get("dest", opt[2:].replace("-", "_"))
+        if spec["action"] != "store":
+            p.add_argument(opt, action=spec["action"], dest=dest)
+        else:
+            p.add_argument(opt, type=types[spec["type"]], nargs=spec.get("nargs"), choices=spec.get("choices"),
+                           dest=dest)
+    return p
+
+
+def megatron_namespace(bundle: ExportBundle) -> argparse.Namespace:
+    arrays = megatron_arrays(bundle.files["megatron.sh"])
+    assert set(arrays) == {"MODEL_ARGS", "PARALLEL_ARGS", "TRAINING_ARGS", "DATA_ARGS"}
+    argv = [a for args in arrays.values() for a in args]
+    unknown = [a for a in argv if a.startswith("--") and a not in MG_OPTIONS]
+    assert not unknown, f"options not in Megatron-LM's table: {unknown}"
+    return megatron_parser().parse_args(argv)
+
+
+def payload(bundle: ExportBundle) -> Any:
+    """What the target reads, without comments: the thing that must change when a plan field changes."""
+    if bundle.target == "torchrun":
+        return torchrun_command(bundle), yaml.safe_load(bundle.files["scenario.yaml"])
+    if bundle.target == "torchtitan":
+        return tomllib.loads(bundle.files["torchtitan.toml"])
+    if bundle.target == "deepspeed":
+        return {k: v for k, v in json.loads(bundle.files["ds_config.json"]).items() if k != COMMENT_KEY}
+    return megatron_arrays(bundle.files["megatron.sh"])
+
+
+# ---- the cases ------------------------------------------------------------------------------------------
+def test_cases_are_valid_and_cover_every_plan_field() -> None:
+    for name, (scn, plan) in CASES.items():
+        assert violations(scn, plan) == [], name
+    plans = [p for _, p in CASES.values()]
+    for field, info in Plan.model_fields.items():
+        seen = {getattr(p, field) for p in plans}
+        if typing.get_origin(info.annotation) is typing.Literal:
+            assert seen == set(get_args(info.annotation)), field
+        elif info.annotation is bool:
+            assert seen == {True, False}, field
+        else:
+            assert 1 in seen and max(seen) > 1, field
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_torchrun(name: str, tmp_path: Path) -> None:
+    scn, plan = CASES[name]
+    bundle = export_plan(scn, plan, "torchrun", steps=7, seed=3)
+    run, module, rest = torchrun_args(torchrun_command(bundle))
+    assert run.nnodes * run.nproc_per_node == plan.world_size
+    assert (run.nnodes, run.rdzv_endpoint, module) == (scn.cluster.num_nodes, "$MASTER_ADDR:29500",
+                                                       "stratagem.launch.harness")
+    harness = harness_parser().parse_args(rest)
+    assert (harness.scenario, harness.steps, harness.out, harness.seed) == ("scenario.yaml", 7, "result.json", 3)
+    assert parse_plan(harness.plan) == plan
+    (tmp_path / "scenario.yaml").write_text(bundle.files["scenario.yaml"])
+    back = load_scenario(tmp_path / "scenario.yaml")
+    assert back.plan == plan
+    assert back.model_dump(exclude={"plan", "search"}) == scn.model_dump(exclude={"plan", "search"})
+    assert bundle.unexpressed == [] and bundle.approximated == []
+
+
+def _check_toml_value(section: str, key: str, value: Any) -> None:
+    ann = TT_FIELDS[section][key]
+    allowed = re.findall(r"'([^']*)'", ann) if ann.startswith("Literal") else None
+    if allowed is not None:
+        assert value in allowed, f"[{section}] {key} = {value!r} not in {allowed}"
+    elif ann.startswith("int"):
+        assert isinstance(value, int) and not isinstance(value, bool), (section, key, value)
+    elif ann.startswith("bool"):
+        assert isinstance(value, bool), (section, key, value)
+    elif ann.startswith("float"):
+        assert isinstance(value, int | float) and not isinstance(value, bool), (section, key, value)
+    elif ann.startswith("str"):
+        assert isinstance(value, str), (section, key, value)
+    elif ann.startswith("list[list[str]]"):
+        assert all(isinstance(x, list) and all(isinstance(y, str) for y in x) for x in value), (section, key)
+    elif ann.startswith("list[str]"):
+        assert all(isinstance(x, str) for x in value), (section, key)
+    else:
+        raise AssertionError(f"[{section}] {key}: no check for {ann}")
+
+
+def _walk_toml(doc: dict[str, Any], path: str = "") -> None:
+    for key, value in doc.items():
+        sub = f"{path}.{key}" if path else key
+        if isinstance(value, dict):
+            assert sub in TT_FIELDS, f"[{sub}] is not a torchtitan v0.2.2 JobConfig section"
+            _walk_toml(value, sub)
+        else:
+            assert path in TT_FIELDS and key in TT_FIELDS[path], f"[{path}] {key} is not a JobConfig field"
+            _check_toml_value(path, key, value)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_torchtitan(name: str) -> None:
+    scn, plan = CASES[name]
+    bundle = export_plan(scn, plan, "torchtitan")
+    doc = tomllib.loads(bundle.files["torchtitan.toml"])
+    _walk_toml(doc)
+    par, tr = doc["parallelism"], doc["training"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert dp * par["context_parallel_degree"] * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] \
+        == plan.world_size
+    assert (dp, par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"]) \
+        == (plan.dp, plan.tp, plan.pp, plan.cp)
+    assert tr["global_batch_size"] == scn.training.global_batch_size and tr["seq_len"] == scn.training.seq_len
+    # torchtitan/train.py: accumulation = global / (local * dp); pipeline microbatches = local / microbatch size
+    accum = tr["global_batch_size"] // (tr["local_batch_size"] * dp)
+    assert tr["global_batch_size"] % (tr["local_batch_size"] * dp) == 0
+    if plan.pp > 1:
+        micro = tr["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
+        assert par["pipeline_parallel_microbatch_size"] == plan.micro_batch_size
+        assert accum * micro == plan.grad_accumulation(scn.training.global_batch_size)
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) % plan.pp == 0
+        flat = [n for part in parts for n in part]
+        layers = [f"layers.{i}" for i in range(scn.model.num_layers)]
+        assert flat == ["tok_embeddings", *layers, "norm", "output"]
+        if plan.pp_schedule == "interleaved":
+            assert len(parts) == plan.pp * plan.virtual_stages
+    else:
+        assert tr["local_batch_size"] == plan.micro_batch_size
+        assert accum == plan.grad_accumulation(scn.training.global_batch_size)
+    assert doc["activation_checkpoint"]["mode"] == plan.activation_checkpointing
+    assert tr["mixed_precision_param"] == ("float32" if plan.precision == "fp32" else "bfloat16")
+    assert ("quantize.linear.float8" in doc["model"].get("converters", [])) == (plan.precision == "fp8")
+    if plan.zero_stage == 3:
+        assert par["fsdp_reshard_after_forward"] == "always"
+    if plan.ep > 1:
+        assert (par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]) == (plan.ep, plan.tp)
+    flavor = {"llama3-8b": "8B"}.get(scn.model.name)
+    assert doc["model"]["flavor"] == (flavor or doc["model"]["flavor"])
+    assert (flavor is None) == any(n.field == "model" for n in bundle.unexpressed)
+
+
+def test_torchtitan_flavors_match_published_llama3() -> None:
+    from stratagem.launch.export.torchtitan import LLAMA3_FLAVORS, llama3_flavor
+    from stratagem.spaces import model_preset
+
+    assert LLAMA3_FLAVORS["8B"]["ffn_hidden_size"] == 14336
+    assert LLAMA3_FLAVORS["70B"]["ffn_hidden_size"] == 28672
+    assert LLAMA3_FLAVORS["405B"]["ffn_hidden_size"] == 53248
+    for preset, flavor in [("llama3-8b", "8B"), ("llama3-70b", "70B"), ("llama3-405b", "405B"), ("mistral-7b", None),
+                           ("mixtral-8x7b", None), ("gpt3-175b", None)]:
+        assert llama3_flavor(model_preset(preset)) == flavor, preset
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_deepspeed_keys(name: str) -> None:
+    scn, plan = CASES[name]
+    bundle = export_plan(scn, plan, "deepspeed")
+    cfg = json.loads(bundle.files["ds_config.json"])
+    note = cfg.pop(COMMENT_KEY)
+    assert set(cfg) <= set(DS_KEYS["top_level"])
+    for section in ("zero_optimization", "activation_checkpointing", "tensor_parallel", "bf16", "pipeline",
+                    "optimizer"):
+        assert set(cfg.get(section, {})) <= set(DS_KEYS[section]), section
+    assert set(cfg["zero_optimization"].get("offload_optimizer", {})) <= set(DS_KEYS["zero_optimization.offload_optimizer"])
+    # DeepSpeed's batch assertion: train_batch_size == micro * accumulation * data-parallel world size
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * plan.dp
+    assert cfg["zero_optimization"]["stage"] == plan.zero_stage
+    assert cfg["bf16"]["enabled"] == (plan.precision != "fp32")
+    assert note["unexpressed"] == [n.line() for n in bundle.unexpressed]
+    assert note["approximated"] == [n.line() for n in bundle.approximated]
+    for n in bundle.notes:
+        assert n.line() in bundle.files["README.md"]
+
+
+_DS_CHECK = textwrap.dedent("""
+    import json, os, sys, tempfile
+    import torch.distributed as tdist
+    tdist.init_process_group("gloo", store=tdist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+    import deepspeed
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    class DataParallelSize:  # the mpu interface through which DeepSpeed learns the data-parallel world size
+        def __init__(self, dp): self.dp = dp
+        def get_data_parallel_world_size(self): return self.dp
+
+    out = {}
+    for name, (cfg, dp) in json.load(sys.stdin).items():
+        try:
+            c = DeepSpeedConfig(cfg, mpu=DataParallelSize(dp))
+            off = c.zero_config.offload_optimizer
+            out[name] = {"stage": int(c.zero_optimization_stage), "train_batch_size": c.train_batch_size,
+                         "micro": c.train_micro_batch_size_per_gpu, "accum": c.gradient_accumulation_steps,
+                         "bf16": c.bfloat16_config.enabled, "offload": off.device.value if off else None,
+                         "autotp": c.tensor_parallel_config.autotp_size,
+                         "ac_interval": c.pipeline["activation_checkpoint_interval"],
+                         "partition_activations": c.activation_checkpointing_config.partition_activations,
+                         "optimizer": c.optimizer_name}
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="deepspeed is not installed (pip install deepspeed, DS_BUILD_OPS=0 on CPU)")
+def test_deepspeed_own_parser_accepts_every_case() -> None:
+    """DeepSpeed 0.19.8's DeepSpeedConfig parses each exported file, comment key included, and reads back the
+    plan: in a subprocess, because it needs an initialised (single-process gloo) communication backend."""
+    configs = {}
+    for name, (scn, plan) in CASES.items():
+        cfg = json.loads(export_plan(scn, plan, "deepspeed").files["ds_config.json"])
+        configs[name] = (cfg, plan.dp)
+    proc = subprocess.run([sys.executable, "-c", _DS_CHECK], input=json.dumps(configs), capture_output=True,
+                          text=True, timeout=600)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, proc.stderr[-3000:]
+    got = json.loads(lines[0][len("RESULT "):])
+    for name, (scn, plan) in CASES.items():
+        r = got[name]
+        assert "error" not in r, f"{name}: {r.get('error')}"
+        assert (r["stage"], r["train_batch_size"], r["micro"], r["accum"]) == (
+            plan.zero_stage, scn.training.global_batch_size, plan.micro_batch_size,
+            plan.grad_accumulation(scn.training.global_batch_size)), name
+        assert r["bf16"] == (plan.precision != "fp32"), name
+        assert r["offload"] == ("cpu" if plan.optimizer_offload == "cpu" else None), name
+        assert r["autotp"] == (plan.tp if plan.tp > 1 else 0), name
+        assert r["ac_interval"] == (1 if plan.pp > 1 and plan.activation_checkpointing == "full" else 0), name
+        assert r["partition_activations"] == (plan.activation_checkpointing != "none" and plan.sequence_parallel)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_megatron(name: str) -> None:
+    scn, plan = CASES[name]
+    bundle = export_plan(scn, plan, "megatron")
+    ns = megatron_namespace(bundle)
+    m, tr = scn.model, scn.training
+    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size) == (
+        plan.tp, plan.pp, plan.cp)
+    # Megatron derives dp = world / (tp * pp * cp) and accumulation = global / (micro * dp)
+    assert plan.world_size // (ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size
+                               * ns.context_parallel_size) == plan.dp
+    assert (ns.micro_batch_size, ns.global_batch_size, ns.seq_length) == (
+        plan.micro_batch_size, tr.global_batch_size, tr.seq_len)
+    assert ns.sequence_parallel == plan.sequence_parallel
+    assert (ns.expert_model_parallel_size or 1) == plan.ep
+    assert (ns.num_layers, ns.hidden_size, ns.ffn_hidden_size, ns.num_attention_heads) == (
+        m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads)
+    assert (ns.num_query_groups or m.num_attention_heads) == m.kv_heads
+    assert ns.group_query_attention == (m.kv_heads != m.num_attention_heads)
+    assert ns.swiglu == (m.mlp == "swiglu")
+    assert ns.untie_embeddings_and_output_weights == (not m.tied_embeddings)
+    assert ns.add_bias_linear == (m.bias == "all") and ns.add_qkv_bias == (m.bias == "qkv")
+    assert (ns.kv_channels or m.hidden_size // m.num_attention_heads) == m.dim_head
+    assert ns.bf16 == (plan.precision != "fp32") and (ns.fp8 is not None) == (plan.precision == "fp8")
+    assert ns.use_distributed_optimizer == (plan.zero_stage == 1)
+    assert ns.use_megatron_fsdp == (plan.zero_stage >= 2)
+    if plan.zero_stage >= 2:
+        assert ns.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[plan.zero_stage]
+        assert ns.ckpt_format == "fsdp_dtensor"
+    assert ns.optimizer_cpu_offload == (plan.optimizer_offload == "cpu")
+    if ns.optimizer_cpu_offload:
+        assert ns.use_precision_aware_optimizer
+    assert ns.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[
+        plan.activation_checkpointing]
+    if plan.pp > 1:
+        chunks = plan.pp * plan.virtual_stages
+        if ns.pipeline_model_parallel_layout:
+            stages = ns.pipeline_model_parallel_layout.split("|")
+            assert len(stages) == chunks and stages[0].startswith("E") and stages[-1].endswith("L")
+            counts = [sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", s)) for s in stages]
+            assert sum(counts) == m.num_layers and max(counts) - min(counts) <= 1
+        else:
+            assert m.num_layers % chunks == 0
+            if plan.virtual_stages > 1:
+                assert ns.num_layers_per_virtual_pipeline_stage * chunks == m.num_layers
+    env = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in bundle.files["megatron.sh"]
+    assert env == ((plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2)
+
+
+def test_megatron_option_table_rejects_unknown_options() -> None:
+    with pytest.raises(argparse.ArgumentError):
+        megatron_parser().parse_args(["--recompute-granularity", "partial"])
+    scn, plan = CASES["llama8b-5d"]
+    bundle = export_plan(scn, plan, "megatron")
+    broken = bundle.files["megatron.sh"].replace("--sequence-parallel", "--sequence-paralel")
+    with pytest.raises(AssertionError, match="sequence-paralel"):
+        megatron_namespace(ExportBundle("megatron", "megatron.sh", {"megatron.sh": broken}))
+
+
+# ---- notes: listed in the files, never a silent drop ------------------------------------------------------
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_notes_are_written_into_the_main_file(name: str, target: str) -> None:
+    scn, plan = CASES[name]
+    bundle = export_plan(scn, plan, target)
+    text = bundle.files[bundle.main]
+    for n in bundle.notes:
+        line = n.line()
+        assert line in text or json.dumps(line)[1:-1] in text, line
+    assert "\n" not in "".join(n.line() for n in bundle.notes)
+
+
+def _applies(field: str, plan: Plan) -> bool:
+    """Whether the field means something in this plan (the search space's conditional axes)."""
+    if field in ("dp_replicate", "optimizer_offload"):
+        return plan.zero_stage >= 1
+    if field == "pp_schedule":
+        return plan.pp > 1
+    if field == "virtual_stages":
+        return plan.pp_schedule == "interleaved"
+    return True
+
+
+def _alternatives(field: str, plan: Plan) -> list[Any]:
+    info = Plan.model_fields[field]
+    if typing.get_origin(info.annotation) is typing.Literal:
+        return [v for v in get_args(info.annotation) if v != getattr(plan, field)]
+    if info.annotation is bool:
+        return [not getattr(plan, field)]
+    v = getattr(plan, field)
+    return [x for x in (1, 2, 3, 4, 8, v * 2, v // 2) if x >= 1 and x != v]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_no_plan_field_is_dropped_silently(target: str) -> None:
+    """Changing any one plan field (to another valid plan) changes what the target reads, or the note about
+    that field: a field is never left out without a word."""
+    checked: set[str] = set()
+    for scn, plan in CASES.values():
+        base = export_plan(scn, plan, target)
+        for field in Plan.model_fields:
+            for value in _alternatives(field, plan):
+                update = {field: value}
+                if field in ("tp", "pp", "cp"):  # keep the world size: dp takes up the rest
+                    rest = {k: getattr(plan, k) for k in ("tp", "pp", "cp")} | update
+                    update["dp"] = plan.world_size // (rest["tp"] * rest["pp"] * rest["cp"])
+                other = plan.model_copy(update=update)
+                try:
+                    other = Plan.model_validate(other.model_dump())
+                except ValueError:
+                    continue
+                if violations(scn, other) or not (_applies(field, plan) and _applies(field, other)):
+                    continue
+                if field == "dp":  # dp fills the world: change it with another degree
+                    continue
+                var = export_plan(scn, other, target)
+                notes_base = [n for n in base.notes if n.field == f"plan.{field}"]
+                notes_var = [n for n in var.notes if n.field == f"plan.{field}"]
+                assert payload(base) != payload(var) or notes_base != notes_var, (target, field, plan.short(), value)
+                checked.add(field)
+    assert checked == set(Plan.model_fields) - {"dp"}, set(Plan.model_fields) - checked
+
+
+# ---- API errors and details ------------------------------------------------------------------------------
+def test_errors_are_one_line_with_the_fix() -> None:
+    scn, plan = CASES["llama8b-5d"]
+    with pytest.raises(StratagemError, match=r"--to \('titan'\): unknown target; use one of torchrun"):
+        export_plan(scn, plan, "titan")
+    with pytest.raises(StratagemError, match=r"nodes \(3\): must divide the plan's world size \(16\); valid: 1, 2"):
+        export_plan(scn, plan, "torchrun", nodes=3)
+    with pytest.raises(StratagemError, match=r"plan: dp\*tp\*pp\*cp"):
+        export_plan(scn, plan.model_copy(update={"dp": 2}), "megatron")
+
+
+def test_torchrun_on_other_node_counts() -> None:
+    scn, plan = CASES["llama8b-5d"]
+    bundle = export_plan(scn, plan, "torchrun", nodes=4)
+    run, _, _ = torchrun_args(torchrun_command(bundle))
+    assert (run.nnodes, run.nproc_per_node) == (4, 4)
+    cluster = yaml.safe_load(bundle.files["scenario.yaml"])["cluster"]
+    assert (cluster["num_nodes"], cluster["gpus_per_node"]) == (4, 4)
+    assert [n.field for n in bundle.approximated] == ["cluster.num_nodes"]
+    single = export_plan(*CASES["tiny-tp2"], "torchrun")
+    assert 'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"' in single.files["run.sh"]
+    assert "MASTER_ADDR:?" in bundle.files["run.sh"]
+
+
+def test_checkpoint_interval_from_the_evaluation() -> None:
+    scn, plan = CASES["llama8b-5d"]
+    ev = evaluate(scn, plan)
+    assert ev.checkpoint is not None and ev.time is not None
+    steps = max(1, round(ev.checkpoint.interval_s / ev.time.step_s))
+    titan = tomllib.loads(export_plan(scn, plan, "torchtitan", evaluation=ev).files["torchtitan.toml"])
+    assert titan["checkpoint"] == {"enable": True, "async_mode": "async", "interval": steps}
+    ns = megatron_namespace(export_plan(scn, plan, "megatron", evaluation=ev))
+    assert ns.save_interval == steps
+    without = export_plan(scn, plan, "megatron")
+    assert megatron_namespace(without).save_interval is None
+    assert any(n.field == "training.checkpoint.interval_minutes" for n in without.unexpressed)
+
+
+def test_comments_cannot_be_broken_by_a_model_name() -> None:
+    scn, plan = CASES["qkv5-uneven-hsdp"]
+    assert "\n" in scn.model.name
+    for target in TARGETS:
+        bundle = export_plan(scn, plan, target)
+        for path, text in bundle.files.items():
+            for line in text.splitlines():
+                assert not line.startswith("name\"") and not line.startswith("name "), (target, path, line)
+    doc = tomllib.loads(export_plan(scn, plan, "torchtitan").files["torchtitan.toml"])
+    assert scn.model.name in doc["job"]["description"]
+
+
+def test_write_bundle_leaves_nothing_half_written(tmp_path: Path) -> None:
+    scn, plan = CASES["tiny-tp2"]
+    bundle = export_plan(scn, plan, "torchrun")
+    out = tmp_path / "new" / "dir"
+    written = write_bundle(bundle, out)
+    assert sorted(p.name for p in written) == ["run.sh", "scenario.yaml"]
+    assert (out / "run.sh").read_text() == bundle.files["run.sh"] and (out / "run.sh").stat().st_mode & 0o111
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "sub").write_text("a file where a directory is needed")
+    bad = ExportBundle("torchrun", "a.txt", {"a.txt": "first", "sub/b.txt": "second"})
+    with pytest.raises(StratagemError, match=r"-o \(.*blocked\): cannot write"):
+        write_bundle(bad, blocked)
+    assert sorted(p.name for p in blocked.iterdir()) == ["sub"]

@@ -1,0 +1,179 @@
+"""`stratagem search` as a user runs it: real subprocesses, real SQLite and journal files, SIGKILL."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from stratagem.search import front_trials, plan_key, run_search, select_plans
+from stratagem.search.storage import open_storage, parse_storage
+from stratagem.spaces import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "stratagem.cli", "search"]
+ENV = {**os.environ, "COLUMNS": "160", "PYTHONUNBUFFERED": "1"}
+
+
+def write_scenario(tmp_path: Path, sample: int = 60, **search) -> Path:
+    data = yaml.safe_load((ROOT / "examples" / "llama3-8b-8xh100.yaml").read_text())
+    data["search"] = {"precision": ["bf16", "fp8"], "stored_sample": sample, **search}
+    path = tmp_path / "scn.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
+
+
+def url_of(tmp_path: Path, kind: str) -> str:
+    return f"sqlite:///{tmp_path}/s.db" if kind == "sqlite" else f"journal:{tmp_path}/s.log"
+
+
+def trial_count(tmp_path: Path, kind: str) -> int:
+    """Trials written so far, read behind the writer's back (sqlite read / journal lines)."""
+    try:
+        if kind == "sqlite":
+            con = sqlite3.connect(f"file:{tmp_path}/s.db?mode=ro", uri=True, timeout=0.05)
+            try:
+                return int(con.execute("SELECT count(*) FROM trials").fetchone()[0])
+            finally:
+                con.close()
+        return (tmp_path / "s.log").read_text().count('"op_code":4,')
+    except (sqlite3.Error, OSError):
+        return 0
+
+
+def kill_when(args: list[str], ready, deadline: float = 90) -> int:
+    """Start the CLI, SIGKILL it as soon as ready() holds; returns its exit status (-9 when killed)."""
+    p = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=ROOT)
+    t0 = time.monotonic()
+    try:
+        while p.poll() is None and time.monotonic() - t0 < deadline:
+            if ready(time.monotonic() - t0):
+                p.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.002)
+    finally:
+        if p.poll() is None and time.monotonic() - t0 >= deadline:
+            p.kill()
+        p.wait(30)
+    return p.returncode
+
+
+def expected(path: Path, tmp_path: Path) -> tuple[list[str], set[str]]:
+    """What an uninterrupted search stores: the selected plan keys in order, and the front's keys."""
+    s = load_scenario(path)
+    r = run_search(s, f"journal:{tmp_path}/reference.log", "ref")
+    chosen = [plan_key(r.screening.plan(i)) for i, _ in select_plans(r.screening, s.search.stored_sample, 0)]
+    return chosen, {t.user_attrs["plan"] for t in r.front}
+
+
+def study_of(url: str, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(parse_storage(url)))
+
+
+def check_complete(url: str, name: str, chosen: list[str], front: set[str]) -> None:
+    study = study_of(url, name)
+    keys = [t.user_attrs["plan"] for t in study.trials]
+    assert len(keys) == len(set(keys)), "a plan was stored twice"
+    assert set(keys) == set(chosen), "a plan is missing"
+    assert {t.user_attrs["plan"] for t in front_trials(study)} == front
+    assert all(t.state.is_finished() for t in study.trials)
+    assert "scenario" in study.user_attrs
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_resume_after_sigkill_at_several_points(tmp_path, kind) -> None:
+    sample = 150 if kind == "sqlite" else 1500  # a journal trial costs ~1 ms: store enough to kill mid-way
+    path = write_scenario(tmp_path, sample=sample)
+    url = url_of(tmp_path, kind)
+    args = [str(path), "--storage", url, "--study", "k"]
+    total = len(expected(path, tmp_path)[0])
+    # 1: killed during start-up / screening, before the study exists
+    assert kill_when(args, lambda t: t > 0.5) == -signal.SIGKILL
+    assert trial_count(tmp_path, kind) == 0
+    # 2, 3: killed while storing, after a few trials and after more
+    for k in (3, total // 2):
+        before = trial_count(tmp_path, kind)
+        assert kill_when(args, lambda t, k=k: trial_count(tmp_path, kind) >= k) == -signal.SIGKILL
+        after = trial_count(tmp_path, kind)
+        assert before <= after < total, (before, after)
+    # then a rerun finishes the job: same front, nothing twice, nothing missing
+    done = cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    chosen, front = expected(path, tmp_path)  # an uninterrupted search of the same scenario
+    assert out["already"] + out["stored"] == len(chosen) and out["already"] > 0
+    check_complete(url, "k", chosen, front)
+    # and once more: nothing left to do
+    assert json.loads(cli(*args, "--json").stdout)["stored"] == 0
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_two_concurrent_searches_share_one_study(tmp_path, kind) -> None:
+    path = write_scenario(tmp_path, sample=60)
+    url = url_of(tmp_path, kind)
+    procs = [subprocess.Popen([*CLI, str(path), "--storage", url, "--study", "c", "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT) for _ in range(2)]
+    outs = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=180)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode == 0, stderr
+        outs.append(json.loads(stdout))
+    chosen, front = expected(path, tmp_path)
+    assert sorted(o["stored"] for o in outs) == [0, len(chosen)]  # one stored everything, the other nothing
+    assert outs[0]["front"] == outs[1]["front"]
+    check_complete(url, "c", chosen, front)
+
+
+def test_table_and_default_storage_beside_the_scenario(tmp_path) -> None:
+    path = write_scenario(tmp_path, sample=10, tp=[1, 2], pp=1)
+    r = cli(str(path), "--top", "5")
+    assert r.returncode == 0, r.stderr
+    assert "Pareto front" in r.stdout and "tok/s/GPU" in r.stdout and "bottleneck" in r.stdout
+    assert "valid plans" in r.stdout and "pruned" in r.stdout and "optuna-dashboard sqlite:///" in r.stdout
+    assert (tmp_path / "stratagem.db").exists()
+    again = cli(str(path), "--json")
+    assert json.loads(again.stdout)["stored"] == 0  # the default study name resumes
+
+
+@pytest.mark.parametrize("case", ["missing", "yaml", "field", "search", "url", "dir", "sampler", "trials"])
+def test_bad_input_is_one_line_and_leaves_no_study(tmp_path, case) -> None:
+    path = write_scenario(tmp_path)
+    store = tmp_path / "out.db"
+    args = [str(path), "--storage", f"sqlite:///{store}"]
+    if case == "missing":
+        args[0] = str(tmp_path / "nope.yaml")
+    elif case == "yaml":
+        path.write_text("model: [unclosed\n")
+    elif case == "field":
+        path.write_text(path.read_text().replace("global_batch_size: 64", "global_batch_size: -3"))
+    elif case == "search":
+        path.write_text(path.read_text().replace("stored_sample: 60", "stored_sample: 60\n  tp: 5"))
+    elif case == "url":
+        args[2] = "postgresqlx://nowhere/db"
+    elif case == "dir":
+        args[2] = f"sqlite:///{tmp_path}/no/such/dir.db"
+    elif case == "sampler":
+        args += ["--sampler", "grid"]
+    elif case == "trials":
+        args += ["--n-trials", "-4"]
+    r = cli(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert "Traceback" not in r.stderr
+    assert not store.exists()
