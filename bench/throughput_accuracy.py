@@ -44,7 +44,7 @@ from stratagem.evaluators.timing import megatron_flops_per_token  # noqa: E402
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset  # noqa: E402
 
 TIME_FIELDS = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "fp8_matmul_speedup", "overlap",
-               "step_overhead_s", "pp_hop_ms")
+               "step_overhead_s")
 # The collective constants are fitted on the nccl-tests bus bandwidths (what they describe), not here:
 COMM_FIELDS = ("link_efficiency", "collective_step_us")
 

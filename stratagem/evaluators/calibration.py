@@ -50,8 +50,6 @@ class Calibration(BaseModel):
     """Achieved fraction of the nominal per-GPU link bandwidth (NVLink and network) for large messages."""
     collective_step_us: float = Field(default=25.0, ge=0)
     """Software cost of one ring step in NCCL (protocol, proxy thread), microseconds, added to link latency."""
-    pp_hop_ms: float = Field(default=1.0, ge=0)
-    """experiment"""
     step_overhead_s: float = Field(default=0.11, ge=0)
     """Fixed cost of one optimizer step outside the model (data loading, logging, synchronisation), s."""
 

@@ -171,7 +171,6 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     pp_link = group_link(cl, cal, p, t * c * d)
     boundary = activation / np.where(pc.sequence_parallel > 0, t, 1.0)
     pp_mb = 2.0 * v * p2p_s(pp_link, boundary, p > 1)
-    pp_mb = pp_mb + np.where((p > 1) & (pp_link.per_node < p), 2.0 * v * cal.pp_hop_ms * 1e-3, 0.0)
     if hides:
         pp_mb = np.maximum(0.0, pp_mb - cal.overlap * compute_mb)
 

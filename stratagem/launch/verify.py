@@ -64,8 +64,9 @@ def rank_run_plans(rank: int, scenario: Scenario, plans: list[Plan], steps: int,
     """On every rank of a launched group: train each plan in turn; per plan its losses, this rank's full
     parameters (unsharded, its pipeline stage only) and state byte figures.
 
-    `actions[i]` may hold `start_step` (first batch index), `load` (a checkpoint to resume from) and `save`
-    (a directory to save to after the steps).
+    `actions[i]` may hold `steps` (instead of `steps`), `start_step` (first batch index), `load` (a checkpoint
+    to resume from), `save` (a directory to save to after the steps), or `measure` (run through `run_plan`
+    and return its per-rank figures instead of parameters).
     """
     import torch
 
@@ -77,15 +78,16 @@ def rank_run_plans(rank: int, scenario: Scenario, plans: list[Plan], steps: int,
     for i, plan in enumerate(plans):
         act = (actions or [{}] * len(plans))[i]
         validate_plan(scenario, plan, plan.world_size)
+        n = int(act.get("steps", steps))
         if act.get("measure"):
-            result = run_plan(scenario, plan, steps, warmup=0, seed=seed, checkpoint=False, lr=lr)
+            result = run_plan(scenario, plan, n, warmup=0, seed=seed, checkpoint=False, lr=lr)
             out.append({"plan": plan, "losses": result["losses"], "ranks": result["ranks"]})
             continue
         job = build_job(scenario, plan, torch.device("cpu"), seed, lr, VERIFY_EPS)
         if act.get("load"):
             load(job, act["load"])
         first = int(act.get("start_step", 0))
-        losses = [train_step(job, first + s, seed) for s in range(steps)]
+        losses = [train_step(job, first + s, seed) for s in range(n)]
         if act.get("save"):
             save(job, act["save"])
         out.append({"plan": plan, "losses": losses, "params": _params_numpy(job)})

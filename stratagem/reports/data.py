@@ -97,4 +97,4 @@ def render_json(info: ParetoInfo) -> str:
         "best": {k: info.plans[i].trial_number for k, i in info.best.items()},
         "trials": trials,
     }
-    return json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n"

@@ -194,14 +194,36 @@ def test_capacity_section(report) -> None:
 
 def test_large_study_draws_with_webgl(browser, tmp_path) -> None:
     """Above 2,000 points the 2D views switch to WebGL; still no errors, every point drawn."""
-    info = pareto_info(add_many(3000), advice_limit=5)
+    info = pareto_info(add_many(2100), advice_limit=5)
     path = tmp_path / "big.html"
     path.write_text(render_html(info), encoding="utf-8")
     big = load(browser, path)
     assert [m for m in big.console if m[0] in ("error", "pageerror")] == []
     assert big.requests == [big.page.url]
     n = big.page.evaluate("() => document.getElementById('plot-headroom').data.reduce((s, t) => s + t.x.length, 0)")
-    assert n == 3000
+    assert n == 2100
     assert big.page.evaluate("() => document.getElementById('plot-headroom').data.every(t => t.type === 'scattergl')")
     assert non_white_fraction(browser, big.page.locator("#plot-headroom").screenshot()) > 0.01
     big.page.close()
+
+
+def test_empty_study_and_capacity_page(browser, tmp_path) -> None:
+    """A study with no plans and a capacity-only page load cleanly too."""
+    from report_studies import new_study, scenario
+
+    from stratagem.reports import render_capacity_html
+
+    pages = {"empty.html": render_html(pareto_info(new_study(scenario()))),
+             "capacity.html": render_capacity_html(capacity_plan(scenario(EVIL), [1, 2]))}
+    for name, text in pages.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        loaded = load(browser, tmp_path / name)
+        assert [m for m in loaded.console if m[0] in ("error", "pageerror")] == [], name
+        assert loaded.requests == [loaded.page.url] and loaded.dialogs == []
+        if name == "capacity.html":
+            assert EVIL in loaded.page.locator("h1").inner_text()
+            assert loaded.page.locator("#capacity-plot .scatterlayer .point").count() == 4
+        else:
+            assert loaded.page.locator("#front + p.why").inner_text() == "No feasible plan: nothing is on the front."
+            assert loaded.page.locator("#explorer select").count() == 0
+        loaded.page.close()
