@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stratagem.evaluators import PlanColumns, evaluate_many  # noqa: E402
-from stratagem.spaces import Scenario, cluster_preset, model_preset  # noqa: E402
+from stratagem.spaces import Scenario, TrainingSpec, cluster_preset, model_preset  # noqa: E402
 
 
 def product_space(world: int) -> PlanColumns:
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     scn = Scenario(model=model_preset("llama3-70b"), cluster=cluster_preset("h100-sxm-80g", 64),
-                   training={"seq_len": 8192, "global_batch_size": 512})
+                   training=TrainingSpec(seq_len=8192, global_batch_size=512))
     base = product_space(scn.cluster.num_gpus)
     reps = -(-args.plans // len(base))
     cols = base.take(np.tile(np.arange(len(base)), reps)[: args.plans])

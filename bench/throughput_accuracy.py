@@ -42,6 +42,8 @@ from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, PlanColumns, 
 from stratagem.evaluators.comm import bus_bandwidth_gbps  # noqa: E402
 from stratagem.evaluators.timing import megatron_flops_per_token  # noqa: E402
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset  # noqa: E402
+from stratagem.spaces.plan import Precision, Recompute  # noqa: E402
+from stratagem.spaces.training import Stack  # noqa: E402
 
 TIME_FIELDS = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "fp8_matmul_speedup", "overlap",
                "step_overhead_s")
@@ -115,8 +117,8 @@ def published_points(ref: Path) -> list[Point]:
             dp, cp = par["dp_shard"], par.get("cp", 1)
             mbs = tr["micro_batch"]
             gbs = tr.get("global_batch", dp * mbs)
-            ac = "full" if tr["activation_checkpointing"].startswith("full") else "selective"
-            precision = "fp8" if "fp8" in tr["precision"] else "bf16"
+            ac: Recompute = "full" if tr["activation_checkpointing"].startswith("full") else "selective"
+            precision: Precision = "fp8" if "fp8" in tr["precision"] else "bf16"
             scn = Scenario(model=_model(c["model"], gpt=False), cluster=_cluster(gpu, par["gpus"]),
                            training=TrainingSpec(seq_len=tr["seq_len"], global_batch_size=gbs, stack="torch"))
             plan = Plan(dp=dp, cp=cp, zero_stage=3, micro_batch_size=mbs, precision=precision,
@@ -161,7 +163,8 @@ def predict(points: list[Point], cal: Calibration) -> tuple[np.ndarray, list[dic
 
 def ape(pred: np.ndarray, points: list[Point]) -> np.ndarray:
     meas = np.array([p.measured for p in points])
-    return np.abs(pred - meas) / meas
+    out: np.ndarray = np.abs(pred - meas) / meas
+    return out
 
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: np.ndarray, iters: int) -> np.ndarray:
@@ -190,10 +193,11 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: np.ndarr
                 best = simplex[0]
                 simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
                 values = [values[0]] + [f(x) for x in simplex[1:]]
-    return simplex[int(np.argmin(values))]
+    winner: np.ndarray = simplex[int(np.argmin(values))]
+    return winner
 
 
-STACKS = ("torch", "nanotron")  # the stacks with reference data besides megatron (the reference, 1.0)
+STACKS: tuple[Stack, ...] = ("torch", "nanotron")  # the stacks with reference data besides megatron (the reference, 1.0)
 
 
 # Fitted in log space so every constant stays positive; efficiencies are clipped to their bounds.
@@ -273,11 +277,14 @@ def main() -> None:
         mask = np.array([p.source == s for p in points])
         print(f"  {s:11s} n={mask.sum():4d}  MAPE {np.mean(err[mask]):6.1%}  median APE {np.median(err[mask]):6.1%}")
     # How the error splits by regime (which terms dominate the misses).
-    regimes = {
+    regimes: dict[str, Callable[[Point], bool]] = {
         "one node": lambda p: p.scenario.cluster.num_nodes == 1,
         "tp > gpus/node": lambda p: p.plan.tp > p.scenario.cluster.gpus_per_node,
         "pp > 1 across nodes": lambda p: p.plan.pp > 1 and p.scenario.cluster.num_nodes > 1,
         "no pp, tp <= node": lambda p: p.plan.pp == 1 and p.plan.tp <= p.scenario.cluster.gpus_per_node,
+        "  of which <= 16 nodes": lambda p: (p.plan.pp == 1 and p.plan.tp <= p.scenario.cluster.gpus_per_node
+                                            and p.scenario.cluster.num_nodes <= 16),
+        "64 nodes": lambda p: p.scenario.cluster.num_nodes == 64,
     }
     print("sweep by regime:")
     for name, pick in regimes.items():
@@ -285,6 +292,8 @@ def main() -> None:
         if mask.any():
             print(f"  {name:22s} n={mask.sum():4d}  MAPE {np.mean(err[mask]):6.1%}  "
                   f"median APE {np.median(err[mask]):6.1%}")
+    published = np.array([p.source != "sweep" for p in points])
+    print(f"published cases (torchtitan + Megatron) n={published.sum()}: MAPE {np.mean(err[published]):.1%}")
     print(f"\npython {platform.python_version()}, numpy {np.__version__}")
     print(f"MAPE over all {len(points)} points: {np.mean(err):.1%} (median APE {np.median(err):.1%})")
 

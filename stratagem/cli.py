@@ -260,6 +260,58 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = 
         console.print(f"{i}. [{a.zone}] {a.effect}\n   {a.rationale}", highlight=False)
 
 
+@app.command("export")
+def export_cmd(
+    to: Annotated[str, typer.Option("--to", help="torchrun | torchtitan | deepspeed | megatron.")],
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage of the search (default: "
+                                                "sqlite:///stratagem.db unless --scenario is given).")] = None,
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the storage's only one).")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Export this trial (its number).")] = None,
+    best: Annotated[str | None, typer.Option("--best", help="tokens | headroom | risk: the best feasible trial by "
+                                             "that objective, measured runs first (default: tokens).")] = None,
+    scenario: Annotated[Path | None, typer.Option("--scenario", help="Export from a scenario YAML instead of a "
+                                                  "study (with --plan).")] = None,
+    plan: PlanOpt = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes to launch on (default: the scenario's).")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="torchrun: harness steps (default: the measured "
+                                              "trial's, else 20).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="torchrun: harness seed (default: the trial's, else 0).")]
+    = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the files into this directory "
+                                                "(created); default: print them.")] = None,
+) -> None:
+    """Export a plan: torchrun + stratagem's harness, a torchtitan TOML, a DeepSpeed JSON or Megatron-LM args."""
+    from stratagem.launch.export import choose_trial, export_plan, write_bundle
+
+    if scenario is not None:
+        if storage is not None or study is not None or trial is not None or best is not None:
+            raise StratagemError("--scenario: give either --scenario [--plan] or --storage/--study [--trial|--best]")
+        scn, pl = scenario_and_plan(scenario, plan)
+        ev: Evaluation | None = evaluate(scn, pl)
+        source, run_steps, run_seed = f"scenario {scenario}", None, None
+    else:
+        if plan is not None:
+            raise StratagemError("--plan: only with --scenario; pick a study's trial with --trial or --best")
+        from stratagem import reports
+
+        chosen = choose_trial(reports.open_study(storage or "sqlite:///stratagem.db", study), trial, best)
+        scn, pl, ev, source = chosen.scenario, chosen.plan, chosen.evaluation, chosen.source
+        run_steps, run_seed = chosen.steps, chosen.seed
+    bundle = export_plan(scn, pl, to, nodes, evaluation=ev, steps=steps or run_steps or 20,
+                         seed=seed if seed is not None else (run_seed if run_seed is not None else 0), source=source)
+    err = Console(stderr=True)
+    if bundle.notes:
+        fields = ", ".join(dict.fromkeys(n.field for n in bundle.notes))
+        err.print(f"{to}: {len(bundle.unexpressed)} field(s) not expressible, {len(bundle.approximated)} "
+                  f"approximated ({fields}); see the comments in {bundle.main}", markup=False, soft_wrap=True)
+    if output is None:
+        for rel, text in bundle.files.items():
+            sys.stdout.write(f"==> {rel} <==\n{text}" + ("" if text.endswith("\n") else "\n"))
+        return
+    written = write_bundle(bundle, output)
+    err.print(f"wrote {', '.join(str(p) for p in written)} ({source})", markup=False, soft_wrap=True)
+
+
 def main() -> None:
     """Entry point: run the app; a StratagemError becomes one line on stderr and exit status 2."""
     try:

@@ -145,8 +145,8 @@ def _communication(scn: Scenario, p: Plan) -> Iterator[_Candidate]:
         yield _Candidate("communication", _with(p, zero_stage=1),
                          "ZeRO-1 reduces gradients once per step instead of reduce-scattering every micro-batch.")
     yield _Candidate("communication", _with(p, micro_batch_size=p.micro_batch_size * 2),
-                     "A bigger micro-batch means fewer micro-batches, so fewer per-micro-batch collectives, and "
-                     "more compute to hide each one behind.")
+                     "A bigger micro-batch means fewer, larger collectives (less latency per byte), fewer ZeRO-2/3 "
+                     "gathers per step, and more compute to hide traffic behind.")
     shard = p.dp * p.cp // p.dp_replicate
     if p.zero_stage >= 2 and shard * p.tp > g and scn.cluster.num_nodes > 1:
         need = -(-p.dp * p.cp * p.tp // g)
@@ -320,27 +320,32 @@ def _advise_zone(
 
 def _memory_path(scn: Scenario, plan: Plan, base: NeighbourSummary, cal: Calibration) -> Advice | None:
     """When no single step fits: walk the memory branch of the tree, taking at each step the first neighbour (in
-    the tree's order) that lowers the peak, until the plan fits; None if it never does."""
+    the tree's order) that lowers the peak, until HBM is at ok (or, failing that, until the plan fits at all);
+    None if it never fits."""
     current, summary = plan, base
     order: dict[str, None] = {}  # fields in the order the walk changed them
+    found: tuple[Plan, NeighbourSummary] | None = None
     for _ in range(8):
         cands = [c for c in _memory(scn, current) if not violations(scn, c.plan)]
-        if not cands:
-            return None
-        cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in cands]), cal)
+        cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in cands]), cal) if cands else {}
         lower = [i for i in range(len(cands)) if cols["peak_gib"][i] < summary.peak_gib * 0.99]
         if not lower:
-            return None
+            break
         i = lower[0]
         order.update({k: None for k in Plan.model_fields if getattr(cands[i].plan, k) != getattr(current, k)})
         current, summary = cands[i].plan, _summary(cols, i)
         if summary.status == "ok":
-            change = ", ".join(f"{k} {getattr(plan, k)} -> {getattr(current, k)}" for k in order
-                               if getattr(plan, k) != getattr(current, k))
-            return Advice(zone="hbm", rationale="No single step fits; following the tree (precision, then "
-                          "micro-batch and recomputation, then sharding) until the plan fits.", change=change,
-                          plan=current, neighbour=summary, effect=_effect("hbm", change, base, summary))
-    return None
+            found = (current, summary)
+            if summary.headroom_gib >= THRESHOLDS["hbm"].warn * (summary.peak_gib + summary.headroom_gib):
+                break
+    if found is None:
+        return None
+    end, end_summary = found
+    change = ", ".join(f"{k} {getattr(plan, k)} -> {getattr(end, k)}" for k in order
+                       if getattr(plan, k) != getattr(end, k))
+    return Advice(zone="hbm", rationale="No single step fits; following the tree (precision, then micro-batch and "
+                  "recomputation, then sharding) until the plan fits with headroom.", change=change, plan=end,
+                  neighbour=end_summary, effect=_effect("hbm", change, base, end_summary))
 
 
 def advise(

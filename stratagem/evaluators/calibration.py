@@ -13,6 +13,10 @@ from stratagem.spaces.training import Stack
 __all__ = ["Calibration", "DEFAULT_CALIBRATION"]
 
 
+def _stack_efficiency() -> dict[Stack, float]:
+    return {"torch": 0.70, "megatron": 1.0, "deepspeed": 1.0, "nanotron": 0.80}
+
+
 class Calibration(BaseModel):
     """Constants the formulas cannot derive: allocator behaviour, runtime overheads, kernel efficiency."""
 
@@ -25,27 +29,34 @@ class Calibration(BaseModel):
     logits_bytes: float = Field(default=12.2, ge=0)
     """Bytes per logit element alive at the loss: bf16 logits (2) + fp32 upcast (4) + fp32 gradient (4)."""
 
-    # ---- time model (evaluators.timing, evaluators.comm); fitted by bench/throughput_accuracy.py ----------
+    # ---- time model (evaluators.timing, evaluators.comm) ------------------------------------------------------
+    # link_efficiency and collective_step_us: fitted on the playbook's nccl-tests bus bandwidths (all-gather and
+    # reduce-scatter, 1-64 nodes, within 25%: tests/evaluators/test_comm.py). The others: fitted by
+    # `bench/throughput_accuracy.py --fit` on the sweep, torchtitan and Megatron throughputs (|log error| capped
+    # at log 2, each source weighted equally), then rounded.
     matmul_efficiency: float = Field(default=0.62, gt=0, le=1)
     """Achieved fraction of the dense peak on large matmuls (the GEMM efficiency ceiling)."""
     attention_efficiency: float = Field(default=0.26, gt=0, le=1)
     """Achieved fraction of the dense peak in the fused (flash) attention kernels, forward and backward
     (FlashAttention-2 reaches well under the GEMM ceiling on Hopper)."""
-    stack_efficiency: dict[Stack, float] = Field(
-        default_factory=lambda: {"torch": 0.70, "megatron": 1.0, "deepspeed": 1.0, "nanotron": 0.80})
+    stack_efficiency: dict[Stack, float] = Field(default_factory=_stack_efficiency)
     """Kernel efficiency of each training stack relative to the ceilings above (fusion, kernels, host overhead);
-    multiplies matmul and attention efficiency. A stack missing here counts as 1."""
+    multiplies matmul and attention efficiency; a stack missing here counts as 1. Megatron (Transformer Engine)
+    is the reference; torch is fitted on torchtitan (eager and compiled, H100 at a 500 W cap and H200) and
+    nanotron on the playbook sweep; deepspeed has no reference data and stays 1."""
     half_efficiency_gflop: float = Field(default=16.0, ge=0)
     """Per-GPU forward GFLOP of one layer on one micro-batch at which efficiency falls to half the ceiling:
-    efficiency = ceiling x F / (F + this), i.e. a fixed cost per layer pass (kernel launches, small tiles)."""
+    efficiency = ceiling x F / (F + this): small GEMMs fill fewer tiles and waves of the GPU."""
     layer_floor_ms: float = Field(default=3.1, ge=0)
     """Host-side time to launch one layer's forward + backward kernels for one micro-batch, ms: a layer takes at
     least this long however little GPU work it has (eager PyTorch is launch-bound on small per-GPU work)."""
     fp8_matmul_speedup: float = Field(default=2.0, ge=1, le=2)
-    """Achieved fp8 / bf16 speed on the linear layers (datasheet 2x; scaling and casts eat part of it)."""
+    """Achieved fp8 / bf16 speed on the linear layers; at most the datasheet's 2x. The fit sits at 2 because the
+    reference fp8 runs were also compiled (torch.compile fuses the scaling casts)."""
     overlap: float = Field(default=1.0, ge=0, le=1)
-    """Fraction of the backward (or, for ZeRO-3, the whole micro-batch) compute that can hide data-parallel
-    traffic; the rest of that traffic is exposed."""
+    """Fraction of compute that can hide overlappable traffic: data-parallel sync behind one micro-batch's
+    compute (once per step) or behind every micro-batch (ZeRO-2/3 per-micro-batch traffic); with the megatron
+    stack also TP collectives behind their layer and pipeline sends behind the micro-batch."""
     link_efficiency: float = Field(default=0.70, gt=0, le=1)
     """Achieved fraction of the nominal per-GPU link bandwidth (NVLink and network) for large messages."""
     collective_step_us: float = Field(default=25.0, ge=0)

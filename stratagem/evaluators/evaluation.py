@@ -80,7 +80,7 @@ class TimeBreakdown(BaseModel):
     recompute_s: float
     """Extra forward compute for activation recomputation."""
     tp_comm_s: float
-    """Tensor-parallel collectives (exposed)."""
+    """Tensor-parallel collectives and MoE expert all-to-all (exposed)."""
     dp_comm_s: float
     """Data-parallel gradient all-reduce or ZeRO/FSDP reduce-scatter + all-gather (total, before overlap)."""
     pp_comm_s: float
@@ -93,6 +93,9 @@ class TimeBreakdown(BaseModel):
     """Optimizer step (state read/write over HBM bandwidth)."""
     exposed_comm_s: float
     """Communication not hidden behind compute."""
+    overhead_s: float = 0.0
+    """Fixed per-step cost plus time the GPU waits on kernel launches;
+    step_s = compute + recompute + exposed_comm + bubble + optimizer + overhead."""
     step_s: float
     """Wall time of one optimizer step."""
 

@@ -208,6 +208,8 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     updated = dense / np.where(z >= 1, shard_n, 1.0) + expert / np.where(z >= 1, np.maximum(1.0, d * c / e), 1.0)
     opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
     master = np.where(fp32 | (tr.stack == "torch"), 0.0, 4.0)
+    # with a separate master copy the low-precision weights are only written; otherwise the fp32 weights are
+    # read and written
     touched = grad_bytes + 2.0 * (master + opt) + np.where(master > 0, param_bytes, 2.0 * 4.0)
     on_device = updated * touched / (gpu.hbm_tbps * 1e12)
     offloaded = updated * (grad_bytes + param_bytes) / PCIE_BYTES_S + updated * touched / HOST_MEM_BYTES_S

@@ -27,12 +27,12 @@ CSV_COLUMNS: tuple[str, ...] = (
 
 
 def _superseded_by(info: ParetoInfo, t: TrialRecord) -> int | None:
-    chosen = info.plans[info.trial_plan[t.number]].trial_number
+    chosen = info.plans[info.plan_of_trial[t.number]].trial_number
     return None if chosen == t.number else chosen
 
 
 def _flat(info: ParetoInfo, t: TrialRecord) -> dict[str, Any]:
-    plan = info.plans[info.trial_plan[t.number]]
+    plan = info.plans[info.plan_of_trial[t.number]]
     sup = _superseded_by(info, t)
     row: dict[str, Any] = {
         "trial": t.number, "plan_key": format_plan(t.plan), "label": t.plan.short(), "fidelity": t.fidelity,

@@ -72,7 +72,7 @@ class PlanResult:
     prediction: Evaluation | None
     """For a measured plan: the analytic prediction of the same plan (when known)."""
     advice: tuple[AdviceView, ...] | None
-    """Advice for this plan; None when it was not computed (advice unavailable or beyond the limit)."""
+    """Advice for this plan; None when not computed (beyond the advice limit, or the plan breaks a rule)."""
 
     def value(self, objective: str) -> float | None:
         """One objective's value, or None."""
@@ -118,7 +118,7 @@ class ParetoInfo:
     """Trials replaced by a later or measured trial of the same plan."""
     trials: tuple[TrialRecord, ...]
     """Every finished trial, by number (superseded ones included)."""
-    trial_plan: dict[int, int]
+    plan_of_trial: dict[int, int]
     """Trial number -> index of its plan in plans."""
     advice_limit: int
 
@@ -329,5 +329,5 @@ def pareto_info(
         best=_best(rows, OBJECTIVES, directions), n_trials=len(all_trials), n_unfinished=n_unfinished,
         n_superseded=sum(len(v) - 1 for v in by_key.values()),
         trials=tuple(sorted((t for ts in by_key.values() for t in ts), key=lambda t: t.number)),
-        trial_plan={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
+        plan_of_trial={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
     )

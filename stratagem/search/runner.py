@@ -102,9 +102,9 @@ def run_search(
                        n_trials=None if measured else n_trials, timeout=None if measured else timeout,
                        progress=progress)
     chosen = select_plans(screening, space.config.stored_sample, space.config.seed)
-    backend = open_storage(spec)
     prov = provenance(scenario, space, screening=screening.mode)
     with storage_lock(spec):
+        backend = open_storage(spec)  # inside the lock: two processes must not create the schema at once
         study = open_study(backend, spec, study_name, scenario, space)
         if measured:
             recover(study, backend)

@@ -24,7 +24,7 @@ class CheckpointPolicy(BaseModel):
     interval_minutes: float | None = Field(default=None, gt=0)
     """Minutes between checkpoints; None = the Young/Daly optimum for this job's MTBF."""
     restart_minutes: float = Field(default=10.0, ge=0)
-    """Time to restart after a failure (reschedule, load, warm up), minutes."""
+    """Time to reschedule and warm up after a failure, minutes; the model adds the checkpoint load time."""
 
 
 class TrainingSpec(BaseModel):

@@ -110,7 +110,9 @@ def payload(bundle: ExportBundle) -> Any:
     if bundle.target == "torchrun":
         return torchrun_command(bundle), yaml.safe_load(bundle.files["scenario.yaml"])
     if bundle.target == "torchtitan":
-        return tomllib.loads(bundle.files["torchtitan.toml"])
+        doc = tomllib.loads(bundle.files["torchtitan.toml"])
+        del doc["job"]["description"]  # free text naming the plan
+        return doc
     if bundle.target == "deepspeed":
         return {k: v for k, v in json.loads(bundle.files["ds_config.json"]).items() if k != COMMENT_KEY}
     return megatron_arrays(bundle.files["megatron.sh"])
@@ -389,6 +391,8 @@ def _applies(field: str, plan: Plan) -> bool:
     """Whether the field means something in this plan (the search space's conditional axes)."""
     if field in ("dp_replicate", "optimizer_offload"):
         return plan.zero_stage >= 1
+    if field == "zero_stage":  # ZeRO shards over dp * cp / dp_replicate ranks: nothing to shard in a group of 1
+        return plan.dp * plan.cp // plan.dp_replicate > 1
     if field == "pp_schedule":
         return plan.pp > 1
     if field == "virtual_stages":

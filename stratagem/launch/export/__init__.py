@@ -22,6 +22,7 @@ from stratagem.launch.export.bundle import (
 )
 from stratagem.launch.export.deepspeed import export_deepspeed
 from stratagem.launch.export.megatron import export_megatron
+from stratagem.launch.export.source import BEST, Chosen, choose_trial
 from stratagem.launch.export.torchrun import export_torchrun
 from stratagem.launch.export.torchtitan import export_torchtitan
 from stratagem.spaces.plan import Plan
@@ -29,7 +30,7 @@ from stratagem.spaces.scenario import Scenario
 
 __all__ = [
     "TARGETS", "Target", "ExportBundle", "FieldNote", "Layout", "export_plan", "layout", "write_bundle",
-    "checkpoint_interval_steps",
+    "checkpoint_interval_steps", "BEST", "Chosen", "choose_trial",
 ]
 
 

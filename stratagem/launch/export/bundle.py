@@ -111,19 +111,31 @@ def layout(scenario: Scenario, plan: Plan, nodes: int | None = None, source: str
 
 
 def master_addr_line(nodes: int) -> str:
-    """The shell line that sets or requires MASTER_ADDR (node 0's address) for the rendezvous."""
+    """The shell lines that set or require MASTER_ADDR (node 0's address) and set MASTER_PORT (default
+    RDZV_PORT) for the c10d rendezvous."""
+    port = f'MASTER_PORT="${{MASTER_PORT:-{RDZV_PORT}}}"'
     if nodes == 1:
-        return 'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"'
-    return ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 (port ' + str(RDZV_PORT) + ' must be reachable)}"'
+        return 'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"\n' + port
+    return ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"\n' + port
 
 
 def checkpoint_interval_steps(evaluation: Evaluation | None) -> int | None:
-    """The evaluation's checkpoint interval in optimizer steps (None without time and checkpoint figures)."""
-    if evaluation is None or evaluation.checkpoint is None or evaluation.time is None:
+    """The evaluation's checkpoint interval in optimizer steps, from its step time (measured if it has one,
+    else predicted); None when it has no step time or checkpoint figures."""
+    if evaluation is None:
         return None
-    if evaluation.time.step_s <= 0:
+    pred = evaluation.prediction
+    ck = evaluation.checkpoint or (pred.checkpoint if pred is not None else None)
+    step_s: float | None = None
+    if evaluation.time is not None:
+        step_s = evaluation.time.step_s
+    elif evaluation.measurements and isinstance(evaluation.measurements.get("step_s"), int | float):
+        step_s = float(evaluation.measurements["step_s"])
+    elif pred is not None and pred.time is not None:
+        step_s = pred.time.step_s
+    if ck is None or step_s is None or step_s <= 0:
         return None
-    return max(1, round(evaluation.checkpoint.interval_s / evaluation.time.step_s))
+    return max(1, round(ck.interval_s / step_s))
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import shlex
 
 from stratagem.launch.export.bundle import (
-    RDZV_PORT,
     ExportBundle,
     FieldNote,
     Layout,
@@ -241,7 +240,7 @@ def export_megatron(lay: Layout, checkpoint_interval: int | None = None) -> Expo
     lines += [
         "",
         f"torchrun --nnodes {lay.nodes} --nproc-per-node {lay.procs_per_node} --rdzv-backend c10d "
-        f"--rdzv-endpoint $MASTER_ADDR:{RDZV_PORT} \\",
+        "--rdzv-endpoint $MASTER_ADDR:$MASTER_PORT \\",
         '  "$MEGATRON_LM/pretrain_gpt.py" ' + " ".join(f'"${{{n}[@]}}"' for n in groups),
         "",
     ]

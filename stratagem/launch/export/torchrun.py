@@ -15,7 +15,6 @@ from typing import Any
 import yaml
 
 from stratagem.launch.export.bundle import (
-    RDZV_PORT,
     ExportBundle,
     FieldNote,
     Layout,
@@ -43,7 +42,7 @@ def plan_argument(plan: Plan) -> str:
 
 
 def torchrun_command(lay: Layout, steps: int, seed: int | None = None, scenario_path: str = SCENARIO_FILE,
-                     out: str = RESULT_FILE, endpoint: str = f"$MASTER_ADDR:{RDZV_PORT}") -> list[str]:
+                     out: str = RESULT_FILE, endpoint: str = "$MASTER_ADDR:$MASTER_PORT") -> list[str]:
     """The torchrun command line as arguments (the endpoint is left for the shell to expand)."""
     cmd = [
         "torchrun", "--nnodes", str(lay.nodes), "--nproc-per-node", str(lay.procs_per_node),

@@ -190,6 +190,11 @@
         h("td", { class: "num", text: fmt(zz[1], 3) }), h("td", { text: zz[2] }));
     }))));
   }
+  var labels = null;
+  function labelIndex() {  // plan label -> index, to link advice to neighbours the study evaluated
+    if (!labels) { labels = {}; P.label.forEach(function (l, i) { if (!(l in labels)) labels[l] = i; }); }
+    return labels;
+  }
   function adviceView(i) {
     var a = P.advice[String(i)];
     if (!a) return h("div", null, h("h4", { text: "Advice" }), h("p", { class: "note", text: P.status[i] === "infeasible" ?
@@ -197,7 +202,10 @@
       "This report computed advice for its " + D.advice_limit + " leading plans (the front first); for this one run: stratagem explain SCENARIO.yaml --plan " + P.key[i] }));
     if (!a.length) return h("div", null, h("h4", { text: "Advice" }), h("p", { text: "Nothing to change: no zone calls for a neighbouring plan." }));
     return h("div", null, h("h4", { text: "Advice" }), h("ul", { class: "advice" }, a.map(function (x) {
-      return h("li", null, h("span", { class: "badge zone", text: ZONE_TITLES[x[0]] || x[0] }), " ", x[1], x[2] ? h("span", { class: "plan-label", text: " → " + x[2] }) : null, x[3] ? h("span", { class: "effect", text: " (" + x[3] + ")" }) : null);
+      var j = x[2] ? labelIndex()[x[2]] : undefined, target = null;
+      if (x[2]) target = j === undefined ? h("span", { class: "plan-label", text: " → " + x[2] }) :
+        h("span", null, " → ", h("button", { type: "button", class: "near plan-label", title: "evaluated in this study: open it in the explorer", onclick: function () { Explorer.show(j, true); }, text: x[2] }));
+      return h("li", null, h("span", { class: "badge zone", text: ZONE_TITLES[x[0]] || x[0] }), " ", x[1], target, x[3] ? h("span", { class: "effect", text: " (" + x[3] + ")" }) : null);
     })));
   }
   function predictedVsMeasured(i) {

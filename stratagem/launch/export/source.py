@@ -1,0 +1,95 @@
+"""Which plan to export from a study: a trial by number, or the best feasible trial by one objective
+(measured trials preferred over analytic ones). Reads the study through stratagem.search.records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators.evaluation import Evaluation
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.scenario import Scenario
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["BEST", "Chosen", "choose_trial", "feasible"]
+
+BEST: dict[str, str] = {"tokens": "tokens_per_s", "headroom": "headroom_gib", "risk": "goodput_loss"}
+"""--best name -> the objective (records.OBJECTIVES) it ranks by."""
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The trial to export and what it holds."""
+
+    scenario: Scenario
+    plan: Plan
+    evaluation: Evaluation | None
+    trial: int
+    source: str
+    """e.g. `study llama trial 12 (measured; best tokens_per_s among 3 feasible measured trials)`."""
+    steps: int | None
+    """Timed steps of the measured run, if the trial has one."""
+    seed: int | None
+    """Seed of the measured run, if recorded."""
+
+
+def feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    """COMPLETE, with objective values, status ok, and every constraint satisfied (<= 0)."""
+    from optuna.trial import TrialState
+
+    if trial.state != TrialState.COMPLETE or not trial.values:
+        return False
+    if trial.user_attrs.get("status", "ok") != "ok":
+        return False
+    return all(c <= 0 for c in (trial.constraints or {}).values())
+
+
+def choose_trial(study: optuna.Study, trial: int | None = None, best: str | None = None) -> Chosen:
+    """The trial numbered `trial`, or the best feasible one by `best` (default tokens)."""
+    from stratagem.search.records import DIRECTIONS, OBJECTIVES, study_scenario, trial_evaluation, trial_plan
+
+    if trial is not None and best is not None:
+        raise StratagemError("--trial and --best: give one of them")
+    scenario = study_scenario(study)
+    trials = study.get_trials(deepcopy=False)
+    name = study.study_name
+    if trial is not None:
+        found = [t for t in trials if t.number == trial]
+        if not found:
+            have = f"trials 0-{max(t.number for t in trials)}" if trials else "no trials"
+            raise StratagemError(f"--trial ({trial}): study {name!r} has {have}")
+        chosen = found[0]
+        why = f"{chosen.state.name.lower()}, {chosen.user_attrs.get('fidelity', 'analytic')}"
+    else:
+        key = best or "tokens"
+        if key not in BEST:
+            raise StratagemError(f"--best ({key!r}): use one of {', '.join(BEST)}")
+        i = OBJECTIVES.index(BEST[key])
+        sign = -1.0 if DIRECTIONS[i] == "maximize" else 1.0
+        ok = [t for t in trials if feasible(t)]
+        if not ok:
+            raise StratagemError(f"--best ({key}): study {name!r} has no feasible trial among {len(trials)}; "
+                                 "export one by number with --trial")
+        measured = [t for t in ok if t.user_attrs.get("fidelity") == "measured"]
+        pool = measured or ok
+        chosen = min(pool, key=lambda t: (sign * t.values[i], t.number))
+        kind = "measured" if measured else "analytic"
+        why = f"{kind}; best {BEST[key]} among {len(pool)} feasible {kind} trial(s)"
+    ev = trial_evaluation(chosen)
+    plan = trial_plan(chosen)
+    return Chosen(scenario=scenario, plan=plan, evaluation=ev, trial=chosen.number,
+                  source=f"study {name} trial {chosen.number} ({why})", steps=_steps(ev),
+                  seed=_seed(ev))
+
+
+def _steps(ev: Evaluation | None) -> int | None:
+    times: Any = (ev.measurements or {}).get("step_times_s") if ev is not None else None
+    return len(times) if isinstance(times, list) and times else None
+
+
+def _seed(ev: Evaluation | None) -> int | None:
+    seed: Any = (ev.provenance or {}).get("seed") if ev is not None else None
+    return seed if isinstance(seed, int) else None

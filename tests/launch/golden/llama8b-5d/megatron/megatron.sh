@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# stratagem export for Megatron-LM core_v0.19.0 (NVIDIA/Megatron-LM@5be9626709af), pretrain_gpt.py arguments (megatron/training/arguments.py)
+# scenario: llama3-8b on 16x h100-sxm-80g
+# plan: dp=4,tp=2,pp=2,dp_replicate=2,zero_stage=3,sequence_parallel=true,activation_checkpointing=selective,pp_schedule=interleaved,virtual_stages=2
+# launch: 2 node(s) x 8 processes = world 16; 16 micro-batch(es) of 1 per step per data-parallel rank
+# source: golden case llama8b-5d
+# Not expressible in Megatron-LM core_v0.19.0 (left out):
+#   - training.checkpoint.interval_minutes: Megatron counts --save-interval in iterations; no step time was given to convert it (export from a study, or pass an evaluation): add --save-interval
+#   - training.checkpoint.mode: async: Megatron's --async-save is wired for --ckpt-format torch_dist; Megatron-FSDP needs fsdp_dtensor, so checkpoints are saved synchronously
+# Approximated in Megatron-LM core_v0.19.0 (closest setting; differs as said):
+#   - plan.activation_checkpointing: selective (stratagem: recompute the MLP activation feeding the down projection, keep the gate/up outputs): Megatron recomputes an activation alone only in MoE layers (moe_act); for this dense model --recompute-modules mlp recomputes the whole MLP from its input, freeing the gate/up outputs too and re-running their matmuls: less memory, more recompute than planned
+# Run on each of the 2 node(s) with MEGATRON_LM pointing at a Megatron-LM core_v0.19.0 checkout.
+set -euo pipefail
+: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 (port 29500 must be reachable)}"
+CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
+
+MODEL_ARGS=(
+  --num-layers 32
+  --hidden-size 4096
+  --ffn-hidden-size 14336
+  --num-attention-heads 32
+  --group-query-attention
+  --num-query-groups 8
+  --seq-length 8192
+  --position-embedding-type rope
+  --max-position-embeddings 8192
+  --swiglu
+  --normalization RMSNorm
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+)
+PARALLEL_ARGS=(
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-size 2
+  --context-parallel-size 1
+  --sequence-parallel
+  --num-layers-per-virtual-pipeline-stage 8
+  --use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads_params
+  --num-distributed-optimizer-instances 2
+  --overlap-grad-reduce
+  --overlap-param-gather
+)
+TRAINING_ARGS=(
+  --micro-batch-size 1
+  --global-batch-size 64
+  --train-iters 1907349
+  --bf16
+  --recompute-granularity selective
+  --recompute-modules mlp
+  --optimizer adam
+  --ckpt-format fsdp_dtensor
+  --save "$CHECKPOINT_DIR"
+)
+# Synthetic data and a placeholder learning rate, for a throughput check of this layout;
+# replace with your data (--data-path), tokenizer and learning-rate schedule.
+DATA_ARGS=(
+  --mock-data
+  --tokenizer-type NullTokenizer
+  --vocab-size 128256
+  --lr 0.0001
+)
+
+torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 \
+  "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# stratagem export for torchrun + stratagem's harness (stratagem.launch.harness)
+# scenario: llama3-8b on 16x h100-sxm-80g
+# plan: dp=4,tp=2,pp=2,dp_replicate=2,zero_stage=3,sequence_parallel=true,activation_checkpointing=selective,pp_schedule=interleaved,virtual_stages=2
+# launch: 2 node(s) x 8 processes = world 16; 16 micro-batch(es) of 1 per step per data-parallel rank
+# source: golden case llama8b-5d
+# Every plan field is expressed exactly in the harness.
+# Run this script on each of the 2 node(s); it writes result.json next to it.
+set -euo pipefail
+cd "$(dirname "$0")"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 (port 29500 must be reachable)}"
+torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 -m stratagem.launch.harness --scenario scenario.yaml --plan dp=4,tp=2,pp=2,cp=1,ep=1,dp_replicate=2,zero_stage=3,sequence_parallel=true,micro_batch_size=1,precision=bf16,activation_checkpointing=selective,pp_schedule=interleaved,virtual_stages=2,optimizer_offload=none --steps 20 --out result.json --seed 0

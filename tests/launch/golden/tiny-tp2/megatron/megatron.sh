@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# stratagem export for Megatron-LM core_v0.19.0 (NVIDIA/Megatron-LM@5be9626709af), pretrain_gpt.py arguments (megatron/training/arguments.py)
+# scenario: tiny on 4x cpu
+# plan: dp=2,tp=2
+# launch: 1 node(s) x 4 processes = world 4; 4 micro-batch(es) of 1 per step per data-parallel rank
+# source: golden case tiny-tp2
+# Not expressible in Megatron-LM core_v0.19.0 (left out):
+#   - training.checkpoint.interval_minutes: Megatron counts --save-interval in iterations; no step time was given to convert it (export from a study, or pass an evaluation): add --save-interval
+# Run on each of the 1 node(s) with MEGATRON_LM pointing at a Megatron-LM core_v0.19.0 checkout.
+set -euo pipefail
+: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
+MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+MODEL_ARGS=(
+  --num-layers 2
+  --hidden-size 64
+  --ffn-hidden-size 128
+  --num-attention-heads 4
+  --group-query-attention
+  --num-query-groups 2
+  --seq-length 128
+  --position-embedding-type rope
+  --max-position-embeddings 128
+  --swiglu
+  --normalization RMSNorm
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+)
+PARALLEL_ARGS=(
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-size 1
+  --context-parallel-size 1
+  --overlap-grad-reduce
+)
+TRAINING_ARGS=(
+  --micro-batch-size 1
+  --global-batch-size 8
+  --train-iters 977
+  --bf16
+  --optimizer sgd
+  --ckpt-format torch_dist
+  --save "$CHECKPOINT_DIR"
+  --async-save
+  --use-persistent-ckpt-worker
+)
+# Synthetic data and a placeholder learning rate, for a throughput check of this layout;
+# replace with your data (--data-path), tokenizer and learning-rate schedule.
+DATA_ARGS=(
+  --mock-data
+  --tokenizer-type NullTokenizer
+  --vocab-size 256
+  --lr 0.0001
+)
+
+torchrun --nnodes 1 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 \
+  "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}"
