@@ -107,7 +107,7 @@ def presets_cmd(as_json: JsonOpt = False) -> None:
 
 @app.command("report")
 def report_cmd(
-    storage: Annotated[str, typer.Option("--storage", help="Optuna storage of the search: a URL or journal file.")]
+    storage: Annotated[str, typer.Option("--storage", help="The search's storage: sqlite:///F.db, journal:F.log, RDB URL.")]
     = "sqlite:///stratagem.db",
     study: Annotated[str | None, typer.Option("--study", help="Study name (default: the storage's only one).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="report.html (default), .md, .json, .csv.")]

@@ -70,7 +70,7 @@ def init_optimizer_state(job: Job) -> None:
     for g in groups:
         g["lr"] = 0.0
     job.optimizer.step()
-    for g, lr in zip(groups, saved):
+    for g, lr in zip(groups, saved, strict=True):
         g["lr"] = lr
     job.optimizer.zero_grad(set_to_none=True)
 
@@ -93,12 +93,12 @@ def save(job: Job, path: str | Path, use_async: bool = False) -> dict[str, float
     _barrier()
     start = time.perf_counter()
     if not use_async:
-        dcp.save(state, checkpoint_id=str(path))
+        dcp.save(state, checkpoint_id=str(path))  # type: ignore[attr-defined]
         _barrier()
         return {"save_s": time.perf_counter() - start}
-    future = dcp.async_save(state, checkpoint_id=str(path))
+    future = dcp.async_save(state, checkpoint_id=str(path))  # type: ignore[attr-defined]
     staged = time.perf_counter() - start
-    future.result()
+    future.result()  # type: ignore[union-attr]
     _barrier()
     return {"async_save_blocking_s": staged, "async_save_total_s": time.perf_counter() - start}
 
@@ -111,7 +111,7 @@ def load(job: Job, path: str | Path) -> float:
     state = state_dict(job)
     _barrier()
     start = time.perf_counter()
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path))  # type: ignore[attr-defined]
     _barrier()
     return time.perf_counter() - start
 

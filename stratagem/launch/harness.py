@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,10 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     for step in range(warmup + steps):
         _sync(device)
         t0 = time.perf_counter()
-        if step == tracked:
-            with HeldParams(job.parts) as hp, peak_memory(job.parts, job.optimizer, device) as memory:
+        if step == tracked:  # CUDA keeps its own peak over all steps (reset once above)
+            meter: AbstractContextManager[dict[str, Any]] = (
+                peak_memory(job.parts, job.optimizer, device) if device.type != "cuda" else nullcontext({}))
+            with HeldParams(job.parts) as hp, meter as memory:
                 loss = train_step(job, step, seed, after_backward=lambda: grads.append(grad_bytes(job.parts)))
             held = hp.peak
         else:

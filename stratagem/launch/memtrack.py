@@ -92,7 +92,7 @@ class HeldParams:
             h.remove()
 
 
-class LiveBytes(TorchDispatchMode):
+class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Bytes of live tensor storages: every storage an op returns (DTensors desugared to their local shards)
     is counted until its Python object dies or `resize_` changes it; `peak` is the high-water mark.
 
@@ -101,7 +101,7 @@ class LiveBytes(TorchDispatchMode):
     """
 
     def __init__(self, initial: list[torch.Tensor]) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self._sizes: dict[int, int] = {}
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.current = 0
@@ -145,12 +145,12 @@ class LiveBytes(TorchDispatchMode):
             self._resized(st)
             return out
 
-        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]  # FSDP2 frees by resize_(0)
-        super().__enter__()
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]  # FSDP2 frees by resize_(0)
+        super().__enter__()  # type: ignore[no-untyped-call]
         return self
 
     def __exit__(self, *args: Any) -> None:
-        super().__exit__(*args)
+        super().__exit__(*args)  # type: ignore[no-untyped-call]
         torch.UntypedStorage.resize_ = self._original_resize  # type: ignore[method-assign]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

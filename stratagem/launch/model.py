@@ -87,7 +87,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, d)  # [b, s, k/t, d]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              is_causal=True, enable_gqa=True)  # [b, a/t, s, d]
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # [b, s, a d / t] -> [b, s, h]
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # type: ignore[no-any-return]  # [b, s, h]
 
 
 class DownProjection(nn.Module):
@@ -98,7 +98,7 @@ class DownProjection(nn.Module):
         self.w2 = nn.Linear(spec.ffn_hidden_size, spec.hidden_size, bias=False)
 
     def forward(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # g, u [b, s, f/t] -> [b, s, h]
-        return self.w2(F.silu(g) * u)
+        return self.w2(F.silu(g) * u)  # type: ignore[no-any-return]
 
 
 class FeedForward(nn.Module):

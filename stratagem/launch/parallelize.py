@@ -131,8 +131,8 @@ def apply_ac(part: Transformer, mode: str) -> None:
         if mode == "full":
             part.layers.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
         else:
-            ff = block.feed_forward
-            ff.register_module("down", checkpoint_wrapper(ff.down, preserve_rng_state=False))
+            ff = block.get_submodule("feed_forward")
+            ff.register_module("down", checkpoint_wrapper(ff.get_submodule("down"), preserve_rng_state=False))
 
 
 def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, precision: str) -> None:
@@ -148,7 +148,7 @@ def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, pre
     if not part.spec.tied_embeddings:
         if part.tok_embeddings is not None:
             fully_shard(part.tok_embeddings, **kw)
-        head = [m for m in (part.norm, part.output) if m is not None]
+        head: list[nn.Module] = [m for m in (part.norm, part.output) if m is not None]
         if head:
             fully_shard(head, **kw)
     fully_shard(part, **kw)

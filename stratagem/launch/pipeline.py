@@ -72,7 +72,8 @@ def build_schedule(parts: list[torch.nn.Module], stage_ids: list[int], plan: Pla
     )
 
     chunks = plan.pp * plan.virtual_stages
-    stages = [PipelineStage(part, sid, chunks, device, group=pp_group) for part, sid in zip(parts, stage_ids)]
+    stages: list[Any] = [PipelineStage(part, sid, chunks, device, group=pp_group)
+                         for part, sid in zip(parts, stage_ids, strict=True)]
     single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
     if plan.pp_schedule in single and len(stages) == 1:
         return single[plan.pp_schedule](stages[0], n_microbatches, loss_fn=loss_fn)

@@ -18,7 +18,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.launch.model import build_model, check_supported, materialize, named_parameters, synthetic_batch
+from stratagem.launch.model import (
+    build_model,
+    check_supported,
+    materialize,
+    named_parameters,
+    synthetic_batch,
+)
 from stratagem.launch.parallelize import (
     build_mesh,
     build_optimizer,
@@ -77,7 +83,7 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
     spec, training = scenario.model, scenario.training
     check_supported(spec)
     check_applicable(plan, spec, device)
-    mesh = build_mesh(plan, device.type) if plan.world_size > 1 else None
+    mesh: Any = build_mesh(plan, device.type) if plan.world_size > 1 else None
     pp_rank = _coord(mesh, "pp")
     stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
     chunks = plan.pp * plan.virtual_stages
@@ -114,10 +120,11 @@ def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     total = torch.zeros((), device=job.device)
     for i in range(job.microbatches):
         last = i == job.microbatches - 1
-        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        no_sync = getattr(model, "no_sync", None)
+        sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
         with sync:  # DDP: all-reduce the accumulated gradients once, on the last micro-batch
             loss = loss_fn(model(x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs])  # [mbs, s, V] -> []
-            (loss / job.microbatches).backward()
+            (loss / job.microbatches).backward()  # type: ignore[no-untyped-call]
         total += loss.detach() / job.microbatches
     return total
 

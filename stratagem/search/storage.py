@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from optuna.storages.journal._file import BaseJournalFileLock  # the lock interface JournalFileBackend takes
+
 from stratagem.errors import StratagemError
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["StorageSpec", "parse_storage", "open_storage", "storage_lock", "default_storage", "LOCK_TIMEOUT_S"]
+__all__ = ["FlockJournalLock", "StorageSpec", "parse_storage", "open_storage", "storage_lock", "default_storage", "LOCK_TIMEOUT_S"]
 
 LOCK_TIMEOUT_S = 600.0
 HEARTBEAT_S = 30  # RDB heartbeat of running (measured) trials; stale after GRACE_S without one
@@ -104,7 +106,7 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
     try:
         if spec.kind == "journal":
             assert spec.path is not None
-            return JournalStorage(JournalFileBackend(str(spec.path)))
+            return JournalStorage(JournalFileBackend(str(spec.path), lock_obj=FlockJournalLock(spec.path)))
         import warnings
 
         with warnings.catch_warnings():
@@ -116,6 +118,32 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
         if type(e).__module__.startswith(("sqlalchemy", "optuna")):
             raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
         raise
+
+
+class FlockJournalLock(BaseJournalFileLock):
+    """The journal's append lock as an flock on `<journal>.flock`: the kernel drops it when its holder dies.
+    (Optuna's default symlink lock, left behind by a process killed while appending, stalls every later
+    writer for its 30 s grace period.)"""
+
+    def __init__(self, journal: Path) -> None:
+        self._path = f"{journal}.flock"
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 def _first_line(e: BaseException) -> str:

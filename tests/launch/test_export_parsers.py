@@ -54,13 +54,10 @@ def torchrun_command(bundle: ExportBundle) -> list[str]:
 
 
 def harness_parser() -> argparse.ArgumentParser:
-    """The harness interface: python -m stratagem.launch.harness --scenario S --plan P --steps N --out F [--seed S]."""
-    p = argparse.ArgumentParser(exit_on_error=False)
-    for opt in ("--scenario", "--plan", "--out"):
-        p.add_argument(opt, required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--seed", type=int)
-    return p
+    """The harness's own command-line parser (stratagem/launch/harness.py; importing it imports torch)."""
+    from stratagem.launch.harness import _parser
+
+    return _parser()
 
 
 def torchrun_args(cmd: list[str]) -> tuple[argparse.Namespace, str, list[str]]:
@@ -139,7 +136,7 @@ def test_torchrun(name: str, tmp_path: Path) -> None:
     bundle = export_plan(scn, plan, "torchrun", steps=7, seed=3)
     run, module, rest = torchrun_args(torchrun_command(bundle))
     assert run.nnodes * run.nproc_per_node == plan.world_size
-    assert (run.nnodes, run.rdzv_endpoint, module) == (scn.cluster.num_nodes, "$MASTER_ADDR:29500",
+    assert (run.nnodes, run.rdzv_endpoint, module) == (scn.cluster.num_nodes, "$MASTER_ADDR:$MASTER_PORT",
                                                        "stratagem.launch.harness")
     harness = harness_parser().parse_args(rest)
     assert (harness.scenario, harness.steps, harness.out, harness.seed) == ("scenario.yaml", 7, "result.json", 3)
@@ -148,7 +145,39 @@ def test_torchrun(name: str, tmp_path: Path) -> None:
     back = load_scenario(tmp_path / "scenario.yaml")
     assert back.plan == plan
     assert back.model_dump(exclude={"plan", "search"}) == scn.model_dump(exclude={"plan", "search"})
-    assert bundle.unexpressed == [] and bundle.approximated == []
+    assert bundle.approximated == []
+
+
+def _harness_refusal(scn: Scenario, plan: Plan) -> str | None:
+    """The harness's own checks, without running it: the message it would stop with, or None."""
+    import torch
+
+    from stratagem.launch.model import check_supported
+    from stratagem.launch.parallelize import build_optimizer, check_applicable
+
+    try:
+        check_supported(scn.model)
+        check_applicable(plan, scn.model, torch.device("cpu"))
+        build_optimizer([torch.nn.Parameter(torch.zeros(1))], plan.model_copy(update={"zero_stage": 0}),
+                        scn.training.optimizer, None, lr=1e-3)
+    except StratagemError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_torchrun_notes_what_the_harness_refuses(name: str) -> None:
+    """harness_limits agrees with the harness's checks (run on CPU: fp8 is judged only for CPU clusters)."""
+    scn, plan = CASES[name]
+    if scn.cluster.gpu.kind != "cpu" and plan.precision == "fp8":
+        plan = plan.model_copy(update={"precision": "bf16"})
+    bundle = export_plan(scn, plan, "torchrun")
+    refusal = _harness_refusal(scn, plan)
+    fields = [n.field for n in bundle.unexpressed]
+    assert (refusal is None) == (fields == []), (refusal, fields)
+    if refusal is not None:
+        named = refusal.split(" ", 1)[0].split("/")[0].rstrip(":")
+        assert named in fields or named.split(".")[0] in fields, (refusal, fields)
 
 
 def _check_toml_value(section: str, key: str, value: Any) -> None:

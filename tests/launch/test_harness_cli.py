@@ -28,10 +28,10 @@ def _harness(plan: str, out: Path, *extra: str) -> list[str]:
 def _run(cmds: list[list[str]], envs: list[dict[str, str]]) -> list[subprocess.CompletedProcess[str]]:
     """Start all commands at once; kill every one of them if any passes the deadline."""
     procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-             for c, e in zip(cmds, envs)]
+             for c, e in zip(cmds, envs, strict=True)]
     done = []
     try:
-        for cmd, p in zip(cmds, procs):
+        for cmd, p in zip(cmds, procs, strict=True):
             out, err = p.communicate(timeout=DEADLINE_S)
             done.append(subprocess.CompletedProcess(cmd, p.returncode, out, err))
     finally:
@@ -106,3 +106,20 @@ def test_plan_for_another_world_size_is_one_line_error(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         "error: plan: dp*tp*pp*cp (2*2*1*1 = 4) must equal the 1 rank(s) the harness was launched with; "
         "launch 4 ranks or change the plan"]
+
+
+def test_gpu_check_script_parses_and_its_cpu_dry_run_works(tmp_path: Path) -> None:
+    script = str(ROOT / "scripts" / "gpu_check.sh")
+    assert subprocess.run(["bash", "-n", script], check=False).returncode == 0
+    (done,) = _run([["bash", script, "--dry-run"]], [{**ENV, "OUT": str(tmp_path)}])
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["ok"] * 4
+    assert all(r["measured_peak_gib"] > 0 and r["predicted_peak_gib"] > 0 for r in rows)
+    assert "pred GiB" in done.stdout and "dp1 z0 mb4 bf16 full-ac" in done.stdout
+
+
+def test_package_import_does_not_load_torch() -> None:
+    code = ("import sys, stratagem.launch, stratagem.launch.export; assert 'torch' not in sys.modules; "
+            "from stratagem.launch import run_harness; assert 'torch' in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, check=False).returncode == 0

@@ -100,7 +100,7 @@ def launches(tiny: Scenario, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             continue
         finally:
             out["wall_s"][world] = time.perf_counter() - start
-        for (key, _, _), run in zip(entries, runs):
+        for (key, _, _), run in zip(entries, runs, strict=True):
             out[key] = run
     return out
 

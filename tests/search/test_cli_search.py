@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -102,22 +103,21 @@ def check_complete(url: str, name: str, chosen: list[str], front: set[str]) -> N
     assert "scenario" in study.user_attrs
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_resume_after_sigkill_at_several_points(tmp_path, kind) -> None:
-    sample = 80 if kind == "sqlite" else 600  # a journal trial costs ~1 ms: store enough to kill mid-way
-    path = write_scenario(tmp_path, sample=sample)
+def resume_after_kills(tmp_path: Path, kind: str, fractions: list[float]) -> None:
+    path = write_scenario(tmp_path, sample=40)
     url = url_of(tmp_path, kind)
     args = [str(path), "--storage", url, "--study", "k"]
     total = len(expected(path)[0])
-    # 1: killed during start-up / screening, before the study exists
+    # killed during start-up / screening, before the study exists
     assert kill_when(args, lambda t: t > 0.5) == -signal.SIGKILL
     assert trial_count(tmp_path, kind) == 0
-    # 2, 3: killed while storing, after a few trials and after more
-    for k in (3, total // 2):
+    # killed while storing, after a fraction of the trials
+    for f in fractions:
+        k = max(1, int(f * total))
         before = trial_count(tmp_path, kind)
         assert kill_when(args, lambda t, k=k: trial_count(tmp_path, kind) >= k) == -signal.SIGKILL
         after = trial_count(tmp_path, kind)
-        assert before <= after < total, (before, after)
+        assert before <= after < total, (before, after, total)
     # then a rerun finishes the job: same front, nothing twice, nothing missing
     done = cli(*args, "--json")
     assert done.returncode == 0, done.stderr
@@ -127,6 +127,19 @@ def test_resume_after_sigkill_at_several_points(tmp_path, kind) -> None:
     check_complete(url, "k", chosen, front)
     # and once more: nothing left to do
     assert json.loads(cli(*args, "--json").stdout)["stored"] == 0
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_resume_after_sigkill_at_several_points(tmp_path, kind) -> None:
+    resume_after_kills(tmp_path, kind, [0.05, 0.5])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_resume_after_sigkill_at_random_points(tmp_path, kind, seed) -> None:
+    rng = random.Random(seed)
+    resume_after_kills(tmp_path, kind, sorted(rng.uniform(0.02, 0.9) for _ in range(3)))
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])

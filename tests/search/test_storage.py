@@ -73,3 +73,26 @@ def test_lock_times_out(tmp_path) -> None:
         with pytest.raises(StratagemError, match="still held"):
             with storage_lock(spec, timeout=0.3):
                 pass
+
+
+def test_journal_lock_of_a_killed_writer_is_released_at_once(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from pathlib import Path; from stratagem.search.storage import FlockJournalLock; "
+            "FlockJournalLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "j.log")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    from stratagem.search.storage import FlockJournalLock
+
+    t0 = time.monotonic()
+    lock = FlockJournalLock(tmp_path / "j.log")
+    assert lock.acquire() and time.monotonic() - t0 < 2
+    lock.release()

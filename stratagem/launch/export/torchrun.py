@@ -3,8 +3,10 @@ scenario + plan YAML file it reads.
 
 The harness entry point is `python -m stratagem.launch.harness --scenario S.yaml --plan "k=v,..." --steps N
 --out result.json [--seed S]`. Every scenario and plan field is passed verbatim (the YAML file carries the
-scenario and the plan; --plan repeats every plan field explicitly, defaults included), so nothing is
-unexpressed.
+scenario and the plan; --plan repeats every plan field explicitly, defaults included). What the harness itself
+does not apply (its checks: stratagem.launch.parallelize.check_applicable, stratagem.launch.model.check_supported,
+stratagem.launch.parallelize.build_optimizer) is listed as unexpressed: that run stops with the harness's error.
+test_export_parsers.py keeps `harness_limits` in step with those checks.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from stratagem.launch.export.bundle import (
 )
 from stratagem.spaces.plan import Plan
 
-__all__ = ["HARNESS_MODULE", "export_torchrun", "plan_argument", "torchrun_command", "scenario_document"]
+__all__ = ["HARNESS_MODULE", "export_torchrun", "harness_limits", "plan_argument", "torchrun_command",
+           "scenario_document"]
 
 HARNESS_MODULE = "stratagem.launch.harness"
 SCENARIO_FILE = "scenario.yaml"
@@ -65,13 +68,42 @@ def scenario_document(lay: Layout) -> dict[str, Any]:
     return data
 
 
+def harness_limits(lay: Layout) -> list[FieldNote]:
+    """Fields of this scenario and plan that stratagem's harness does not apply (it stops with an error)."""
+    s, p = lay.scenario, lay.plan
+    m = s.model
+    stop = "the harness stops with an error"
+    out: list[FieldNote] = []
+    if m.moe is not None or (m.mlp, m.norm, m.bias, m.position_embedding) != ("swiglu", "rmsnorm", "none", "rope"):
+        out.append(FieldNote("model", "the harness builds dense Llama-style models only (swiglu, rmsnorm, no "
+                                      f"bias, rope, no MoE): {stop}"))
+    if p.cp > 1:
+        out.append(FieldNote("plan.cp", f"{p.cp}: the harness does not apply context parallelism: {stop}"))
+    if p.ep > 1:
+        out.append(FieldNote("plan.ep", f"{p.ep}: the harness trains dense models only: {stop}"))
+    if p.dp_replicate > 1:
+        out.append(FieldNote("plan.dp_replicate", f"{p.dp_replicate}: the harness does not apply HSDP: {stop}"))
+    if p.optimizer_offload != "none":
+        out.append(FieldNote("plan.optimizer_offload",
+                             f"{p.optimizer_offload}: the harness keeps optimizer states on the device: {stop}"))
+    if m.tied_embeddings and p.pp > 1:
+        out.append(FieldNote("plan.pp", f"{p.pp}: the harness does not sync tied embeddings across pipeline "
+                                        f"stages: {stop}"))
+    if p.precision == "fp8" and s.cluster.gpu.kind == "cpu":
+        out.append(FieldNote("plan.precision", f"fp8: needs a GPU with FP8 tensor cores: {stop} on CPU"))
+    if s.training.optimizer not in ("adamw", "sgd", "adafactor"):
+        out.append(FieldNote("training.optimizer",
+                             f"{s.training.optimizer}: the harness runs adamw, sgd and adafactor: {stop}"))
+    return out
+
+
 def _shell_word(arg: str) -> str:
     return arg if arg.startswith("$MASTER_ADDR") else shlex.quote(arg)
 
 
 def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0) -> ExportBundle:
     """run.sh (the torchrun command, run on every node) and scenario.yaml (scenario + plan)."""
-    unexpressed: list[FieldNote] = []
+    unexpressed = harness_limits(lay)
     approximated: list[FieldNote] = []
     s = lay.scenario
     if lay.nodes != s.cluster.num_nodes:

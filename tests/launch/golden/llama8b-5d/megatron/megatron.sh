@@ -12,7 +12,8 @@
 # Run on each of the 2 node(s) with MEGATRON_LM pointing at a Megatron-LM core_v0.19.0 checkout.
 set -euo pipefail
 : "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
-: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 (port 29500 must be reachable)}"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
+MASTER_PORT="${MASTER_PORT:-29500}"
 CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
 
 MODEL_ARGS=(
@@ -64,5 +65,5 @@ DATA_ARGS=(
   --lr 0.0001
 )
 
-torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 \
+torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT \
   "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}"

@@ -4,9 +4,11 @@
 # plan: dp=4,tp=2,pp=2,dp_replicate=2,zero_stage=3,sequence_parallel=true,activation_checkpointing=selective,pp_schedule=interleaved,virtual_stages=2
 # launch: 2 node(s) x 8 processes = world 16; 16 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case llama8b-5d
-# Every plan field is expressed exactly in the harness.
+# Not expressible in the harness (left out):
+#   - plan.dp_replicate: 2: the harness does not apply HSDP: the harness stops with an error
 # Run this script on each of the 2 node(s); it writes result.json next to it.
 set -euo pipefail
 cd "$(dirname "$0")"
-: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 (port 29500 must be reachable)}"
-torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 -m stratagem.launch.harness --scenario scenario.yaml --plan dp=4,tp=2,pp=2,cp=1,ep=1,dp_replicate=2,zero_stage=3,sequence_parallel=true,micro_batch_size=1,precision=bf16,activation_checkpointing=selective,pp_schedule=interleaved,virtual_stages=2,optimizer_offload=none --steps 20 --out result.json --seed 0
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT -m stratagem.launch.harness --scenario scenario.yaml --plan dp=4,tp=2,pp=2,cp=1,ep=1,dp_replicate=2,zero_stage=3,sequence_parallel=true,micro_batch_size=1,precision=bf16,activation_checkpointing=selective,pp_schedule=interleaved,virtual_stages=2,optimizer_offload=none --steps 20 --out result.json --seed 0

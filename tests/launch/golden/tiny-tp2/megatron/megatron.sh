@@ -10,6 +10,7 @@
 set -euo pipefail
 : "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+MASTER_PORT="${MASTER_PORT:-29500}"
 CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
@@ -56,5 +57,5 @@ DATA_ARGS=(
   --lr 0.0001
 )
 
-torchrun --nnodes 1 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 \
+torchrun --nnodes 1 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT \
   "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}"
