@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-slow lint clean
+.PHONY: install browser demo test test-slow lint clean
 
 $(BIN)/stratagem: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +23,13 @@ lint: install
 	$(BIN)/ruff check stratagem tests bench
 	$(BIN)/mypy
 
-test: lint
+# The report's browser tests use Debian's chromium; installed when missing and we are root, else they skip.
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "chromium not installed: browser tests will skip"
+
+test: lint browser
 	$(BIN)/pytest -q
 
 test-slow: install
