@@ -96,8 +96,9 @@ def measured_evaluation(scenario: Scenario, plan: Plan, status: Status, reason: 
     mfu = 0.0
     if prediction.throughput is not None and prediction.throughput.tokens_per_s > 0:
         mfu = prediction.throughput.mfu * tokens / prediction.throughput.tokens_per_s
-    measurements: dict[str, Any] = {k: result[k] for k in ("step_s", "step_times_s", "losses", "tokens_per_s", "device",
-                                           "world_size", "checkpoint", "mechanisms", "ranks") if k in result}
+    measurements: dict[str, Any] = {k: result[k] for k in (
+        "step_s", "step_times_s", "losses", "tokens_per_s", "tokens_per_step", "device", "world_size", "steps",
+        "warmup", "seed", "versions", "checkpoint", "mechanisms", "ranks") if k in result}
     return Evaluation(
         plan=plan, status="ok", fidelity="measured", memory=memory,
         throughput=Throughput(tokens_per_s=tokens, tokens_per_s_per_gpu=tokens / world, mfu=mfu),

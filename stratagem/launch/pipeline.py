@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from stratagem.errors import StratagemError
 from stratagem.launch.model import Transformer, build_model
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
-__all__ = ["chunk_layers", "rank_chunks", "build_stage_model", "build_schedule"]
+__all__ = ["chunk_layers", "rank_chunks", "check_microbatches", "build_stage_model", "build_schedule"]
 
 
 def chunk_layers(num_layers: int, chunks: int) -> list[list[int]]:
@@ -37,6 +38,21 @@ def chunk_layers(num_layers: int, chunks: int) -> list[list[int]]:
 def rank_chunks(plan: Plan, pp_rank: int) -> list[int]:
     """Stage indices held by pipeline rank `pp_rank` (loop placement): pp_rank, pp_rank + pp, ..."""
     return [pp_rank + k * plan.pp for k in range(plan.virtual_stages)]
+
+
+def check_microbatches(plan: Plan, microbatches: int) -> None:
+    """torch's schedules need 1F1B: m >= pp; interleaved / zero-bubble: m a multiple of its rounds max(1, m // pp)."""
+    if plan.pp == 1:
+        return
+    fix = "lower micro_batch_size or dp (micro-batches per step = global_batch_size / (dp * micro_batch_size))"
+    if plan.pp_schedule == "1f1b" and microbatches < plan.pp:
+        raise StratagemError(f"plan.micro_batch_size ({plan.micro_batch_size}): the 1f1b schedule needs at least "
+                             f"pp ({plan.pp}) micro-batches per step, got {microbatches}; {fix}")
+    rounds = max(1, microbatches // plan.pp)
+    if plan.pp_schedule in ("interleaved", "zero_bubble") and microbatches % rounds:
+        raise StratagemError(f"plan.micro_batch_size ({plan.micro_batch_size}): the {plan.pp_schedule} schedule "
+                             f"needs micro-batches per step ({microbatches}) to be a multiple of "
+                             f"{rounds} = max(1, m // pp); {fix}")
 
 
 def build_stage_model(spec: ModelSpec, plan: Plan, stage: int) -> Transformer:

@@ -33,7 +33,7 @@ from stratagem.launch.parallelize import (
     uses_fsdp,
     wrap_ddp,
 )
-from stratagem.launch.pipeline import build_schedule, build_stage_model, rank_chunks
+from stratagem.launch.pipeline import build_schedule, build_stage_model, check_microbatches, rank_chunks
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -83,6 +83,8 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
     spec, training = scenario.model, scenario.training
     check_supported(spec)
     check_applicable(plan, spec, device)
+    micro = plan.grad_accumulation(training.global_batch_size)
+    check_microbatches(plan, micro)
     mesh: Any = build_mesh(plan, device.type) if plan.world_size > 1 else None
     pp_rank = _coord(mesh, "pp")
     stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
@@ -94,7 +96,6 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
     parts = [wrap_ddp(m, plan, mesh) for m in modules]
     params = [p for _, p in named_parameters(parts)]
     optimizer = build_optimizer(params, plan, training.optimizer, mesh, lr, eps)
-    micro = plan.grad_accumulation(training.global_batch_size)
     schedule = None
     if plan.pp > 1:
         schedule = build_schedule(parts, stage_ids, plan, mesh["pp"].get_group(), device, micro, loss_fn)

@@ -108,7 +108,7 @@ class SearchConfig(BaseModel):
     """Default pp/virtual_stages values keep the most loaded pipeline rank within this factor of the mean."""
     exhaustive_limit: int = Field(default=2_000_000, ge=1)
     """Spaces up to this many valid plans are screened exhaustively; larger ones are sampled and explored."""
-    stored_sample: int = Field(default=64, ge=0)
+    stored_sample: int = Field(default=32, ge=0)
     """Plans off the front stored as trials besides the front: half pruned ones nearest the memory limit,
     half a random sample of the rest."""
     seed: int = 0

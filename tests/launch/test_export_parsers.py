@@ -536,3 +536,10 @@ def test_write_bundle_leaves_nothing_half_written(tmp_path: Path) -> None:
     with pytest.raises(StratagemError, match=r"-o \(.*blocked\): cannot write"):
         write_bundle(bad, blocked)
     assert sorted(p.name for p in blocked.iterdir()) == ["sub"]
+
+
+def test_export_imports_without_torch() -> None:
+    code = ("import sys, stratagem.launch.export; "
+            "print(sorted(m for m in ('torch', 'ray', 'deepspeed') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[]", proc.stderr[-2000:]

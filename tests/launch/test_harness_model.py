@@ -15,7 +15,7 @@ from stratagem.launch.harness import validate_plan
 from stratagem.launch.memtrack import LiveBytes
 from stratagem.launch.model import build_model, materialize, named_parameters, synthetic_batch
 from stratagem.launch.parallelize import apply_ac, check_applicable
-from stratagem.launch.pipeline import build_stage_model, chunk_layers, rank_chunks
+from stratagem.launch.pipeline import build_stage_model, check_microbatches, chunk_layers, rank_chunks
 from stratagem.spaces import ModelSpec, Scenario, load_scenario, parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +147,16 @@ def test_recompute_keeps_what_the_analytic_model_counts(tiny: Scenario) -> None:
     cpu_extras = (2 * s * b * spec.hidden_size + s * b * (2 + spec.num_attention_heads)
                   + 4 * s * spec.dim_head // 2) * 4
     assert measured["none"] == none + cpu_extras
+
+
+@pytest.mark.parametrize("plan,microbatches,ok", [
+    ("pp=2,schedule=1f1b", 1, False), ("pp=2,schedule=1f1b", 2, True), ("pp=2,schedule=gpipe", 1, True),
+    ("pp=2,schedule=zero_bubble", 5, False), ("pp=2,schedule=zero_bubble", 3, True),
+    ("pp=2,schedule=interleaved,v=2", 4, True),
+])
+def test_schedule_microbatch_limits_are_named(plan: str, microbatches: int, ok: bool) -> None:
+    if ok:
+        check_microbatches(parse_plan(plan), microbatches)
+    else:
+        with pytest.raises(StratagemError, match=r"^plan\.micro_batch_size \(1\): the"):
+            check_microbatches(parse_plan(plan), microbatches)

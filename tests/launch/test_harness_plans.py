@@ -100,6 +100,7 @@ def launches(tiny: Scenario, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             continue
         finally:
             out["wall_s"][world] = time.perf_counter() - start
+            print(f"launch of {len(entries)} plans at world {world}: {out['wall_s'][world]:.1f} s")
         for (key, _, _), run in zip(entries, runs, strict=True):
             out[key] = run
     return out

@@ -161,11 +161,12 @@ def header_lines(lay: Layout, target_line: str) -> list[str]:
     return [comment_safe(x) for x in lines]
 
 
-def note_lines(unexpressed: list[FieldNote], approximated: list[FieldNote], target_name: str) -> list[str]:
+def note_lines(unexpressed: list[FieldNote], approximated: list[FieldNote], target_name: str,
+               unexpressed_title: str = "") -> list[str]:
     """The notes as comment lines (without comment markers)."""
     lines: list[str] = []
     if unexpressed:
-        lines.append(f"Not expressible in {target_name} (left out):")
+        lines.append(unexpressed_title or f"Not expressible in {target_name} (left out):")
         lines += [f"  - {n.line()}" for n in unexpressed]
     if approximated:
         lines.append(f"Approximated in {target_name} (closest setting; differs as said):")

@@ -113,7 +113,8 @@ def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0) -> Expor
             f"{s.cluster.num_nodes} x {s.cluster.gpus_per_node}; scenario.yaml says so",
         ))
     head = header_lines(lay, f"torchrun + stratagem's harness ({HARNESS_MODULE})")
-    notes = note_lines(unexpressed, approximated, "the harness")
+    notes = note_lines(unexpressed, approximated, "the harness",
+                       "Not applied by the harness (passed on as given; the run stops with the harness's error):")
     cmd = torchrun_command(lay, steps, seed)
     rdzv = master_addr_line(lay.nodes)
     script = "\n".join([

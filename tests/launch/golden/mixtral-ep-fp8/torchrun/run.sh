@@ -4,7 +4,7 @@
 # plan: dp=8,tp=2,ep=4,zero_stage=3,sequence_parallel=true,precision=fp8,activation_checkpointing=selective
 # launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case mixtral-ep-fp8
-# Not expressible in the harness (left out):
+# Not applied by the harness (passed on as given; the run stops with the harness's error):
 #   - model: the harness builds dense Llama-style models only (swiglu, rmsnorm, no bias, rope, no MoE): the harness stops with an error
 #   - plan.ep: 4: the harness trains dense models only: the harness stops with an error
 # Run this script on each of the 2 node(s); it writes result.json next to it.
