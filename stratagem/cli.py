@@ -189,11 +189,12 @@ def search_cmd(
     study: Annotated[str | None, typer.Option("--study", help="Study name (default: <scenario>-<space hash>); "
                                               "rerunning with the same name resumes.")] = None,
     sampler: Annotated[str, typer.Option("--sampler", help="auto | exhaustive | nsga2 | tpe | random.")] = "auto",
-    n_trials: Annotated[int | None, typer.Option("--n-trials", help="Plans the sampler proposes (nsga2/tpe/random; "
-                                                 "default 2000); measured runs: runs in this call.")] = None,
-    timeout: Annotated[float | None, typer.Option("--timeout", help="Stop exploring after S seconds.")] = None,
+    n_trials: Annotated[int | None, typer.Option("--n-trials", help="Plans the sampler proposes (nsga2/random "
+                                                 "default 2000, tpe 300); measured runs: runs in this call.")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Stop the sampler / measured runs after S "
+                                                  "seconds.")] = None,
     top: Annotated[int, typer.Option("--top", help="Rows of the front to show.")] = 20,
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print counts and the front as JSON.")] = False,
 ) -> None:
     """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, show it."""
     from stratagem.search import console as view

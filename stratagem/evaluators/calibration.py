@@ -63,6 +63,13 @@ class Calibration(BaseModel):
     """Software cost of one ring step in NCCL (protocol, proxy thread), microseconds, added to link latency."""
     step_overhead_s: float = Field(default=0.11, ge=0)
     """Fixed cost of one optimizer step outside the model (data loading, logging, synchronisation), s."""
+    p2p_poll_s: float = Field(default=0.0, ge=0)
+    """Host polling quantum of blocking pipeline point-to-point metadata messages, s (0: the stack waits on the
+    GPU, no polling). Not fitted: it is read from the training code. Released stacks have none; nanotron's
+    benchmark branch that ran the Ultra-Scale Playbook sweep (huggingface/nanotron nouamane/bench2 from commit
+    67c5ebb6, 2024-12-27, src/nanotron/parallel/pipeline_parallel/p2p.py `_send_meta` / `_recv_meta`) sends two
+    metadata tensors before every activation or gradient and waits for each with
+    `while not work.is_completed(): time.sleep(0.1)`, i.e. 0.1 (evaluators.timing: pipeline polling)."""
 
 
 DEFAULT_CALIBRATION = Calibration()

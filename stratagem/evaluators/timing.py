@@ -12,6 +12,10 @@ Sources:
   [FA2]    Dao 2023, FlashAttention-2, sec. 4.1: causal attention does half the work; backward = 2.5x forward.
   [ZeRO]   Rajbhandari et al. 2019, sec. 7: DDP and ZeRO-1/2 move 2 Psi per step, ZeRO-3 3 Psi (1.5x).
   [ZB]     Qi et al. 2023, Zero Bubble Pipeline Parallelism, sec. 3: ZB-H1 bubble ~ 1/3 of 1F1B's.
+  [NT-P2P] huggingface/nanotron, branch nouamane/bench2 from 67c5ebb6 (the code of the Ultra-Scale Playbook sweep),
+           src/nanotron/parallel/pipeline_parallel/p2p.py: P2P.send_tensors / recv_tensors (used by state.py
+           SendActivation, RecvActivation, SendGrad, RecvGrad for every micro-batch) first exchange two metadata
+           tensors, each awaited by `while not work.is_completed(): time.sleep(0.1)`.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "model_flops_per_token",
     "megatron_flops_per_token",
     "bubble_fraction",
+    "pipeline_poll_s",
     "rank_params",
     "time_columns",
 ]
@@ -86,6 +91,22 @@ def bubble_fraction(pp: Array, micro_batches: Array, schedule: Array, virtual: A
     (p-1)/(v m) interleaved (2), (p-1)/(3 m) zero-bubble ZB-H1 (3)."""
     per = np.select([schedule == 2, schedule == 3], [1.0 / virtual, 1.0 / 3.0], 1.0)
     return np.where(pp > 1, (pp - 1) * per / micro_batches, 0.0)
+
+
+def pipeline_poll_s(pp: Array, tp: Array, virtual: Array, quantum: float) -> Array:
+    """Host time per micro-batch a pipeline rank spends polling P2P metadata messages [NT-P2P] (0 if quantum = 0).
+
+    Each activation or gradient send and receive is preceded by 2 metadata messages, each awaited in a poll loop
+    that checks once, then sleeps `quantum` between checks. Per micro-batch and model chunk a first or last stage
+    sends once and receives once (activation forward, gradient backward): 4 messages; a middle stage (p > 2)
+    receives and sends in both directions: 8. A message costs at least one quantum on the side that posts it last
+    (its GPU stream is still busy at the first check, so the check fails), and the side that posted first notices
+    completion at its next check, a uniform phase within the quantum; the t tensor-parallel ranks of a stage each
+    poll their own peer and are then synchronised by the next TP collective, so the stage waits for the latest of
+    t phases, E[max of t uniforms] = t / (t + 1) quantum. Per micro-batch: messages x quantum x (1 + t / (t + 1)).
+    """
+    messages = np.where(pp > 2, 8.0, 4.0) * virtual
+    return np.where(pp > 1, messages * quantum * (1.0 + tp / (tp + 1.0)), 0.0)
 
 
 # ---- parameters per rank -------------------------------------------------------------------------------------
@@ -173,6 +194,7 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     pp_mb = 2.0 * v * p2p_s(pp_link, boundary, p > 1)
     if hides:
         pp_mb = np.maximum(0.0, pp_mb - cal.overlap * compute_mb)
+    pp_mb = pp_mb + pipeline_poll_s(p, t, v, cal.p2p_poll_s)
 
     # Data parallel over the dp x cp ranks that hold the same weights (HSDP: shard inside dp/replicate).
     dense, expert = rank_params(scn, pc)

@@ -14,8 +14,9 @@ In-process, for a launcher that has set that environment (e.g. inside a Ray acto
 `scenario` is a Scenario or a YAML path, `plan` a Plan or a "dp=2,tp=2" string. It initialises the process
 group (gloo on CPU, nccl on GPU) when WORLD_SIZE > 1, validates the plan against that world size (a 1-rank
 plan is the single-process reference whatever the scenario's cluster; the other rules still apply), trains
-warmup + steps optimizer steps, writes the result to `out` on rank 0 and returns it (other ranks return their
-own figures). Raises StratagemError for a plan it cannot apply, MemoryCapExceeded when the tracked peak passes
+warmup + steps optimizer steps, writes the result to `out` on rank 0 and returns it (on every rank, with every
+rank's figures). The CPU memory trace (a dispatch-mode counter) runs during one untimed step: the last warm-up
+step, or step 0 when warmup is 0. Raises StratagemError for a plan it cannot apply, MemoryCapExceeded when the tracked peak passes
 the cap, torch.cuda.OutOfMemoryError on a CUDA OOM.
 
 Result keys: plan, plan_text, world_size, backend, device, steps, warmup, seed, losses (one per optimizer
@@ -230,8 +231,9 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int, w
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     own_group = world > 1 and not dist.is_initialized()
     if own_group:
-        _, backend = pick_device()
-        dist.init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S))
+        device, backend = pick_device()
+        dist.init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S),
+                                device_id=device if device.type == "cuda" else None)
     try:
         result = run_plan(scn, the_plan, steps, warmup, seed, memory_cap_gib=memory_cap_gib,
                           checkpoint_dir=checkpoint_dir, checkpoint=checkpoint)

@@ -17,7 +17,7 @@ a `/t` suffix marks a tensor-parallel shard.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -169,7 +169,7 @@ def canonical_fqn(name: str) -> str:
     return name.removeprefix("module.")
 
 
-def named_parameters(parts: list[nn.Module]) -> Iterator[tuple[str, nn.Parameter]]:
+def named_parameters(parts: Sequence[nn.Module]) -> Iterator[tuple[str, nn.Parameter]]:
     """(canonical name, parameter) over the model parts held by this rank, each parameter once."""
     seen: set[int] = set()
     for part in parts:
@@ -189,7 +189,7 @@ def _init_value(name: str, shape: torch.Size, seed: int, device: torch.device) -
 
 
 @torch.no_grad()
-def materialize(parts: list[nn.Module], device: torch.device, seed: int) -> None:
+def materialize(parts: Sequence[nn.Module], device: torch.device, seed: int) -> None:
     """Allocate meta parameters on `device` and fill them with the plan-independent initial values.
 
     A sharded parameter (a DTensor from TP and/or FSDP2) receives its shard of the full value, cut locally

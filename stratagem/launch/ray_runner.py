@@ -92,7 +92,7 @@ class _RankWorker:
         with socket.socket() as s:
             s.bind(("", 0))
             port = int(s.getsockname()[1])
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), port  # type: ignore[no-untyped-call]
 
     def run(self, cmd: list[str], env: dict[str, str], log_path: str, out_path: str | None) -> dict[str, Any]:
         full_env = {**os.environ, **env}
@@ -132,7 +132,7 @@ class RayRunner:
                 if num_cpus is not None:
                     kwargs["num_cpus"] = num_cpus
             ray.init(address=address, **kwargs)
-        resources = ray.cluster_resources()
+        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
         self.use_gpus = bool(resources.get("GPU", 0)) if use_gpus is None else use_gpus
         self.slots = int(resources.get("GPU" if self.use_gpus else "CPU", 0))
         self._lock = threading.Lock()

@@ -65,7 +65,7 @@ class Reproduction:
 
 
 def _peak(result: dict[str, Any]) -> float:
-    return max(r.get("peak_reserved_bytes", r["peak_bytes"]) for r in result["ranks"]) / GIB
+    return float(max(r.get("peak_reserved_bytes", r["peak_bytes"]) for r in result["ranks"])) / GIB
 
 
 def _major_minor(version: str | None) -> str:

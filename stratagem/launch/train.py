@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,7 +67,6 @@ class Job:
     is_last: bool = True
     loss_owner: bool = True
     """Whether this rank adds its loss to the global mean (last stage, tp rank 0)."""
-    hooks: list[Callable[[], None]] = field(default_factory=list)
 
 
 def _coord(mesh: Any, dim: str) -> int:
@@ -92,7 +91,7 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
     modules = [build_stage_model(spec, plan, s) for s in stage_ids] if plan.pp > 1 else [build_model(spec)]
     for module in modules:
         parallelize(module, plan, mesh)
-    materialize(modules, device, seed)  # type: ignore[arg-type]
+    materialize(modules, device, seed)
     parts = [wrap_ddp(m, plan, mesh) for m in modules]
     params = [p for _, p in named_parameters(parts)]
     optimizer = build_optimizer(params, plan, training.optimizer, mesh, lr, eps)

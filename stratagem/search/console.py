@@ -95,7 +95,8 @@ def summary_lines(result: SearchResult) -> list[str]:
     space = (f"{c.valid:,} valid plans, all screened" if c.screened == c.valid
              else f"{c.valid:,} valid plans, {c.screened:,} screened ({result.mode})")
     margin = result.screening.space.config.memory_margin_gib
-    return [
+    notes = [f"note: {n}" for n in result.screening.space.notes]
+    return notes + [
         f"{space}; {c.pruned:,} pruned (predicted peak over HBM - {margin:g} GiB margin), "
         f"{c.feasible:,} fit, {c.front:,} on the predicted front",
         f"study {result.study_name!r}: {result.stored} new trials, {result.already} already stored, "

@@ -27,7 +27,7 @@ Array = NDArray[np.float64]
 Progress = Callable[[str, int, int], None]
 """progress(phase, done, total): phases 'screen', 'explore', 'store', 'evaluate'."""
 Mode = Literal["auto", "exhaustive", "nsga2", "tpe", "random"]
-DEFAULT_EXPLORE_TRIALS = 2000
+DEFAULT_EXPLORE_TRIALS = {"nsga2": 2000, "random": 2000, "tpe": 300}  # TPE costs grow with n^2
 _CHUNK = 250_000  # plans per evaluate_many call (bounds the evaluator's temporaries)
 
 
@@ -126,7 +126,7 @@ def screen(
     """Judge the scenario's plan space analytically and find the feasible Pareto front.
 
     sampler: auto (exhaustive up to search.exhaustive_limit valid plans, else nsga2), exhaustive, or an Optuna
-    sampler (nsga2, tpe, random) exploring `n_trials` plans (default 2000) in memory, started from the front
+    sampler (nsga2, tpe, random) exploring `n_trials` plans (default 2000; tpe 300) in memory, started from the front
     of a uniform sample of exhaustive_limit / 10 plans.
     """
     t0 = time.perf_counter()
@@ -148,7 +148,7 @@ def screen(
     columns = _evaluate(scenario, plans, calibration, progress)
     if mode != "exhaustive":
         seeds = _front(columns, usable)
-        explored = _explore(scenario, space, calibration, mode, n_trials or DEFAULT_EXPLORE_TRIALS, timeout,
+        explored = _explore(scenario, space, calibration, mode, n_trials or DEFAULT_EXPLORE_TRIALS[mode], timeout,
                             plans.take(seeds), usable, progress)
         plans = _unique(_concat(plans, explored))
         columns = _evaluate(scenario, plans, calibration, None)

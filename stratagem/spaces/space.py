@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -165,6 +165,7 @@ class SearchSpace:
     def __init__(self, scenario: Scenario, config: SearchConfig | None = None) -> None:
         self.scenario = scenario
         self.config = cfg = config or scenario.search or SearchConfig()
+        self.notes: list[str] = []  # listed axis values that occur in no valid plan here (ignored)
         m, cl, tr = scenario.model, scenario.cluster, scenario.training
         world, layers = cl.num_gpus, m.num_layers
         if cfg.memory_margin_gib >= cl.gpu.hbm_gib:
@@ -172,7 +173,9 @@ class SearchSpace:
                                  f"{cl.gpu.hbm_gib} GiB of HBM")
         ffn = m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size
         world_div = divisors(world)
-        balanced: Callable[[int], bool] = lambda p: _imbalance(layers, p) <= cfg.max_stage_imbalance  # noqa: E731
+
+        def balanced(p: int) -> bool:
+            return _imbalance(layers, p) <= cfg.max_stage_imbalance
 
         def tp_ok(t: int) -> bool:
             in_node = cfg.cross_node_tp == "allow" or cl.gpus_per_node % t == 0
@@ -285,15 +288,20 @@ class SearchSpace:
         return tuple(out)
 
     def _check_listed(self, name: str, spec: Any, possible: Sequence[Any], hint: str = "") -> None:
-        """An axis value the scenario lists explicitly must occur in some valid plan."""
+        """Values the scenario lists for an axis must occur in some valid plan: none of them -> an error;
+        some -> a note (the same search section may serve other cluster sizes, e.g. capacity planning)."""
         if spec is None or isinstance(spec, IntRange):
             return
         listed = spec if isinstance(spec, list) else [spec]
         missing = [v for v in listed if v not in possible]
-        if missing:
-            raise StratagemError(
-                f"search.{name} ({', '.join(map(str, missing))}): no valid plan of {self.scenario.name} has it; "
+        if not missing:
+            return
+        text = (f"search.{name} ({', '.join(map(str, missing))}): no valid plan of {self.scenario.name} has it; "
                 f"possible here: {', '.join(map(str, possible)) or 'none'}{hint}")
+        if len(missing) == len(listed):
+            raise StratagemError(text)
+        if text not in self.notes:
+            self.notes.append(text)
 
     def _build_tables(self) -> None:
         lays = self.layouts
@@ -497,5 +505,5 @@ class SearchSpace:
 
     def summary(self) -> dict[str, Any]:
         """Axis values and counts, for reports and the CLI."""
-        return {"plans": self.count(), "layouts": len(self.layouts),
+        return {"plans": self.count(), "layouts": len(self.layouts), "notes": list(self.notes),
                 **{k: list(v) for k, v in self._axis_choices.items()}}

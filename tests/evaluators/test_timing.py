@@ -9,6 +9,7 @@ from stratagem.evaluators.timing import (
     bubble_fraction,
     megatron_flops_per_token,
     model_flops_per_token,
+    pipeline_poll_s,
     time_columns,
 )
 from stratagem.spaces import ModelSpec, Plan, Scenario, cluster_preset, model_preset
@@ -134,6 +135,23 @@ def test_pipeline_bubble_and_p2p(llama8b: Scenario) -> None:
     assert c["bubble_s"][1] < c["bubble_s"][0] * 0.6
     assert np.all(c["pp_comm_s"] > 0)
     assert c["pp_comm_s"][1] == pytest.approx(2 * c["pp_comm_s"][0])  # two chunks: twice the sends
+
+
+def test_pipeline_p2p_polling_follows_nanotron_bench_branch(llama8b: Scenario) -> None:
+    # [NT-P2P]: 2 metadata messages per send/receive; end stages 4 per micro-batch, middle stages 8; each costs one
+    # quantum + the latest of t ranks' phases (t / (t + 1) quantum).
+    pp = np.array([1.0, 2.0, 4.0, 4.0])
+    tp = np.array([1.0, 1.0, 1.0, 8.0])
+    got = pipeline_poll_s(pp, tp, np.ones(4), 0.1)
+    assert got == pytest.approx([0.0, 4 * 0.1 * 1.5, 8 * 0.1 * 1.5, 8 * 0.1 * (1 + 8 / 9)])
+    assert np.all(pipeline_poll_s(pp, tp, np.ones(4), 0.0) == 0.0)
+    # Default calibration: no polling; with 0.1 s every micro-batch of a pipeline rank pays it, bubbles included.
+    plan = Plan(dp=2, pp=4, micro_batch_size=1)
+    base = cols(llama8b, plan)
+    polled = cols(llama8b, plan, cal=Calibration(p2p_poll_s=0.1))
+    micro = 64 / 2
+    assert polled["pp_comm_s"][0] - base["pp_comm_s"][0] == pytest.approx(micro * 8 * 0.1 * 1.5)
+    assert polled["step_s"][0] > base["step_s"][0] + micro * 1.2
 
 
 def test_launch_floor_binds_on_tiny_per_gpu_work() -> None:

@@ -104,12 +104,13 @@ def check_complete(url: str, name: str, chosen: list[str], front: set[str]) -> N
 
 
 def resume_after_kills(tmp_path: Path, kind: str, fractions: list[float]) -> None:
-    path = write_scenario(tmp_path, sample=40)
+    # a journal trial costs ~2 ms, a SQLite one 15-80 ms: store enough to be killed mid-way
+    path = write_scenario(tmp_path, sample=40 if kind == "sqlite" else 300)
     url = url_of(tmp_path, kind)
     args = [str(path), "--storage", url, "--study", "k"]
     total = len(expected(path)[0])
-    # killed during start-up / screening, before the study exists
-    assert kill_when(args, lambda t: t > 0.5) == -signal.SIGKILL
+    # killed during start-up, before the study exists
+    assert kill_when(args, lambda t: t > 0.1) == -signal.SIGKILL
     assert trial_count(tmp_path, kind) == 0
     # killed while storing, after a fraction of the trials
     for f in fractions:

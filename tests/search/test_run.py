@@ -63,7 +63,7 @@ def test_stores_the_front_and_a_bounded_sample(url) -> None:
     front_keys = {t.user_attrs["plan"] for t in front_trials(study)}
     assert front_keys == {plan_key(sc.plan(i)) for i in sc.front}
     assert [t.user_attrs["plan"] for t in r.front] == [t.user_attrs["plan"] for t in front_trials(study)]
-    for t, (i, role) in zip(trials, chosen):
+    for t, (i, role) in zip(trials, chosen, strict=True):
         plan = trial_plan(t)
         ev = trial_evaluation(t)
         assert plan == sc.plan(i) and ev is not None and ev.plan == plan
@@ -163,6 +163,7 @@ def test_measured_evaluator_runs_the_queue_with_a_budget(url) -> None:
     assert sum(t.user_attrs.get("role") == "sampler" for t in done) == 3
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat")
 def test_measured_run_killed_mid_trial_is_failed_and_requeued(url) -> None:
     s = narrow()
     ev = MeasuredAnalytic()
@@ -187,3 +188,13 @@ def test_screen_contract_for_reports() -> None:
     assert sc.front.dtype.kind == "i" and sc.feasible[sc.front].all()
     assert (sc.counts.valid, sc.counts.pruned, sc.counts.front) == (
         len(sc.plans), int((~sc.feasible).sum()), len(sc.front))
+
+
+def test_search_imports_neither_ray_nor_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, stratagem.search, stratagem.search.console; "
+            "bad = [m for m in ('ray', 'torch') if m in sys.modules]; assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

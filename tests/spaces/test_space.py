@@ -99,7 +99,7 @@ def test_example_spaces_are_valid_and_distinct(name) -> None:
 
 def test_default_axes() -> None:
     s = load_scenario(EXAMPLES / "llama3-405b-1024xh100.yaml")  # 126 layers, 128 heads, 8 KV heads
-    space = SearchSpace(s)
+    space = SearchSpace(s, SearchConfig())  # the defaults, not the example's search section
     assert space.choices("tp") == (1, 2, 4, 8)
     # 126 layers: pp 16 (8 layers on the fullest rank, 126/16 = 7.9 mean) is an uneven but balanced split.
     assert 16 in space.choices("pp") and 64 in space.choices("pp")
@@ -108,7 +108,7 @@ def test_default_axes() -> None:
     assert space.choices("dp_replicate") == (1,) and space.choices("optimizer_offload") == ("none",)
     a100 = scenario_from_dict({**s.model_dump(exclude={"cluster", "plan"}),
                                "cluster": {"gpu": "a100-80g", "num_nodes": 128}})
-    assert "fp8" not in SearchSpace(a100).choices("precision")
+    assert "fp8" not in SearchSpace(a100, SearchConfig()).choices("precision")
 
 
 def test_balance_limits_default_pipeline_degrees() -> None:
@@ -154,6 +154,15 @@ def test_bad_search_section_is_one_line(search, field) -> None:
     msg = str(e.value)
     assert "\n" not in msg
     assert (field or "search.precision") in msg
+
+
+def test_partly_impossible_list_is_a_note() -> None:
+    s = load_scenario(EXAMPLES / "llama3-70b-64xh100.yaml")  # search.dp_replicate: [1, 2, 4, 8]
+    assert SearchSpace(s).notes == []
+    one_node = s.model_copy(update={"cluster": s.cluster.model_copy(update={"num_nodes": 1})})
+    space = SearchSpace(one_node)  # dp <= 8: a replica group of 8 would shard over one rank
+    assert space.count() > 0 and space.choices("dp_replicate") == (1, 2, 4)
+    assert len(space.notes) == 1 and "search.dp_replicate (8)" in space.notes[0]
 
 
 def test_unknown_search_key_is_rejected() -> None:
