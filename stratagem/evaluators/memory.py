@@ -60,14 +60,15 @@ DEEPSPEED_ZERO3_LAYER_BYTES = 4.0
 @dataclass(frozen=True)
 class StateTerm:
     """One per-parameter buffer: its block, bytes per parameter, from which ZeRO stage it is sharded over
-    the data-parallel ranks (4 = never), up to which stage it exists at all (3 = always), and whether it
-    exists only under data parallelism (dp > 1: DDP's gradient buckets)."""
+    the data-parallel ranks (4 = never), the range of stages in which it exists at all (exists_from ..
+    exists_until), and whether it exists only under data parallelism (dp > 1: DDP's gradient buckets)."""
 
     block: str
     bytes_per_param: float  # OPTIMIZER = the optimizer's state bytes (see optimizer_state_bytes)
     sharded_from: int
     exists_until: int = 3
     needs_dp: bool = False
+    exists_from: int = 0
 
 
 OPTIMIZER = -1.0  # placeholder: replaced by the optimizer's state bytes per parameter
@@ -78,7 +79,7 @@ STACK_STATES: dict[str, tuple[StateTerm, ...]] = {
     # forward+backward unless FSDP reshards after forward (zero 3): autocast's saved casts (zero 0/1) or
     # FSDP2's unsharded params with reshard_after_forward=False (zero 2).
     "torch": (
-        StateTerm("weights", 4, 3),
+        StateTerm("weights", 4, 2),
         StateTerm("weights", 2, 4, exists_until=2),
         StateTerm("gradients", 4, 2),
         StateTerm("optimizer", OPTIMIZER, 1),
@@ -113,6 +114,14 @@ STACK_STATES: dict[str, tuple[StateTerm, ...]] = {
 # fp32 training: params 4, grads 4, optimizer states; no master copy (any stack).
 FP32_STATES: tuple[StateTerm, ...] = (
     StateTerm("weights", 4, 3),
+    StateTerm("gradients", 4, 2),
+    StateTerm("optimizer", OPTIMIZER, 1),
+)
+# fp32 on the torch stack: zero 2 is FSDP2 without reshard after forward, so the sharded fp32 params (4/d)
+# and the unsharded fp32 copy gathered for forward (4) coexist until backward ends (measured in the harness).
+TORCH_FP32_STATES: tuple[StateTerm, ...] = (
+    StateTerm("weights", 4, 2),
+    StateTerm("weights", 4, 4, exists_until=2, needs_dp=True, exists_from=2),
     StateTerm("gradients", 4, 2),
     StateTerm("optimizer", OPTIMIZER, 1),
 )
@@ -153,7 +162,7 @@ def model_state_bytes(
     out: dict[str, Array] = {b: np.zeros_like(z) for b in ("weights", "gradients", "optimizer")}
     for t in terms:
         per = opt_bytes if t.bytes_per_param == OPTIMIZER else t.bytes_per_param
-        exists = (z <= t.exists_until) & ((np.asarray(dp) > 1) | (not t.needs_dp))
+        exists = (z <= t.exists_until) & (z >= t.exists_from) & ((np.asarray(dp) > 1) | (not t.needs_dp))
         divisor = np.where(z >= t.sharded_from, shard, 1.0)
         value = np.where(exists, per * np.asarray(params) / divisor, 0.0)
         if t.block == "optimizer":
@@ -276,7 +285,7 @@ def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> 
     layer_dense = (m.layer_dense_params() - norms) / t + norms
     layer_expert = m.layer_expert_params() / (ep * t)
     emb = m.embedding_params() / t
-    head = m.head_params() / t
+    head = (m.head_params() - m.norm_params()) / t + m.norm_params()  # the final norm is replicated by TP
     tied_copy = m.vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0
     if last:  # last stage: layers + final norm + output projection (a tied copy when pp > 1)
         extra = head + np.where(p > 1, tied_copy, emb)
@@ -319,7 +328,8 @@ def rank_memory_columns(
         e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload, pc.dp)
         return {k: d[k] + e[k] for k in d}
 
-    mixed, full32 = states(STACK_STATES[tr.stack]), states(FP32_STATES)
+    mixed = states(STACK_STATES[tr.stack])
+    full32 = states(TORCH_FP32_STATES if tr.stack == "torch" else FP32_STATES)
     blocks = {k: np.where(fp32, full32[k], mixed[k]) for k in mixed}
 
     # Activations: elements per layer x layers of this stage x in-flight micro-batches x bytes per element.
