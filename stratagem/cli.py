@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -195,21 +195,73 @@ def search_cmd(
                                                   "seconds.")] = None,
     top: Annotated[int, typer.Option("--top", help="Rows of the front to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print counts and the front as JSON.")] = False,
+    real_runs: Annotated[int, typer.Option("--real-runs", help="After screening, measure up to K plans as "
+                                           "short real training runs through Ray (0: analytic only).")] = 0,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join a running Ray cluster "
+                                                    "('auto'); default: start a local one.")] = None,
+    budget_minutes: Annotated[float | None, typer.Option("--budget-minutes", help="Bound the real-run "
+                                                         "phase (minutes).")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per real run.")] = 4,
+    report: Annotated[Path | None, typer.Option("--report", help="HTML report path (default: <study>.html "
+                                                "beside the scenario).")] = None,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the HTML report.")] = False,
 ) -> None:
-    """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, show it."""
+    """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, optionally
+    measure the best survivors as real runs through Ray (recalibrating the model), show the front and write
+    the HTML report."""
     from stratagem.search import console as view
     from stratagem.search import default_storage, run_search
 
     scn = load_scenario(scenario)
     mode = view.check_sampler(sampler)
     name = study or view.default_study_name(scenario, scn)
-    with view.progress_bar(Console(stderr=True), enabled=not as_json) as progress:
-        result = run_search(scn, storage or default_storage(scenario), name, sampler=mode, n_trials=n_trials,
-                            timeout=timeout, progress=progress)
+    url = storage or default_storage(scenario)
+    if real_runs:
+        result = _search_with_real_runs(scn, scenario, url, name, mode, real_runs, ray_address, budget_minutes,
+                                        steps, as_json)
+    else:
+        with view.progress_bar(Console(stderr=True), enabled=not as_json) as progress:
+            result = run_search(scn, url, name, sampler=mode, n_trials=n_trials, timeout=timeout,
+                                progress=progress)
     if as_json:
         print(view.result_json(result))
-        return
-    view.print_result(console, result, top)
+    else:
+        view.print_result(console, result, top)
+    if not no_report:
+        from stratagem.reports import open_study as load_study
+        from stratagem.reports import write_report
+
+        path = write_report(load_study(result.storage.url, result.study_name),
+                            report or scenario.with_name(f"{result.study_name}.html"))
+        (Console(stderr=True) if as_json else console).print(f"report:   {path}", markup=False, soft_wrap=True)
+
+
+def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: str, mode: str, real_runs: int,
+                           ray_address: str | None, budget_minutes: float | None, steps: int,
+                           quiet: bool) -> Any:
+    """The multi-fidelity search: screening, real runs through Ray, calibration; prints the measured runs."""
+    from stratagem.evaluators.real import RayRunEvaluator
+    from stratagem.search import console as view
+    from stratagem.search.multifidelity import run_multifidelity
+
+    run_dir = scenario_path.parent / "runs" / name
+    num_cpus = scn.cluster.num_gpus if scn.cluster.gpu.kind == "cpu" and ray_address is None else None
+    out = Console(stderr=True) if quiet else console
+    out.print(f"starting Ray ({ray_address or 'local cluster'}); run logs under {run_dir}", markup=False)
+    evaluator = RayRunEvaluator(run_dir, address=ray_address, num_cpus=num_cpus, steps=steps, warmup=2)
+    try:
+        def on_batch(entry: dict[str, Any]) -> None:
+            out.print(f"measured {entry['measured']}/{real_runs}: step-time error {entry['step_error_before']:.0%}"
+                      f" -> {entry['step_error_after']:.0%} after calibration, peak-memory error "
+                      f"{entry['memory_error_before']:.0%} -> {entry['memory_error_after']:.0%}", markup=False)
+
+        with view.progress_bar(Console(stderr=True), enabled=not quiet) as progress:
+            mf = run_multifidelity(scn, url, name, evaluator, real_runs, budget_minutes, sampler=mode,
+                                   progress=progress, on_batch=on_batch)
+    finally:
+        evaluator.close()
+    view.print_measured(out, mf)
+    return mf.search
 
 
 @app.command("explain")
@@ -311,6 +363,43 @@ def export_cmd(
         return
     written = write_bundle(bundle, output)
     err.print(f"wrote {', '.join(str(p) for p in written)} ({source})", markup=False, soft_wrap=True)
+
+
+@app.command("reproduce")
+def reproduce_cmd(
+    storage: Annotated[str, typer.Option("--storage", help="Optuna storage URL of the study.")],
+    trial: Annotated[int, typer.Option("--trial", help="Number of the measured trial to reproduce.")],
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the only one).")] = None,
+    result: Annotated[Path | None, typer.Option(
+        "--result", help="Compare this harness result JSON (e.g. from the exported torchrun command) "
+                         "instead of rerunning through Ray.")] = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join a running Ray cluster.")] = None,
+) -> None:
+    """Rerun a measured trial with the same harness, plan and seed; compare tokens/s, step time, peak memory
+    and losses with the record. Exit 0 reproduced, 1 differences beyond the original run's noise, 3 the
+    environment differs so the comparison is meaningless."""
+    from stratagem.launch.reproduce import reproduce_trial
+    from stratagem.reports import open_study
+
+    rep = reproduce_trial(open_study(storage, study), trial, result_file=result, address=ray_address)
+    console.print(f"[bold]trial {rep.trial}[/bold]  plan: {rep.plan}  logs: {rep.log_dir}")
+    if rep.environment:
+        for line in rep.environment:
+            console.print(f"[red]environment differs[/red] {line}")
+        console.print("[red]not comparable[/red]: rerun on the recorded environment")
+        raise typer.Exit(3)
+    table = Table(title="Recorded vs now", title_justify="left")
+    for col in ("metric", "recorded", "now", "diff", "noise", ""):
+        table.add_column(col, justify="left" if col in ("metric", "") else "right")
+    for row in rep.rows:
+        flag = "[red]beyond noise" if row.flagged else "[green]ok"
+        table.add_row(row.metric, f"{row.recorded:.4g}", f"{row.now:.4g}", f"{row.rel_diff:+.1%}",
+                      f"±{row.threshold:.1%}", flag)
+    console.print(table)
+    console.print("losses: " + ("[green]identical trajectory" if rep.losses_match else "[red]differ"))
+    console.print("[green]reproduced" if rep.reproduced else "[red]not reproduced")
+    if not rep.reproduced:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -4,8 +4,9 @@ Time: the achieved matmul efficiency (attention efficiency moves with it), the p
 (`half_efficiency_gflop`), the per-layer launch floor and the per-step overhead are fitted to the measured
 step times; memory: allocator fragmentation and the per-rank context are fitted to the measured peaks.
 Loss: mean squared log error (a 2x miss costs the same whether too fast or too slow). Search: coordinate
-descent over a multiplicative grid within each field's bounds, a few sweeps; with one measured run only the
-most influential time constant moves. Deterministic, no scipy.
+descent over a multiplicative grid within each field's bounds, sweeps until no field improves (at most 8).
+With fewer runs than constants the fit is underdetermined but still moves predictions of similar plans toward
+what was measured. Deterministic, no scipy.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _candidates(cal: Calibration, name: str) -> list[float]:
 
 
 def _descend(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration], float],
-             sweeps: int = 3) -> Calibration:
+             sweeps: int = 8) -> Calibration:
     best, best_loss = cal, loss(cal)
     for _ in range(sweeps):
         improved = False
@@ -124,8 +125,7 @@ def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
         return float(np.mean((np.log(predict(cal)[1]) - np.log(peak)) ** 2))
 
     before_t, before_m = predict(base)
-    time_fields = TIME_FIELDS if len(runs) >= len(TIME_FIELDS) else TIME_FIELDS[:1] + TIME_FIELDS[-1:]
-    fitted = _descend(base, time_fields, time_loss)
+    fitted = _descend(base, TIME_FIELDS, time_loss)
     fitted = _descend(fitted, MEMORY_FIELDS, memory_loss)
     after_t, after_m = predict(fitted)
     return CalibrationFit(

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import optuna
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -121,3 +122,35 @@ def result_json(result: SearchResult) -> str:
         "stored": result.stored, "already": result.already, "trials": result.trials,
         "seconds": round(result.seconds, 3), "front": front,
     }, indent=2)
+
+
+def print_measured(console: Console, mf: Any) -> None:
+    """The real runs of a multi-fidelity search: measured vs predicted per plan, and the calibration."""
+    from stratagem.search.multifidelity import measured_trials
+    from stratagem.search.storage import open_storage
+
+    study = optuna.load_study(study_name=mf.search.study_name, storage=open_storage(mf.search.storage))
+    table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {mf.seconds:.0f} s)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("#", "plan", "role", "status", "tok/s meas", "tok/s pred", "peak MiB meas", "peak MiB pred"):
+        table.add_column(col, justify="left" if col in ("plan", "role", "status") else "right", no_wrap=True)
+    for t in sorted(measured_trials(study).values(), key=lambda t: t.number):
+        ev = trial_evaluation(t)
+        if ev is None:
+            continue
+        pred = ev.prediction
+        meas_tok = f"{ev.throughput.tokens_per_s:,.0f}" if ev.throughput else "-"
+        pred_tok = f"{pred.throughput.tokens_per_s:,.0f}" if pred and pred.throughput else "-"
+        meas_mem = f"{ev.memory.peak_gib * 1024:,.1f}" if ev.memory else "-"
+        pred_mem = f"{pred.memory.peak_gib * 1024:,.1f}" if pred and pred.memory else "-"
+        status = ev.status if ev.status == "ok" else f"{ev.status}: {ev.reason.splitlines()[0][:60]}"
+        table.add_row(str(t.number), ev.plan.short(), str(t.user_attrs.get("role", "")), status, meas_tok,
+                      pred_tok, meas_mem, pred_mem)
+    out = console if console.is_terminal else Console(width=max(console.width, 120))
+    out.print(table)
+    if mf.history:
+        last = mf.history[-1]
+        console.print(f"calibration on {last['runs_used']} measured runs: median step-time error "
+                      f"{last['step_error_before']:.0%} (defaults) -> {last['step_error_after']:.0%}, peak memory "
+                      f"{last['memory_error_before']:.0%} -> {last['memory_error_after']:.0%}; the front below uses "
+                      "measured figures where they exist", markup=False, soft_wrap=True)

@@ -101,5 +101,23 @@ def study_scenario(study: optuna.Study) -> Scenario:
 
 
 def front_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The study's Pareto front (feasible COMPLETE trials no other dominates), highest tokens/s first."""
-    return sorted(study.best_trials, key=lambda t: (-t.values[0], t.number))
+    """The study's Pareto front, highest tokens/s first: feasible trials no other dominates, where a plan that
+    was measured is represented by its latest measured trial (a real run overrides its prediction)."""
+    import numpy as np
+    from optuna.trial import TrialState
+
+    from stratagem.search.pareto import nondominated
+
+    latest: dict[str, optuna.trial.FrozenTrial] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        key = t.user_attrs.get("plan", f"#{t.number}")
+        held = latest.get(key)
+        measured = t.user_attrs.get("fidelity") == "measured"
+        if held is None or measured or held.user_attrs.get("fidelity") != "measured":
+            latest[key] = t
+    rows = [t for t in latest.values() if t.state == TrialState.COMPLETE and t.values
+            and all(c <= 0 for c in (t.constraints or {}).values())]
+    if not rows:
+        return []
+    keep = nondominated(np.array([t.values for t in rows], dtype=np.float64), DIRECTIONS)
+    return sorted((rows[i] for i in keep), key=lambda t: (-t.values[0], t.number))

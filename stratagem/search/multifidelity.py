@@ -1,0 +1,239 @@
+"""Multi-fidelity search: screen analytically, then spend a budget of real runs on the most informative
+survivors, recalibrating the analytic model after each batch.
+
+Order of real runs (re-ranked after every batch with the refitted calibration):
+  1. the predicted Pareto front, highest tokens/s first;
+  2. feasible plans nearest the memory limit (smallest headroom): they test the memory model where it decides;
+  3. what an Optuna NSGA-II sampler proposes, given the measured trials so far.
+A batch holds as many plans as the cluster runs at once (slots // widest plan). A measured trial is written to
+the study only when its run has finished (COMPLETE, or PRUNED with its status: oom, failed, timeout), so a
+killed driver loses only its in-flight batch, which the rerun runs again: no trial lost, none repeated.
+Calibration is refitted on this study's measured trials only and stored as the study attribute
+"calibration" (with "calibration_history", one entry per batch).
+Never imports ray: the evaluator is given (its `evaluate_many` runs plans in parallel when it has one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators import Calibration, Evaluation, Evaluator
+from stratagem.search.calibrate import fit_calibration
+from stratagem.search.records import DIRECTIONS, front_trials, plan_key, trial_evaluation
+from stratagem.search.runner import SearchResult, run_search
+from stratagem.search.screening import Progress, Screening, screen
+from stratagem.search.storage import open_storage, parse_storage, storage_lock
+from stratagem.search.study import evaluation_trial, provenance
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.space import SearchSpace
+
+__all__ = ["MultiFidelityResult", "run_multifidelity", "rank_candidates", "measured_trials"]
+
+
+@dataclass(frozen=True)
+class MultiFidelityResult:
+    """The analytic search and what the real-run phase added."""
+
+    search: SearchResult
+    runs: int
+    """Real runs done in this call."""
+    measured: int
+    """Measured trials in the study now."""
+    statuses: dict[str, int]
+    """Measured trials by status (ok, oom, failed, timeout)."""
+    calibration: Calibration
+    history: list[dict[str, Any]]
+    """Per batch: runs, median step-time and peak-memory error before and after refitting."""
+    seconds: float
+
+
+def measured_trials(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
+    """Plan key -> finished measured trial."""
+    out = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if t.user_attrs.get("fidelity") == "measured" and "plan" in t.user_attrs:
+            out[t.user_attrs["plan"]] = t
+    return out
+
+
+def rank_candidates(screening: Screening, measured: set[str], limit: int) -> list[tuple[Plan, str]]:
+    """Up to `limit` unmeasured plans in run order: predicted front (tokens/s first), then near the memory
+    limit (least headroom among feasible plans)."""
+    cols = screening.columns
+    front = screening.front[np.argsort(-cols["tokens_per_s"][screening.front], kind="stable")]
+    feasible = np.flatnonzero(screening.feasible)
+    boundary = feasible[np.argsort(cols["headroom_gib"][feasible], kind="stable")]
+    out: list[tuple[Plan, str]] = []
+    seen = set(measured)
+    for role, indices in (("front", front), ("boundary", boundary)):
+        for i in indices:
+            plan = screening.plan(int(i))
+            key = plan_key(plan)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append((plan, role))
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def _sampler_proposals(screening: Screening, study: optuna.Study, measured: set[str], limit: int,
+                       seed: int) -> list[tuple[Plan, str]]:
+    """Plans an NSGA-II sampler proposes after seeing the measured trials (in a scratch in-memory study)."""
+    from stratagem.search.samplers import ProjectingSampler, make_sampler
+
+    space = screening.space
+    scratch = optuna.create_study(directions=list(DIRECTIONS),
+                                  sampler=ProjectingSampler(make_sampler("nsga2", seed), space))
+    for t in measured_trials(study).values():
+        if t.state == TrialState.COMPLETE and t.values:
+            scratch.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                        values=t.values))
+    out: list[tuple[Plan, str]] = []
+    seen = set(measured)
+    for _ in range(20 * limit):
+        trial = scratch.ask()
+        plan = space.suggest(trial)
+        scratch.tell(trial, state=TrialState.PRUNED)
+        key = plan_key(plan)
+        if key not in seen:
+            seen.add(key)
+            out.append((plan, "sampler"))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _evaluate_batch(evaluator: Evaluator, scenario: Scenario, plans: Sequence[Plan]) -> list[Evaluation]:
+    many = getattr(evaluator, "evaluate_many", None)
+    if callable(many):
+        return list(many(scenario, plans))
+    return [evaluator.evaluate(scenario, p) for p in plans]
+
+
+def run_multifidelity(
+    scenario: Scenario,
+    storage: str,
+    study_name: str,
+    evaluator: Evaluator,
+    real_runs: int,
+    budget_minutes: float | None = None,
+    sampler: str = "auto",
+    progress: Progress | None = None,
+    on_batch: Callable[[dict[str, Any]], None] | None = None,
+) -> MultiFidelityResult:
+    """Analytic search (stored as usual), then up to `real_runs` measured trials in total for this study."""
+    if real_runs < 0:
+        raise StratagemError(f"--real-runs ({real_runs}): must be >= 0")
+    if budget_minutes is not None and budget_minutes <= 0:
+        raise StratagemError(f"--budget-minutes ({budget_minutes}): must be > 0")
+    if evaluator.fidelity != "measured":
+        raise StratagemError("real runs need a measured evaluator")
+    t0 = time.perf_counter()
+    space = SearchSpace(scenario)
+    study_cal = Calibration()
+    result = run_search(scenario, storage, study_name, sampler=sampler, progress=progress,  # type: ignore[arg-type]
+                        calibration=study_cal)
+    spec = parse_storage(storage)
+    with storage_lock(spec):
+        study = optuna.load_study(study_name=study_name, storage=open_storage(spec))
+    done = measured_trials(study)
+    history: list[dict[str, Any]] = list(study.user_attrs.get("calibration_history", []))
+    cal = _refit(scenario, study, done, study_cal, history=None)
+    deadline = None if budget_minutes is None else time.monotonic() + 60.0 * budget_minutes
+    slots = int(getattr(evaluator, "slots", 1) or 1)
+    prov = provenance(scenario, space, screening="multifidelity")
+    runs = 0
+    while len(done) < real_runs and (deadline is None or time.monotonic() < deadline):
+        screening = screen(scenario, cal, space=space)
+        want = real_runs - len(done)
+        candidates = rank_candidates(screening, set(done), want)
+        if len(candidates) < want:
+            candidates += _sampler_proposals(screening, study, set(done) | {plan_key(p) for p, _ in candidates},
+                                             want - len(candidates), space.config.seed + len(done))
+        if not candidates:
+            break
+        widest = max(p.world_size for p, _ in candidates)
+        batch = candidates[: max(1, slots // max(1, widest))]
+        evaluations = _evaluate_batch(evaluator, scenario, [p for p, _ in batch])
+        with storage_lock(spec):
+            for (_, role), ev in zip(batch, evaluations, strict=True):
+                reason = "" if ev.status == "ok" else f"{ev.status}: {ev.reason}"
+                study.add_trial(evaluation_trial(space, ev, screening.usable_gib, role, prov, reason))
+            done = measured_trials(study)
+            cal = _refit(scenario, study, done, study_cal, history)
+        runs += len(batch)
+        if on_batch:
+            on_batch(history[-1])
+        if progress:
+            progress("real runs", len(done), real_runs)
+    with storage_lock(spec):
+        _store_recalibrated(study, scenario, space, cal, done, prov)
+    statuses: dict[str, int] = {}
+    for t in done.values():
+        s = str(t.user_attrs.get("status", "ok"))
+        statuses[s] = statuses.get(s, 0) + 1
+    final = dataclasses.replace(result, front=front_trials(study), trials=len(study.get_trials(deepcopy=False)),
+                                seconds=time.perf_counter() - t0)
+    return MultiFidelityResult(search=final, runs=runs, measured=len(done), statuses=statuses,
+                               calibration=cal, history=history, seconds=time.perf_counter() - t0)
+
+
+def _calibration_id(cal: Calibration) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(cal.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _store_recalibrated(study: optuna.Study, scenario: Scenario, space: SearchSpace, cal: Calibration,
+                        done: dict[str, optuna.trial.FrozenTrial], prov: dict[str, Any]) -> int:
+    """Re-predict every stored plan that was not measured with the study's calibration, as new analytic trials
+    (role "recalibrated"; the latest analytic trial of a plan is the one reports and the front use). Skipped
+    for plans whose latest prediction already used this calibration, so a rerun adds nothing."""
+    from stratagem.evaluators import evaluate
+
+    cid = _calibration_id(cal)
+    latest: dict[str, optuna.trial.FrozenTrial] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        key = t.user_attrs.get("plan")
+        if key and key not in done and t.user_attrs.get("fidelity") == "analytic":
+            latest[key] = t
+    usable = scenario.cluster.gpu.hbm_gib - space.config.memory_margin_gib
+    added = 0
+    for t in latest.values():
+        if t.user_attrs.get("provenance", {}).get("calibration") == cid:
+            continue
+        ev = trial_evaluation(t)
+        if ev is None:
+            continue
+        new = evaluate(scenario, ev.plan, cal)
+        study.add_trial(evaluation_trial(space, new, usable, "recalibrated", {**prov, "calibration": cid}))
+        added += 1
+    return added
+
+
+def _refit(scenario: Scenario, study: optuna.Study, done: dict[str, optuna.trial.FrozenTrial], base: Calibration,
+           history: list[dict[str, Any]] | None) -> Calibration:
+    """Refit on every measured trial of this study; record the fit when `history` is given."""
+    evaluations = [ev for t in done.values() if (ev := trial_evaluation(t)) is not None]
+    fit = fit_calibration(scenario, evaluations, base)
+    if history is not None:
+        history.append({"measured": len(done), "runs_used": fit.runs,
+                        "step_error_before": fit.time_error_before, "step_error_after": fit.time_error_after,
+                        "memory_error_before": fit.memory_error_before,
+                        "memory_error_after": fit.memory_error_after})
+        study.set_user_attr("calibration", fit.calibration.model_dump(mode="json"))
+        study.set_user_attr("calibration_history", history)
+    return fit.calibration
