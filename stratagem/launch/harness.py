@@ -62,7 +62,7 @@ from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario, load_scenario
 
-__all__ = ["validate_plan", "run_plan", "run_harness", "main", "GIB"]
+__all__ = ["validate_plan", "injected_fault", "run_plan", "run_harness", "main", "GIB"]
 
 # Our model never modifies a module's output in place, which is what this FSDP2 warning is about.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -127,6 +127,16 @@ def _gather(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def injected_fault(plan: Plan) -> str:
+    """Fault injection for testing launchers: STRATAGEM_FAULTS is a JSON object mapping a plan's
+    `format_plan` text to "crash" (the last rank raises after the first step), "hang" (it sleeps) or
+    "cap=GiB" (a memory cap for that plan alone, so a real tracked peak trips it). Empty when unset."""
+    raw = os.environ.get("STRATAGEM_FAULTS")
+    if not raw:
+        return ""
+    return str(json.loads(raw).get(format_plan(plan), ""))
+
+
 def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: int = 0, *,
              memory_cap_gib: float | None = None, checkpoint_dir: str | Path | None = None,
              checkpoint: bool = True, lr: float = DEFAULT_LR, job: Job | None = None) -> dict[str, Any]:
@@ -136,6 +146,9 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     validate_plan(scenario, plan, world)
+    fault = injected_fault(plan)
+    if fault.startswith("cap="):
+        memory_cap_gib = float(fault.removeprefix("cap="))
     if steps < 1 or warmup < 0:
         raise StratagemError(f"steps ({steps}) must be >= 1 and warmup ({warmup}) >= 0")
     device, backend = pick_device()
@@ -163,6 +176,10 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
             held = hp.peak
         else:
             loss = train_step(job, step, seed)
+        if step == 0 and fault in ("crash", "hang") and (dist.get_rank() if dist.is_initialized() else 0) == world - 1:
+            if fault == "crash":
+                raise RuntimeError(f"fault injected by STRATAGEM_FAULTS for {format_plan(plan)}")
+            time.sleep(24 * 3600)
         _sync(device)
         times.append(time.perf_counter() - t0)
         losses.append(loss)
@@ -282,4 +299,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Skip interpreter teardown: with gloo and checkpoint threads alive it can abort ("terminate called without
+    # an active exception") after the result was written, which would turn a good run into a crash.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -178,7 +178,9 @@ class RayRunner:
                 env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": "0" if self.use_gpus else str(rank),
                        "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
-                       "PYTHONUNBUFFERED": "1"}
+                       "PYTHONUNBUFFERED": "1",
+                       # STRATAGEM_* settings of the driver (e.g. STRATAGEM_FAULTS) reach every rank.
+                       **{k: v for k, v in os.environ.items() if k.startswith("STRATAGEM_")}}
                 refs.append(actor.run.remote(cmd, env, str(log_dir / f"rank{rank}.log"),
                                              out_path if rank == 0 else None))
             remaining = timeout_s - (time.perf_counter() - start)
