@@ -17,7 +17,7 @@ $(BIN)/stratagem: pyproject.toml
 install: $(BIN)/stratagem
 
 demo: install
-	$(BIN)/stratagem evaluate examples/llama3-8b-8xh100.yaml
+	$(BIN)/stratagem search examples/demo-cpu.yaml --real-runs 6
 
 lint: install
 	$(BIN)/ruff check stratagem tests bench

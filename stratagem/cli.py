@@ -341,7 +341,7 @@ def export_cmd(
             raise StratagemError("--scenario: give either --scenario [--plan] or --storage/--study [--trial|--best]")
         scn, pl = scenario_and_plan(scenario, plan)
         ev: Evaluation | None = evaluate(scn, pl)
-        source, run_steps, run_seed = f"scenario {scenario}", None, None
+        source, run_steps, run_seed, run_warmup = f"scenario {scenario}", None, None, None
     else:
         if plan is not None:
             raise StratagemError("--plan: only with --scenario; pick a study's trial with --trial or --best")
@@ -349,9 +349,10 @@ def export_cmd(
 
         chosen = choose_trial(reports.open_study(storage or "sqlite:///stratagem.db", study), trial, best)
         scn, pl, ev, source = chosen.scenario, chosen.plan, chosen.evaluation, chosen.source
-        run_steps, run_seed = chosen.steps, chosen.seed
+        run_steps, run_seed, run_warmup = chosen.steps, chosen.seed, chosen.warmup
     bundle = export_plan(scn, pl, to, nodes, evaluation=ev, steps=steps or run_steps or 20,
-                         seed=seed if seed is not None else (run_seed if run_seed is not None else 0), source=source)
+                         seed=seed if seed is not None else (run_seed if run_seed is not None else 0), source=source,
+                         warmup=run_warmup)
     err = Console(stderr=True)
     if bundle.notes:
         fields = ", ".join(dict.fromkeys(n.field for n in bundle.notes))

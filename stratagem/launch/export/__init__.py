@@ -36,11 +36,12 @@ __all__ = [
 
 def export_plan(scenario: Scenario, plan: Plan, target: str, nodes: int | None = None, *,
                 evaluation: Evaluation | None = None, steps: int = 20, seed: int | None = 0,
-                source: str = "") -> ExportBundle:
+                source: str = "", warmup: int | None = None) -> ExportBundle:
     """The files that run `plan` for `scenario` with `target` on `nodes` nodes (default: the scenario's).
 
     evaluation    the plan's evaluation, if known: its step time turns the checkpoint interval into steps.
-    steps, seed   optimizer steps and seed of the harness run (torchrun target only).
+    steps, seed   optimizer steps and seed of the harness run (torchrun target only); warmup its warm-up
+                  steps (default: the harness's).
     source        where the plan came from (study and trial), written into the header.
     Raises StratagemError when the plan breaks a validity rule, `nodes` does not divide the world size, or
     the target is unknown.
@@ -52,7 +53,7 @@ def export_plan(scenario: Scenario, plan: Plan, target: str, nodes: int | None =
     lay = layout(scenario, plan, nodes, source)
     interval = checkpoint_interval_steps(evaluation)
     if target == "torchrun":
-        return export_torchrun(lay, steps=steps, seed=seed)
+        return export_torchrun(lay, steps=steps, seed=seed, warmup=warmup)
     if target == "torchtitan":
         return export_torchtitan(lay, checkpoint_interval=interval)
     if target == "deepspeed":

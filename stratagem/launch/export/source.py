@@ -34,6 +34,8 @@ class Chosen:
     """Timed steps of the measured run, if the trial has one."""
     seed: int | None
     """Seed of the measured run, if recorded."""
+    warmup: int | None = None
+    """Warm-up steps of the measured run, if recorded."""
 
 
 def feasible(trial: optuna.trial.FrozenTrial) -> bool:
@@ -82,10 +84,19 @@ def choose_trial(study: optuna.Study, trial: int | None = None, best: str | None
     plan = trial_plan(chosen)
     return Chosen(scenario=scenario, plan=plan, evaluation=ev, trial=chosen.number,
                   source=f"study {name} trial {chosen.number} ({why})", steps=_steps(ev),
-                  seed=_seed(ev))
+                  seed=_seed(ev), warmup=_recorded_int(ev, "warmup"))
+
+
+def _recorded_int(ev: Evaluation | None, key: str) -> int | None:
+    value: Any = (ev.measurements or {}).get(key) if ev is not None else None
+    return value if isinstance(value, int) else None
 
 
 def _steps(ev: Evaluation | None) -> int | None:
+    """Timed steps of the measured run (the harness records them; older results: all step times)."""
+    steps = _recorded_int(ev, "steps")
+    if steps is not None:
+        return steps
     times: Any = (ev.measurements or {}).get("step_times_s") if ev is not None else None
     return len(times) if isinstance(times, list) and times else None
 

@@ -45,7 +45,8 @@ def plan_argument(plan: Plan) -> str:
 
 
 def torchrun_command(lay: Layout, steps: int, seed: int | None = None, scenario_path: str = SCENARIO_FILE,
-                     out: str = RESULT_FILE, endpoint: str = "$MASTER_ADDR:$MASTER_PORT") -> list[str]:
+                     out: str = RESULT_FILE, endpoint: str = "$MASTER_ADDR:$MASTER_PORT",
+                     warmup: int | None = None) -> list[str]:
     """The torchrun command line as arguments (the endpoint is left for the shell to expand)."""
     cmd = [
         "torchrun", "--nnodes", str(lay.nodes), "--nproc-per-node", str(lay.procs_per_node),
@@ -55,6 +56,8 @@ def torchrun_command(lay: Layout, steps: int, seed: int | None = None, scenario_
     ]
     if seed is not None:
         cmd += ["--seed", str(seed)]
+    if warmup is not None:
+        cmd += ["--warmup", str(warmup)]
     return cmd
 
 
@@ -101,7 +104,7 @@ def _shell_word(arg: str) -> str:
     return arg if arg.startswith("$MASTER_ADDR") else shlex.quote(arg)
 
 
-def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0) -> ExportBundle:
+def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0, warmup: int | None = None) -> ExportBundle:
     """run.sh (the torchrun command, run on every node) and scenario.yaml (scenario + plan)."""
     unexpressed = harness_limits(lay)
     approximated: list[FieldNote] = []
@@ -115,7 +118,7 @@ def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0) -> Expor
     head = header_lines(lay, f"torchrun + stratagem's harness ({HARNESS_MODULE})")
     notes = note_lines(unexpressed, approximated, "the harness",
                        "Not applied by the harness (passed on as given; the run stops with the harness's error):")
-    cmd = torchrun_command(lay, steps, seed)
+    cmd = torchrun_command(lay, steps, seed, warmup=warmup)
     rdzv = master_addr_line(lay.nodes)
     script = "\n".join([
         "#!/usr/bin/env bash",

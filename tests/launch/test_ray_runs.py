@@ -1,0 +1,156 @@
+"""Real runs through Ray (a local cluster of 4 CPU slots, gloo): the multi-fidelity search records measured
+trials beside their predictions; an injected crash, hang and memory-cap OOM end with their status and cause
+while the search finishes the rest; the best measured plan round-trips through `export --to torchrun` and
+`reproduce`; a driver killed mid-run resumes with no trial lost or repeated and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from stratagem.cli import app
+from stratagem.search import screen
+from stratagem.search.multifidelity import measured_trials, rank_candidates, run_multifidelity
+from stratagem.search.records import plan_key, trial_evaluation
+from stratagem.spaces import scenario_from_dict
+
+SCENARIO = {
+    "model": {"name": "ray-test", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
+              "ffn_hidden_size": 128, "vocab_size": 256},
+    "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
+    "training": {"seq_len": 32, "global_batch_size": 8, "stack": "torch"},
+    "search": {"pp": 1, "precision": "fp32", "memory_margin_gib": 0.0},
+}
+VENV_BIN = str(Path(sys.executable).parent)
+pytestmark = pytest.mark.timeout(420)
+
+
+def _harness_processes(marker: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"stratagem.launch.harness.*{marker}"], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in out if "stratagem-ray-" in line or "ray::" in line]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory):
+    """One multi-fidelity search with 4 real runs: crash, hang, OOM (memory cap), then a good run."""
+    from stratagem.evaluators.real import RayRunEvaluator
+
+    tmp = tmp_path_factory.mktemp("ray")
+    scn = scenario_from_dict(SCENARIO)
+    first = [p for p, _ in rank_candidates(screen(scn), set(), 4)]
+    faults = {plan_key(first[0]): "crash", plan_key(first[1]): "hang", plan_key(first[2]): "cap=1e-6"}
+    os.environ["STRATAGEM_FAULTS"] = json.dumps(faults)
+    url = f"sqlite:///{tmp / 'study.db'}"
+    evaluator = RayRunEvaluator(tmp / "runs", num_cpus=4, steps=3, warmup=1, timeout_s=45)
+    try:
+        mf = run_multifidelity(scn, url, "ray-test", evaluator, real_runs=4)
+    finally:
+        evaluator.close()
+        del os.environ["STRATAGEM_FAULTS"]
+    (tmp / "scenario.yaml").write_text(yaml.safe_dump(SCENARIO))
+    return {"scn": scn, "url": url, "mf": mf, "first": first, "tmp": tmp}
+
+
+def _trial_of(url: str, plan) -> optuna.trial.FrozenTrial:
+    st = optuna.load_study(study_name="ray-test", storage=url)
+    return measured_trials(st)[plan_key(plan)]
+
+
+def test_failures_become_statuses_and_the_search_finishes(study) -> None:
+    mf, first, url = study["mf"], study["first"], study["url"]
+    assert mf.measured == 4 and mf.runs == 4
+    crash, hang, oom, good = (_trial_of(url, p) for p in first)
+    assert crash.user_attrs["status"] == "failed"
+    assert "fault injected" in trial_evaluation(crash).reason  # the failing rank's last log lines
+    assert hang.user_attrs["status"] == "timeout" and "killed" in trial_evaluation(hang).reason
+    assert oom.user_attrs["status"] == "oom" and "OOM" in trial_evaluation(oom).reason
+    for t in (crash, hang, oom):
+        assert t.state == optuna.trial.TrialState.PRUNED
+    assert good.state == optuna.trial.TrialState.COMPLETE and good.user_attrs["status"] == "ok"
+
+
+def test_measured_trial_sits_next_to_its_prediction(study) -> None:
+    good = _trial_of(study["url"], study["first"][3])
+    ev = trial_evaluation(good)
+    assert ev.fidelity == "measured" and ev.prediction is not None and ev.prediction.fidelity == "analytic"
+    assert good.values[0] == pytest.approx(ev.throughput.tokens_per_s)
+    assert ev.memory.peak_gib > 0 and len(ev.measurements["losses"]) == 1 + 3
+    prov = ev.provenance
+    assert prov["seed"] == 0 and prov["torch"] and prov["command"] and prov["git_revision"]
+    cal = optuna.load_study(study_name="ray-test", storage=study["url"]).user_attrs["calibration"]
+    assert cal["matmul_efficiency"] > 0  # refitted and stored with the study
+
+
+def test_export_torchrun_then_reproduce_round_trip(study) -> None:
+    tmp, url = study["tmp"], study["url"]
+    out = tmp / "export"
+    runner = CliRunner()
+    res = runner.invoke(app, ["export", "--storage", url, "--study", "ray-test", "--best", "tokens",
+                              "--to", "torchrun", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "MASTER_PORT": str(port),
+           "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(["bash", str(out / "run.sh")], env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    best = [t for t in measured_trials(optuna.load_study(study_name="ray-test", storage=url)).values()
+            if t.user_attrs["status"] == "ok"][0]
+    from stratagem.launch.reproduce import reproduce_trial
+
+    rep = reproduce_trial(optuna.load_study(study_name="ray-test", storage=url), best.number,
+                          result_file=out / "result.json")
+    assert rep.environment == []
+    assert rep.losses_match is True  # same harness, plan and seed: the same loss trajectory
+    memory = [r for r in rep.rows if r.metric.startswith("peak memory")][0]
+    assert not memory.flagged
+    res = runner.invoke(app, ["reproduce", "--storage", url, "--study", "ray-test", "--trial", str(best.number),
+                              "--result", str(out / "result.json")])
+    assert res.exit_code in (0, 1), res.output  # 1 only when timing noise on this shared machine is exceeded
+    assert "identical trajectory" in res.output
+
+
+def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump({**SCENARIO, "model": {**SCENARIO["model"], "name": "kill-test"}}))
+    url = f"sqlite:///{tmp_path / 'kill.db'}"
+    cmd = [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--storage", url, "--study", "kill",
+           "--real-runs", "2", "--steps", "2", "--no-report"]
+    driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runs = tmp_path / "runs" / "kill"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(runs.glob("*/rank0.log")):
+        time.sleep(0.5)
+    assert list(runs.glob("*/rank0.log")), "no real run started"
+    time.sleep(1.0)
+    driver.send_signal(signal.SIGKILL)  # the driver only: Ray and the ranks must go down with it
+    driver.wait(timeout=30)
+    time.sleep(5)
+    assert _harness_processes(str(tmp_path)) == []
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    st = optuna.load_study(study_name="kill", storage=url)
+    measured = [t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("fidelity") == "measured"]
+    keys = [t.user_attrs["plan"] for t in measured]
+    assert len(keys) == 2 and len(set(keys)) == 2  # none lost, none repeated
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in st.get_trials(deepcopy=False))
+    time.sleep(2)
+    assert _harness_processes(str(tmp_path)) == []
+    assert _ray_processes() == []
