@@ -5,7 +5,8 @@
     ...materialize...                              # DDP (zero 0/1) wraps after the weights exist
 
 Data parallel by zero stage (over the mesh's "dp" dim):
-  0: DistributedDataParallel(gradient_as_bucket_view=True) (wrapped by `wrap_ddp` after materialisation)
+  0: DistributedDataParallel(gradient_as_bucket_view=True) (wrapped by `wrap_ddp` after materialisation;
+     with TP, over local shards that each owning module turns into DTensors for its forward)
   1: the same DDP + ZeroRedundancyOptimizer over the dp group (optimizer states partitioned by whole
      parameters, greedily balanced: a rank's share is 1/dp to within one parameter; see `build_optimizer`)
   2: FSDP2 fully_shard(reshard_after_forward=False): params and grads sharded at rest, unsharded params kept
@@ -17,6 +18,7 @@ otherwise (the model's `autocast_dtype`). fp8 is rejected on hardware without it
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -28,7 +30,7 @@ from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
 __all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
-           "parallelize", "wrap_ddp", "build_optimizer", "uses_fsdp"]
+           "parallelize", "wrap_ddp", "hold_tp_params_local", "build_optimizer", "uses_fsdp"]
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 
@@ -173,36 +175,77 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any) -> Transformer:
 
 
 def wrap_ddp(part: nn.Module, plan: Plan, mesh: Any) -> nn.Module:
-    """DDP over the dp group for zero 0/1 (dp > 1); identity otherwise. With a dp mesh sliced from the full
-    mesh, DDP applies torch's TP+DDP transform (DTensor params held as local tensors between forwards)."""
+    """DDP over the dp group for zero 0/1 (dp > 1); identity otherwise.
+
+    With TP, DDP gets plain local parameters (`hold_tp_params_local`) and the dp process group, not the dp
+    mesh: given a mesh sliced from a larger one, DDP would apply torch's TP+DDP transform
+    (torch.distributed.tensor.parallel.ddp), which swaps DTensor weights in and out with hooks on the
+    root module only. Activation checkpointing recomputes inside backward, after the root's post-forward hook
+    has put the local shards back, so the recompute ran on the local shard ([h, f/t]) instead of the DTensor
+    ([h, f]) the forward saved, and torch.utils.checkpoint rejected it (CheckpointError: different metadata).
+    """
     if plan.dp == 1 or plan.zero_stage >= 2:
         return part
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(part, device_mesh=mesh["dp"], gradient_as_bucket_view=True)
-    _keep_local_params_registered(part)
-    return ddp
+    hold_tp_params_local(part)
+    return DistributedDataParallel(part, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True)
 
 
-def _keep_local_params_registered(module: nn.Module) -> None:
-    """Work around torch's TP+DDP transform (torch.distributed.tensor.parallel.ddp): its pre-forward hook
-    replaces each local parameter by a plain DTensor attribute and its post-forward hook looks for them among
-    `named_parameters()`, where they no longer are, so after the first forward the module would list no TP
-    parameters (state dicts and checkpoints would miss them). Re-register the local parameters after forward."""
-    slots = [(module.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2], p)
-             for n, p in module.named_parameters() if hasattr(p, "_st_info")]
-    if not slots:
-        return
+def _wait_grad(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient that DTensor's from_local backward may return as an async collective: wait for it."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
-    def restore(*_: Any) -> None:
-        for owner, name, param in slots:
-            if owner._parameters.get(name) is not param:
-                if name in owner.__dict__:
-                    delattr(owner, name)
-                owner._parameters.pop(name, None)
-                owner.register_parameter(name, param)
+    return grad.wait() if isinstance(grad, AsyncCollectiveTensor) else grad
 
-    module.register_forward_hook(restore, always_call=True)
+
+def hold_tp_params_local(module: nn.Module) -> None:
+    """Register each TP (DTensor) parameter as a plain parameter holding its local shard, for DDP.
+
+    The local parameter shares the DTensor's storage and carries its DTensorSpec as `_st_info` (as torch's
+    own TP+DDP transform does; see `stratagem.launch.train.as_dtensor`). Every module that owns such a
+    parameter sees it as a DTensor during its own forward only: a pre-forward hook puts
+    `DTensor.from_local(local)` in the module's instance dict, where attribute lookup finds it before the
+    registered parameter, and a post-forward hook removes it. Because the swap is made per owning module,
+    a forward that activation checkpointing re-runs in backward gets the same DTensor weights as the
+    original forward; and the module always lists its parameters (state dicts, optimizers, checkpoints).
+    A parameter shared by several modules (tied embeddings) becomes one local parameter in all of them.
+    """
+    from torch.distributed.tensor import DTensor
+
+    local_of: dict[int, nn.Parameter] = {}
+    for owner in list(module.modules()):
+        held: list[tuple[str, nn.Parameter]] = []
+        for name, p in list(owner._parameters.items()):
+            if not isinstance(p, DTensor):
+                continue
+            local = local_of.get(id(p))
+            if local is None:
+                local = nn.Parameter(p.to_local().detach(), requires_grad=p.requires_grad)
+                local._st_info = p._spec
+                if local.requires_grad:
+                    local.register_hook(_wait_grad)
+                local_of[id(p)] = local
+            owner.register_parameter(name, local)
+            held.append((name, local))
+        if held:
+            owner.register_forward_pre_hook(functools.partial(_put_dtensors, held))
+            owner.register_forward_hook(functools.partial(_drop_dtensors, [n for n, _ in held]),
+                                        always_call=True)
+
+
+def _put_dtensors(held: list[tuple[str, nn.Parameter]], owner: nn.Module, _args: Any) -> None:
+    from torch.distributed.tensor import DTensor
+
+    for name, local in held:
+        spec = local._st_info  # type: ignore[attr-defined]
+        owner.__dict__[name] = DTensor.from_local(local, spec.mesh, spec.placements, run_check=False,
+                                                  shape=spec.shape, stride=spec.stride)
+
+
+def _drop_dtensors(names: list[str], owner: nn.Module, _args: Any, _output: Any) -> None:
+    for name in names:
+        owner.__dict__.pop(name, None)
 
 
 def build_optimizer(params: list[nn.Parameter], plan: Plan, optimizer: str, mesh: Any,

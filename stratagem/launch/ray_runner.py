@@ -37,6 +37,9 @@ __all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans"]
 
 RunStatus = Literal["ok", "oom", "failed", "timeout"]
 _TAIL_LINES = 20
+# What a rank prints when another rank died under it (gloo/NCCL): not the cause.
+_PEER_FAILURE = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                 "NCCL communicator was aborted", "ProcessGroupNCCL")
 
 
 @dataclass
@@ -273,8 +276,12 @@ def _classify(ranks: list[dict[str, Any]], log_dir: str, command: str, wall_s: f
             return RunResult("oom", f"rank {rank}: {oom[-1].strip()}", None, log_dir, command, wall_s, summary)
     failed = [(i, r) for i, r in enumerate(ranks) if r["code"] != 0]
     if failed:
-        # The first rank to fail with a Python error explains best; gloo peers just report a closed socket.
-        rank, r = next(((i, r) for i, r in failed if any("Error" in ln for ln in r["tail"])), failed[0])
+        # The rank that raised explains best; its peers only report the broken collective.
+        def own_error(r: dict[str, Any]) -> bool:
+            text = "\n".join(r["tail"])
+            return "Error" in text and not any(m in text for m in _PEER_FAILURE)
+
+        rank, r = next(((i, r) for i, r in failed if own_error(r)), failed[0])
         last = "\n".join(r["tail"][-8:])
         return RunResult("failed", f"rank {rank} exited with {r['code']}:\n{last}", None, log_dir, command,
                          wall_s, summary)

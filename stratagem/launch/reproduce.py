@@ -3,7 +3,8 @@ result file from a run made elsewhere, e.g. the exported torchrun command) and c
 
 The comparison is data first (`Reproduction`), then printed by the CLI. A metric is flagged when it moved
 more than the noise the original run showed: for step time and tokens/s, 3 x the relative standard deviation
-of the original timed steps (at least 2%); for peak memory 1% (allocation is deterministic for a fixed plan);
+of the original timed steps (at least 2%); for peak memory 1% or the allocation granularity, whichever is
+larger (2 MiB CUDA blocks; 64 KiB of small buffers on CPU);
 losses must agree to 1e-5 relative (same seed, same data, same arithmetic).
 The environment is compared first: a different device kind/name or world size, or a different torch
 major.minor makes the comparison meaningless and is reported as such (the CLI exits 3).
@@ -36,6 +37,8 @@ class Comparison:
     now: float
     threshold: float
     """Relative difference allowed (the original run's noise)."""
+    floor: float = 0.0
+    """Absolute difference always allowed (the measurement's granularity), in the metric's unit."""
 
     @property
     def rel_diff(self) -> float:
@@ -43,7 +46,7 @@ class Comparison:
 
     @property
     def flagged(self) -> bool:
-        return abs(self.rel_diff) > self.threshold
+        return abs(self.now - self.recorded) > max(self.threshold * abs(self.recorded), self.floor)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,13 @@ class Reproduction:
 
 def _peak(result: dict[str, Any]) -> float:
     return float(max(r.get("peak_reserved_bytes", r["peak_bytes"]) for r in result["ranks"])) / GIB
+
+
+def _memory_granularity(result: dict[str, Any]) -> float:
+    """GiB: CUDA's caching allocator reserves 2 MiB blocks; on CPU the tracked live bytes of a step move by
+    a few small buffers (gloo work tensors, Python-side scratch) between runs: 64 KiB."""
+    return (2.0 if "cuda" in str(result.get("device", "")).lower() or result.get("ranks", [{}])[0].get(
+        "peak_reserved_bytes") else 1 / 16) / 1024
 
 
 def _major_minor(version: str | None) -> str:
@@ -93,7 +103,7 @@ def compare_results(recorded: dict[str, Any], now: dict[str, Any]) -> tuple[list
     rows = [
         Comparison("tokens/s", float(recorded["tokens_per_s"]), float(now["tokens_per_s"]), time_noise),
         Comparison("step time (s)", float(recorded["step_s"]), float(now["step_s"]), time_noise),
-        Comparison("peak memory (GiB)", _peak(recorded), _peak(now), 0.01),
+        Comparison("peak memory (GiB)", _peak(recorded), _peak(now), 0.01, _memory_granularity(recorded)),
     ]
     a, b = recorded.get("losses", []), now.get("losses", [])
     match = len(a) == len(b) and all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b, strict=True))

@@ -39,6 +39,9 @@ CORRECT: dict[int, list[str]] = {
     4: [
         "dp=2,tp=2,zero=0", "dp=2,tp=2,zero=1,sp=true", "dp=2,tp=2,zero=2", "dp=2,tp=2,zero=3,sp=true,ac=full",
         "pp=2,dp=2,zero=3,schedule=gpipe", "pp=2,tp=2,sp=true,schedule=interleaved,v=2",
+        # DDP x TP with recompute: the re-run forward must see the DTensor weights the first one used
+        "dp=2,tp=2,zero=1,sp=true,mbs=4,ac=selective", "dp=2,tp=2,zero=0,ac=selective",
+        "dp=2,tp=2,zero=0,sp=true,ac=full", "dp=2,tp=2,zero=1,mbs=1,ac=full",
     ],
     8: [
         "pp=2,dp=2,tp=2,zero=3,sp=true,schedule=interleaved,v=2", "pp=2,dp=2,tp=2,zero=1,schedule=1f1b",

@@ -30,7 +30,7 @@ SCENARIO = {
               "ffn_hidden_size": 128, "vocab_size": 256},
     "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
     "training": {"seq_len": 32, "global_batch_size": 8, "stack": "torch"},
-    "search": {"pp": 1, "precision": "fp32", "memory_margin_gib": 0.0},
+    "search": {"pp": 1, "tp": 1, "precision": "fp32", "memory_margin_gib": 0.0},
 }
 VENV_BIN = str(Path(sys.executable).parent)
 pytestmark = pytest.mark.timeout(420)
