@@ -58,14 +58,14 @@ def _resolve_model(value: Any) -> Any:
     if isinstance(value, str):
         return model_preset(value)
     if isinstance(value, dict):
+        # Return the merged fields (not a ModelSpec) so that pydantic validates overrides and names a bad
+        # one as model.<field>.
         if "hf_config" in value:
-            extra = {k: v for k, v in value.items() if k != "hf_config"}
             base = ModelSpec.from_hf_config(value["hf_config"])
-            return base.model_copy(update=extra) if extra else base
+            return {**base.model_dump(), **{k: v for k, v in value.items() if k != "hf_config"}}
         if "preset" in value:
             base = model_preset(value["preset"])
-            fields = {k: v for k, v in value.items() if k != "preset"}
-            return ModelSpec(**{**base.model_dump(), **fields})
+            return {**base.model_dump(), **{k: v for k, v in value.items() if k != "preset"}}
     return value
 
 
@@ -81,7 +81,8 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
         msg = err["msg"].removeprefix("Value error, ")
         given = err.get("input")
         shown = "" if isinstance(given, dict | list) or given is None else f" ({given!r})"
-        raise StratagemError(f"{source}: {loc}{shown}: {msg}") from None
+        where = f"{loc}{shown}: " if loc else ""
+        raise StratagemError(f"{source}: {where}{msg}") from None
     except StratagemError as e:
         raise StratagemError(f"{source}: {e}") from None
 
@@ -101,4 +102,9 @@ def load_scenario(path: str | Path) -> Scenario:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise StratagemError(f"scenario ({p}): not valid YAML{where}") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        # A relative hf_config path is relative to the scenario file, not to the working directory.
+        data["model"] = {**model, "hf_config": str((p.parent / model["hf_config"]).resolve())
+                         if not Path(model["hf_config"]).is_absolute() else model["hf_config"]}
     return scenario_from_dict(data, source=str(p))

@@ -107,8 +107,6 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         load_scenario(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="scenario.py: errors raised while resolving `model` have an empty loc and "
-                                       "read 'path: : model ...' (fix proposed in the helper report)")
 def test_model_errors_have_no_empty_field(tmp_path: Path) -> None:
     path = write(tmp_path, "model: llama3-9b\ncluster: {gpu: h100-sxm-80g}\n")
     with pytest.raises(StratagemError) as info:
@@ -116,16 +114,12 @@ def test_model_errors_have_no_empty_field(tmp_path: Path) -> None:
     assert ": :" not in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="scenario.py: an unknown field in {preset: ...} is reported without its "
-                                       "'model.' prefix (fix proposed in the helper report)")
 def test_preset_override_typo_names_model_field(tmp_path: Path) -> None:
     path = write(tmp_path, "model: {preset: llama3-8b, num_layerz: 3}\ncluster: {gpu: h100-sxm-80g}\n")
     with pytest.raises(StratagemError, match=r"model\.num_layerz"):
         load_scenario(path)
 
 
-@pytest.mark.xfail(strict=True, reason="scenario.py: hf_config paths resolve against the working directory, "
-                                       "not the scenario file (fix proposed in the helper report)")
 def test_hf_config_relative_to_scenario_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
            "intermediate_size": 128, "vocab_size": 256}
