@@ -132,8 +132,14 @@ def print_measured(console: Console, mf: Any) -> None:
     study = optuna.load_study(study_name=mf.search.study_name, storage=open_storage(mf.search.storage))
     table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {mf.seconds:.0f} s)",
                   title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("#", "plan", "role", "status", "tok/s meas", "tok/s pred", "peak MiB meas", "peak MiB pred"):
-        table.add_column(col, justify="left" if col in ("plan", "role", "status") else "right", no_wrap=True)
+    from stratagem.evaluators import evaluate
+    from stratagem.search.records import study_scenario
+
+    scenario = study_scenario(study)
+    for col in ("#", "plan", "role", "status", "tok/s meas", "pred", "calibrated", "peak MiB meas", "pred",
+                "calibrated"):
+        table.add_column(col, justify="left" if col in ("plan", "role", "status") else "right", no_wrap=True,
+                         min_width=len(col))
     for t in sorted(measured_trials(study).values(), key=lambda t: t.number):
         ev = trial_evaluation(t)
         if ev is None:
@@ -144,13 +150,18 @@ def print_measured(console: Console, mf: Any) -> None:
         meas_mem = f"{ev.memory.peak_gib * 1024:,.1f}" if ev.memory else "-"
         pred_mem = f"{pred.memory.peak_gib * 1024:,.1f}" if pred and pred.memory else "-"
         status = ev.status if ev.status == "ok" else f"{ev.status}: {ev.reason.splitlines()[0][:60]}"
+        cal = evaluate(scenario, ev.plan, mf.calibration)
+        cal_tok = f"{cal.throughput.tokens_per_s:,.0f}" if cal.throughput else "-"
+        cal_mem = f"{cal.memory.peak_gib * 1024:,.1f}" if cal.memory else "-"
         table.add_row(str(t.number), ev.plan.short(), str(t.user_attrs.get("role", "")), status, meas_tok,
-                      pred_tok, meas_mem, pred_mem)
-    out = console if console.is_terminal else Console(width=max(console.width, 120))
+                      pred_tok, cal_tok, meas_mem, pred_mem, cal_mem)
+    out = console if console.is_terminal else Console(width=max(console.width, 150))
     out.print(table)
     if mf.history:
         last = mf.history[-1]
         console.print(f"calibration on {last['runs_used']} measured runs: median step-time error "
                       f"{last['step_error_before']:.0%} (defaults) -> {last['step_error_after']:.0%}, peak memory "
-                      f"{last['memory_error_before']:.0%} -> {last['memory_error_after']:.0%}; the front below uses "
-                      "measured figures where they exist", markup=False, soft_wrap=True)
+                      f"{last['memory_error_before']:.0%} -> {last['memory_error_after']:.0%} ('pred': the default "
+                      "constants at run time; 'calibrated': refitted on this study's runs); the front below uses "
+                      "measured figures where they exist and calibrated predictions elsewhere",
+                      markup=False, soft_wrap=True)
