@@ -5,7 +5,8 @@ Measured: tokens/s and step time (median of the timed steps), peak memory of the
 reserved; CPU: the peak of live tensors the harness tracks), per-rank parameter/gradient/optimizer bytes,
 checkpoint save time. Derived: MFU scales the predicted MFU by measured/predicted tokens/s (same FLOPs per
 token); checkpoint risk is the analytic one (a short run cannot measure a cluster's MTBF), with the
-measured save time recorded in `measurements`. Time breakdown: None (only the step is measured).
+measured save time recorded in `measurements`. Time breakdown: None (only the step is measured). Zones: HBM
+from the measured memory, the time zones from the prediction (sentences say which).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from stratagem.evaluators.analytic import evaluate
 from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.evaluation import Evaluation, Fidelity, MemoryBreakdown, Status, Throughput
+from stratagem.evaluators.zones import measured_zones
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario
@@ -99,10 +101,13 @@ def measured_evaluation(scenario: Scenario, plan: Plan, status: Status, reason: 
     measurements: dict[str, Any] = {k: result[k] for k in (
         "step_s", "step_times_s", "losses", "tokens_per_s", "tokens_per_step", "device", "world_size", "steps",
         "warmup", "seed", "versions", "checkpoint", "mechanisms", "ranks") if k in result}
+    zones = None
+    if prediction.zones is not None and prediction.time is not None and prediction.checkpoint is not None:
+        zones = measured_zones(prediction.zones, memory, prediction.time, prediction.checkpoint)
     return Evaluation(
         plan=plan, status="ok", fidelity="measured", memory=memory,
         throughput=Throughput(tokens_per_s=tokens, tokens_per_s_per_gpu=tokens / world, mfu=mfu),
-        checkpoint=prediction.checkpoint, zones=None, prediction=prediction, measurements=measurements,
+        checkpoint=prediction.checkpoint, zones=zones, prediction=prediction, measurements=measurements,
         provenance=prov,
     )
 

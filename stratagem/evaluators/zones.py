@@ -33,7 +33,7 @@ from stratagem.evaluators.evaluation import (
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["ZONE_NAMES", "LEVELS", "Threshold", "THRESHOLDS", "zone_columns", "build_zones"]
+__all__ = ["ZONE_NAMES", "LEVELS", "Threshold", "THRESHOLDS", "zone_columns", "build_zones", "measured_zones"]
 
 Array = NDArray[np.float64]
 
@@ -172,3 +172,19 @@ def build_zones(
     }
     zones = {n: Zone(name=n, value=val(n), level=lv(n), sentence=sentences[n]) for n in ZONE_NAMES}
     return Zones(**zones, bottleneck=ZONE_NAMES[int(cols["bottleneck"][i])])
+
+
+def measured_zones(predicted: Zones, mem: MemoryBreakdown, tm: TimeBreakdown, ck: CheckpointRisk) -> Zones:
+    """Zones of a measured run: HBM from the measured memory, the time zones from the prediction (a short run
+    measures the step, not its parts), the bottleneck recomputed by the same rule as `zone_columns`."""
+    one = np.ones(1)
+    cols = zone_columns({
+        "headroom_gib": one * mem.headroom_gib, "hbm_gib": one * mem.hbm_gib, "step_s": one * tm.step_s,
+        "exposed_comm_s": one * tm.exposed_comm_s, "bubble_s": one * tm.bubble_s, "goodput_loss": one * ck.goodput_loss,
+    })
+    level = LEVELS[int(cols["zone_hbm_level"][0])]
+    hbm = Zone(name="hbm", value=float(cols["zone_hbm_value"][0]), level=level,
+               sentence="Measured: " + _hbm_sentence(mem, level))
+    others = {n: getattr(predicted, n).model_copy(update={"sentence": "Predicted: " + getattr(predicted, n).sentence})
+              for n in ZONE_NAMES if n != "hbm"}
+    return Zones(hbm=hbm, **others, bottleneck=ZONE_NAMES[int(cols["bottleneck"][0])])

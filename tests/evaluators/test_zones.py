@@ -62,3 +62,19 @@ def test_evaluation_zones_and_sentences() -> None:
     assert "goodput loss" in fits.zones.checkpoint.sentence
     piped = evaluate(scn, Plan(dp=1, tp=2, pp=4, sequence_parallel=True, activation_checkpointing="full"))
     assert piped.zones is not None and "4 stages (1f1b) over 32 micro-batches" in piped.zones.bubbles.sentence
+
+
+def test_measured_zones_take_hbm_from_the_measurement() -> None:
+    from stratagem import evaluate
+    from stratagem.evaluators.zones import measured_zones
+    from stratagem.spaces import Plan, Scenario, cluster_preset, model_preset
+
+    scn = Scenario(model=model_preset("llama3-8b"), cluster=cluster_preset("h100-sxm-80g", 8),
+                   training={"seq_len": 4096, "global_batch_size": 64})
+    pred = evaluate(scn, Plan(dp=8, zero_stage=3, activation_checkpointing="full"))
+    assert pred.zones is not None and pred.zones.hbm.level == "ok"
+    tight = pred.memory.model_copy(update={"peak_gib": 78.0, "headroom_gib": pred.memory.hbm_gib - 78.0})
+    zones = measured_zones(pred.zones, tight, pred.time, pred.checkpoint)
+    assert zones.hbm.level == "bad" and zones.bottleneck == "hbm"
+    assert zones.hbm.sentence.startswith("Measured:") and zones.communication.sentence.startswith("Predicted:")
+    assert zones.communication.value == pred.zones.communication.value
