@@ -132,5 +132,11 @@ def write_report(
     kind = output_format(out, fmt)
     check_output(out)
     info = pareto_info(study, advice_limit=advice_limit)
-    cap = capacity_plan(info.scenario, capacity_nodes) if capacity_nodes and kind in ("html", "md") else None
+    cap = None
+    if capacity_nodes and kind in ("html", "md"):
+        # A study that measured real runs stores its refitted constants: plan capacity with them.
+        from stratagem.evaluators.calibration import Calibration
+
+        fitted = study.user_attrs.get("calibration")
+        cap = capacity_plan(info.scenario, capacity_nodes, Calibration.model_validate(fitted) if fitted else None)
     return write_text_atomic(out, render_report(info, kind, cap))
