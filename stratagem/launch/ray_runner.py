@@ -220,18 +220,28 @@ class RayRunner:
         import ray
 
         if self._owns_cluster and ray.is_initialized():
+            ours = set(_ray_helpers())
             ray.shutdown()
-            reap_orphans()
+            deadline = time.monotonic() + 15.0  # the raylet takes a moment to exit; then its agents are orphans
+            while True:
+                reap_orphans()
+                if not any(_alive(pid) for pid in ours) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
 
 
-def reap_orphans() -> list[int]:
-    """Kill Ray helper processes (dashboard/runtime-env agents, workers) whose raylet is dead.
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
-    A driver killed with SIGKILL takes its local GCS, raylet, workers and harness ranks with it (Ray's fate
-    sharing and our PR_SET_PDEATHSIG), but Ray 2.60's per-node agents outlive it. They carry their raylet's
-    pid in RAY_RAYLET_PID; when that pid is gone they serve nothing, so the next runner removes them.
-    """
-    killed = []
+
+def _ray_helpers() -> dict[int, int]:
+    """This user's Ray helper processes (ray::...) and the pid of the raylet each belongs to."""
+    out = {}
     me = os.getuid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -246,10 +256,25 @@ def reap_orphans() -> list[int]:
         except OSError:
             continue
         raylet = env.get(b"RAY_RAYLET_PID")
-        if raylet and not Path(f"/proc/{int(raylet)}").exists():
+        if raylet and raylet.isdigit():
+            out[int(entry.name)] = int(raylet)
+    return out
+
+
+def reap_orphans() -> list[int]:
+    """Kill Ray helper processes (dashboard/runtime-env agents, workers) whose raylet is dead.
+
+    A driver killed with SIGKILL takes its local GCS, raylet, workers and harness ranks with it (Ray's fate
+    sharing and our PR_SET_PDEATHSIG), but Ray 2.60's per-node agents outlive it (and linger for a while after
+    a clean shutdown too). They carry their raylet's pid in RAY_RAYLET_PID; when that raylet is gone they serve
+    nothing, so they are removed here.
+    """
+    killed = []
+    for pid, raylet in _ray_helpers().items():
+        if not _alive(raylet):
             try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
             except OSError:
                 pass
     return killed
