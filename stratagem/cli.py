@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.table import Table
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Evaluation, evaluate
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS, Plan, Scenario, load_scenario, parse_plan
+
+if TYPE_CHECKING:
+    from stratagem.search.screening import Mode
 
 app = typer.Typer(
     add_completion=False,
@@ -236,7 +239,7 @@ def search_cmd(
         (Console(stderr=True) if as_json else console).print(f"report:   {path}", markup=False, soft_wrap=True)
 
 
-def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: str, mode: str, real_runs: int,
+def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: str, mode: Mode, real_runs: int,
                            ray_address: str | None, budget_minutes: float | None, steps: int,
                            quiet: bool) -> Any:
     """The multi-fidelity search: screening, real runs through Ray, calibration; prints the measured runs."""

@@ -30,7 +30,7 @@ from stratagem.evaluators import Calibration, Evaluation, Evaluator
 from stratagem.search.calibrate import fit_calibration
 from stratagem.search.records import DIRECTIONS, front_trials, plan_key, trial_evaluation
 from stratagem.search.runner import SearchResult, run_search
-from stratagem.search.screening import Progress, Screening, screen
+from stratagem.search.screening import Mode, Progress, Screening, screen
 from stratagem.search.storage import open_storage, parse_storage, storage_lock
 from stratagem.search.study import evaluation_trial, provenance
 from stratagem.spaces.plan import Plan
@@ -129,7 +129,7 @@ def run_multifidelity(
     evaluator: Evaluator,
     real_runs: int,
     budget_minutes: float | None = None,
-    sampler: str = "auto",
+    sampler: Mode = "auto",
     progress: Progress | None = None,
     on_batch: Callable[[dict[str, Any]], None] | None = None,
 ) -> MultiFidelityResult:
@@ -143,8 +143,7 @@ def run_multifidelity(
     t0 = time.perf_counter()
     space = SearchSpace(scenario)
     study_cal = Calibration()
-    result = run_search(scenario, storage, study_name, sampler=sampler, progress=progress,  # type: ignore[arg-type]
-                        calibration=study_cal)
+    result = run_search(scenario, storage, study_name, sampler=sampler, progress=progress, calibration=study_cal)
     spec = parse_storage(storage)
     with storage_lock(spec):
         study = optuna.load_study(study_name=study_name, storage=open_storage(spec))

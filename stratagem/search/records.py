@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = [
+    "plan_distributions",
     "OBJECTIVES",
     "DIRECTIONS",
     "plan_params",
@@ -60,6 +61,25 @@ OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "headroom_gib", "goodput_loss")
 DIRECTIONS: tuple[Literal["maximize", "minimize"], ...] = ("maximize", "maximize", "minimize")
 CONSTRAINT = "memory"
 ROLES: tuple[str, ...] = ("front", "boundary", "sample", "sampler")
+
+
+def plan_distributions() -> dict[str, optuna.distributions.BaseDistribution]:
+    """One fixed Optuna distribution per Plan field, matching plan_params(); for trials written by hand
+    (a storage refuses a parameter whose distribution changes within a study)."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES
+
+    count = IntDistribution(1, 1 << 20)
+    return {
+        "dp": count, "tp": count, "pp": count, "cp": count, "ep": count, "dp_replicate": count,
+        "micro_batch_size": count, "virtual_stages": count, "zero_stage": CategoricalDistribution([0, 1, 2, 3]),
+        "sequence_parallel": CategoricalDistribution([False, True]),
+        "precision": CategoricalDistribution(list(PRECISIONS)),
+        "activation_checkpointing": CategoricalDistribution(list(RECOMPUTES)),
+        "pp_schedule": CategoricalDistribution(list(SCHEDULES)),
+        "optimizer_offload": CategoricalDistribution(["none", "cpu"]),
+    }
 
 
 def plan_params(plan: Plan) -> dict[str, Any]:

@@ -27,23 +27,17 @@ from stratagem.search.records import (
     DIRECTIONS,
     OBJECTIVES,
     objective_values,
+    plan_distributions,
     plan_key,
     plan_params,
 )
-from stratagem.spaces import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, Scenario, parse_plan
+from stratagem.spaces import Plan, Scenario, parse_plan
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 runner = CliRunner()
 
-_INT = optuna.distributions.IntDistribution(1, 1 << 20)
-_CAT = optuna.distributions.CategoricalDistribution
-DISTRIBUTIONS: dict[str, optuna.distributions.BaseDistribution] = {
-    "dp": _INT, "tp": _INT, "pp": _INT, "cp": _INT, "ep": _INT, "dp_replicate": _INT, "micro_batch_size": _INT,
-    "virtual_stages": _INT, "zero_stage": _CAT([0, 1, 2, 3]), "sequence_parallel": _CAT([False, True]),
-    "precision": _CAT(list(PRECISIONS)), "activation_checkpointing": _CAT(list(RECOMPUTES)),
-    "pp_schedule": _CAT(list(SCHEDULES)), "optimizer_offload": _CAT(["none", "cpu"]),
-}
+DISTRIBUTIONS = plan_distributions()
 SCENARIO = Scenario(
     model="tiny-4l", cluster={"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
     training={"seq_len": 128, "global_batch_size": 8, "training_tokens": 1e6},

@@ -21,8 +21,8 @@ from stratagem.evaluators.evaluation import (
     Zone,
     Zones,
 )
-from stratagem.search.records import CONSTRAINT, DIRECTIONS, objective_values, plan_params
-from stratagem.spaces import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, Scenario, cluster_preset, model_preset
+from stratagem.search.records import CONSTRAINT, DIRECTIONS, objective_values, plan_distributions, plan_params
+from stratagem.spaces import Plan, Scenario, cluster_preset, model_preset
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -31,14 +31,7 @@ SHARES = {"weights": 0.2, "gradients": 0.2, "optimizer": 0.3, "activations": 0.2
 EVIL = "<script>alert(1)</script>"
 
 
-_INT = optuna.distributions.IntDistribution(1, 1 << 20)
-_CAT = optuna.distributions.CategoricalDistribution
-DISTRIBUTIONS: dict[str, optuna.distributions.BaseDistribution] = {
-    "dp": _INT, "tp": _INT, "pp": _INT, "cp": _INT, "ep": _INT, "dp_replicate": _INT, "micro_batch_size": _INT,
-    "virtual_stages": _INT, "zero_stage": _CAT([0, 1, 2, 3]), "sequence_parallel": _CAT([False, True]),
-    "precision": _CAT(list(PRECISIONS)), "activation_checkpointing": _CAT(list(RECOMPUTES)),
-    "pp_schedule": _CAT(list(SCHEDULES)), "optimizer_offload": _CAT(["none", "cpu"]),
-}
+DISTRIBUTIONS = plan_distributions()
 """One fixed distribution per Plan field (a storage refuses a parameter whose distribution changes)."""
 
 
