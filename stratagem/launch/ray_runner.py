@@ -240,7 +240,8 @@ def _alive(pid: int) -> bool:
 
 
 def _ray_helpers() -> dict[int, int]:
-    """This user's Ray helper processes (ray::...) and the pid of the raylet each belongs to."""
+    """This user's Ray helper processes (ray::...) and the pid of the raylet each belongs to: RAY_RAYLET_PID
+    from its environment, else its parent (the raylet starts them)."""
     out = {}
     me = os.getuid()
     for entry in Path("/proc").iterdir():
@@ -249,16 +250,24 @@ def _ray_helpers() -> dict[int, int]:
         try:
             if entry.stat().st_uid != me:
                 continue
-            name = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
-            if not name.startswith(b"ray::"):
+            if not (entry / "cmdline").read_bytes().startswith(b"ray::"):
                 continue
             env = dict(item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item)
-        except OSError:
+            parent = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[1]
+        except (OSError, IndexError):
             continue
-        raylet = env.get(b"RAY_RAYLET_PID")
-        if raylet and raylet.isdigit():
+        raylet = env.get(b"RAY_RAYLET_PID", parent.encode())
+        if raylet.isdigit():
             out[int(entry.name)] = int(raylet)
     return out
+
+
+def _is_raylet(pid: int) -> bool:
+    """A live raylet (not a zombie, not a reused pid)."""
+    try:
+        return _alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "raylet"
+    except OSError:
+        return False
 
 
 def reap_orphans() -> list[int]:
@@ -271,7 +280,7 @@ def reap_orphans() -> list[int]:
     """
     killed = []
     for pid, raylet in _ray_helpers().items():
-        if not _alive(raylet):
+        if not _is_raylet(raylet):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
