@@ -1,6 +1,6 @@
 """Accuracy of the analytic memory model against measured peak memory (issue 2, item 5).
 
-Reference data (../shared/reference/, or the folder named by STRATAGEM_REFERENCE):
+Reference data (bench/reference/, or the folder named by STRATAGEM_REFERENCE):
   playbook_sweep_calibration.json   503 nanotron runs on H100 80GB (the Ultra-Scale Playbook sweep): seq 4096,
                                     bf16, AdamW, fp32 grad accumulation, SP when tp > 1, 1F1B when pp > 1.
   published_cases_calibration.json  the cases of kind memory+... (torchtitan on H100 96GB / H200: FSDP2, CP).
@@ -55,23 +55,19 @@ import numpy as np
 
 from stratagem import __version__
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.memory import GIB, memory_columns, rank_memory_columns
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset, violations
+from stratagem.spaces.columns import PlanColumns
 
 BLOCKS = ("weights", "gradients", "optimizer", "activations", "transient", "overhead")
 
 
 def reference_dir() -> Path:
-    """STRATAGEM_REFERENCE, else shared/reference inside the repository, else ../shared/reference beside it."""
-    env = os.environ.get("STRATAGEM_REFERENCE")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parent.parent
-    for candidate in (repo / "shared" / "reference", repo.parent / "shared" / "reference"):
-        if candidate.is_dir():
-            return candidate
-    sys.exit("reference data not found: set STRATAGEM_REFERENCE to the folder holding the *_calibration.json")
+    """STRATAGEM_REFERENCE, else the repository's bench/reference (the source of truth; see its README)."""
+    path = Path(os.environ.get("STRATAGEM_REFERENCE") or Path(__file__).resolve().parent / "reference")
+    if not path.is_dir():
+        sys.exit(f"reference data not found in {path}: set STRATAGEM_REFERENCE to the folder holding *_calibration.json")
+    return path
 
 
 @dataclass(frozen=True)

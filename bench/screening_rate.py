@@ -26,8 +26,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stratagem.evaluators import PlanColumns, evaluate_many  # noqa: E402
+from stratagem.evaluators import evaluate_many  # noqa: E402
 from stratagem.spaces import Scenario, TrainingSpec, cluster_preset, model_preset  # noqa: E402
+from stratagem.spaces.columns import PlanColumns  # noqa: E402
 
 
 def product_space(world: int) -> PlanColumns:

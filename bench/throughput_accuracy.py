@@ -8,7 +8,7 @@ bus bandwidth the collective model predicts next to the measured one. The figure
     .venv/bin/python bench/throughput_accuracy.py            # with stratagem's default calibration
     .venv/bin/python bench/throughput_accuracy.py --fit      # refit the time constants on this set, print them
 
-Reference directory: $STRATAGEM_REFERENCE, else ../shared/reference next to the repository root.
+Reference directory: $STRATAGEM_REFERENCE, else bench/reference (the repository's copy; see its README).
 
 Assumptions for what the sources do not state (each one printed with the run):
   sweep       nanotron stack (fp32 grad accumulation buffers), bf16, AdamW, no recompute, SP when tp > 1, 1F1B,
@@ -42,10 +42,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, PlanColumns, evaluate_many  # noqa: E402
+from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, evaluate_many  # noqa: E402
 from stratagem.evaluators.comm import bus_bandwidth_gbps  # noqa: E402
 from stratagem.evaluators.timing import megatron_flops_per_token  # noqa: E402
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset  # noqa: E402
+from stratagem.spaces.columns import PlanColumns  # noqa: E402
 from stratagem.spaces.plan import Precision, Recompute  # noqa: E402
 from stratagem.spaces.training import Stack  # noqa: E402
 
@@ -57,7 +58,7 @@ COMM_FIELDS = ("link_efficiency", "collective_step_us")
 
 def reference_dir() -> Path:
     env = os.environ.get("STRATAGEM_REFERENCE")
-    path = Path(env) if env else ROOT.parent / "shared" / "reference"
+    path = Path(env) if env else ROOT / "bench" / "reference"
     if not (path / "published_cases_calibration.json").exists():
         sys.exit(f"reference data not found in {path}; set STRATAGEM_REFERENCE")
     return path

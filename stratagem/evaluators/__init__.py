@@ -5,7 +5,6 @@ from stratagem.evaluators.advice import Advice, NeighbourSummary, advise
 from stratagem.evaluators.analytic import AnalyticEvaluator, evaluate, evaluate_many
 from stratagem.evaluators.base import Evaluator
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.evaluation import (
     BLOCKS,
     CheckpointRisk,
@@ -21,6 +20,6 @@ from stratagem.evaluators.zones import THRESHOLDS, ZONE_NAMES
 __all__ = [
     "Advice", "NeighbourSummary", "advise", "THRESHOLDS", "ZONE_NAMES",
     "AnalyticEvaluator", "evaluate", "evaluate_many", "Evaluator",
-    "DEFAULT_CALIBRATION", "Calibration", "PlanColumns",
+    "DEFAULT_CALIBRATION", "Calibration",
     "BLOCKS", "CheckpointRisk", "Evaluation", "MemoryBreakdown", "Throughput", "TimeBreakdown", "Zone", "Zones",
 ]

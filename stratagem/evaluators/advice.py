@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict
 
 from stratagem.evaluators.analytic import evaluate, evaluate_many
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.evaluation import Evaluation, Status, ZoneName
 from stratagem.evaluators.zones import LEVELS, THRESHOLDS, ZONE_NAMES
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import divisors, violations
 from stratagem.spaces.scenario import Scenario

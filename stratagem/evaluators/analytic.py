@@ -14,7 +14,6 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
 from stratagem.evaluators.checkpoint import CHECKPOINT_KEYS, checkpoint_columns
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.evaluation import (
     BLOCKS,
     CheckpointRisk,
@@ -28,6 +27,7 @@ from stratagem.evaluators.evaluation import (
 from stratagem.evaluators.memory import GIB, memory_columns
 from stratagem.evaluators.timing import time_columns
 from stratagem.evaluators.zones import build_zones, zone_columns
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario

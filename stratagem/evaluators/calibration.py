@@ -1,6 +1,6 @@
 """The analytic model's few fitted constants, in one frozen object.
 
-Defaults are fitted on `../shared/reference/` only (bench/memory_accuracy.py, bench/throughput_accuracy.py);
+Defaults are fitted on `bench/reference/` only (bench/memory_accuracy.py, bench/throughput_accuracy.py);
 a search may refit them on its own measured trials (real runs) and pass the result to the evaluator.
 """
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.memory import optimizer_state_bytes
 from stratagem.evaluators.timing import rank_params
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["CHECKPOINT_KEYS", "STAGING_BYTES_S", "young_interval", "daly_interval", "checkpoint_columns"]

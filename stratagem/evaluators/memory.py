@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.columns import PlanColumns
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
 __all__ = [

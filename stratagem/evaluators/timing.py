@@ -24,7 +24,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.comm import (
     Link,
     all_gather_s,
@@ -35,6 +34,7 @@ from stratagem.evaluators.comm import (
     reduce_scatter_s,
 )
 from stratagem.evaluators.memory import optimizer_state_bytes, stage_layers
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
 

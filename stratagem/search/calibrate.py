@@ -18,7 +18,8 @@ import annotated_types
 import numpy as np
 from numpy.typing import NDArray
 
-from stratagem.evaluators import Calibration, Evaluation, PlanColumns, evaluate_many
+from stratagem.evaluators import Calibration, Evaluation, evaluate_many
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["CalibrationFit", "fit_calibration", "TIME_FIELDS", "MEMORY_FIELDS"]

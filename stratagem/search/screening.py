@@ -13,10 +13,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import BLOCKS, Calibration, PlanColumns, evaluate_many
+from stratagem.evaluators import BLOCKS, Calibration, evaluate_many
 from stratagem.search.pareto import nondominated
 from stratagem.search.records import DIRECTIONS, OBJECTIVES
 from stratagem.search.samplers import ProjectingSampler, make_sampler
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace

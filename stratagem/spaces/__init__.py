@@ -1,5 +1,6 @@
 """What can be tried: model, hardware, training and plan specs, validity rules."""
 
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.hardware import GPU_PRESETS, ClusterSpec, GPUSpec, cluster_preset, gpu_preset
 from stratagem.spaces.model import MODEL_PRESETS, ModelSpec, MoESpec, model_preset
 from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, format_plan, parse_plan
@@ -9,6 +10,7 @@ from stratagem.spaces.space import AXES, IntRange, SearchConfig, SearchSpace
 from stratagem.spaces.training import CheckpointPolicy, TrainingSpec
 
 __all__ = [
+    "PlanColumns",
     "GPU_PRESETS", "ClusterSpec", "GPUSpec", "cluster_preset", "gpu_preset",
     "MODEL_PRESETS", "ModelSpec", "MoESpec", "model_preset",
     "PRECISIONS", "RECOMPUTES", "SCHEDULES", "Plan", "format_plan", "parse_plan",

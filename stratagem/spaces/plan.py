@@ -14,19 +14,23 @@ __all__ = [
     "Precision",
     "Recompute",
     "Schedule",
+    "PipelineSplit",
     "PRECISIONS",
     "RECOMPUTES",
     "SCHEDULES",
+    "PIPELINE_SPLITS",
     "parse_plan",
     "format_plan",
 ]
 
 Precision = Literal["fp32", "bf16", "fp8"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
+PipelineSplit = Literal["layers", "embedding_loss"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+PIPELINE_SPLITS: tuple[PipelineSplit, ...] = get_args(PipelineSplit)
 
 
 class Plan(BaseModel):
@@ -43,7 +47,10 @@ class Plan(BaseModel):
     cp: int = Field(default=1, ge=1)
     """Context-parallel degree (sequence split with ring attention)."""
     ep: int = Field(default=1, ge=1)
-    """Expert-parallel degree (experts split across data-parallel ranks; MoE only)."""
+    """Expert-parallel degree (MoE only): experts split over ep ranks of the expert grid ep x etp x edp, which
+    re-partitions the tp x dp x cp ranks (Megatron-Core MoE parallel folding)."""
+    etp: int = Field(default=1, ge=1)
+    """Expert tensor-parallel degree (MoE only): each expert's matmuls split over etp ranks, independent of tp."""
     dp_replicate: int = Field(default=1, ge=1)
     """HSDP: replicas among the dp ranks; ZeRO shards over dp / dp_replicate ranks."""
     zero_stage: Literal[0, 1, 2, 3] = 0
@@ -55,11 +62,25 @@ class Plan(BaseModel):
     precision: Precision = "bf16"
     """Compute precision: fp32, bf16 mixed precision, or fp8 matmuls (bf16 elsewhere)."""
     activation_checkpointing: Recompute = "none"
-    """none; selective (recompute elementwise ops, keep matmul inputs/outputs); full (keep layer inputs)."""
+    """none; selective (recompute the MLP activation and its down projection); full (keep layer inputs only);
+    op (torchtitan's op-level policy: save the outputs of chosen matmul/attention ops, recompute the rest)."""
+    recompute_layers: int = Field(default=0, ge=0)
+    """Layers per pipeline stage that are recomputed (0: all of them). Partial recompute, as Megatron's
+    `--recompute-num-layers` with the block method and torchtitan's every-k-th-layer checkpointing."""
     pp_schedule: Schedule = "1f1b"
     """Pipeline schedule (pp > 1): gpipe, 1f1b, interleaved (virtual stages), zero_bubble (ZB-H1)."""
     virtual_stages: int = Field(default=1, ge=1)
     """Model chunks per pipeline rank (interleaved schedule only)."""
+    first_stage_layers: int = Field(default=0, ge=0)
+    """Transformer layers on the first pipeline stage (0: an even split). Megatron's
+    `--decoder-first-pipeline-num-layers`."""
+    last_stage_layers: int = Field(default=0, ge=0)
+    """Transformer layers on the last pipeline stage (0: an even split). Megatron's
+    `--decoder-last-pipeline-num-layers`."""
+    pp_split: PipelineSplit = "layers"
+    """layers: only transformer layers are split into stages; embedding_loss: the embedding and the loss each
+    count as one layer in the split (Megatron's `--account-for-embedding-in-pipeline-split` and
+    `--account-for-loss-in-pipeline-split`)."""
     optimizer_offload: Literal["none", "cpu"] = "none"
     """Keep optimizer states (and master weights) in host memory (ZeRO-Offload)."""
 
@@ -82,7 +103,7 @@ _BOOL_FALSE = {"0", "false", "no", "off"}
 _ALIASES = {"zero": "zero_stage", "mbs": "micro_batch_size", "sp": "sequence_parallel",
             "ac": "activation_checkpointing", "recompute": "activation_checkpointing",
             "schedule": "pp_schedule", "vpp": "virtual_stages", "v": "virtual_stages",
-            "offload": "optimizer_offload"}
+            "offload": "optimizer_offload", "recompute_num_layers": "recompute_layers"}
 
 
 def parse_plan(text: str | dict[str, Any] | None, base: Plan | None = None) -> Plan:
@@ -132,16 +153,21 @@ def format_plan(plan: Plan, compact: bool = False) -> str:
         return ",".join(parts) or "dp=1"
     p = plan
     bits = [f"dp{p.dp}"]
-    bits += [f"{k}{getattr(p, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(p, k) > 1]
+    bits += [f"{k}{getattr(p, k)}" for k in ("tp", "pp", "cp", "ep", "etp") if getattr(p, k) > 1]
     if p.dp_replicate > 1:
         bits.append(f"rep{p.dp_replicate}")
     bits += [f"z{p.zero_stage}", f"mb{p.micro_batch_size}", p.precision]
     if p.sequence_parallel:
         bits.append("sp")
     if p.activation_checkpointing != "none":
-        bits.append({"selective": "sel", "full": "full"}[p.activation_checkpointing] + "-ac")
+        label = {"selective": "sel", "full": "full", "op": "op"}[p.activation_checkpointing] + "-ac"
+        bits.append(label + (f"{p.recompute_layers}L" if p.recompute_layers else ""))
     if p.pp > 1:
         bits.append(p.pp_schedule + (f"x{p.virtual_stages}" if p.virtual_stages > 1 else ""))
+        if p.first_stage_layers or p.last_stage_layers:
+            bits.append(f"split{p.first_stage_layers or '-'}/{p.last_stage_layers or '-'}")
+        if p.pp_split != "layers":
+            bits.append("emb+loss")
     if p.optimizer_offload != "none":
         bits.append("offload")
     return " ".join(bits)

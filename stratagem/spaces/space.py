@@ -32,7 +32,7 @@ from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, Preci
 if TYPE_CHECKING:
     import optuna
 
-    from stratagem.evaluators.columns import PlanColumns
+    from stratagem.spaces.columns import PlanColumns
     from stratagem.spaces.scenario import Scenario
 
 __all__ = ["IntRange", "SearchConfig", "SearchSpace", "AXES"]
@@ -213,7 +213,9 @@ class SearchSpace:
         precisions = _choices(cfg.precision, PRECISIONS, prec_default, "precision")
         if "fp8" in precisions and not fp8:
             raise StratagemError(f"search.precision (fp8): {cl.gpu.name} has no FP8 tensor cores; use bf16")
-        recomputes = _choices(cfg.activation_checkpointing, RECOMPUTES, RECOMPUTES, "activation_checkpointing")
+        # "op" (op-level selective recompute) joins the default axis once the harness and the model both have it.
+        recomputes = _choices(cfg.activation_checkpointing, RECOMPUTES, [r for r in RECOMPUTES if r != "op"],
+                              "activation_checkpointing")
         schedules = [SCHEDULES.index(s) for s in _choices(cfg.pp_schedule, SCHEDULES, SCHEDULES, "pp_schedule")]
         self.precisions: tuple[Precision, ...] = tuple(precisions)
         self.recomputes: tuple[Recompute, ...] = tuple(recomputes)
@@ -336,7 +338,7 @@ class SearchSpace:
 
     def decode(self, index: NDArray[np.integer[Any]]) -> PlanColumns:
         """The plans with these numbers (0 <= i < count()), as columns; vectorised."""
-        from stratagem.evaluators.columns import PlanColumns
+        from stratagem.spaces.columns import PlanColumns
 
         idx = np.asarray(index, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.count()):

@@ -7,22 +7,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stratagem.evaluators import PlanColumns, evaluate
+from stratagem.evaluators import evaluate
 from stratagem.evaluators.checkpoint import STAGING_BYTES_S, checkpoint_columns, daly_interval, young_interval
 from stratagem.spaces import Plan, Scenario, cluster_preset, model_preset
+from stratagem.spaces.columns import PlanColumns
 
-REFERENCE = (Path(os.environ.get("STRATAGEM_REFERENCE") or Path(__file__).resolve().parents[3] / "shared" / "reference")
+REFERENCE = (Path(os.environ.get("STRATAGEM_REFERENCE") or Path(__file__).resolve().parents[2] / "bench" / "reference")
              / "published_cases_calibration.json")
 GIB = 2.0**30
 
 
 def _daly_cases() -> list[dict]:
-    if not REFERENCE.exists():
-        return []
     return [c for c in json.loads(REFERENCE.read_text())["cases"] if c["kind"] == "checkpoint_interval"]
 
 
-@pytest.mark.skipif(not REFERENCE.exists(), reason="reference data not present")
 def test_daly_published_optima() -> None:
     # Daly 2006, Figs 3-5 (C = 5 min): M = 24 h -> 117 min, 6 h -> 57 min, 15 min -> 9.1 min.
     cases = _daly_cases()

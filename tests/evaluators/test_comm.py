@@ -19,7 +19,7 @@ from stratagem.evaluators.comm import (
 )
 from stratagem.spaces import ClusterSpec, gpu_preset
 
-REFERENCE = (Path(os.environ.get("STRATAGEM_REFERENCE") or Path(__file__).resolve().parents[3] / "shared" / "reference")
+REFERENCE = (Path(os.environ.get("STRATAGEM_REFERENCE") or Path(__file__).resolve().parents[2] / "bench" / "reference")
              / "published_cases_calibration.json")
 H100 = gpu_preset("h100-sxm-80g")
 
@@ -76,7 +76,6 @@ def _nccl_cases() -> list[dict]:
     return [c for c in data["cases"] if c["kind"] == "collective_bandwidth"]
 
 
-@pytest.mark.skipif(not REFERENCE.exists(), reason="reference data not present")
 @pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_reduce"])
 def test_busbw_trend_matches_nccl_tests(kind: str) -> None:
     """nanotron playbook, nccl-tests median busbw of 256 MB on H100 8/node over EFA, 1 to 64 nodes."""

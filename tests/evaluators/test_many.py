@@ -5,8 +5,9 @@ import random
 import numpy as np
 import pytest
 
-from stratagem.evaluators import ZONE_NAMES, PlanColumns, evaluate, evaluate_many
+from stratagem.evaluators import ZONE_NAMES, evaluate, evaluate_many
 from stratagem.spaces import Plan, Scenario, cluster_preset, model_preset, violations
+from stratagem.spaces.columns import PlanColumns
 
 CONTRACT = (
     "compute_s", "recompute_s", "tp_comm_s", "dp_comm_s", "pp_comm_s", "cp_comm_s", "bubble_s", "optimizer_s",

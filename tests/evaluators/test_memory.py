@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.memory import (
     DEEPSPEED_ZERO3_LAYER_BYTES,
     GIB,
@@ -28,6 +27,7 @@ from stratagem.evaluators.memory import (
     rank_memory_columns,
 )
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, gpu_preset, model_preset
+from stratagem.spaces.columns import PlanColumns
 
 ADAM = optimizer_state_bytes("adamw", 4096, 16384)
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.memory import memory_columns, rank_memory_columns
 from stratagem.spaces import ClusterSpec, Plan, Scenario, divisors, gpu_preset, model_preset, violations
+from stratagem.spaces.columns import PlanColumns
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from stratagem.evaluators import Calibration, PlanColumns, evaluate, evaluate_many
+from stratagem.evaluators import Calibration, evaluate, evaluate_many
 from stratagem.evaluators.comm import all_reduce_s, group_link
 from stratagem.evaluators.timing import (
     bubble_fraction,
@@ -13,6 +13,7 @@ from stratagem.evaluators.timing import (
     time_columns,
 )
 from stratagem.spaces import ModelSpec, Plan, Scenario, cluster_preset, model_preset
+from stratagem.spaces.columns import PlanColumns
 
 PARTS = ("compute_s", "recompute_s", "exposed_comm_s", "bubble_s", "optimizer_s", "overhead_s")
 

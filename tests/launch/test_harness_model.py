@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators.columns import PlanColumns
 from stratagem.evaluators.memory import _layer_elements
 from stratagem.launch.harness import validate_plan
 from stratagem.launch.memtrack import LiveBytes
@@ -17,6 +16,7 @@ from stratagem.launch.model import build_model, materialize, named_parameters, s
 from stratagem.launch.parallelize import apply_ac, check_applicable
 from stratagem.launch.pipeline import build_stage_model, check_microbatches, chunk_layers, rank_chunks
 from stratagem.spaces import ModelSpec, Scenario, load_scenario, parse_plan
+from stratagem.spaces.columns import PlanColumns
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,10 +2,11 @@
 
 import numpy as np
 
-from stratagem.evaluators import Calibration, Evaluation, PlanColumns, evaluate, evaluate_many
+from stratagem.evaluators import Calibration, Evaluation, evaluate, evaluate_many
 from stratagem.evaluators.evaluation import MemoryBreakdown
 from stratagem.search.calibrate import fit_calibration
 from stratagem.spaces import Plan, load_scenario
+from stratagem.spaces.columns import PlanColumns
 
 PLANS = [Plan(dp=4), Plan(dp=4, zero_stage=3), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=1, tp=4),
          Plan(dp=4, micro_batch_size=2), Plan(dp=2, tp=2, activation_checkpointing="full")]

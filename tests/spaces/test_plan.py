@@ -54,7 +54,7 @@ def test_compact_label() -> None:
     ("dp=0", "plan.dp (0): Input should be greater than or equal to 1"),
     ("zero=4", "plan.zero_stage (4): Input should be 0, 1, 2 or 3"),
     ("sp=maybe", "plan.sequence_parallel ('maybe'): use true or false"),
-    ("ac=partial", "plan.activation_checkpointing ('partial'): Input should be 'none', 'selective' or 'full'"),
+    ("ac=partial", "plan.activation_checkpointing ('partial'): Input should be 'none', 'selective', 'full' or 'op'"),
     ("precision=fp16", "plan.precision ('fp16')"),
     ("dp=8,dp=4", "plan.dp: given twice"),
     ("=3", "plan ('=3'): write key=value pairs"),

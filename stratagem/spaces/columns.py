@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from numpy.typing import NDArray
 
-from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan
+from stratagem.spaces.plan import (
+    PIPELINE_SPLITS,
+    PRECISIONS,
+    RECOMPUTES,
+    SCHEDULES,
+    Plan,
+    Recompute,
+    Schedule,
+)
 
-__all__ = ["PlanColumns", "PRECISION_CODE", "RECOMPUTE_CODE", "SCHEDULE_CODE"]
+__all__ = ["PlanColumns", "PRECISION_CODE", "RECOMPUTE_CODE", "SCHEDULE_CODE", "PP_SPLIT_CODE"]
 
 Array = NDArray[np.float64]
 
 PRECISION_CODE = {p: i for i, p in enumerate(PRECISIONS)}  # fp32 0, bf16 1, fp8 2
-RECOMPUTE_CODE = {r: i for i, r in enumerate(RECOMPUTES)}  # none 0, selective 1, full 2
+RECOMPUTE_CODE = {r: i for i, r in enumerate(RECOMPUTES)}  # none 0, selective 1, full 2, op 3
 SCHEDULE_CODE = {s: i for i, s in enumerate(SCHEDULES)}  # gpipe 0, 1f1b 1, interleaved 2, zero_bubble 3
+PP_SPLIT_CODE = {s: i for i, s in enumerate(PIPELINE_SPLITS)}  # layers 0, embedding_loss 1
+# Columns added after the first version: optional at construction (they default to the Plan's default value),
+# so code that builds columns for the original axes keeps working.
+_LATER = {"etp": 1.0, "recompute_layers": 0.0, "first_stage_layers": 0.0, "last_stage_layers": 0.0,
+          "pp_split": 0.0}
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,40 @@ class PlanColumns:
     pp_schedule: Array
     virtual_stages: Array
     optimizer_offload: Array
+    etp: Array = field(default=None)  # type: ignore[arg-type]
+    recompute_layers: Array = field(default=None)  # type: ignore[arg-type]
+    first_stage_layers: Array = field(default=None)  # type: ignore[arg-type]
+    last_stage_layers: Array = field(default=None)  # type: ignore[arg-type]
+    pp_split: Array = field(default=None)  # type: ignore[arg-type]
+
+    def __post_init__(self) -> None:
+        for name, default in _LATER.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.full(self.dp.shape, default))
+
+    # ---- predicates: name the codes once (boolean arrays, one per plan) ----------------------------------------
+    @property
+    def fp32(self) -> NDArray[np.bool_]:
+        """Plans computing in fp32."""
+        return np.asarray(self.precision == PRECISION_CODE["fp32"])
+
+    @property
+    def fp8(self) -> NDArray[np.bool_]:
+        """Plans with fp8 matmuls."""
+        return np.asarray(self.precision == PRECISION_CODE["fp8"])
+
+    def recompute_is(self, mode: Recompute) -> NDArray[np.bool_]:
+        """Plans whose activation_checkpointing is `mode` (none | selective | full | op)."""
+        return np.asarray(self.activation_checkpointing == RECOMPUTE_CODE[mode])
+
+    def schedule_is(self, schedule: Schedule) -> NDArray[np.bool_]:
+        """Plans whose pp_schedule is `schedule` (gpipe | 1f1b | interleaved | zero_bubble)."""
+        return np.asarray(self.pp_schedule == SCHEDULE_CODE[schedule])
+
+    @property
+    def offload(self) -> NDArray[np.bool_]:
+        """Plans that keep optimizer states in host memory."""
+        return np.asarray(self.optimizer_offload > 0)
 
     @classmethod
     def from_plans(cls, plans: Sequence[Plan]) -> PlanColumns:
@@ -58,6 +105,11 @@ class PlanColumns:
             pp_schedule=col([SCHEDULE_CODE[p.pp_schedule] for p in plans]),
             virtual_stages=col([p.virtual_stages for p in plans]),
             optimizer_offload=col([float(p.optimizer_offload == "cpu") for p in plans]),
+            etp=col([p.etp for p in plans]),
+            recompute_layers=col([p.recompute_layers for p in plans]),
+            first_stage_layers=col([p.first_stage_layers for p in plans]),
+            last_stage_layers=col([p.last_stage_layers for p in plans]),
+            pp_split=col([PP_SPLIT_CODE[p.pp_split] for p in plans]),
         )
 
     def __len__(self) -> int:
@@ -80,4 +132,7 @@ class PlanColumns:
             pp_schedule=SCHEDULES[int(self.pp_schedule[i])],
             virtual_stages=int(self.virtual_stages[i]),
             optimizer_offload="cpu" if self.optimizer_offload[i] else "none",
+            etp=int(self.etp[i]), recompute_layers=int(self.recompute_layers[i]),
+            first_stage_layers=int(self.first_stage_layers[i]), last_stage_layers=int(self.last_stage_layers[i]),
+            pp_split=PIPELINE_SPLITS[int(self.pp_split[i])],
         )

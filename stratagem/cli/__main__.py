@@ -1,0 +1,5 @@
+"""`python -m stratagem.cli ...`."""
+
+from stratagem.cli import main
+
+main()

@@ -1,0 +1,126 @@
+"""`stratagem evaluate`, `explain` and `presets`: one plan judged by the analytic model; the presets."""
+
+from __future__ import annotations
+
+import json
+
+from rich.table import Table
+
+from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scenario_and_plan
+from stratagem.errors import StratagemError
+from stratagem.evaluators import BLOCKS, Evaluation, evaluate
+from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
+
+__all__ = ["memory_table"]
+
+
+def memory_table(ev: Evaluation) -> Table:
+    """The memory stack of the worst rank against HBM."""
+    mem = ev.memory
+    if mem is None:
+        raise StratagemError(ev.reason)
+    table = Table(title=f"Memory per GPU, stage {mem.worst_stage}", title_justify="left")
+    table.add_column("block")
+    table.add_column("GiB", justify="right")
+    table.add_column("share", justify="right")
+    for b in BLOCKS:
+        gib = mem.block_gib(b)
+        marker = "  <- first to break" if b == mem.first_block_to_break else ""
+        table.add_row(b + marker, f"{gib:.2f}", f"{gib / mem.hbm_gib:.0%}")
+    table.add_section()
+    table.add_row("[bold]peak", f"[bold]{mem.peak_gib:.2f}", f"{mem.peak_gib / mem.hbm_gib:.0%}")
+    table.add_row("HBM", f"{mem.hbm_gib:.2f}", "100%")
+    style = "green" if mem.headroom_gib >= 0 else "red"
+    table.add_row(f"[{style}]headroom", f"[{style}]{mem.headroom_gib:.2f}", f"{mem.headroom_fraction:.0%}")
+    return table
+
+
+@app.command("evaluate")
+def evaluate_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False) -> None:
+    """Judge one plan: the memory stack per GPU against HBM and the block that breaks first."""
+    scn, pl = scenario_and_plan(scenario, plan)
+    ev = evaluate(scn, pl)
+    if as_json:
+        print(ev.model_dump_json(indent=2))
+        return
+    console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}")
+    if ev.status == "infeasible":
+        raise StratagemError(ev.reason)
+    console.print(memory_table(ev))
+    verdict = "[green]fits" if ev.status == "ok" else f"[red]OOM: {ev.reason}"
+    console.print(verdict)
+
+
+@app.command("presets")
+def presets_cmd(as_json: JsonOpt = False) -> None:
+    """List the model and GPU presets."""
+    if as_json:
+        print(json.dumps({
+            "models": {k: m.model_dump(mode="json") for k, m in MODEL_PRESETS.items()},
+            "gpus": {k: g.model_dump(mode="json") for k, g in GPU_PRESETS.items()},
+        }, indent=2))
+        return
+    models = Table(title="Models", title_justify="left")
+    for col in ("name", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "moe"):
+        models.add_column(col, justify="left" if col == "name" else "right")
+    for m in MODEL_PRESETS.values():
+        moe = f"{m.moe.num_experts}x top{m.moe.top_k}" if m.moe else "-"
+        models.add_row(m.name, f"{m.num_params() / 1e9:.2f}B", str(m.num_layers), str(m.hidden_size),
+                       f"{m.num_attention_heads}/{m.kv_heads}", str(m.ffn_hidden_size), str(m.vocab_size), moe)
+    gpus = Table(title="GPUs", title_justify="left")
+    for col in ("name", "HBM GiB", "bf16 TF/s", "fp8 TF/s", "HBM TB/s"):
+        gpus.add_column(col, justify="left" if col == "name" else "right")
+    for g in GPU_PRESETS.values():
+        gpus.add_row(g.name, f"{g.hbm_gib:g}", f"{g.peak_tflops_bf16:g}",
+                     f"{g.peak_tflops_fp8:g}" if g.peak_tflops_fp8 else "-", f"{g.hbm_tbps:g}")
+    console.print(models)
+    console.print(gpus)
+
+
+@app.command("explain")
+def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False) -> None:
+    """Explain one plan: memory stack, step time by part, the four zones, the bottleneck and advice."""
+    from stratagem.evaluators import advise
+
+    scn, pl = scenario_and_plan(scenario, plan)
+    ev = evaluate(scn, pl)
+    if ev.status == "infeasible":
+        raise StratagemError(ev.reason)
+    advice = advise(scn, pl, ev)
+    if as_json:
+        print(json.dumps({"evaluation": ev.model_dump(mode="json"),
+                          "advice": [a.model_dump(mode="json") for a in advice]}, indent=2))
+        return
+    assert ev.time is not None and ev.throughput is not None and ev.zones is not None  # set for feasible plans
+    tm, tp, zones = ev.time, ev.throughput, ev.zones
+    console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}")
+    console.print(memory_table(ev))
+    times = Table(title=f"Step time: {tm.step_s:.3g} s", title_justify="left")
+    times.add_column("part")
+    times.add_column("s", justify="right")
+    times.add_column("share", justify="right")
+    parts = {"compute": tm.compute_s, "recompute": tm.recompute_s, "TP comm (exposed)": tm.tp_comm_s,
+             "DP comm (exposed)": tm.exposed_comm_s - tm.tp_comm_s - tm.pp_comm_s - tm.cp_comm_s,
+             "PP comm": tm.pp_comm_s, "CP comm": tm.cp_comm_s, "pipeline bubble": tm.bubble_s,
+             "optimizer": tm.optimizer_s}
+    parts["overhead"] = tm.step_s - sum(parts.values())
+    for name, sec in parts.items():
+        if sec > 0.0005 * tm.step_s:
+            times.add_row(name, f"{sec:.3g}", f"{sec / tm.step_s:.0%}")
+    times.add_section()
+    times.add_row("DP traffic before overlap", f"{tm.dp_comm_s:.3g}", "")
+    console.print(times)
+    console.print(f"{tp.tokens_per_s:,.0f} tokens/s ({tp.tokens_per_s_per_gpu:,.0f} per GPU), MFU {tp.mfu:.1%}")
+    colour = {"ok": "green", "warn": "yellow", "bad": "red"}
+    ztable = Table(title="Zones", title_justify="left", show_lines=False)
+    for col in ("zone", "level", "value", "diagnosis"):
+        ztable.add_column(col, justify="right" if col == "value" else "left", overflow="fold")
+    for z in (zones.hbm, zones.communication, zones.bubbles, zones.checkpoint):
+        c = colour[z.level]
+        ztable.add_row(z.name, f"[{c}]{z.level}", f"{z.value:.1%}", z.sentence)
+    console.print(ztable)
+    console.print(f"bottleneck: [bold]{zones.bottleneck}[/bold]")
+    if not advice:
+        console.print("advice: none; no neighbouring plan improves a zone that needs it")
+    for i, a in enumerate(advice, 1):
+        console.print(f"{i}. [{a.zone}] {a.effect}\n   {a.rationale}", highlight=False)

@@ -1,0 +1,89 @@
+"""`stratagem report` and `capacity`: a finished study rendered; capacity planning for a scenario."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from stratagem.cli.app import ScenarioArg, app, console
+from stratagem.errors import StratagemError
+from stratagem.spaces import load_scenario
+
+
+@app.command("report")
+def report_cmd(
+    storage: Annotated[str, typer.Option("--storage", help="The search's storage: sqlite:///F.db, journal:F.log, RDB URL.")]
+    = "sqlite:///stratagem.db",
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the storage's only one).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="report.html (default), .md, .json, .csv.")]
+    = None,
+    fmt: Annotated[str | None, typer.Option("--format", "-f", help="html | md | json | csv (default: -o's suffix; "
+                                            "without -o, md/json/csv go to stdout).")] = None,
+    nodes: Annotated[str | None, typer.Option("--nodes", help="Add capacity planning, e.g. 8,16,32.")] = None,
+) -> None:
+    """Report a finished search: Pareto plots, front table, plan cards, explorer (HTML); Markdown; JSON/CSV."""
+    from stratagem import reports
+
+    kind = reports.output_format(output, fmt)
+    if output is None and kind == "html":
+        output = Path("report.html")
+    if output is not None:
+        reports.check_output(output)
+    info = reports.pareto_info(reports.open_study(storage, study))
+    cap = (reports.capacity_plan(info.scenario, reports.parse_nodes(nodes))
+           if nodes and kind in ("html", "md") else None)
+    text = reports.render_report(info, kind, cap)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    reports.write_text_atomic(output, text)
+    console.print(f"wrote {output} ({len(info.plans)} plans, {len(info.front)} on the Pareto front)",
+                  markup=False, soft_wrap=True)
+
+
+@app.command("capacity")
+def capacity_cmd(
+    scenario: ScenarioArg,
+    nodes: Annotated[str | None, typer.Option("--nodes", help="Node counts, e.g. 8,16,32,64,128 "
+                                              "(default: half, the same and twice the scenario's).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write .md or .html.")] = None,
+) -> None:
+    """Best plan, time, GPU-hours and cost to train the scenario's training_tokens at each cluster size."""
+    from stratagem import reports
+
+    scn = load_scenario(scenario)
+    kind = reports.output_format(output, None) if output is not None else None
+    if output is not None and kind not in ("md", "html"):
+        raise StratagemError(f"-o ({output}): capacity writes .md or .html")
+    if output is not None:
+        reports.check_output(output)
+    cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else reports.default_nodes(scn))
+    from rich.markup import escape
+
+    table = Table(title=escape(f"Training {scn.training.training_tokens:.3g} tokens of {scn.model.name} on "
+                               f"{scn.cluster.gpu.name}"), title_justify="left")
+    for col in ("nodes", "GPUs", "best plan", "tokens/s", "days", "GPU-h", "USD", "ckpt", "fail"):
+        table.add_column(col, justify="left" if col == "best plan" else "right", no_wrap=col != "best plan",
+                         overflow="fold")
+
+    def si(x: float) -> str:
+        return next((f"{x / d:.3g}{u}" for d, u in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if abs(x) >= d), f"{x:.3g}")
+
+    for r in cap.rows:
+        if r.best is None or r.hours is None or r.days is None:
+            table.add_row(str(r.num_nodes), str(r.num_gpus), f"[red]{escape(r.note)}", *["-"] * 6)
+            continue
+        table.add_row(str(r.num_nodes), str(r.num_gpus), r.best.label, si(r.tokens_per_s or 0), f"{r.days:,.1f}",
+                      si(r.gpu_hours or 0), si(r.cost_usd or 0), f"{r.checkpoint_overhead:.2%}",
+                      f"{r.failure_loss:.2%}")
+    table.caption = ("ckpt: time stalled by checkpoint saves; fail: expected time lost to failures "
+                     "(rework since the last checkpoint + restarts). Days include both.")
+    console.print(table)
+    if output is not None:
+        text = reports.capacity_markdown(cap, heading="#") if kind == "md" else reports.render_capacity_html(cap)
+        reports.write_text_atomic(output, text)
+        console.print(f"wrote {output}", markup=False, soft_wrap=True)

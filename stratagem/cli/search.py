@@ -1,0 +1,99 @@
+"""`stratagem search`: screen, store the front, optionally measure real runs, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+from stratagem.cli.app import ScenarioArg, app, console
+from stratagem.spaces import Scenario, load_scenario
+
+if TYPE_CHECKING:
+    from stratagem.search.screening import Mode
+
+
+@app.command("search")
+def search_cmd(
+    scenario: ScenarioArg,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL: sqlite:///F.db (default: "
+                                                "stratagem.db beside the scenario), postgresql://..., journal:F.log")]
+    = None,
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: <scenario>-<space hash>); "
+                                              "rerunning with the same name resumes.")] = None,
+    sampler: Annotated[str, typer.Option("--sampler", help="auto | exhaustive | nsga2 | tpe | random.")] = "auto",
+    n_trials: Annotated[int | None, typer.Option("--n-trials", help="Plans the sampler proposes (nsga2/random "
+                                                 "default 2000, tpe 300); measured runs: runs in this call.")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Stop the sampler / measured runs after S "
+                                                  "seconds.")] = None,
+    top: Annotated[int, typer.Option("--top", help="Rows of the front to show.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print counts and the front as JSON.")] = False,
+    real_runs: Annotated[int, typer.Option("--real-runs", help="After screening, measure up to K plans as "
+                                           "short real training runs through Ray (0: analytic only).")] = 0,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join a running Ray cluster "
+                                                    "('auto'); default: start a local one.")] = None,
+    budget_minutes: Annotated[float | None, typer.Option("--budget-minutes", help="Bound the real-run "
+                                                         "phase (minutes).")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per real run.")] = 4,
+    report: Annotated[Path | None, typer.Option("--report", help="HTML report path (default: <study>.html "
+                                                "beside the scenario).")] = None,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the HTML report.")] = False,
+) -> None:
+    """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, optionally
+    measure the best survivors as real runs through Ray (recalibrating the model), show the front and write
+    the HTML report."""
+    from stratagem.search import console as view
+    from stratagem.search import default_storage, run_search
+
+    scn = load_scenario(scenario)
+    mode = view.check_sampler(sampler)
+    name = study or view.default_study_name(scenario, scn)
+    url = storage or default_storage(scenario)
+    if real_runs:
+        result = _search_with_real_runs(scn, scenario, url, name, mode, real_runs, ray_address, budget_minutes,
+                                        steps, as_json)
+    else:
+        with view.progress_bar(Console(stderr=True), enabled=not as_json) as progress:
+            result = run_search(scn, url, name, sampler=mode, n_trials=n_trials, timeout=timeout,
+                                progress=progress)
+    if as_json:
+        print(view.result_json(result))
+    else:
+        view.print_result(console, result, top)
+    if not no_report:
+        from stratagem.reports import open_study as load_study
+        from stratagem.reports import write_report
+
+        path = write_report(load_study(result.storage.url, result.study_name),
+                            report or scenario.with_name(f"{result.study_name}.html"))
+        (Console(stderr=True) if as_json else console).print(f"report:   {path}", markup=False, soft_wrap=True)
+
+
+def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: str, mode: Mode, real_runs: int,
+                           ray_address: str | None, budget_minutes: float | None, steps: int,
+                           quiet: bool) -> Any:
+    """The multi-fidelity search: screening, real runs through Ray, calibration; prints the measured runs."""
+    from stratagem.evaluators.real import RayRunEvaluator
+    from stratagem.search import console as view
+    from stratagem.search.multifidelity import run_multifidelity
+
+    run_dir = scenario_path.parent / "runs" / name
+    num_cpus = scn.cluster.num_gpus if scn.cluster.gpu.kind == "cpu" and ray_address is None else None
+    out = Console(stderr=True) if quiet else console
+    out.print(f"starting Ray ({ray_address or 'local cluster'}); run logs under {run_dir}", markup=False)
+    evaluator = RayRunEvaluator(run_dir, address=ray_address, num_cpus=num_cpus, steps=steps, warmup=2)
+    try:
+        def on_batch(entry: dict[str, Any]) -> None:
+            out.print(f"measured {entry['measured']}/{real_runs}: step-time error {entry['step_error_before']:.0%}"
+                      f" -> {entry['step_error_after']:.0%} after calibration, peak-memory error "
+                      f"{entry['memory_error_before']:.0%} -> {entry['memory_error_after']:.0%}", markup=False)
+
+        with view.progress_bar(Console(stderr=True), enabled=not quiet) as progress:
+            mf = run_multifidelity(scn, url, name, evaluator, real_runs, budget_minutes, sampler=mode,
+                                   progress=progress, on_batch=on_batch)
+    finally:
+        evaluator.close()
+    view.print_measured(out, mf)
+    return mf.search
