@@ -286,6 +286,44 @@ def in_subset(p: Point) -> bool:
 CONTRADICTORY: set[str] = set()  # labels of sweep runs whose recorded gbs != dp x mbs x gas (filled by sweep_points)
 
 
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rank correlation (Spearman 1904): Pearson correlation of the ranks, ties given their mean rank."""
+    def ranks(v: np.ndarray) -> np.ndarray:
+        order = np.argsort(v, kind="mergesort")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for value in np.unique(v):  # ties: mean rank
+            tied = v == value
+            r[tied] = r[tied].mean()
+        return r
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def ranking_report(points: list[Point], pred: np.ndarray, top: int = 5) -> tuple[list[str], float, int, int]:
+    """Per (model, nodes) group of the sweep: Spearman of predicted vs measured tokens/s/GPU, whether the measured
+    best run is in the predicted top `top`, and MAPE. Returns the lines, the median Spearman, hits and groups."""
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, p in enumerate(points):
+        if p.source == "sweep":
+            groups[(p.label.split()[1], p.scenario.cluster.num_nodes)].append(i)
+    lines, rhos, hits = [], [], 0
+    for (model, nodes), idx in sorted(groups.items(), key=lambda kv: (float(kv[0][0][:-1]), kv[0][1])):
+        meas = np.array([points[i].measured for i in idx])
+        pr = pred[idx]
+        rho = spearman(pr, meas)
+        best = int(np.argmax(meas))
+        in_top = best in set(np.argsort(-pr)[:top].tolist())
+        hits += in_top
+        rhos.append(rho)
+        mape = float(np.mean(np.abs(pr - meas) / meas))
+        lines.append(f"  {model:3s} {nodes:3d} nodes  n={len(idx):3d}  Spearman {rho:+.2f}  measured best in "
+                     f"predicted top {top}: {'yes' if in_top else 'no '}  MAPE {mape:6.1%}")
+    return lines, float(np.nanmedian(rhos)), hits, len(groups)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true", help="refit the time constants on this set and print them")
@@ -341,12 +379,18 @@ def main() -> None:
     print(f"sweep pp > 1 (n={piped.sum()}): within 35% with P2P polling {near_poll.sum()}, without "
           f"{near_nopoll.sum()}, either {(near_poll | near_nopoll).sum()}; MAPE with polling "
           f"{np.mean(err[piped]):.1%}, without {np.mean(err_nopoll[piped]):.1%}")
+    rank_lines, rho_median, hits, n_groups = ranking_report(points, pred)
+    print("\nranking per (model, nodes) group of the sweep (predicted vs measured tokens/s/GPU):")
+    for line in rank_lines:
+        print(line)
     subset = np.array([in_subset(p) for p in points])
     print(f"\nsubset rule: {SUBSET_RULE}")
     print(f"\npython {platform.python_version()}, numpy {np.__version__}")
     print(f"MAPE over the subset ({subset.sum()} points): {np.mean(err[subset]):.1%} "
           f"(median APE {np.median(err[subset]):.1%})")
     print(f"MAPE over all {len(points)} points: {np.mean(err):.1%} (median APE {np.median(err):.1%})")
+    print(f"ranking over {n_groups} sweep groups: median Spearman {rho_median:+.2f}, measured best in predicted "
+          f"top 5 in {hits} of {n_groups}")
 
 
 if __name__ == "__main__":
