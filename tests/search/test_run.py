@@ -6,7 +6,7 @@ import pytest
 from optuna.trial import TrialState
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import evaluate
+from stratagem.evaluators import Evaluation, evaluate
 from stratagem.search import (
     CONSTRAINT,
     front_trials,
@@ -19,7 +19,7 @@ from stratagem.search import (
     trial_plan,
 )
 from stratagem.search.storage import open_storage, parse_storage
-from stratagem.spaces import SearchConfig, load_scenario
+from stratagem.spaces import SearchConfig, SearchSpace, load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -171,14 +171,19 @@ def test_measured_run_killed_mid_trial_is_failed_and_requeued(url) -> None:
     study = load(url, "m")
     # a worker that died (pid 0 is never a live worker) left a RUNNING trial behind
     t = study.ask()
-    plan = trial_plan(study._storage.get_trial(t._trial_id)) if t.params else None
+    plan = SearchSpace(s).suggest(t)  # as the runner does right after ask(): the queued plan's params
     t.set_user_attr("worker", {"host": __import__("socket").gethostname(), "pid": 2**22 + 12345, "started": 1})
     key = t.user_attrs["plan"]
+    assert plan_key(plan) == key
     r = run_search(s, url, "m", evaluator=ev)
     study = load(url, "m")
-    states = {tr.state for tr in study.trials if tr.user_attrs.get("plan") == key}
+    mine = [tr for tr in study.trials if tr.user_attrs.get("plan") == key]
+    states = {tr.state for tr in mine}
     assert states == {TrialState.FAIL, TrialState.COMPLETE} or states == {TrialState.FAIL, TrialState.PRUNED}
-    assert plan is None or plan_key(plan) == key
+    # the re-queued trial ran the plan the killed one held, and its stored evaluation is of that plan
+    rerun = [tr for tr in mine if tr.state != TrialState.FAIL]
+    assert len(rerun) == 1
+    assert plan_key(trial_plan(rerun[0])) == key == plan_key(Evaluation.model_validate(rerun[0].user_attrs["evaluation"]).plan)
     assert r.stored > 0 and not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stratagem.errors import StratagemError
-from stratagem.spaces import MODEL_PRESETS, Plan, Scenario, load_scenario, scenario_from_dict
+from stratagem.spaces import MODEL_PRESETS, Plan, load_scenario, scenario_from_dict
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -55,7 +55,25 @@ def test_hf_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_load(example: Path) -> None:
-    assert isinstance(load_scenario(example), Scenario)
+    """Every value the example file sets is the value loaded (a dropped or renamed key fails), and the loaded
+    scenario survives a JSON round trip unchanged (what a study stores is what the search ran)."""
+    import yaml
+
+    raw = yaml.safe_load(example.read_text())
+    scn = load_scenario(example)
+    if isinstance(raw["model"], str):
+        assert scn.model == MODEL_PRESETS[raw["model"]]
+    else:
+        for key, value in raw["model"].items():
+            assert getattr(scn.model, key) == value, f"model.{key}"
+    for section in ("cluster", "training", "plan", "search"):
+        for key, value in (raw.get(section) or {}).items():
+            got = getattr(getattr(scn, section), key)
+            got = getattr(got, "name", got)  # cluster.gpu: a preset name -> the GPU spec
+            if isinstance(got, float) and isinstance(value, str):
+                value = float(value)  # YAML 1.1 reads 1.5e13 as a string; the model coerces it
+            assert got == value or (isinstance(value, list) and list(got) == value), f"{section}.{key}"
+    assert scenario_from_dict(scn.model_dump(mode="json")) == scn
 
 
 def test_problem_hash_ignores_plan() -> None:
