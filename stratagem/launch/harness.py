@@ -43,26 +43,20 @@ import warnings
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from stratagem.errors import StratagemError
-from stratagem.launch.memtrack import (
-    HeldParams,
-    MemoryCapExceeded,
-    grad_bytes,
-    peak_memory,
-    rss_bytes,
-    state_bytes,
-)
-from stratagem.launch.train import DEFAULT_LR, Job, build_job, mechanisms, train_step
+from stratagem.launch.support import DEFAULT_LR, unsupported
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario, load_scenario
 
-__all__ = ["validate_plan", "injected_fault", "run_plan", "run_harness", "main", "GIB"]
+if TYPE_CHECKING:  # torch is imported by the functions that run: `unsupported` must stay torch-free
+    import torch
+
+    from stratagem.launch.train import Job
+
+__all__ = ["validate_plan", "injected_fault", "run_plan", "run_harness", "main", "GIB", "unsupported"]
 
 # Our model never modifies a module's output in place, which is what this FSDP2 warning is about.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -86,6 +80,8 @@ def validate_plan(scenario: Scenario, plan: Plan, world_size: int) -> None:
 
 def pick_device() -> tuple[torch.device, str]:
     """cuda:LOCAL_RANK with nccl when a GPU is present, else cpu with gloo."""
+    import torch
+
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -94,6 +90,9 @@ def pick_device() -> tuple[torch.device, str]:
 
 
 def _sync(device: torch.device) -> None:
+    import torch
+    import torch.distributed as dist
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if dist.is_initialized():
@@ -101,6 +100,9 @@ def _sync(device: torch.device) -> None:
 
 
 def _max_over_ranks(value: float) -> float:
+    import torch
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         return value
     t = torch.tensor([value], dtype=torch.float64)
@@ -112,6 +114,8 @@ def _max_over_ranks(value: float) -> float:
 
 def _check_cap(peak_bytes: float, cap_gib: float | None) -> None:
     """Collective: every rank raises together when any rank's peak passed the cap."""
+    from stratagem.launch.memtrack import MemoryCapExceeded
+
     if cap_gib is None:
         return
     worst = _max_over_ranks(peak_bytes)
@@ -120,6 +124,8 @@ def _check_cap(peak_bytes: float, cap_gib: float | None) -> None:
 
 
 def _gather(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
@@ -144,6 +150,12 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
 
     The memory is traced during one untimed step (the last warm-up step; step 0 when warmup is 0).
     """
+    import torch
+    import torch.distributed as dist
+
+    from stratagem.launch.memtrack import HeldParams, grad_bytes, peak_memory, rss_bytes, state_bytes
+    from stratagem.launch.train import build_job, mechanisms, train_step
+
     world = dist.get_world_size() if dist.is_initialized() else 1
     validate_plan(scenario, plan, world)
     fault = injected_fault(plan)
@@ -240,6 +252,9 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int, w
                 out: str | Path | None = None, memory_cap_gib: float | None = None,
                 checkpoint_dir: str | Path | None = None, checkpoint: bool = True) -> dict[str, Any]:
     """Initialise the process group from the torchrun environment, run the plan, write `out` on rank 0."""
+    import torch
+    import torch.distributed as dist
+
     scn = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     the_plan = plan if isinstance(plan, Plan) else parse_plan(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -282,6 +297,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns its exit code (0 ok, 2 plan/scenario error, 3 OOM)."""
+    import torch
+
+    from stratagem.launch.memtrack import MemoryCapExceeded
+
     args = _parser().parse_args(argv)
     try:
         run_harness(args.scenario, args.plan, args.steps, args.warmup, args.seed, args.out,

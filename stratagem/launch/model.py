@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratagem.errors import StratagemError
+from stratagem.launch.support import model_refusal
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.training import TrainingSpec
 
@@ -39,15 +40,10 @@ _WRAPPER_TOKENS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_ori
 
 
 def check_supported(spec: ModelSpec) -> None:
-    """Raise StratagemError for model features the harness does not build."""
-    if spec.moe is not None:
-        raise StratagemError("model.moe: the harness trains dense models only; remove moe for a real run")
-    if spec.mlp != "swiglu" or spec.norm != "rmsnorm":
-        raise StratagemError(f"model.mlp/norm ({spec.mlp}/{spec.norm}): the harness builds Llama-style "
-                             "models only (mlp: swiglu, norm: rmsnorm)")
-    if spec.bias != "none" or spec.position_embedding != "rope":
-        raise StratagemError(f"model.bias/position_embedding ({spec.bias}/{spec.position_embedding}): "
-                             "the harness builds Llama-style models only (bias: none, position_embedding: rope)")
+    """Raise StratagemError for model features the harness does not build (see stratagem.launch.support)."""
+    reason = model_refusal(spec)
+    if reason:
+        raise StratagemError(reason)
 
 
 class RMSNorm(nn.Module):

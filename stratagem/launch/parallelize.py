@@ -26,6 +26,7 @@ from torch import nn
 
 from stratagem.errors import StratagemError
 from stratagem.launch.model import Transformer
+from stratagem.launch.support import optimizer_refusal, plan_refusals
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
@@ -36,24 +37,14 @@ MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
 def check_applicable(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
-    """Raise StratagemError naming the field for what the harness cannot apply to this plan here."""
-    if plan.cp > 1:
-        raise StratagemError(f"plan.cp ({plan.cp}): the harness does not apply context parallelism; use cp=1")
-    if plan.ep > 1:
-        raise StratagemError(f"plan.ep ({plan.ep}): the harness trains dense models only; use ep=1")
-    if plan.dp_replicate > 1:
-        raise StratagemError(f"plan.dp_replicate ({plan.dp_replicate}): HSDP is not applied by the harness; "
-                             "use dp_replicate=1")
-    if plan.optimizer_offload != "none":
-        raise StratagemError("plan.optimizer_offload (cpu): the harness keeps optimizer states on the device; "
-                             "use optimizer_offload=none")
-    if spec.tied_embeddings and plan.pp > 1:
-        raise StratagemError("plan.pp: tied embeddings span the first and last pipeline stage, which the "
-                             "harness does not sync; use pp=1 or model.tied_embeddings=false")
+    """Raise StratagemError naming the field for what the harness cannot apply to this plan here (the first
+    of stratagem.launch.support.plan_refusals; fp8 on CUDA also needs sm89+ and torchao)."""
+    found = plan_refusals(plan, spec, device.type)
+    if found:
+        raise StratagemError(found[0])
     if plan.precision == "fp8":
-        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-            raise StratagemError(f"plan.precision (fp8): needs a GPU with FP8 tensor cores (sm89+); this run is "
-                                 f"on {device.type}: use bf16")
+        if torch.cuda.get_device_capability(device) < (8, 9):
+            raise StratagemError("plan.precision (fp8): needs a GPU with FP8 tensor cores (sm89+); use bf16")
         try:
             import torchao  # noqa: F401
         except ImportError:
@@ -256,9 +247,9 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, optimizer: str, mesh
         "sgd": (torch.optim.SGD, {"lr": lr, "momentum": 0.9}),
         "adafactor": (torch.optim.Adafactor, {"lr": lr}),
     }
-    if optimizer not in kinds:
-        raise StratagemError(f"training.optimizer ({optimizer}): the harness runs {', '.join(kinds)}; "
-                             "adamw8bit needs bitsandbytes, which it does not use")
+    reason = optimizer_refusal(optimizer)
+    if reason:
+        raise StratagemError(reason)
     cls, kwargs = kinds[optimizer]
     if plan.zero_stage == 1 and plan.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -18,6 +18,7 @@ import torch
 
 from stratagem.errors import StratagemError
 from stratagem.launch.model import Transformer, build_model
+from stratagem.launch.support import microbatch_refusal
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
@@ -42,17 +43,9 @@ def rank_chunks(plan: Plan, pp_rank: int) -> list[int]:
 
 def check_microbatches(plan: Plan, microbatches: int) -> None:
     """torch's schedules need 1F1B: m >= pp; interleaved / zero-bubble: m a multiple of its rounds max(1, m // pp)."""
-    if plan.pp == 1:
-        return
-    fix = "lower micro_batch_size or dp (micro-batches per step = global_batch_size / (dp * micro_batch_size))"
-    if plan.pp_schedule == "1f1b" and microbatches < plan.pp:
-        raise StratagemError(f"plan.micro_batch_size ({plan.micro_batch_size}): the 1f1b schedule needs at least "
-                             f"pp ({plan.pp}) micro-batches per step, got {microbatches}; {fix}")
-    rounds = max(1, microbatches // plan.pp)
-    if plan.pp_schedule in ("interleaved", "zero_bubble") and microbatches % rounds:
-        raise StratagemError(f"plan.micro_batch_size ({plan.micro_batch_size}): the {plan.pp_schedule} schedule "
-                             f"needs micro-batches per step ({microbatches}) to be a multiple of "
-                             f"{rounds} = max(1, m // pp); {fix}")
+    reason = microbatch_refusal(plan, microbatches)
+    if reason:
+        raise StratagemError(reason)
 
 
 def build_stage_model(spec: ModelSpec, plan: Plan, stage: int) -> Transformer:

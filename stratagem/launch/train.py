@@ -34,13 +34,13 @@ from stratagem.launch.parallelize import (
     wrap_ddp,
 )
 from stratagem.launch.pipeline import build_schedule, build_stage_model, check_microbatches, rank_chunks
+from stratagem.launch.support import DEFAULT_LR
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["Job", "build_job", "train_step", "loss_fn", "full_parameters", "as_dtensor", "mechanisms",
            "DEFAULT_LR"]
 
-DEFAULT_LR = 1e-3
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

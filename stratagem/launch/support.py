@@ -1,0 +1,123 @@
+"""What the training harness can run, decided without torch: `unsupported(scenario, plan)`.
+
+    reason = unsupported(scenario, plan)   # None, or one line "plan.cp (2): ... ; use cp=1"
+
+The harness's own checks (stratagem.launch.model.check_supported, parallelize.check_applicable,
+pipeline.check_microbatches, parallelize.build_optimizer) raise StratagemError with these same lines, so a search
+that skips a plan for `unsupported`'s reason skips exactly the plans the harness would stop on. This module
+imports neither torch nor ray: the multi-fidelity loop and the exporters call it on the analytic path.
+
+Hardware-dependent checks (fp8) need the device the run will use: `device_type` "cpu" or "cuda"; by default
+the scenario's (cluster.gpu.kind "cpu" -> cpu, else cuda). On cuda, fp8 still needs sm89+ and torchao, which
+only the harness itself can see.
+"""
+
+from __future__ import annotations
+
+from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.training import TrainingSpec
+
+__all__ = ["DEFAULT_LR", "HARNESS_OPTIMIZERS", "model_refusal", "plan_refusals", "microbatch_refusal", "optimizer_refusal",
+           "refusals", "unsupported"]
+
+DEFAULT_LR = 1e-3
+"""The harness's learning rate for real runs (tests use stratagem.launch.verify.VERIFY_LR)."""
+
+HARNESS_OPTIMIZERS = ("adamw", "sgd", "adafactor")
+"""training.optimizer values the harness builds (torch.optim.AdamW, SGD(momentum=0.9), Adafactor)."""
+
+
+def model_refusal(spec: ModelSpec) -> str | None:
+    """Why the harness cannot build this model (one line naming the field), or None."""
+    if spec.moe is not None:
+        return "model.moe: the harness trains dense models only; remove moe for a real run"
+    if spec.mlp != "swiglu" or spec.norm != "rmsnorm":
+        return (f"model.mlp/norm ({spec.mlp}/{spec.norm}): the harness builds Llama-style models only "
+                "(mlp: swiglu, norm: rmsnorm)")
+    if spec.bias != "none" or spec.position_embedding != "rope":
+        return (f"model.bias/position_embedding ({spec.bias}/{spec.position_embedding}): the harness builds "
+                "Llama-style models only (bias: none, position_embedding: rope)")
+    return None
+
+
+def optimizer_refusal(optimizer: str) -> str | None:
+    """Why the harness cannot build this optimizer, or None."""
+    if optimizer not in HARNESS_OPTIMIZERS:
+        return (f"training.optimizer ({optimizer}): the harness runs {', '.join(HARNESS_OPTIMIZERS)}; "
+                "adamw8bit needs bitsandbytes, which it does not use")
+    return None
+
+
+def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
+    """Every plan field value the harness does not apply to this model on `device_type` ("cpu"/"cuda")."""
+    out: list[str] = []
+    if plan.cp > 1:
+        out.append(f"plan.cp ({plan.cp}): the harness does not apply context parallelism; use cp=1")
+    if plan.ep > 1:
+        out.append(f"plan.ep ({plan.ep}): the harness trains dense models only; use ep=1")
+    if plan.etp > 1:
+        out.append(f"plan.etp ({plan.etp}): the harness trains dense models only; use etp=1")
+    if plan.dp_replicate > 1:
+        out.append(f"plan.dp_replicate ({plan.dp_replicate}): HSDP is not applied by the harness; "
+                   "use dp_replicate=1")
+    if plan.optimizer_offload != "none":
+        out.append("plan.optimizer_offload (cpu): the harness keeps optimizer states on the device; "
+                   "use optimizer_offload=none")
+    if spec.tied_embeddings and plan.pp > 1:
+        out.append("plan.pp: tied embeddings span the first and last pipeline stage, which the harness does not "
+                   "sync; use pp=1 or model.tied_embeddings=false")
+    if plan.activation_checkpointing == "op":
+        out.append("plan.activation_checkpointing (op): the harness does not apply op-level recompute; "
+                   "use none, selective or full")
+    if plan.recompute_layers > 0:
+        out.append(f"plan.recompute_layers ({plan.recompute_layers}): the harness recomputes every layer; "
+                   "use recompute_layers=0")
+    if plan.first_stage_layers or plan.last_stage_layers or plan.pp_split != "layers":
+        out.append("plan.first_stage_layers/last_stage_layers/pp_split: the harness splits layers evenly "
+                   "(larger chunks first); use 0, 0 and pp_split=layers")
+    if plan.precision == "fp8" and device_type != "cuda":
+        out.append(f"plan.precision (fp8): needs a GPU with FP8 tensor cores (sm89+); this run is on "
+                   f"{device_type}: use bf16")
+    return out
+
+
+def microbatch_refusal(plan: Plan, microbatches: int) -> str | None:
+    """torch's schedules need 1F1B: m >= pp; interleaved / zero-bubble: m a multiple of max(1, m // pp)."""
+    if plan.pp == 1:
+        return None
+    fix = "lower micro_batch_size or dp (micro-batches per step = global_batch_size / (dp * micro_batch_size))"
+    if plan.pp_schedule == "1f1b" and microbatches < plan.pp:
+        return (f"plan.micro_batch_size ({plan.micro_batch_size}): the 1f1b schedule needs at least "
+                f"pp ({plan.pp}) micro-batches per step, got {microbatches}; {fix}")
+    rounds = max(1, microbatches // plan.pp)
+    if plan.pp_schedule in ("interleaved", "zero_bubble") and microbatches % rounds:
+        return (f"plan.micro_batch_size ({plan.micro_batch_size}): the {plan.pp_schedule} schedule "
+                f"needs micro-batches per step ({microbatches}) to be a multiple of "
+                f"{rounds} = max(1, m // pp); {fix}")
+    return None
+
+
+def refusals(scenario: Scenario, plan: Plan, device_type: str | None = None) -> list[str]:
+    """Every reason the harness would stop on this scenario and plan (empty: it runs it)."""
+    device = device_type or ("cpu" if scenario.cluster.gpu.kind == "cpu" else "cuda")
+    out = [r for r in (model_refusal(scenario.model), optimizer_refusal(scenario.training.optimizer)) if r]
+    out += plan_refusals(plan, scenario.model, device)
+    micro = microbatch_refusal(plan, _microbatches(plan, scenario.training))
+    if micro:
+        out.append(micro)
+    return out
+
+
+def _microbatches(plan: Plan, training: TrainingSpec) -> int:
+    return plan.grad_accumulation(training.global_batch_size)
+
+
+def unsupported(scenario: Scenario, plan: Plan, device_type: str | None = None) -> str | None:
+    """The one-line reason the training harness cannot run `plan` on `scenario`, or None when it can.
+
+    For the multi-fidelity loop: skip such a plan instead of spending a real run on it. Imports no torch.
+    """
+    found = refusals(scenario, plan, device_type)
+    return found[0] if found else None

@@ -1,0 +1,68 @@
+"""`stratagem.launch.support.unsupported`: the harness's refusals, decided without torch, agree with its checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratagem.errors import StratagemError
+from stratagem.launch.support import refusals, unsupported
+from stratagem.spaces import Scenario, load_scenario, parse_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Scenario:
+    return load_scenario(ROOT / "examples" / "tiny-cpu.yaml")
+
+
+def test_importing_unsupported_imports_no_torch() -> None:
+    code = ("import sys; from stratagem.launch.harness import unsupported; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# Plans the harness stops on and the field its line names (the same line the harness raises).
+REFUSED = [
+    ("dp=2,cp=2", "plan.cp"),
+    ("pp=2,dp=2,mbs=4,schedule=1f1b", "plan.micro_batch_size"),
+    ("dp=4,precision=fp8", "plan.precision"),
+]
+
+
+@pytest.mark.parametrize("text,field", REFUSED)
+def test_unsupported_names_the_field_the_harness_stops_on(tiny: Scenario, text: str, field: str) -> None:
+    import torch
+
+    from stratagem.launch.train import build_job
+
+    plan = parse_plan(text if "precision" in text else f"{text},precision=fp32")
+    reason = unsupported(tiny, plan)
+    assert reason is not None and reason.startswith(field), reason
+    with pytest.raises(StratagemError) as err:  # the harness stops with the same line (before any collective)
+        build_job(tiny, plan, torch.device("cpu"), seed=0)
+    assert str(err.value) == reason
+
+
+@pytest.mark.parametrize("text", ["dp=4", "dp=2,tp=2,zero=3,sp=true", "pp=2,dp=2,schedule=1f1b"])
+def test_runnable_plans_have_no_reason(tiny: Scenario, text: str) -> None:
+    assert unsupported(tiny, parse_plan(f"{text},precision=fp32")) is None
+
+
+def test_model_and_optimizer_refusals(tiny: Scenario) -> None:
+    gelu = tiny.model_copy(update={"model": tiny.model.model_copy(update={"mlp": "gelu"})})
+    assert (unsupported(gelu, parse_plan("dp=4")) or "").startswith("model.mlp/norm")
+    adam8 = tiny.model_copy(update={"training": tiny.training.model_copy(update={"optimizer": "adamw8bit"})})
+    assert (unsupported(adam8, parse_plan("dp=4")) or "").startswith("training.optimizer")
+    assert len(refusals(adam8, parse_plan("dp=2,cp=2"))) == 2
+
+
+def test_fp8_depends_on_the_device(tiny: Scenario) -> None:
+    plan = parse_plan("dp=4,precision=fp8")
+    assert unsupported(tiny, plan, device_type="cpu") is not None
+    assert unsupported(tiny, plan, device_type="cuda") is None
