@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from stratagem.cli import app
 from stratagem.evaluators import Advice, advise, evaluate
-from stratagem.spaces import Plan, Scenario, cluster_preset, model_preset, violations
+from stratagem.spaces import Plan, Scenario, cluster_preset, load_scenario, model_preset, violations
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 EFFECT = re.compile(r"^.+ -> .+: .+ -> .+, step ([+-]\d+%|unchanged)$")
@@ -124,8 +124,11 @@ def test_explain_examples(path: Path) -> None:
     for word in ("Memory per GPU", "Step time", "Zones", "bottleneck:", "tokens/s"):
         assert word in result.output
     data = json.loads(runner.invoke(app, ["explain", str(path), "--json"]).output)
-    assert data["evaluation"]["zones"]["bottleneck"] in ("hbm", "communication", "bubbles", "checkpoint")
-    assert isinstance(data["advice"], list)
+    # the JSON is the library's evaluation and advice of the example's plan, field for field
+    scn = load_scenario(path)
+    ev = evaluate(scn)  # no --plan: the scenario's plan (or pure data parallelism), as explain does
+    assert data["evaluation"] == json.loads(ev.model_dump_json())
+    assert data["advice"] == [json.loads(a.model_dump_json()) for a in advise(scn, ev.plan, ev)]
 
 
 def test_explain_bad_plan_is_one_line() -> None:
