@@ -86,7 +86,7 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
             tables = set()
         if "studies" not in tables:
             raise StratagemError(f"--storage ({url}): {spec.path} is not an Optuna storage (no studies table)")
-    return open_storage(spec)
+    return open_storage(spec, write=False)
 
 
 def open_study(storage: str, study: str | None = None) -> optuna.Study:

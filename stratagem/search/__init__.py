@@ -19,7 +19,14 @@ from stratagem.search.records import (
 from stratagem.search.runner import SearchResult, run_search, select_plans
 from stratagem.search.samplers import SAMPLERS, ProjectingSampler, make_sampler
 from stratagem.search.screening import ScreenCounts, Screening, objective_matrix, screen
-from stratagem.search.storage import StorageSpec, default_storage, open_storage, parse_storage, storage_lock
+from stratagem.search.storage import (
+    StorageSpec,
+    check_storage,
+    default_storage,
+    open_storage,
+    parse_storage,
+    storage_lock,
+)
 
 __all__ = [
     "dominates", "nondominated",
@@ -28,5 +35,5 @@ __all__ = [
     "SearchResult", "run_search", "select_plans",
     "SAMPLERS", "ProjectingSampler", "make_sampler",
     "ScreenCounts", "Screening", "objective_matrix", "screen",
-    "StorageSpec", "default_storage", "open_storage", "parse_storage", "storage_lock",
+    "StorageSpec", "check_storage", "default_storage", "open_storage", "parse_storage", "storage_lock",
 ]

@@ -21,7 +21,7 @@ from stratagem.evaluators import AnalyticEvaluator, Calibration, Evaluator
 from stratagem.search.measured import recover, run_queue
 from stratagem.search.records import front_trials, plan_key
 from stratagem.search.screening import Mode, Progress, ScreenCounts, Screening, screen
-from stratagem.search.storage import StorageSpec, open_storage, parse_storage, storage_lock
+from stratagem.search.storage import StorageSpec, check_storage, open_storage, parse_storage, storage_lock
 from stratagem.search.study import evaluation_trial, held_keys, open_study, provenance
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
@@ -95,6 +95,7 @@ def run_search(
         raise StratagemError(f"--n-trials ({n_trials}): must be >= 0")
     if timeout is not None and timeout <= 0:
         raise StratagemError(f"--timeout ({timeout}): must be > 0 seconds")
+    check_storage(spec)  # a storage problem is one line before any screening (issue 12 item 4)
     if evaluator is None:
         evaluator = AnalyticEvaluator(calibration)
     measured = evaluator.fidelity != "analytic"

@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
+import sqlite3
 import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import quote
 
 from optuna.storages.journal._file import BaseJournalFileLock  # the lock interface JournalFileBackend takes
 
@@ -27,12 +30,20 @@ from stratagem.errors import StratagemError
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["FlockJournalLock", "StorageSpec", "parse_storage", "open_storage", "storage_lock", "default_storage", "LOCK_TIMEOUT_S"]
+__all__ = ["FlockJournalLock", "StorageSpec", "parse_storage", "check_storage", "open_storage", "storage_lock",
+           "default_storage", "LOCK_TIMEOUT_S"]
 
 LOCK_TIMEOUT_S = 600.0
 HEARTBEAT_S = 30  # RDB heartbeat of running (measured) trials; stale after GRACE_S without one
 GRACE_S = 120
 _HINT = "use sqlite:///FILE.db, journal:FILE.log or an RDB URL such as postgresql://user@host/db"
+_PROBE_BYTES = 1 << 20  # a journal's first line (one JSON operation) is far below this
+CONNECT_TIMEOUT_S = 10
+# Driver module -> what to install. The extras are declared in pyproject.toml.
+_DRIVERS = {"psycopg": "pip install 'stratagem[postgres]' (psycopg[binary])",
+            "psycopg2": "pip install psycopg2-binary",
+            "MySQLdb": "pip install 'stratagem[mysql]' (mysqlclient)",
+            "pymysql": "pip install pymysql"}
 
 
 @dataclass(frozen=True)
@@ -96,9 +107,117 @@ def _check_dir(url: str, path: Path) -> None:
         raise StratagemError(f"storage ({url!r}): {path} is a directory; give a file path")
 
 
-def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
-    """The Optuna storage for `spec` (creates the file / tables if needed, never a study)."""
+def check_storage(spec: StorageSpec, *, write: bool = True) -> None:
+    """Everything knowable about a storage before any work, without writing anything: an existing file must be
+    Optuna's (a journal of Optuna operations; an SQLite database that is empty or holds Optuna's tables), its
+    directory writable when `write` (the file, its lock and SQLite's journal live there), an RDB's driver
+    installed and its server reachable with the given credentials. One-line StratagemError otherwise."""
+    if spec.kind == "rdb":
+        _check_rdb(spec.url)
+        return
+    assert spec.path is not None  # file kinds always carry their path (parse_storage)
+    path = spec.path
+    if path.exists():
+        if not path.is_file():
+            raise StratagemError(f"storage ({spec.url!r}): {path} is not a regular file; give a file path")
+        if not os.access(path, os.R_OK):
+            raise StratagemError(f"storage ({spec.url!r}): {path} is not readable; fix its permissions")
+        if spec.kind == "journal":
+            _check_journal(spec.url, path)
+        else:
+            _check_sqlite(spec.url, path)
+    if write:
+        parent = path.parent if str(path.parent) else Path(".")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise StratagemError(f"storage ({spec.url!r}): directory {parent} is not writable (the storage and "
+                                 "its lock file live there); choose a writable directory")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise StratagemError(f"storage ({spec.url!r}): {path} is read-only; make it writable or give "
+                                 "another file")
+
+
+def _check_journal(url: str, path: Path) -> None:
+    """An existing journal is empty or starts with an Optuna operation: a JSON object with an op_code."""
+    with open(path, "rb") as f:
+        head = f.read(_PROBE_BYTES)
+    if not head:
+        return
+    line = head.split(b"\n", 1)[0]
+    try:
+        first = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        first = None
+    if not isinstance(first, dict) or not isinstance(first.get("op_code"), int):
+        raise StratagemError(f"storage ({url!r}): {path} is not an Optuna journal; give a new file name or the "
+                             "journal a search wrote")
+
+
+def _check_sqlite(url: str, path: Path) -> None:
+    """An existing SQLite file is empty, or a database that is empty or holds Optuna's tables (read-only look)."""
+    if path.stat().st_size == 0:
+        return
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=5)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        if "not a database" in str(e) or "malformed" in str(e):
+            raise StratagemError(f"storage ({url!r}): {path} is not an SQLite database; give a new file name or "
+                                 "the database a search wrote") from None
+        raise StratagemError(f"storage ({url!r}): cannot read {path}: {e}") from None
+    if tables and not _OPTUNA_TABLES <= tables:
+        raise StratagemError(f"storage ({url!r}): {path} is an SQLite database but not an Optuna storage; give "
+                             "a new file name or the database a search wrote")
+
+
+_OPTUNA_TABLES = {"studies", "trials", "version_info"}
+
+
+def _check_rdb(url: str) -> None:
+    """The driver is importable and a connection (with the URL's credentials) opens within CONNECT_TIMEOUT_S."""
+    from sqlalchemy import create_engine
+
+    try:
+        engine = create_engine(url, connect_args=_connect_args(url))
+    except ImportError as e:
+        module = getattr(e, "name", None) or "?"
+        fix = _DRIVERS.get(module.split(".")[0], f"pip install the package that provides {module!r}")
+        raise StratagemError(f"storage ({url!r}): the database driver {module!r} is not installed; {fix}") from None
+    except Exception as e:
+        if type(e).__module__.startswith("sqlalchemy"):
+            raise StratagemError(f"storage ({url!r}): {_first_line(e)}") from None
+        raise
+    try:
+        with engine.connect():
+            pass
+    except Exception as e:
+        if type(e).__module__.startswith("sqlalchemy"):
+            raise StratagemError(f"storage ({url!r}): cannot connect: {_first_line(e)}") from None
+        raise
+    finally:
+        engine.dispose()
+
+
+def _connect_args(url: str) -> dict[str, int]:
+    """A connect timeout where the driver takes one, so an unreachable host fails in seconds."""
+    from sqlalchemy.engine import make_url
+
+    backend = make_url(url).get_backend_name()
+    if backend == "postgresql":
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    if backend in ("mysql", "mariadb"):
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    return {}
+
+
+def open_storage(spec: StorageSpec, *, write: bool = True) -> optuna.storages.BaseStorage:
+    """The Optuna storage for `spec` (creates the file / tables if needed, never a study), after `check_storage`:
+    a file that is not Optuna's is never touched. `write=False` (reports) skips the writable-directory check."""
     import optuna
+
+    check_storage(spec, write=write)
     from optuna.storages import JournalStorage, RDBStorage
     from optuna.storages.journal import JournalFileBackend
 
@@ -111,7 +230,8 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
-            return RDBStorage(spec.url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+            return RDBStorage(spec.url, engine_kwargs={"connect_args": _connect_args(spec.url)},
+                              heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
     except (ImportError, OSError) as e:
         raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
     except Exception as e:  # sqlalchemy OperationalError and friends: unreachable server, bad file
@@ -169,7 +289,11 @@ def storage_lock(spec: StorageSpec, timeout: float = LOCK_TIMEOUT_S) -> Iterator
 
 @contextlib.contextmanager
 def _file_lock(path: Path, timeout: float) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise StratagemError(f"storage lock ({path}): cannot create it: {e.strerror}; the storage's directory "
+                             "must be writable") from None
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -192,13 +316,28 @@ def _file_lock(path: Path, timeout: float) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _translated(url: str) -> Iterator[None]:
+    """SQLAlchemy errors (server gone, credentials) as one line."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__module__.startswith("sqlalchemy"):
+            raise StratagemError(f"storage ({url!r}): {_first_line(e)}") from None
+        raise
+
+
+@contextlib.contextmanager
 def _db_lock(url: str, timeout: float) -> Iterator[None]:
     from sqlalchemy import create_engine, text
 
-    engine = create_engine(url)
+    try:
+        engine = create_engine(url, connect_args=_connect_args(url))
+    except ImportError as e:
+        raise StratagemError(f"storage lock ({url}): database driver {getattr(e, 'name', '?')!r} is not "
+                             "installed") from None
     key = zlib.crc32(b"stratagem-search")
     try:
-        with engine.connect() as conn:
+        with _translated(url), engine.connect() as conn:
             backend = engine.dialect.name
             if backend == "postgresql":
                 conn.execute(text(f"SET lock_timeout = '{int(timeout * 1000)}ms'"))

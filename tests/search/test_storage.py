@@ -1,10 +1,18 @@
+import os
+import sqlite3
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from stratagem.errors import StratagemError
-from stratagem.search.storage import default_storage, open_storage, parse_storage, storage_lock
+from stratagem.search import run_search
+from stratagem.search.storage import check_storage, default_storage, open_storage, parse_storage, storage_lock
+from stratagem.spaces import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_urls(tmp_path) -> None:
@@ -40,10 +48,86 @@ def test_directory_is_not_a_storage(tmp_path) -> None:
         parse_storage(f"sqlite:///{tmp_path}/d.db")
 
 
-def test_unreachable_database_is_one_line(tmp_path) -> None:
+@pytest.mark.parametrize("url,module,fix", [
+    ("postgresql://u@127.0.0.1:1/x", "psycopg", "stratagem[postgres]"),
+    ("mysql://u@127.0.0.1:1/x", "MySQLdb", "stratagem[mysql]"),
+])
+def test_missing_driver_names_the_package_and_extra(monkeypatch, url, module, fix) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # the driver is not importable, installed or not
+    for call in (lambda: check_storage(parse_storage(url)), lambda: open_storage(parse_storage(url))):
+        with pytest.raises(StratagemError) as e:
+            call()
+        assert f"driver {module!r} is not installed" in str(e.value) and fix in str(e.value)
+        assert "\n" not in str(e.value)
+
+
+def test_unreachable_database_is_one_line() -> None:
+    pytest.importorskip("psycopg", reason="the optional PostgreSQL driver (stratagem[postgres]) is not installed")
+    t0 = time.monotonic()
     with pytest.raises(StratagemError) as e:
-        open_storage(parse_storage("mysql+pymysql://u@127.0.0.1:1/x"))
-    assert "cannot open" in str(e.value)
+        check_storage(parse_storage("postgresql://u:p@127.0.0.1:1/x"))
+    assert "cannot connect" in str(e.value) and "\n" not in str(e.value) and time.monotonic() - t0 < 15
+
+
+def test_a_file_that_is_not_a_journal_is_never_touched(tmp_path) -> None:
+    user = tmp_path / "notes.log"
+    user.write_bytes(b"my own notes\n\x00\x01 binary too\n")
+    before = user.read_bytes()
+    for call in (check_storage, open_storage):
+        with pytest.raises(StratagemError, match=f"{user} is not an Optuna journal"):
+            call(parse_storage(f"journal:{user}"))
+    with pytest.raises(StratagemError, match="not an Optuna journal"):
+        run_search(load_scenario(ROOT / "examples" / "llama3-8b-8xh100.yaml"), f"journal:{user}", "s")
+    assert user.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["notes.log"]
+
+
+def test_an_sqlite_database_without_optuna_tables_is_never_touched(tmp_path) -> None:
+    db = tmp_path / "mine.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE people (name TEXT)")
+        con.execute("INSERT INTO people VALUES ('ada')")
+    con.close()
+    before = db.read_bytes()
+    with pytest.raises(StratagemError, match=f"{db} is an SQLite database but not an Optuna storage"):
+        open_storage(parse_storage(f"sqlite:///{db}"))
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(StratagemError, match="is not an SQLite database"):
+        open_storage(parse_storage(f"sqlite:///{junk}"))
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["junk.db", "mine.db"]
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    open_storage(parse_storage(f"sqlite:///{empty}"))  # a new or empty file becomes a storage
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory this process cannot write: a 0555 directory, or for root (who writes anywhere) /proc/sys, a
+    read-only mount here."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.access(ro, os.W_OK):
+        ro = Path("/proc/sys")
+    if os.access(ro, os.W_OK):
+        pytest.skip("no read-only directory for this user on this machine")
+    before = sorted(os.listdir(ro))
+    yield ro
+    assert sorted(os.listdir(ro)) == before  # nothing left behind (no lock file)
+    (tmp_path / "ro").chmod(0o755)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_read_only_directory_is_one_line_and_leaves_nothing(read_only_dir, kind) -> None:
+    ro = read_only_dir
+    spec = parse_storage(f"sqlite:///{ro}/s.db" if kind == "sqlite" else f"journal:{ro}/s.log")
+    with pytest.raises(StratagemError, match="is not writable"):
+        check_storage(spec)
+    with pytest.raises(StratagemError, match="storage lock .*cannot create"):
+        with storage_lock(spec):
+            pass
+    with pytest.raises(StratagemError, match="is not writable"):
+        run_search(load_scenario(ROOT / "examples" / "llama3-8b-8xh100.yaml"), spec.url, "s")
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
