@@ -11,14 +11,14 @@ what was measured. Deterministic, no scipy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import annotated_types
 import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
+from stratagem.evaluators.fitting import FACTORS, candidates, coupled, descend, field_bounds, median_error
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
@@ -27,7 +27,7 @@ __all__ = ["CalibrationFit", "fit_calibration", "TIME_FIELDS", "MEMORY_FIELDS"]
 Array = NDArray[np.float64]
 TIME_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s")
 MEMORY_FIELDS: tuple[str, ...] = ("fragmentation", "context_gib")
-_FACTORS = np.exp(np.linspace(np.log(1 / 16), np.log(16), 33))
+_FACTORS = FACTORS
 
 
 @dataclass(frozen=True)
@@ -50,63 +50,16 @@ def _usable(measured: Sequence[Evaluation]) -> list[Evaluation]:
             and e.memory is not None and "step_s" in e.measurements]
 
 
-def _bounds(name: str) -> tuple[float, float, bool]:
-    """(lower, upper, lower is strict) from the Calibration field's constraints."""
-    lo, hi, strict = 0.0, float("inf"), False
-    for m in Calibration.model_fields[name].metadata:
-        if isinstance(m, annotated_types.Ge):
-            lo = float(m.ge)  # type: ignore[arg-type]
-        elif isinstance(m, annotated_types.Gt):
-            lo, strict = float(m.gt), True  # type: ignore[arg-type]
-        elif isinstance(m, annotated_types.Le):
-            hi = float(m.le)  # type: ignore[arg-type]
-    return lo, hi, strict
-
-
-def _candidates(cal: Calibration, name: str) -> list[float]:
-    """The current value times a log grid of factors, clipped to the field's bounds (0 where allowed)."""
-    lo, hi, strict = _bounds(name)
-    current = float(getattr(cal, name))
-    base = current if current > 0 else 1e-3
-    values = {float(min(hi, base * f)) for f in _FACTORS}
-    values = {v for v in values if v > lo or (v == lo and not strict)}
-    if lo == 0.0 and not strict:
-        values.add(0.0)
-    return sorted(values)
-
-
-def _descend(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration], float],
-             sweeps: int = 8) -> Calibration:
-    best, best_loss = cal, loss(cal)
-    for _ in range(sweeps):
-        improved = False
-        for name in fields:
-            for value in _candidates(best, name):
-                trial = best.model_copy(update=_coupled(best, name, value))
-                current = loss(trial)
-                if current < best_loss - 1e-12:
-                    best, best_loss, improved = trial, current, True
-        if not improved:
-            break
-    return best
-
-
-def _coupled(cal: Calibration, name: str, value: float) -> dict[str, float]:
-    """Attention efficiency moves with matmul efficiency (same kernels' achieved fraction of peak)."""
-    update = {name: value}
-    if name == "matmul_efficiency" and cal.matmul_efficiency > 0:
-        ratio = value / cal.matmul_efficiency
-        update["attention_efficiency"] = float(min(1.0, cal.attention_efficiency * ratio))
-    return update
-
-
-def _median_error(pred: Array, meas: Array) -> float:
-    return float(np.median(np.abs(pred / meas - 1.0))) if len(meas) else 0.0
+# The coordinate descent lives in evaluators.fitting (shared with the hardware calibration, which must not
+# import this package: stratagem.search imports optuna).
+_bounds, _candidates, _descend = field_bounds, candidates, descend
+_coupled, _median_error = coupled, median_error
 
 
 def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
-                    base: Calibration | None = None) -> CalibrationFit:
-    """Fit TIME_FIELDS on measured step times and MEMORY_FIELDS on measured peaks of `measured`."""
+                    base: Calibration | None = None, refit: bool = True) -> CalibrationFit:
+    """Fit TIME_FIELDS on measured step times and MEMORY_FIELDS on measured peaks of `measured`, starting at
+    `base` (refit=False: keep `base`; the errors before and after are then both `base`'s)."""
     base = base or Calibration()
     runs = _usable(measured)
     if not runs:
@@ -126,8 +79,10 @@ def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
         return float(np.mean((np.log(predict(cal)[1]) - np.log(peak)) ** 2))
 
     before_t, before_m = predict(base)
-    fitted = _descend(base, TIME_FIELDS, time_loss)
-    fitted = _descend(fitted, MEMORY_FIELDS, memory_loss)
+    fitted = base
+    if refit:
+        fitted = _descend(fitted, TIME_FIELDS, time_loss)
+        fitted = _descend(fitted, MEMORY_FIELDS, memory_loss)
     after_t, after_m = predict(fitted)
     return CalibrationFit(
         calibration=fitted, runs=len(runs),

@@ -33,6 +33,7 @@ from stratagem.search.runner import SearchResult, run_search
 from stratagem.search.screening import Mode, Progress, Screening, screen
 from stratagem.search.storage import open_storage, parse_storage, storage_lock
 from stratagem.search.study import evaluation_trial, provenance
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
@@ -55,6 +56,13 @@ class MultiFidelityResult:
     history: list[dict[str, Any]]
     """Per batch: runs, median step-time and peak-memory error before and after refitting."""
     seconds: float
+    skipped: int = 0
+    """Candidate plans not run because the harness cannot run them (the evaluator's `unsupported`)."""
+    skipped_example: str = ""
+    """One skipped plan and the harness's reason ('' when none was skipped)."""
+
+
+_MAX_RANK_ROUNDS = 50  # rounds of ranking per batch when the harness keeps refusing plans
 
 
 def measured_trials(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
@@ -66,16 +74,22 @@ def measured_trials(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
     return out
 
 
-def rank_candidates(screening: Screening, measured: set[str], limit: int) -> list[tuple[Plan, str]]:
+def rank_candidates(screening: Screening, measured: set[str], limit: int,
+                    include_infeasible: bool = False) -> list[tuple[Plan, str]]:
     """Up to `limit` unmeasured plans in run order: predicted front (tokens/s first), then near the memory
-    limit (least headroom among feasible plans)."""
+    limit (least headroom among feasible plans), then (include_infeasible) the plans predicted not to fit,
+    nearest the limit first (role "candidate")."""
     cols = screening.columns
     front = screening.front[np.argsort(-cols["tokens_per_s"][screening.front], kind="stable")]
     feasible = np.flatnonzero(screening.feasible)
     boundary = feasible[np.argsort(cols["headroom_gib"][feasible], kind="stable")]
+    groups = [("front", front), ("boundary", boundary)]
+    if include_infeasible:
+        rest = np.flatnonzero(~screening.feasible)
+        groups.append(("candidate", rest[np.argsort(-cols["headroom_gib"][rest], kind="stable")]))
     out: list[tuple[Plan, str]] = []
     seen = set(measured)
-    for role, indices in (("front", front), ("boundary", boundary)):
+    for role, indices in groups:
         for i in indices:
             plan = screening.plan(int(i))
             key = plan_key(plan)
@@ -115,6 +129,39 @@ def _sampler_proposals(screening: Screening, study: optuna.Study, measured: set[
     return out
 
 
+def screen_candidates(scenario: Scenario, space: SearchSpace, calibration: Calibration,
+                      candidates: PlanColumns) -> Screening:
+    """A Screening of exactly `candidates` (duplicates dropped): the analytic figures, feasibility and front
+    among them, so the real runs are ranked as usual but never leave this set."""
+    from stratagem.search.screening import ScreenCounts, _broke, _evaluate, _feasible, _front, _unique
+
+    t0 = time.perf_counter()
+    plans = _unique(candidates)
+    usable = scenario.cluster.gpu.hbm_gib - space.config.memory_margin_gib
+    columns = _evaluate(scenario, plans, calibration, None)
+    feasible = _feasible(columns, usable)
+    front = _front(columns, usable)
+    counts = ScreenCounts(valid=len(plans), screened=len(plans), pruned=int((~feasible).sum()),
+                          feasible=int(feasible.sum()), front=len(front))
+    return Screening(space=space, plans=plans, columns=columns, feasible=feasible, front=front, counts=counts,
+                     usable_gib=usable, broke=_broke(columns, usable), mode="candidates",
+                     seconds=time.perf_counter() - t0)
+
+
+def check_candidates(space: SearchSpace, candidates: PlanColumns) -> None:
+    """Raise StratagemError naming the first candidate plan outside the space (its trial could not be stored)."""
+    for i in range(len(candidates)):
+        plan = candidates.plan(i)
+        params, dists = space.params(plan)
+        for name, value in params.items():
+            try:
+                dists[name].to_internal_repr(value)
+            except ValueError:
+                raise StratagemError(
+                    f"candidates: plan '{plan.short()}' has {name}={value!r}, outside the scenario's search space "
+                    f"({dists[name]}); widen the search section or drop the plan") from None
+
+
 def _evaluate_batch(evaluator: Evaluator, scenario: Scenario, plans: Sequence[Plan]) -> list[Evaluation]:
     many = getattr(evaluator, "evaluate_many", None)
     if callable(many):
@@ -132,8 +179,19 @@ def run_multifidelity(
     sampler: Mode = "auto",
     progress: Progress | None = None,
     on_batch: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    candidates: PlanColumns | None = None,
+    initial_calibration: Calibration | None = None,
+    recalibrate: bool = True,
 ) -> MultiFidelityResult:
-    """Analytic search (stored as usual), then up to `real_runs` measured trials in total for this study."""
+    """Analytic search (stored as usual), then up to `real_runs` measured trials in total for this study.
+
+    candidates: run only these plans (ranked as usual among themselves; no sampler proposals).
+    initial_calibration: the calibration the predictions start from and the refit starts at (default: the
+    model's defaults). recalibrate: refit after every batch (False: keep `initial_calibration`, still recording
+    the prediction error per batch). Plans the evaluator's `unsupported(scenario, plan) -> str | None` names
+    are skipped (counted in the result with one example) and never stored as trials.
+    """
     if real_runs < 0:
         raise StratagemError(f"--real-runs ({real_runs}): must be >= 0")
     if budget_minutes is not None and budget_minutes <= 0:
@@ -142,36 +200,58 @@ def run_multifidelity(
         raise StratagemError("real runs need a measured evaluator")
     t0 = time.perf_counter()
     space = SearchSpace(scenario)
-    study_cal = Calibration()
+    if candidates is not None:
+        check_candidates(space, candidates)
+    study_cal = initial_calibration or Calibration()
+    unsupported: Callable[[Scenario, Plan], str | None] | None = getattr(evaluator, "unsupported", None)
+    skipped: dict[str, str] = {}
     result = run_search(scenario, storage, study_name, sampler=sampler, progress=progress, calibration=study_cal)
     spec = parse_storage(storage)
     with storage_lock(spec):
         study = optuna.load_study(study_name=study_name, storage=open_storage(spec))
     done = measured_trials(study)
     history: list[dict[str, Any]] = list(study.user_attrs.get("calibration_history", []))
-    cal = _refit(scenario, study, done, study_cal, history=None)
+    cal = _refit(scenario, study, done, study_cal, history=None, recalibrate=recalibrate)
     deadline = None if budget_minutes is None else time.monotonic() + 60.0 * budget_minutes
     slots = int(getattr(evaluator, "slots", 1) or 1)
     prov = provenance(scenario, space, screening="multifidelity")
     runs = 0
     while len(done) < real_runs and (deadline is None or time.monotonic() < deadline):
-        screening = screen(scenario, cal, space=space)
+        if candidates is not None:
+            screening = screen_candidates(scenario, space, cal, candidates)
+        else:
+            screening = screen(scenario, cal, space=space)
         want = real_runs - len(done)
-        candidates = rank_candidates(screening, set(done), want)
-        if len(candidates) < want:
-            candidates += _sampler_proposals(screening, study, set(done) | {plan_key(p) for p, _ in candidates},
-                                             want - len(candidates), space.config.seed + len(done))
-        if not candidates:
+        excluded = set(done) | set(skipped)
+        ranked: list[tuple[Plan, str]] = []
+        for _ in range(_MAX_RANK_ROUNDS):
+            if len(ranked) >= want:
+                break
+            more = rank_candidates(screening, excluded, want - len(ranked), include_infeasible=candidates is not None)
+            if len(more) < want - len(ranked) and candidates is None:
+                more += _sampler_proposals(screening, study, excluded | {plan_key(p) for p, _ in more},
+                                           want - len(ranked) - len(more), space.config.seed + len(done))
+            if not more:
+                break
+            for plan, role in more:
+                key = plan_key(plan)
+                excluded.add(key)
+                why = unsupported(scenario, plan) if unsupported is not None else None
+                if why:
+                    skipped[key] = f"{plan.short()}: {why}"
+                else:
+                    ranked.append((plan, role))
+        if not ranked:
             break
-        widest = max(p.world_size for p, _ in candidates)
-        batch = candidates[: max(1, slots // max(1, widest))]
+        widest = max(p.world_size for p, _ in ranked)
+        batch = ranked[: max(1, slots // max(1, widest))]
         evaluations = _evaluate_batch(evaluator, scenario, [p for p, _ in batch])
         with storage_lock(spec):
             for (_, role), ev in zip(batch, evaluations, strict=True):
                 reason = "" if ev.status == "ok" else f"{ev.status}: {ev.reason}"
                 study.add_trial(evaluation_trial(space, ev, screening.usable_gib, role, prov, reason))
             done = measured_trials(study)
-            cal = _refit(scenario, study, done, study_cal, history)
+            cal = _refit(scenario, study, done, study_cal, history, recalibrate=recalibrate)
         runs += len(batch)
         if on_batch:
             on_batch(history[-1])
@@ -186,7 +266,8 @@ def run_multifidelity(
     final = dataclasses.replace(result, front=front_trials(study), trials=len(study.get_trials(deepcopy=False)),
                                 seconds=time.perf_counter() - t0)
     return MultiFidelityResult(search=final, runs=runs, measured=len(done), statuses=statuses,
-                               calibration=cal, history=history, seconds=time.perf_counter() - t0)
+                               calibration=cal, history=history, seconds=time.perf_counter() - t0,
+                               skipped=len(skipped), skipped_example=next(iter(skipped.values()), ""))
 
 
 def _calibration_id(cal: Calibration) -> str:
@@ -224,10 +305,11 @@ def _store_recalibrated(study: optuna.Study, scenario: Scenario, space: SearchSp
 
 
 def _refit(scenario: Scenario, study: optuna.Study, done: dict[str, optuna.trial.FrozenTrial], base: Calibration,
-           history: list[dict[str, Any]] | None) -> Calibration:
-    """Refit on every measured trial of this study; record the fit when `history` is given."""
+           history: list[dict[str, Any]] | None, recalibrate: bool = True) -> Calibration:
+    """Refit on every measured trial of this study (recalibrate=False: keep `base`, only measure its error);
+    record the fit when `history` is given."""
     evaluations = [ev for t in done.values() if (ev := trial_evaluation(t)) is not None]
-    fit = fit_calibration(scenario, evaluations, base)
+    fit = fit_calibration(scenario, evaluations, base, refit=recalibrate)
     if history is not None:
         history.append({"measured": len(done), "runs_used": fit.runs,
                         "step_error_before": fit.time_error_before, "step_error_after": fit.time_error_after,
