@@ -157,6 +157,9 @@ def print_measured(console: Console, mf: Any) -> None:
                       pred_tok, cal_tok, meas_mem, pred_mem, cal_mem)
     out = console if console.is_terminal else Console(width=max(console.width, 150))
     out.print(table)
+    if getattr(mf, "skipped", 0):
+        console.print(f"skipped {mf.skipped} plan(s) the harness cannot run, e.g. {mf.skipped_example}",
+                      markup=False, soft_wrap=True)
     if mf.history:
         last = mf.history[-1]
         console.print(f"calibration on {last['runs_used']} measured runs: median step-time error "
