@@ -1,0 +1,94 @@
+"""Coordinate descent over Calibration fields: the fitting machinery shared by a study's refit
+(search.calibrate) and a hardware calibration (evaluators.fit_hardware).
+
+Each field is tried at its current value times a multiplicative grid, clipped to the field's bounds (read from
+the pydantic constraints); sweeps repeat until no field improves the loss. `descend(..., refine=True)` then
+repeats with finer grids (x1.19, x1.02, x1.002 steps) so that a value between the coarse grid's points is
+reachable. Deterministic, numpy only (no scipy), no torch, no optuna.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import annotated_types
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators.calibration import Calibration
+
+__all__ = ["FACTORS", "FINE_FACTORS", "field_bounds", "candidates", "coupled", "descend", "median_error"]
+
+Array = NDArray[np.float64]
+FACTORS: Array = np.exp(np.linspace(np.log(1 / 16), np.log(16), 33))
+"""Coarse grid: 1/16 .. 16 in 32 log steps (x1.19 apart)."""
+FINE_FACTORS: tuple[Array, ...] = tuple(np.exp(np.linspace(-w, w, 21)) for w in (np.log(1.2), np.log(1.02),
+                                                                                  np.log(1.002)))
+"""Refinement grids: +-20 %, +-2 %, +-0.2 % in 20 steps each."""
+
+
+def field_bounds(name: str) -> tuple[float, float, bool]:
+    """(lower, upper, lower is strict) from the Calibration field's constraints."""
+    lo, hi, strict = 0.0, float("inf"), False
+    for m in Calibration.model_fields[name].metadata:
+        if isinstance(m, annotated_types.Ge):
+            lo = float(m.ge)  # type: ignore[arg-type]
+        elif isinstance(m, annotated_types.Gt):
+            lo, strict = float(m.gt), True  # type: ignore[arg-type]
+        elif isinstance(m, annotated_types.Le):
+            hi = float(m.le)  # type: ignore[arg-type]
+    return lo, hi, strict
+
+
+def candidates(cal: Calibration, name: str, factors: Array = FACTORS) -> list[float]:
+    """The current value times `factors`, clipped to the field's bounds (0 where allowed)."""
+    lo, hi, strict = field_bounds(name)
+    current = float(getattr(cal, name))
+    base = current if current > 0 else 1e-3
+    values = {float(min(hi, base * f)) for f in factors}
+    values = {v for v in values if v > lo or (v == lo and not strict)}
+    if lo == 0.0 and not strict:
+        values.add(0.0)
+    return sorted(values)
+
+
+def coupled(cal: Calibration, name: str, value: float) -> dict[str, float]:
+    """The update setting `name`: attention efficiency moves with matmul efficiency (same kernels' achieved
+    fraction of peak)."""
+    update = {name: value}
+    if name == "matmul_efficiency" and cal.matmul_efficiency > 0:
+        ratio = value / cal.matmul_efficiency
+        update["attention_efficiency"] = float(min(1.0, cal.attention_efficiency * ratio))
+    return update
+
+
+def _sweeps(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration], float], factors: Array,
+            sweeps: int) -> Calibration:
+    best, best_loss = cal, loss(cal)
+    for _ in range(sweeps):
+        improved = False
+        for name in fields:
+            for value in candidates(best, name, factors):
+                trial = best.model_copy(update=coupled(best, name, value))
+                current = loss(trial)
+                if current < best_loss - 1e-12:
+                    best, best_loss, improved = trial, current, True
+        if not improved:
+            break
+    return best
+
+
+def descend(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration], float], sweeps: int = 8,
+            refine: bool = False) -> Calibration:
+    """Minimise `loss` over `fields` from `cal` by coordinate descent on FACTORS (then FINE_FACTORS when
+    `refine`); at most `sweeps` sweeps per grid."""
+    best = _sweeps(cal, fields, loss, FACTORS, sweeps)
+    if refine:
+        for factors in FINE_FACTORS:
+            best = _sweeps(best, fields, loss, factors, sweeps)
+    return best
+
+
+def median_error(pred: Array, meas: Array) -> float:
+    """Median |predicted / measured - 1| (0 for no runs)."""
+    return float(np.median(np.abs(pred / meas - 1.0))) if len(meas) else 0.0
