@@ -75,7 +75,7 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
                            ray_address: str | None, budget_minutes: float | None, steps: int,
                            quiet: bool) -> Any:
     """The multi-fidelity search: screening, real runs through Ray, calibration; prints the measured runs."""
-    from stratagem.evaluators.real import RayRunEvaluator
+    from stratagem.launch.real import RayRunEvaluator
     from stratagem.search import console as view
     from stratagem.search.multifidelity import run_multifidelity
 

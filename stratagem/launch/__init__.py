@@ -23,6 +23,7 @@ _LAZY = {
     "reference": "verify", "run_plans_local": "verify", "compare": "verify",
     # Ray runner (ray)
     "RayRunner": "ray_runner", "RunResult": "ray_runner", "harness_command": "ray_runner",
+    "RayRunEvaluator": "real", "measured_evaluation": "real",
 }
 
 __all__ = sorted(_LAZY)

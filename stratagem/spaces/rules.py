@@ -6,15 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stratagem.errors import StratagemError
+from stratagem.spaces.factors import divisors
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["Rule", "RULES", "violations", "check_plan", "divisors"]
-
-
-def divisors(n: int) -> list[int]:
-    """Positive divisors of n, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _valid(values: list[int]) -> str:

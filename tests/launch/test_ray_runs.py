@@ -49,7 +49,7 @@ def _ray_processes() -> list[str]:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory):
     """One multi-fidelity search with 4 real runs: crash, hang, OOM (memory cap), then a good run."""
-    from stratagem.evaluators.real import RayRunEvaluator
+    from stratagem.launch.real import RayRunEvaluator
 
     tmp = tmp_path_factory.mktemp("ray")
     scn = scenario_from_dict(SCENARIO)
