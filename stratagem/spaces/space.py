@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.errors import StratagemError
+from stratagem.spaces.factors import divisors
 from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, Precision, Recompute, Schedule
 
 if TYPE_CHECKING:
@@ -131,12 +132,6 @@ class _Layout:
     @property
     def key(self) -> tuple[int, int, int, int]:
         return self.tp, self.pp, self.cp, self.ep
-
-
-def divisors(n: int) -> list[int]:
-    """Positive divisors of n, ascending (as rules.divisors; rules imports the scenario, which imports this)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def _choices(spec: Any, universe: Sequence[Any], default: Sequence[Any], field: str) -> list[Any]:
