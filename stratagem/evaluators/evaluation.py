@@ -28,7 +28,9 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 Block = Literal["weights", "gradients", "optimizer", "activations", "transient", "overhead"]
 BLOCKS: tuple[Block, ...] = ("weights", "gradients", "optimizer", "activations", "transient", "overhead")
-Status = Literal["ok", "oom", "infeasible", "failed", "timeout"]
+# infra: a real run that failed for the cluster's sake (actor/node lost, resources never came); not the plan's
+# verdict: never stored as a measured trial (search/claims.py releases the plan for a retry).
+Status = Literal["ok", "oom", "infeasible", "failed", "timeout", "infra"]
 Fidelity = Literal["analytic", "measured"]
 Level = Literal["ok", "warn", "bad"]
 ZoneName = Literal["hbm", "communication", "bubbles", "checkpoint"]
