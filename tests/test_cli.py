@@ -132,3 +132,22 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     ok = subprocess.run([*entry, "evaluate", str(EXAMPLE), "--json"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert Evaluation.model_validate_json(ok.stdout).status == "ok"
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["search"], ["stratagem search", "Missing argument", "--help"]),
+    (["evaluate", str(EXAMPLE), "--bogus"], ["No such option: --bogus"]),
+    (["search", str(EXAMPLE), "--top", "many"], ["Invalid value for '--top'"]),
+    (["frobnicate"], ["No such command 'frobnicate'"]),
+])
+def test_usage_errors_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                   args: list[str], fragments: list[str]) -> None:
+    """Issue 12 item 5: typer's usage errors follow the same contract as ours (one line, exit 2)."""
+    code, out, err = run(monkeypatch, capsys, *args)
+    assert out == ""
+    assert_one_line_error(code, err, *fragments)
+
+
+def test_help_keeps_exit_zero(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(monkeypatch, capsys, "search", "--help")
+    assert code == 0 and "--real-runs" in out

@@ -8,9 +8,15 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from stratagem.errors import StratagemError
-from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan
+from stratagem.spaces import Plan, Scenario, load_scenario, resolve_plan
+
+try:  # typer >= 0.2x vendors its own click; older typer uses click itself
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover
+    from click import exceptions as _cx  # type: ignore[no-redef]
 
 __all__ = ["app", "console", "main", "scenario_and_plan", "ScenarioArg", "PlanOpt", "JsonOpt"]
 
@@ -30,21 +36,36 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the Evaluation as J
 
 
 def scenario_and_plan(path: Path, plan_text: str | None) -> tuple[Scenario, Plan]:
-    """The scenario and the plan to judge: --plan over the scenario's plan over pure data parallelism."""
+    """The scenario and the plan to judge (`stratagem.spaces.resolve_plan`: --plan over the scenario's plan,
+    dp filling the cluster when --plan does not give it)."""
     scenario = load_scenario(path)
-    base = scenario.plan or Plan(dp=scenario.cluster.num_gpus)
-    plan = parse_plan(plan_text, base=Plan(**{**base.model_dump(), "dp": 1}) if plan_text else base)
-    if plan_text and "dp" not in plan_text.replace("dp_replicate", ""):
-        # dp fills the cluster when --plan does not say it.
-        rest = plan.tp * plan.pp * plan.cp
-        plan = plan.model_copy(update={"dp": max(1, scenario.cluster.num_gpus // rest)})
-    return scenario, plan
+    return scenario, resolve_plan(scenario, plan_text)
 
 
-def main() -> None:
-    """Entry point: run the app; a StratagemError becomes one line on stderr and exit status 2."""
+def _fail(message: str) -> None:
+    """One line on stderr and exit status 2."""
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app; a StratagemError or a usage error (unknown option, bad value, missing
+    argument) becomes one line on stderr and exit status 2; help and `typer.Exit(code)` keep their code."""
+    command = typer.main.get_command(app)
     try:
-        app()
+        code = command.main(args=argv, prog_name="stratagem", standalone_mode=False)
     except StratagemError as e:
-        Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(str(e))
+    except _cx.NoArgsIsHelpError as e:
+        e.show()  # `stratagem` alone: the help (already printed by typer) and click's exit status 2
+        sys.exit(e.exit_code)
+    except _cx.UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else "stratagem"
+        message = " ".join(e.format_message().split())
+        _fail(f"{where}: {message} (see {where} --help)")
+    except _cx.ClickException as e:
+        _fail(" ".join(e.format_message().split()))
+    except typer.Abort:
+        Console(stderr=True).print("aborted", markup=False)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

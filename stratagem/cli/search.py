@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from stratagem.cli.app import ScenarioArg, app, console
+from stratagem.errors import StratagemError
 from stratagem.spaces import Scenario, load_scenario
 
 if TYPE_CHECKING:
@@ -24,19 +25,19 @@ def search_cmd(
     study: Annotated[str | None, typer.Option("--study", help="Study name (default: <scenario>-<space hash>); "
                                               "rerunning with the same name resumes.")] = None,
     sampler: Annotated[str, typer.Option("--sampler", help="auto | exhaustive | nsga2 | tpe | random.")] = "auto",
-    n_trials: Annotated[int | None, typer.Option("--n-trials", help="Plans the sampler proposes (nsga2/random "
+    n_trials: Annotated[int | None, typer.Option("--n-trials", min=0, help="Plans the sampler proposes (nsga2/random "
                                                  "default 2000, tpe 300); measured runs: runs in this call.")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Stop the sampler / measured runs after S "
                                                   "seconds.")] = None,
-    top: Annotated[int, typer.Option("--top", help="Rows of the front to show.")] = 20,
+    top: Annotated[int, typer.Option("--top", min=1, help="Rows of the front to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print counts and the front as JSON.")] = False,
-    real_runs: Annotated[int, typer.Option("--real-runs", help="After screening, measure up to K plans as "
+    real_runs: Annotated[int, typer.Option("--real-runs", min=0, help="After screening, measure up to K plans as "
                                            "short real training runs through Ray (0: analytic only).")] = 0,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join a running Ray cluster "
                                                     "('auto'); default: start a local one.")] = None,
     budget_minutes: Annotated[float | None, typer.Option("--budget-minutes", help="Bound the real-run "
                                                          "phase (minutes).")] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Timed steps per real run.")] = 4,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per real run.")] = 4,
     report: Annotated[Path | None, typer.Option("--report", help="HTML report path (default: <study>.html "
                                                 "beside the scenario).")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the HTML report.")] = False,
@@ -44,30 +45,39 @@ def search_cmd(
     """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, optionally
     measure the best survivors as real runs through Ray (recalibrating the model), show the front and write
     the HTML report."""
+    from stratagem.reports import check_output, output_format
+    from stratagem.search import check_storage, default_storage, parse_storage, run_search
     from stratagem.search import console as view
-    from stratagem.search import default_storage, run_search
 
+    # Everything a user can get wrong is checked here, before screening, Ray or any file is touched.
+    for option, value in (("--timeout", timeout), ("--budget-minutes", budget_minutes)):
+        if value is not None and not value > 0:
+            raise StratagemError(f"{option} ({value:g}): must be > 0")
     scn = load_scenario(scenario)
     mode = view.check_sampler(sampler)
     name = study or view.default_study_name(scenario, scn)
-    url = storage or default_storage(scenario)
+    spec = parse_storage(storage or default_storage(scenario))
+    check_storage(spec)
+    report_path = None if no_report else check_output(report or scenario.with_name(f"{name}.html"), "--report")
+    if report_path is not None and output_format(report_path, None) != "html":
+        raise StratagemError(f"--report ({report_path}): the search writes an HTML report; name it .html (other "
+                             "formats: stratagem report -o)")
     if real_runs:
-        result = _search_with_real_runs(scn, scenario, url, name, mode, real_runs, ray_address, budget_minutes,
+        result = _search_with_real_runs(scn, scenario, spec.url, name, mode, real_runs, ray_address, budget_minutes,
                                         steps, as_json)
     else:
         with view.progress_bar(Console(stderr=True), enabled=not as_json) as progress:
-            result = run_search(scn, url, name, sampler=mode, n_trials=n_trials, timeout=timeout,
+            result = run_search(scn, spec.url, name, sampler=mode, n_trials=n_trials, timeout=timeout,
                                 progress=progress)
     if as_json:
         print(view.result_json(result))
     else:
         view.print_result(console, result, top)
-    if not no_report:
+    if report_path is not None:
         from stratagem.reports import open_study as load_study
         from stratagem.reports import write_report
 
-        path = write_report(load_study(result.storage.url, result.study_name),
-                            report or scenario.with_name(f"{result.study_name}.html"))
+        path = write_report(load_study(result.storage.url, result.study_name), report_path)
         (Console(stderr=True) if as_json else console).print(f"report:   {path}", markup=False, soft_wrap=True)
 
 
@@ -83,7 +93,12 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
     num_cpus = scn.cluster.num_gpus if scn.cluster.gpu.kind == "cpu" and ray_address is None else None
     out = Console(stderr=True) if quiet else console
     out.print(f"starting Ray ({ray_address or 'local cluster'}); run logs under {run_dir}", markup=False)
-    evaluator = RayRunEvaluator(run_dir, address=ray_address, num_cpus=num_cpus, steps=steps, warmup=2)
+    fresh = [d for d in (run_dir, run_dir.parent) if not d.exists()]  # created by this call
+    try:
+        evaluator = RayRunEvaluator(run_dir, address=ray_address, num_cpus=num_cpus, steps=steps, warmup=2)
+    except BaseException:
+        _remove_empty(fresh)
+        raise
     try:
         def on_batch(entry: dict[str, Any]) -> None:
             out.print(f"measured {entry['measured']}/{real_runs}: step-time error {entry['step_error_before']:.0%}"
@@ -93,7 +108,19 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
         with view.progress_bar(Console(stderr=True), enabled=not quiet) as progress:
             mf = run_multifidelity(scn, url, name, evaluator, real_runs, budget_minutes, sampler=mode,
                                    progress=progress, on_batch=on_batch)
-    finally:
+    except BaseException:
         evaluator.close()
+        _remove_empty(fresh)  # a failed command leaves no empty runs/ folder behind
+        raise
+    evaluator.close()
     view.print_measured(out, mf)
     return mf.search
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove the directories this call created when no file was written under them (deepest first)."""
+    import shutil
+
+    for d in dirs:
+        if d.is_dir() and not any(p.is_file() or p.is_symlink() for p in d.rglob("*")):
+            shutil.rmtree(d)

@@ -92,7 +92,7 @@ def _memory(cols: dict[str, Array], i: int = 0) -> MemoryBreakdown:
 
 def evaluate(scenario: Scenario, plan: Plan | None = None, calibration: Calibration | None = None) -> Evaluation:
     """Judge one plan analytically; the scenario's own plan when `plan` is None."""
-    plan = plan or scenario.plan or Plan(dp=scenario.cluster.num_gpus)
+    plan = plan or scenario.default_plan()
     broken = violations(scenario, plan)
     if broken:
         return Evaluation(plan=plan, status="infeasible", reason="; ".join(broken))

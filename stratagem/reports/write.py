@@ -42,15 +42,17 @@ def output_format(path: Path | None, fmt: str | None) -> str:
     return found
 
 
-def check_output(path: Path) -> Path:
-    """An output path whose directory exists and that is not a directory itself."""
+def check_output(path: Path, option: str = "-o") -> Path:
+    """An output path whose directory exists and is writable and that is not a directory itself (`option`
+    names the command-line option in the message)."""
     if path.is_dir():
-        raise StratagemError(f"-o ({path}): is a directory; give a file name such as {path / 'report.html'}")
+        raise StratagemError(f"{option} ({path}): is a directory; give a file name such as {path / 'report.html'}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise StratagemError(f"-o ({path}): directory {parent} does not exist; create it or choose another path")
-    if not os.access(parent, os.W_OK):
-        raise StratagemError(f"-o ({path}): directory {parent} is not writable; choose another path")
+        raise StratagemError(f"{option} ({path}): directory {parent} does not exist; create it or choose another "
+                             "path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StratagemError(f"{option} ({path}): directory {parent} is not writable; choose another path")
     return path
 
 

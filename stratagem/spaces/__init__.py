@@ -5,7 +5,7 @@ from stratagem.spaces.hardware import GPU_PRESETS, ClusterSpec, GPUSpec, cluster
 from stratagem.spaces.model import MODEL_PRESETS, ModelSpec, MoESpec, model_preset
 from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, format_plan, parse_plan
 from stratagem.spaces.rules import RULES, Rule, check_plan, divisors, violations
-from stratagem.spaces.scenario import Scenario, load_scenario, scenario_from_dict
+from stratagem.spaces.scenario import Scenario, load_scenario, resolve_plan, scenario_from_dict
 from stratagem.spaces.space import AXES, IntRange, SearchConfig, SearchSpace
 from stratagem.spaces.training import CheckpointPolicy, TrainingSpec
 
@@ -15,7 +15,7 @@ __all__ = [
     "MODEL_PRESETS", "ModelSpec", "MoESpec", "model_preset",
     "PRECISIONS", "RECOMPUTES", "SCHEDULES", "Plan", "format_plan", "parse_plan",
     "RULES", "Rule", "check_plan", "divisors", "violations",
-    "Scenario", "load_scenario", "scenario_from_dict",
+    "Scenario", "load_scenario", "resolve_plan", "scenario_from_dict",
     "AXES", "IntRange", "SearchConfig", "SearchSpace",
     "CheckpointPolicy", "TrainingSpec",
 ]

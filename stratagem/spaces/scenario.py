@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from stratagem.errors import StratagemError
 from stratagem.spaces.hardware import ClusterSpec
 from stratagem.spaces.model import ModelSpec, model_preset
-from stratagem.spaces.plan import Plan
+from stratagem.spaces.plan import Plan, parse_plan
 from stratagem.spaces.space import SearchConfig
 from stratagem.spaces.training import TrainingSpec
 
-__all__ = ["Scenario", "load_scenario", "scenario_from_dict"]
+__all__ = ["Scenario", "load_scenario", "scenario_from_dict", "resolve_plan", "check_hf_config", "HF_CONFIG_MAX_BYTES"]
 
 
 class Scenario(BaseModel):
@@ -48,10 +50,57 @@ class Scenario(BaseModel):
     def name(self) -> str:
         return f"{self.model.name} on {self.cluster.num_gpus}x {self.cluster.gpu.name}"
 
+    def default_plan(self) -> Plan:
+        """The plan judged when none is given: the scenario's own, else pure data parallelism over the cluster."""
+        return self.plan or Plan(dp=self.cluster.num_gpus)
+
     def problem_hash(self) -> str:
-        """Hash of model + cluster + training (not the plan nor the search section): identifies the problem."""
-        blob = json.dumps(self.model_dump(exclude={"plan", "search"}, mode="json"), sort_keys=True)
+        """Hash of model + cluster + training (not the plan, the search section nor the calibration file):
+        identifies the problem."""
+        blob = json.dumps(self.model_dump(exclude={"plan": True, "search": True, "cluster": {"calibration"}},
+                                          mode="json"), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+HF_CONFIG_MAX_BYTES = 4 << 20  # a config.json is kilobytes (Llama 4's, with its vision section, ~10 KB)
+
+
+def check_hf_config(value: Any) -> Path:
+    """The config.json an `hf_config` names, checked before it is parsed: a path (or a directory holding
+    config.json) to a regular file of at most HF_CONFIG_MAX_BYTES of UTF-8 JSON whose top level is an object.
+    Never reads more than that (a FIFO, /dev/zero or a huge file is refused unread)."""
+    if not isinstance(value, str | Path) or not str(value):
+        raise StratagemError(f"model.hf_config ({value!r}): give the path of a config.json")
+    p = Path(value)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise StratagemError(f"model.hf_config ({p}): file not found; give the path of a config.json") from None
+    except OSError as e:
+        raise StratagemError(f"model.hf_config ({p}): cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StratagemError(f"model.hf_config ({p}): not a regular file; give the path of a config.json")
+    if st.st_size > HF_CONFIG_MAX_BYTES:
+        raise StratagemError(f"model.hf_config ({p}): {st.st_size:,} bytes, over the {HF_CONFIG_MAX_BYTES >> 20} MiB "
+                             "a config.json can be; give the model's config.json")
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(HF_CONFIG_MAX_BYTES + 1)
+    except OSError as e:
+        raise StratagemError(f"model.hf_config ({p}): cannot read: {e.strerror}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise StratagemError(f"model.hf_config ({p}): not a text file (not UTF-8); give the model's config.json") \
+            from None
+    except json.JSONDecodeError as e:
+        raise StratagemError(f"model.hf_config ({p}): not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise StratagemError(f"model.hf_config ({p}): a JSON {type(data).__name__}, not an object; a config.json "
+                             "holds one object of fields such as model_type and hidden_size")
+    return p
 
 
 def _resolve_model(value: Any) -> Any:
@@ -61,12 +110,27 @@ def _resolve_model(value: Any) -> Any:
         # Return the merged fields (not a ModelSpec) so that pydantic validates overrides and names a bad
         # one as model.<field>.
         if "hf_config" in value:
-            base = ModelSpec.from_hf_config(value["hf_config"])
+            base = ModelSpec.from_hf_config(check_hf_config(value["hf_config"]))
             return {**base.model_dump(), **{k: v for k, v in value.items() if k != "hf_config"}}
         if "preset" in value:
             base = model_preset(value["preset"])
             return {**base.model_dump(), **{k: v for k, v in value.items() if k != "preset"}}
     return value
+
+
+def resolve_plan(scenario: Scenario, text: str | None) -> Plan:
+    """The plan a user means by `--plan TEXT` (None: the scenario's default plan): the given fields over the
+    scenario's plan; when TEXT does not set dp, dp fills the cluster (num_gpus // (tp*pp*cp), at least 1)."""
+    if not text:
+        return scenario.default_plan()
+    base = scenario.default_plan()
+    plan = parse_plan(text, base=Plan(**{**base.model_dump(), "dp": 1}))
+    # The keys given, split as parse_plan splits them (commas or whitespace, spaces around "=" allowed).
+    given = {part.split("=", 1)[0] for part in re.sub(r"\s*=\s*", "=", text.strip()).replace(" ", ",").split(",")}
+    if "dp" not in given:
+        rest = plan.tp * plan.pp * plan.cp
+        plan = plan.model_copy(update={"dp": max(1, scenario.cluster.num_gpus // rest)})
+    return plan
 
 
 def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
@@ -107,4 +171,8 @@ def load_scenario(path: str | Path) -> Scenario:
         # A relative hf_config path is relative to the scenario file, not to the working directory.
         data["model"] = {**model, "hf_config": str((p.parent / model["hf_config"]).resolve())
                          if not Path(model["hf_config"]).is_absolute() else model["hf_config"]}
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    if isinstance(cluster, dict) and isinstance(cluster.get("calibration"), str):
+        # cluster.calibration too is relative to the scenario file.
+        data["cluster"] = {**cluster, "calibration": str((p.parent / cluster["calibration"]).resolve())}
     return scenario_from_dict(data, source=str(p))

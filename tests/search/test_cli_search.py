@@ -202,3 +202,68 @@ def test_bad_input_is_one_line_and_leaves_no_study(tmp_path, case) -> None:
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
     assert "Traceback" not in r.stderr
     assert not store.exists()
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """`stratagem ARGS` in this process through the entry point: (exit status, stdout, stderr)."""
+    from stratagem.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def read_only_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot write (root writes anywhere: /proc/sys is a read-only mount here)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.access(ro, os.W_OK):
+        ro = Path("/proc/sys")
+    if os.access(ro, os.W_OK):
+        pytest.skip("no read-only directory for this user on this machine")
+    return ro
+
+
+@pytest.mark.parametrize("case", ["real-runs", "top", "steps", "budget", "report-dir", "report-ro", "report-md",
+                                  "journal", "sqlite", "postgres-driver", "storage-ro", "usage"])
+def test_every_option_and_storage_is_checked_before_any_work(tmp_path, capsys, monkeypatch, case) -> None:
+    """Issue 12 items 1, 2, 4, 5, 6: one line, exit 2, within a second (no screening, no Ray), nothing written."""
+    path = write_scenario(tmp_path, sample=10, tp=[1, 2], pp=1)
+    mine = tmp_path / "mine"
+    mine.write_bytes(b"user data, not a storage\n")
+    db = tmp_path / "users.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE users (name TEXT)")
+    con.close()
+    originals = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    args = {
+        "real-runs": ["--real-runs", "-1"], "top": ["--top", "-5"], "steps": ["--real-runs", "1", "--steps", "0"],
+        "budget": ["--real-runs", "1", "--budget-minutes", "0"],
+        "report-dir": ["--report", str(tmp_path / "missing" / "r.html")],
+        "report-ro": ["--report", str(read_only_dir(tmp_path) / "r.html")] if case == "report-ro" else [],
+        "report-md": ["--report", str(tmp_path / "r.md")],
+        "journal": ["--storage", f"journal:{mine}"], "sqlite": ["--storage", f"sqlite:///{db}"],
+        "postgres-driver": ["--storage", "postgresql://u:p@127.0.0.1:1/x", "--real-runs", "2"],
+        "storage-ro": ["--storage", f"sqlite:///{read_only_dir(tmp_path)}/s.db"] if case == "storage-ro" else [],
+        "usage": ["--top", "many"],
+    }[case]
+    words = {"real-runs": "--real-runs", "top": "--top", "steps": "--steps", "budget": "--budget-minutes",
+             "report-dir": "does not exist", "report-ro": "not writable", "report-md": "name it .html",
+             "journal": "is not an Optuna journal", "sqlite": "is an SQLite database but not an Optuna storage",
+             "postgres-driver": "stratagem[postgres]", "storage-ro": "not writable", "usage": "--top"}[case]
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # the driver is missing, installed or not
+    t0 = time.monotonic()
+    code, out, err = run_main(capsys, "search", str(path), *args)
+    assert time.monotonic() - t0 < 5, "checked after work started"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], err
+    assert out == "" and "Traceback" not in err
+    # nothing written: no storage, lock, runs/ folder or report; the user's files byte-identical
+    left = {p.name for p in tmp_path.iterdir()} - {"ro"}
+    assert left == {"scn.yaml", *originals}, left
+    assert all((tmp_path / n).read_bytes() == b for n, b in originals.items())

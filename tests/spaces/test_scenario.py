@@ -145,3 +145,48 @@ def test_hf_config_relative_to_scenario_file(tmp_path: Path, monkeypatch: pytest
     path = write(tmp_path, "model: {hf_config: config.json}\ncluster: {gpu: cpu, gpus_per_node: 1}\n")
     monkeypatch.chdir(Path("/"))
     assert load_scenario(path).model.num_layers == 2
+
+
+@pytest.mark.parametrize("case,words", [
+    ("dev-zero", "not a regular file"),
+    ("fifo", "not a regular file"),
+    ("huge", "over the 4 MiB"),
+    ("list", "a JSON list, not an object"),
+    ("binary", "not a text file"),
+])
+def test_hf_config_is_bounded_and_named(tmp_path: Path, case: str, words: str) -> None:
+    """Issue 12 item 3: special or huge files are refused unread; every message names model.hf_config."""
+    import os
+    import time
+
+    target = tmp_path / "config.json"
+    if case == "dev-zero":
+        target = Path("/dev/zero")
+    elif case == "fifo":
+        os.mkfifo(target)  # opening it for reading would block forever
+    elif case == "huge":
+        with open(target, "wb") as f:
+            f.truncate(5 << 20)  # sparse: 5 MiB
+    elif case == "list":
+        target.write_text("[1, 2, 3]")
+    elif case == "binary":
+        target.write_bytes(bytes(range(256)) * 4)
+    path = write(tmp_path, f"model: {{hf_config: {target}}}\ncluster: {{gpu: h100-sxm-80g}}\n")
+    t0 = time.monotonic()
+    with pytest.raises(StratagemError) as e:
+        load_scenario(path)
+    assert time.monotonic() - t0 < 2
+    msg = str(e.value)
+    assert "model.hf_config" in msg and words in msg and "\n" not in msg, msg
+
+
+def test_resolve_plan_fills_the_cluster_with_dp() -> None:
+    """The CLI's --plan rule lives in the library (issue 11 item 1): dp fills the cluster unless given."""
+    from stratagem.spaces import resolve_plan
+
+    scn = load_scenario(EXAMPLES / "llama3-8b-8xh100.yaml")
+    assert resolve_plan(scn, None) == scn.default_plan()
+    assert resolve_plan(scn, "tp=2,zero=1").dp == 4
+    assert resolve_plan(scn, "tp = 2 pp=2").dp == 2
+    assert resolve_plan(scn, "dp=2,tp=2").dp == 2  # given: kept
+    assert resolve_plan(scn, "tp=2,dp_replicate=2").dp == 4  # dp_replicate is not dp
