@@ -2,7 +2,7 @@
 
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.hardware import GPU_PRESETS, ClusterSpec, GPUSpec, cluster_preset, gpu_preset
-from stratagem.spaces.model import MODEL_PRESETS, ModelSpec, MoESpec, model_preset
+from stratagem.spaces.model import MODEL_PRESETS, MLASpec, ModelSpec, MoESpec, model_preset
 from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, format_plan, parse_plan
 from stratagem.spaces.rules import RULES, Rule, check_plan, divisors, violations
 from stratagem.spaces.scenario import Scenario, load_scenario, resolve_plan, scenario_from_dict
@@ -12,7 +12,7 @@ from stratagem.spaces.training import CheckpointPolicy, TrainingSpec
 __all__ = [
     "PlanColumns",
     "GPU_PRESETS", "ClusterSpec", "GPUSpec", "cluster_preset", "gpu_preset",
-    "MODEL_PRESETS", "ModelSpec", "MoESpec", "model_preset",
+    "MODEL_PRESETS", "MLASpec", "ModelSpec", "MoESpec", "model_preset",
     "PRECISIONS", "RECOMPUTES", "SCHEDULES", "Plan", "format_plan", "parse_plan",
     "RULES", "Rule", "check_plan", "divisors", "violations",
     "Scenario", "load_scenario", "resolve_plan", "scenario_from_dict",

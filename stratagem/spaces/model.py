@@ -1,8 +1,14 @@
-"""Model architecture: `ModelSpec`, its parameter count, presets and Hugging Face config import."""
+"""Model architecture: `ModelSpec`, its parameter count, attention cost, and presets.
+
+Attention variants: multi-head / grouped-query attention (Llama), Multi-head Latent Attention (DeepSeek-V2/V3:
+queries and keys/values pass through low-rank latents), per-head q/k norms (Qwen3), local attention on some
+layers (gpt-oss sliding window, Llama 4 chunked attention) and attention sinks (gpt-oss). MoE variants: routed
+experts with top-k, shared experts, first-k dense layers, MoE every n-th layer, router bias. Hugging Face
+`config.json` import lives in `stratagem.spaces.hf_config`.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -10,22 +16,58 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stratagem.errors import StratagemError
 
-__all__ = ["MoESpec", "ModelSpec", "MODEL_PRESETS", "model_preset"]
+__all__ = ["MoESpec", "MLASpec", "ModelSpec", "MODEL_PRESETS", "model_preset"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class MoESpec(BaseModel):
-    """Mixture-of-experts MLP replacing the dense MLP in every layer."""
+    """Mixture-of-experts MLP replacing the dense MLP in the MoE layers."""
 
     model_config = _FROZEN
 
     num_experts: int = Field(ge=1)
-    """Experts per MoE layer."""
+    """Routed experts per MoE layer."""
     top_k: int = Field(ge=1)
-    """Experts each token is routed to."""
+    """Routed experts each token is sent to."""
     expert_ffn_hidden_size: int = Field(ge=1)
-    """Inner size of one expert's MLP."""
+    """Inner size of one routed expert's MLP."""
+    shared_experts: int = Field(default=0, ge=0)
+    """Experts every token passes through besides the routed ones (DeepSeek n_shared_experts, Llama 4's
+    shared expert); they are dense weights: split by tp, not by ep."""
+    shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1)
+    """Inner size of one shared expert; defaults to expert_ffn_hidden_size."""
+    first_dense_layers: int = Field(default=0, ge=0)
+    """Leading layers with a dense MLP of ffn_hidden_size instead of experts (DeepSeek first_k_dense_replace)."""
+    moe_layer_step: int = Field(default=1, ge=1)
+    """After the dense layers, every n-th layer is an MoE layer (Llama 4 interleave_moe_layer_step); others dense."""
+    router_bias: bool = False
+    """Whether the router has a bias of one value per expert (gpt-oss; DeepSeek-V3's e_score_correction_bias)."""
+    capacity_factor: float | None = Field(default=None, gt=0)
+    """Tokens an expert may take, as a multiple of its even share (Switch/GShard); None: dropless."""
+
+    @property
+    def shared_ffn(self) -> int:
+        """Inner size of one shared expert."""
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+
+class MLASpec(BaseModel):
+    """Multi-head Latent Attention (DeepSeek-V2 sec. 2.1): q = W_uq norm(W_dq x) (or W_q x without a q latent),
+    [k_nope, v] = W_ukv norm(c_kv) with c_kv, k_rope = W_dkv x; k_rope is shared by all heads."""
+
+    model_config = _FROZEN
+
+    q_lora_rank: int | None = Field(default=None, ge=1)
+    """Rank of the query latent (None: a full query projection, as DeepSeek-V2-Lite)."""
+    kv_lora_rank: int = Field(ge=1)
+    """Rank of the compressed key/value latent c_kv."""
+    qk_nope_head_dim: int = Field(ge=1)
+    """Per-head query/key width without rotary embedding."""
+    qk_rope_head_dim: int = Field(ge=0)
+    """Per-head query/key width with rotary embedding (the key part is shared across heads)."""
+    v_head_dim: int = Field(ge=1)
+    """Per-head value width."""
 
 
 class ModelSpec(BaseModel):
@@ -46,7 +88,7 @@ class ModelSpec(BaseModel):
     head_dim: int | None = Field(default=None, ge=1)
     """Per-head width; defaults to hidden_size / num_attention_heads."""
     ffn_hidden_size: int = Field(ge=1)
-    """Dense MLP inner size f."""
+    """Dense MLP inner size f (the dense layers of an MoE model)."""
     vocab_size: int = Field(ge=1)
     """Vocabulary size V."""
     mlp: Literal["swiglu", "gelu"] = "swiglu"
@@ -56,17 +98,34 @@ class ModelSpec(BaseModel):
     tied_embeddings: bool = False
     """Whether the output projection shares the input embedding matrix."""
     bias: Literal["none", "qkv", "all"] = "none"
-    """Linear biases: none (Llama), qkv (Qwen2) or all (GPT-2/3, NeoX)."""
+    """Linear biases: none (Llama), qkv (Qwen2) or all (GPT-2/3, NeoX, gpt-oss)."""
     position_embedding: Literal["rope", "learned"] = "rope"
     """Rotary (no parameters) or a learned absolute table of max_position_embeddings rows."""
     max_position_embeddings: int = Field(default=2048, ge=1)
     """Rows of the learned position table (ignored for rope)."""
     moe: MoESpec | None = None
     """Mixture-of-experts MLP, or None for a dense model."""
+    mla: MLASpec | None = None
+    """Multi-head Latent Attention instead of grouped-query attention (DeepSeek-V2/V3)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm of queries and keys, head_dim weights each (Qwen3)."""
+    attention_window: int | None = Field(default=None, ge=1)
+    """Tokens a local-attention layer sees (gpt-oss sliding_window, Llama 4 attention_chunk_size); None: all."""
+    window_kind: Literal["sliding", "chunked"] = "sliding"
+    """sliding: each token sees the previous attention_window tokens; chunked: the sequence is cut into chunks of
+    attention_window tokens attending only within themselves (Llama 4)."""
+    global_attention_every: int = Field(default=0, ge=0)
+    """With a window: every n-th layer (the last of each group of n) attends to the whole sequence (gpt-oss 2,
+    Llama 4 4); 0: every layer is local."""
+    attention_sinks: bool = False
+    """Learned per-head sink logits in the softmax (gpt-oss): one parameter per head and layer."""
+    encoder_params: int = Field(default=0, ge=0)
+    """Parameters outside the decoder trained with it (Llama 4's vision encoder and projector); held with the
+    embedding on the first pipeline stage; no work per text token."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
-        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None and self.mla is None and self.hidden_size % self.num_attention_heads:
             raise StratagemError(
                 f"model.hidden_size ({self.hidden_size}) is not a multiple of num_attention_heads "
                 f"({self.num_attention_heads}); set model.head_dim explicitly"
@@ -76,20 +135,39 @@ class ModelSpec(BaseModel):
                 f"model.num_kv_heads ({self.kv_heads}) must divide num_attention_heads "
                 f"({self.num_attention_heads})"
             )
+        if self.mla is not None and self.kv_heads != self.num_attention_heads:
+            raise StratagemError(
+                f"model.num_kv_heads ({self.kv_heads}): Multi-head Latent Attention expands keys and values for "
+                f"every head; set num_kv_heads to num_attention_heads ({self.num_attention_heads}) or leave it out"
+            )
         if self.moe is not None and self.moe.top_k > self.moe.num_experts:
             raise StratagemError(
                 f"model.moe.top_k ({self.moe.top_k}) exceeds num_experts ({self.moe.num_experts})"
             )
+        if self.moe is not None and self.moe.first_dense_layers >= self.num_layers:
+            raise StratagemError(
+                f"model.moe.first_dense_layers ({self.moe.first_dense_layers}) leaves no MoE layer of "
+                f"{self.num_layers}; use at most {self.num_layers - 1}"
+            )
         return self
 
-    # ---- derived sizes -------------------------------------------------------------------------------
+    # ---- attention sizes -----------------------------------------------------------------------------
     @property
     def kv_heads(self) -> int:
+        """Key/value heads (every head under MLA)."""
         return self.num_kv_heads or self.num_attention_heads
 
     @property
     def dim_head(self) -> int:
+        """Query/key width per head (MLA: nope + rope)."""
+        if self.mla is not None:
+            return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def v_head_dim(self) -> int:
+        """Value width per head (= dim_head except under MLA)."""
+        return self.mla.v_head_dim if self.mla is not None else self.dim_head
 
     @property
     def q_size(self) -> int:
@@ -98,19 +176,92 @@ class ModelSpec(BaseModel):
 
     @property
     def kv_size(self) -> int:
-        """Width of all key (or value) heads: a_kv * d."""
+        """Width of all key heads: a_kv * d."""
         return self.kv_heads * self.dim_head
 
+    @property
+    def v_size(self) -> int:
+        """Width of all value heads (also the attention output): a_kv * d_v."""
+        return self.kv_heads * self.v_head_dim
+
+    @property
+    def out_size(self) -> int:
+        """Width of the attention output entering the output projection: a * d_v."""
+        return self.num_attention_heads * self.v_head_dim
+
+    def attention_matmul_params(self) -> int:
+        """Weights of one layer's attention projections (no biases or norms). GQA: h(q + 2kv) + a d_v h.
+        MLA [DeepSeek-V2 sec. 2.1.2, modeling_deepseek.py DeepseekV3Attention]: h r_q + r_q a (d_nope + d_rope)
+        (or h a (d_nope + d_rope) without a q latent) + h (r_kv + d_rope) + r_kv a (d_nope + d_v) + a d_v h."""
+        h, a = self.hidden_size, self.num_attention_heads
+        out = self.out_size * h
+        if self.mla is None:
+            return h * (self.q_size + self.kv_size + self.v_size) + out
+        m = self.mla
+        q = h * self.q_size if m.q_lora_rank is None else h * m.q_lora_rank + m.q_lora_rank * self.q_size
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+        return q + kv + out
+
     def attention_params(self) -> int:
-        """Q, K, V, O projections (+ biases) of one layer: h*(q + 2kv) + q*h."""
+        """One layer's attention: projections + biases + latent norms (MLA) + q/k norms + sinks."""
         h = self.hidden_size
-        n = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        n = self.attention_matmul_params()
         if self.bias in ("qkv", "all"):
-            n += self.q_size + 2 * self.kv_size
+            n += self.q_size + self.kv_size + self.v_size
         if self.bias == "all":
             n += h
+        if self.mla is not None:
+            n += self.mla.kv_lora_rank + (self.mla.q_lora_rank or 0)  # RMSNorm of each latent
+        if self.qk_norm:
+            n += 2 * self.dim_head
+        if self.attention_sinks:
+            n += self.num_attention_heads
         return n
 
+    def attention_saved_per_token(self) -> tuple[int, int]:
+        """Elements per token one layer's attention saves for backward: (split over tp, replicated over tp).
+        Split: q, k, v and the attention output (input of the output projection). MLA also keeps its latents
+        (inputs of the up projections), computed by replicated down projections."""
+        split = self.q_size + self.kv_size + self.v_size + self.out_size
+        if self.mla is None:
+            return split, 0
+        m = self.mla
+        return split, (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
+
+    def kv_per_token(self) -> int:
+        """Key + value elements per token (what context parallelism exchanges): kv + v widths."""
+        return self.kv_size + self.v_size
+
+    def windowed_layers(self) -> int:
+        """Layers with local attention (attention_window set, minus every global_attention_every-th layer)."""
+        if self.attention_window is None:
+            return 0
+        g = self.global_attention_every
+        return self.num_layers - (self.num_layers // g if g else 0)
+
+    def attention_context(self, seq_len: int, causal: bool = True) -> float:
+        """Keys one query attends to, averaged over tokens and layers. Global causal: s/2 (non-causal, the
+        PaLM MFU convention: s); sliding window W < s causal: W - W(W-1)/(2s) (the first W tokens see fewer),
+        non-causal W; chunked C < s: C/2 causal (each chunk is a causal block), C non-causal."""
+        s = float(seq_len)
+        full = s / 2 if causal else s
+        w = self.attention_window
+        if w is None or w >= seq_len:
+            return full
+        if self.window_kind == "sliding":
+            local = (w - w * (w - 1) / (2 * s)) if causal else float(w)
+        else:
+            local = w / 2 if causal else float(w)
+        frac = self.windowed_layers() / self.num_layers
+        return frac * local + (1 - frac) * full
+
+    def attention_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
+        """Forward FLOPs of one layer's score and value matmuls per token, averaged over layers:
+        2 x context x a (d_qk + d_v) [FlashAttention-2 sec. 4.1 counts 4 s^2 d per head, halved when causal]."""
+        a = self.num_attention_heads
+        return 2.0 * self.attention_context(seq_len, causal) * a * (self.dim_head + self.v_head_dim)
+
+    # ---- MLP and layers ------------------------------------------------------------------------------
     def _mlp_params(self, ffn: int) -> int:
         h = self.hidden_size
         mats = 3 if self.mlp == "swiglu" else 2
@@ -119,32 +270,87 @@ class ModelSpec(BaseModel):
             n += (mats - 1) * ffn + h
         return n
 
+    def _mlp_matmul(self, ffn: int) -> int:
+        return (3 if self.mlp == "swiglu" else 2) * self.hidden_size * ffn
+
     def dense_mlp_params(self) -> int:
         """One dense MLP: 3hf (SwiGLU) or 2hf (GELU), + biases."""
         return self._mlp_params(self.ffn_hidden_size)
 
     def expert_params(self) -> int:
-        """One expert's MLP (0 for a dense model)."""
+        """One routed expert's MLP (0 for a dense model)."""
         return 0 if self.moe is None else self._mlp_params(self.moe.expert_ffn_hidden_size)
 
     def norm_params(self) -> int:
         """One normalisation layer: h (RMSNorm) or 2h (LayerNorm)."""
         return self.hidden_size * (1 if self.norm == "rmsnorm" else 2)
 
-    def layer_dense_params(self) -> int:
-        """Parameters of one layer that are not experts: attention, two norms, router or dense MLP."""
-        n = self.attention_params() + 2 * self.norm_params()
-        if self.moe is None:
-            return n + self.dense_mlp_params()
-        return n + self.hidden_size * self.moe.num_experts  # router h x E
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer i (0-based) has experts: after first_dense_layers, every moe_layer_step-th layer."""
+        moe = self.moe
+        if moe is None or i < moe.first_dense_layers:
+            return False
+        return (i - moe.first_dense_layers + 1) % moe.moe_layer_step == 0
 
-    def layer_expert_params(self) -> int:
-        """Parameters of all experts of one layer (0 for a dense model)."""
-        return 0 if self.moe is None else self.moe.num_experts * self.expert_params()
+    def num_moe_layers(self) -> int:
+        """Layers with experts."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def moe_layer_dense_params(self) -> int:
+        """Non-routed parameters of one MoE layer: attention, two norms, router (+ bias), shared experts."""
+        moe = self.moe
+        n = self.attention_params() + 2 * self.norm_params()
+        if moe is None:
+            return n + self.dense_mlp_params()
+        n += self.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)
+        return n + moe.shared_experts * self._mlp_params(moe.shared_ffn)
+
+    def dense_layer_params(self) -> int:
+        """One layer with a dense MLP: attention, two norms, MLP of ffn_hidden_size."""
+        return self.attention_params() + 2 * self.norm_params() + self.dense_mlp_params()
+
+    def layer_params(self, i: int) -> tuple[int, int]:
+        """(non-routed, routed-expert) parameters of layer i."""
+        moe = self.moe
+        if moe is not None and self.is_moe_layer(i):
+            return self.moe_layer_dense_params(), moe.num_experts * self.expert_params()
+        return self.dense_layer_params(), 0
+
+    def layer_dense_params(self) -> float:
+        """Non-routed parameters per layer, averaged over layers (attention, norms, dense MLP or router and
+        shared experts)."""
+        n = self.num_moe_layers()
+        dense = (self.num_layers - n) * self.dense_layer_params()
+        return (n * self.moe_layer_dense_params() + dense) / self.num_layers
+
+    def layer_expert_params(self) -> float:
+        """Routed-expert parameters per layer, averaged over layers (0 for a dense model)."""
+        if self.moe is None:
+            return 0.0
+        return self.num_moe_layers() * self.moe.num_experts * self.expert_params() / self.num_layers
+
+    def largest_layer_params(self) -> int:
+        """Parameters of the largest layer (an MoE layer with all its experts, if any)."""
+        return max(sum(self.layer_params(i)) for i in range(self.num_layers))
+
+    def layer_matmul_params(self, i: int) -> int:
+        """Weights one token multiplies through in layer i: attention projections + the dense MLP, or the
+        router, the shared experts and top_k routed experts. Norms and biases do no matmul work."""
+        n = self.attention_matmul_params()
+        moe = self.moe
+        if moe is None or not self.is_moe_layer(i):
+            return n + self._mlp_matmul(self.ffn_hidden_size)
+        experts = moe.top_k * self._mlp_matmul(moe.expert_ffn_hidden_size)
+        shared = moe.shared_experts * self._mlp_matmul(moe.shared_ffn)
+        return n + self.hidden_size * moe.num_experts + experts + shared
+
+    def mean_matmul_params_per_layer(self) -> float:
+        """`layer_matmul_params` averaged over layers."""
+        return sum(self.layer_matmul_params(i) for i in range(self.num_layers)) / self.num_layers
 
     def embedding_params(self) -> int:
-        """Token embedding V*h (+ learned positions)."""
-        n = self.vocab_size * self.hidden_size
+        """Token embedding V*h (+ learned positions) + encoder_params (held with the embedding)."""
+        n = self.vocab_size * self.hidden_size + self.encoder_params
         if self.position_embedding == "learned":
             n += self.max_position_embeddings * self.hidden_size
         return n
@@ -154,94 +360,27 @@ class ModelSpec(BaseModel):
         return self.norm_params() + (0 if self.tied_embeddings else self.vocab_size * self.hidden_size)
 
     def num_params(self) -> int:
-        """Total parameters: L * layer + embeddings + final norm + untied output projection."""
-        per_layer = self.layer_dense_params() + self.layer_expert_params()
-        return self.num_layers * per_layer + self.embedding_params() + self.head_params()
+        """Total parameters: every layer + embeddings (+ encoder) + final norm + untied output projection."""
+        layers = sum(sum(self.layer_params(i)) for i in range(self.num_layers))
+        return layers + self.embedding_params() + self.head_params()
 
-    def num_active_params(self) -> int:
-        """Parameters a token passes through (top_k experts instead of all); equals num_params when dense."""
-        if self.moe is None:
-            return self.num_params()
-        inactive = (self.moe.num_experts - self.moe.top_k) * self.expert_params()
-        return self.num_params() - self.num_layers * inactive
+    def num_active_params(self, input_embedding: bool = True) -> int:
+        """Parameters a token passes through: top_k of the routed experts instead of all; equals num_params
+        when dense. `input_embedding=False` leaves out the embedding table (and encoder), as OpenAI counts
+        gpt-oss's active parameters (model card, Table 1). encoder_params are never active for a text token."""
+        n = self.num_params() - self.encoder_params
+        if self.moe is not None:
+            n -= self.num_moe_layers() * (self.moe.num_experts - self.moe.top_k) * self.expert_params()
+        return n if input_embedding else n - self.embedding_params()
 
     # ---- import ----------------------------------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelSpec:
-        """Read a local Hugging Face `config.json` (Llama, Mistral, Qwen2, Mixtral, GPT-2, GPT-NeoX)."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / "config.json"
-        try:
-            cfg: dict[str, Any] = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise StratagemError(f"model.hf_config ({p}): file not found; give the path of a config.json") from None
-        except json.JSONDecodeError as e:
-            raise StratagemError(f"model.hf_config ({p}): not valid JSON ({e.msg} at line {e.lineno})") from None
-        return _from_hf_dict(cfg, name=str(cfg.get("_name_or_path") or p.parent.name or "hf-model"))
+        """Read a local Hugging Face `config.json` (Llama, Mistral, Qwen2/3 incl. MoE, Mixtral, DeepSeek-V2/V3,
+        Llama 4, gpt-oss, GPT-2, GPT-NeoX); see `stratagem.spaces.hf_config`."""
+        from stratagem.spaces.hf_config import read_hf_config
 
-
-def _from_hf_dict(cfg: dict[str, Any], name: str) -> ModelSpec:
-    kind = str(cfg.get("model_type", ""))
-    try:
-        if kind in ("llama", "mistral", "qwen2", "mixtral"):
-            moe = None
-            if kind == "mixtral":
-                moe = MoESpec(
-                    num_experts=cfg["num_local_experts"],
-                    top_k=cfg["num_experts_per_tok"],
-                    expert_ffn_hidden_size=cfg["intermediate_size"],
-                )
-            return ModelSpec(
-                name=name,
-                num_layers=cfg["num_hidden_layers"],
-                hidden_size=cfg["hidden_size"],
-                num_attention_heads=cfg["num_attention_heads"],
-                num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-                head_dim=cfg.get("head_dim"),
-                ffn_hidden_size=cfg["intermediate_size"],
-                vocab_size=cfg["vocab_size"],
-                mlp="swiglu",
-                norm="rmsnorm",
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                bias="qkv" if kind == "qwen2" else "none",
-                moe=moe,
-            )
-        if kind == "gpt2":
-            h = cfg["n_embd"]
-            return ModelSpec(
-                name=name,
-                num_layers=cfg["n_layer"],
-                hidden_size=h,
-                num_attention_heads=cfg["n_head"],
-                ffn_hidden_size=cfg.get("n_inner") or 4 * h,
-                vocab_size=cfg["vocab_size"],
-                mlp="gelu",
-                norm="layernorm",
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                bias="all",
-                position_embedding="learned",
-                max_position_embeddings=cfg.get("n_positions", 1024),
-            )
-        if kind == "gpt_neox":
-            return ModelSpec(
-                name=name,
-                num_layers=cfg["num_hidden_layers"],
-                hidden_size=cfg["hidden_size"],
-                num_attention_heads=cfg["num_attention_heads"],
-                ffn_hidden_size=cfg["intermediate_size"],
-                vocab_size=cfg["vocab_size"],
-                mlp="gelu",
-                norm="layernorm",
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                bias="all",
-            )
-    except KeyError as e:
-        raise StratagemError(f"model.hf_config: {kind} config lacks key {e.args[0]!r}") from None
-    raise StratagemError(
-        f"model.hf_config: model_type {kind!r} is not supported; "
-        "supported: llama, mistral, qwen2, mixtral, gpt2, gpt_neox"
-    )
+        return read_hf_config(path)
 
 
 def _llama(name: str, layers: int, h: int, heads: int, kv: int, ffn: int, vocab: int, **kw: Any) -> ModelSpec:
@@ -251,8 +390,16 @@ def _llama(name: str, layers: int, h: int, heads: int, kv: int, ffn: int, vocab:
     )
 
 
+# Llama 4's vision encoder + adapter + projector (config.json vision_config of Llama-4-Scout-17B-16E: 34 layers of
+# 1408 with MLP 5632, 336 px images in 14 px patches, pixel shuffle 0.5, projector 4096 -> 5120), as
+# `hf_config.llama4_vision_params` counts it from the config.
+_SCOUT_VISION = 871_932_416
+
 # Published dimensions: Llama 3 (Dubey et al. 2024, Table 3), Mistral 7B (Jiang et al. 2023, Table 1),
-# Mixtral (Jiang et al. 2024, sec. 2), GPT-3 175B (Brown et al. 2020, Table 2.1).
+# Mixtral (Jiang et al. 2024, sec. 2), GPT-3 175B (Brown et al. 2020, Table 2.1); the MoE presets below are the
+# config.json of each released checkpoint on the Hugging Face hub: deepseek-ai/DeepSeek-V3,
+# Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, mistralai/Mixtral-8x22B-v0.1, meta-llama/Llama-4-Scout-17B-16E,
+# openai/gpt-oss-120b (DeepSeek-V3's multi-token-prediction layer is not part of its 671B and is left out).
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -263,6 +410,36 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _llama(
             "mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000,
             moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336),
+        ),
+        _llama(
+            "mixtral-8x22b", 56, 6144, 48, 8, 16384, 32000,
+            moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=16384),
+        ),
+        ModelSpec(
+            name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, ffn_hidden_size=18432,
+            vocab_size=129280,
+            mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                        v_head_dim=128),
+            moe=MoESpec(num_experts=256, top_k=8, expert_ffn_hidden_size=2048, shared_experts=1,
+                        first_dense_layers=3, router_bias=True),
+        ),
+        _llama(
+            "qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, head_dim=128, qk_norm=True,
+            moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
+        ),
+        _llama(
+            "qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, head_dim=128, qk_norm=True,
+            moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=1536),
+        ),
+        _llama(
+            "llama4-scout-17b-16e", 48, 5120, 40, 8, 16384, 202048, head_dim=128,
+            attention_window=8192, window_kind="chunked", global_attention_every=4, encoder_params=_SCOUT_VISION,
+            moe=MoESpec(num_experts=16, top_k=1, expert_ffn_hidden_size=8192, shared_experts=1),
+        ),
+        _llama(
+            "gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, head_dim=64, bias="all", attention_window=128,
+            global_attention_every=2, attention_sinks=True,
+            moe=MoESpec(num_experts=128, top_k=4, expert_ffn_hidden_size=2880, router_bias=True),
         ),
         ModelSpec(
             name="gpt3-175b", num_layers=96, hidden_size=12288, num_attention_heads=96,

@@ -1,0 +1,167 @@
+"""Hugging Face `config.json` -> `ModelSpec`, from a local file (no network).
+
+Field names follow each architecture's configuration class in huggingface/transformers (models/<arch>/
+configuration_<arch>.py) and, for DeepSeek-V3, the checkpoint's own configuration_deepseek.py: a key missing
+from the file takes the class default where that default is what the released checkpoints use.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from stratagem.errors import StratagemError
+from stratagem.spaces.model import MLASpec, ModelSpec, MoESpec
+
+__all__ = ["read_hf_config", "spec_from_hf_dict", "llama4_vision_params", "SUPPORTED_MODEL_TYPES"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v2",
+                         "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "gpt2", "gpt_neox")
+
+
+def read_hf_config(path: str | Path) -> ModelSpec:
+    """The ModelSpec of a local config.json (or a directory holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        cfg: dict[str, Any] = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise StratagemError(f"model.hf_config ({p}): file not found; give the path of a config.json") from None
+    except json.JSONDecodeError as e:
+        raise StratagemError(f"model.hf_config ({p}): not valid JSON ({e.msg} at line {e.lineno})") from None
+    return spec_from_hf_dict(cfg, name=str(cfg.get("_name_or_path") or p.parent.name or "hf-model"))
+
+
+def _every(flags: list[bool], field: str) -> int:
+    """n such that exactly the layers i with (i + 1) % n == 0 are flagged (0: none flagged)."""
+    marked = [i for i, f in enumerate(flags) if f]
+    if not marked:
+        return 0
+    n = marked[0] + 1
+    if marked != [i for i in range(len(flags)) if (i + 1) % n == 0]:
+        raise StratagemError(f"model.hf_config: {field} has global-attention layers at {marked}, not every n-th "
+                             "layer; stratagem models one global layer per group of n")
+    return n
+
+
+def llama4_vision_params(vc: dict[str, Any], text_hidden: int) -> int:
+    """Parameters of Llama 4's vision encoder, adapter and projector [transformers models/llama4/
+    modeling_llama4.py: Llama4VisionModel (class + positional embedding, patch linear without bias, pre/post
+    LayerNorm, encoder layers of attention with biases + GELU MLP + 2 LayerNorms), Llama4VisionPixelShuffleMLP
+    (two linears without bias), Llama4MultiModalProjector (one linear, multi_modal_projector_bias)]."""
+    h, i = vc["hidden_size"], vc["intermediate_size"]
+    patches = (vc["image_size"] // vc["patch_size"]) ** 2
+    embed = h + (patches + 1) * h + vc.get("num_channels", 3) * vc["patch_size"] ** 2 * h + 4 * h
+    layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
+    shuffled = int(h / vc["pixel_shuffle_ratio"] ** 2)
+    adapter = shuffled * vc["projector_input_dim"] + vc["projector_input_dim"] * vc["projector_output_dim"]
+    projector = vc["vision_output_dim"] * text_hidden + (text_hidden if vc.get("multi_modal_projector_bias") else 0)
+    return int(embed + vc["num_hidden_layers"] * layer + adapter + projector)
+
+
+def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    return dict(
+        name=name, num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
+        num_attention_heads=cfg["num_attention_heads"],
+        num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+        head_dim=cfg.get("head_dim"), vocab_size=cfg["vocab_size"], mlp="swiglu", norm="rmsnorm",
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def spec_from_hf_dict(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """The ModelSpec of a parsed config.json; errors name the missing key or the unsupported model_type."""
+    kind = str(cfg.get("model_type", ""))
+    try:
+        return _build(kind, cfg, name)
+    except KeyError as e:
+        raise StratagemError(f"model.hf_config: {kind} config lacks key {e.args[0]!r}") from None
+
+
+def _build(kind: str, cfg: dict[str, Any], name: str) -> ModelSpec:
+    if kind in ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
+        moe = None
+        if kind == "mixtral":
+            moe = MoESpec(num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+                          expert_ffn_hidden_size=cfg["intermediate_size"])
+        elif kind == "qwen3_moe":
+            if cfg.get("mlp_only_layers"):
+                raise StratagemError("model.hf_config: qwen3_moe mlp_only_layers is not supported; remove it")
+            moe = MoESpec(num_experts=cfg["num_experts"], top_k=cfg["num_experts_per_tok"],
+                          expert_ffn_hidden_size=cfg["moe_intermediate_size"],
+                          moe_layer_step=cfg.get("decoder_sparse_step", 1))
+        window: dict[str, Any] = {}
+        if kind in ("mistral", "mixtral") and cfg.get("sliding_window"):
+            window = {"attention_window": cfg["sliding_window"], "global_attention_every": 0}
+        return ModelSpec(
+            **_common(cfg, name), ffn_hidden_size=cfg["intermediate_size"],
+            bias="qkv" if kind == "qwen2" else "none", qk_norm=kind in ("qwen3", "qwen3_moe"), moe=moe, **window,
+        )
+    if kind in ("deepseek_v2", "deepseek_v3"):
+        if cfg.get("moe_layer_freq", 1) != 1:
+            raise StratagemError("model.hf_config: deepseek moe_layer_freq other than 1 is not supported")
+        mla = MLASpec(q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=cfg["kv_lora_rank"],
+                      qk_nope_head_dim=cfg["qk_nope_head_dim"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
+                      v_head_dim=cfg["v_head_dim"])
+        moe = None
+        if cfg.get("n_routed_experts"):
+            # configuration_deepseek.py: topk_method "noaux_tc" (V3) adds e_score_correction_bias to the gate
+            moe = MoESpec(num_experts=cfg["n_routed_experts"], top_k=cfg["num_experts_per_tok"],
+                          expert_ffn_hidden_size=cfg["moe_intermediate_size"],
+                          shared_experts=cfg.get("n_shared_experts") or 0,
+                          first_dense_layers=cfg.get("first_k_dense_replace", 0),
+                          router_bias=cfg.get("topk_method") == "noaux_tc")
+        common = _common(cfg, name)
+        common.update(num_kv_heads=None, head_dim=None)
+        return ModelSpec(**common, ffn_hidden_size=cfg["intermediate_size"], mla=mla, moe=moe)
+    if kind in ("llama4", "llama4_text"):
+        tc = cfg["text_config"] if kind == "llama4" else cfg
+        vision = llama4_vision_params(cfg["vision_config"], tc["hidden_size"]) if kind == "llama4" else 0
+        layers = tc["num_hidden_layers"]
+        # configuration_llama4.py: no_rope_layers[i] == 0 marks a global (NoPE) layer; default every 4th
+        nope = tc.get("no_rope_layers") or [int((i + 1) % tc.get("no_rope_layer_interval", 4) != 0)
+                                            for i in range(layers)]
+        chunk = tc.get("attention_chunk_size")
+        moe = MoESpec(num_experts=tc["num_local_experts"], top_k=tc["num_experts_per_tok"],
+                      expert_ffn_hidden_size=tc["intermediate_size"], shared_experts=1,
+                      moe_layer_step=tc.get("interleave_moe_layer_step", 1))
+        common = _common(tc, name)
+        common["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", tc.get("tie_word_embeddings", False)))
+        return ModelSpec(
+            **common, ffn_hidden_size=tc.get("intermediate_size_mlp", tc["intermediate_size"]), moe=moe,
+            attention_window=chunk, window_kind="chunked",
+            global_attention_every=_every([f == 0 for f in nope], "no_rope_layers") if chunk else 0,
+            encoder_params=vision,
+        )
+    if kind == "gpt_oss":
+        layers = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                           for i in range(layers)]
+        moe = MoESpec(num_experts=cfg["num_local_experts"],
+                      top_k=cfg.get("num_experts_per_tok") or cfg["experts_per_token"],
+                      expert_ffn_hidden_size=cfg["intermediate_size"], router_bias=True)
+        return ModelSpec(
+            **_common(cfg, name), ffn_hidden_size=cfg["intermediate_size"], bias="all", moe=moe,
+            attention_window=cfg["sliding_window"], window_kind="sliding", attention_sinks=True,
+            global_attention_every=_every([t == "full_attention" for t in types], "layer_types"),
+        )
+    if kind == "gpt2":
+        h = cfg["n_embd"]
+        return ModelSpec(
+            name=name, num_layers=cfg["n_layer"], hidden_size=h, num_attention_heads=cfg["n_head"],
+            ffn_hidden_size=cfg.get("n_inner") or 4 * h, vocab_size=cfg["vocab_size"], mlp="gelu",
+            norm="layernorm", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)), bias="all",
+            position_embedding="learned", max_position_embeddings=cfg.get("n_positions", 1024),
+        )
+    if kind == "gpt_neox":
+        return ModelSpec(
+            name=name, num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
+            num_attention_heads=cfg["num_attention_heads"], ffn_hidden_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"], mlp="gelu", norm="layernorm",
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), bias="all",
+        )
+    raise StratagemError(
+        f"model.hf_config: model_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+    )
