@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from stratagem import procfs
 from stratagem.launch.model import named_parameters
 
 __all__ = ["MemoryCapExceeded", "local", "state_bytes", "grad_bytes", "HeldParams", "LiveBytes", "peak_memory",
@@ -198,14 +199,7 @@ def peak_memory(parts: list[nn.Module], optimizer: torch.optim.Optimizer,
 
 def rss_bytes() -> dict[str, int]:
     """Resident set size of this process now and at its peak (VmHWM)."""
-    current = peak = 0
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    current = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    peak = int(line.split()[1]) * 1024
-    except OSError:  # not Linux: ru_maxrss (KiB on Linux, bytes on macOS; only the peak)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"rss_bytes": current, "rss_peak_bytes": peak}
+    kib = procfs.status_kib(("VmRSS", "VmHWM"))
+    if kib is None:  # not Linux: ru_maxrss (KiB on Linux, bytes on macOS; only the peak)
+        return {"rss_bytes": 0, "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {"rss_bytes": kib.get("VmRSS", 0) * 1024, "rss_peak_bytes": kib.get("VmHWM", 0) * 1024}

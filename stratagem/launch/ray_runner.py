@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import yaml
 
+from stratagem import procfs
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario
 
@@ -225,49 +226,30 @@ class RayRunner:
             deadline = time.monotonic() + 15.0  # the raylet takes a moment to exit; then its agents are orphans
             while True:
                 reap_orphans()
-                if not any(_alive(pid) for pid in ours) or time.monotonic() > deadline:
+                if not any(procfs.alive(pid) for pid in ours) or time.monotonic() > deadline:
                     break
                 time.sleep(0.3)
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _ray_helpers() -> dict[int, int]:
     """This user's Ray helper processes (ray::...) and the pid of the raylet each belongs to: RAY_RAYLET_PID
     from its environment, else its parent (the raylet starts them)."""
     out = {}
-    me = os.getuid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for pid in procfs.user_pids():
+        if not (procfs.cmdline(pid) or b"").startswith(b"ray::"):
             continue
-        try:
-            if entry.stat().st_uid != me:
-                continue
-            if not (entry / "cmdline").read_bytes().startswith(b"ray::"):
-                continue
-            env = dict(item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item)
-            parent = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[1]
-        except (OSError, IndexError):
+        env, parent = procfs.environ(pid), procfs.parent(pid)
+        if env is None or parent is None:
             continue
-        raylet = env.get(b"RAY_RAYLET_PID", parent.encode())
+        raylet = env.get(b"RAY_RAYLET_PID", str(parent).encode())
         if raylet.isdigit():
-            out[int(entry.name)] = int(raylet)
+            out[pid] = int(raylet)
     return out
 
 
 def _is_raylet(pid: int) -> bool:
     """A live raylet (not a zombie, not a reused pid)."""
-    try:
-        return _alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "raylet"
-    except OSError:
-        return False
+    return procfs.alive(pid) and procfs.comm(pid) == "raylet"
 
 
 def reap_orphans() -> list[int]:

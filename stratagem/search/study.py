@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
+from stratagem.procfs import start_ticks
 from stratagem.search.records import CONSTRAINT, DIRECTIONS, objective_values, plan_key
 from stratagem.search.storage import StorageSpec
 from stratagem.spaces.scenario import Scenario
@@ -36,16 +37,7 @@ def provenance(scenario: Scenario, space: SearchSpace, **extra: Any) -> dict[str
 
 def worker_id() -> dict[str, Any]:
     """This process, as recorded on the trials it runs (to recognise them after a crash)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_ticks(os.getpid())}
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart), None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": start_ticks(os.getpid())}
 
 
 def worker_alive(worker: dict[str, Any]) -> bool | None:
@@ -62,7 +54,7 @@ def worker_alive(worker: dict[str, Any]) -> bool | None:
     except PermissionError:
         pass
     started = worker.get("started")
-    return started is None or _start_ticks(pid) == started
+    return started is None or start_ticks(pid) == started
 
 
 def open_study(storage: optuna.storages.BaseStorage, spec: StorageSpec, study_name: str, scenario: Scenario,

@@ -155,11 +155,12 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     assert _harness_processes(str(tmp_path)) == []
     # Ray's agents exit on their own some seconds after their raylet; the runner's reaping (at start and after
     # shutdown) removes those whose raylet is gone. Give them that time, then nothing may be left.
-    from stratagem.launch.ray_runner import _alive, _ray_helpers, reap_orphans
+    from stratagem.launch.ray_runner import _ray_helpers, reap_orphans
+    from stratagem.procfs import alive
 
     deadline = time.monotonic() + 30
     while _ray_processes() and time.monotonic() < deadline:
         reap_orphans()
         time.sleep(1)
     left = _ray_processes()
-    assert left == [], (left, {pid: (raylet, _alive(raylet)) for pid, raylet in _ray_helpers().items()})
+    assert left == [], (left, {pid: (raylet, alive(raylet)) for pid, raylet in _ray_helpers().items()})
