@@ -1,6 +1,6 @@
 """Apply a Plan to one model part with PyTorch's own mechanisms, in torchtitan's fixed order.
 
-    mesh = build_mesh(plan, "cpu")                 # one DeviceMesh, dims (pp, dp, cp, tp)
+    mesh = build_mesh(plan, "cpu")                 # one DeviceMesh, dims (pp, dp_replicate, dp_shard, cp, tp)
     part = parallelize(part, plan, mesh, spec)     # TP/SP -> activation checkpointing -> FSDP2 (zero 2/3)
     ...materialize...                              # DDP (zero 0/1) wraps after the weights exist
 
@@ -12,6 +12,8 @@ Data parallel by zero stage (over the mesh's "dp" dim):
   2: FSDP2 fully_shard(reshard_after_forward=False): params and grads sharded at rest, unsharded params kept
      from forward to backward
   3: FSDP2 fully_shard(reshard_after_forward=True)
+HSDP (dp_replicate > 1): FSDP2 on the 2-D (dp_replicate, dp_shard) mesh (shard within a replica, all-reduce
+across replicas); zero 1 partitions optimizer states over dp_shard. ZeRO's divisor is dp / dp_replicate.
 bf16: FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) under zero 2/3, torch.autocast
 otherwise (the model's `autocast_dtype`). fp8 is rejected on hardware without it (see `check_applicable`).
 """
@@ -19,6 +21,7 @@ otherwise (the model's `autocast_dtype`). fp8 is rejected on hardware without it
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import torch
@@ -30,10 +33,14 @@ from stratagem.launch.support import optimizer_refusal, plan_refusals
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
-__all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
-           "parallelize", "wrap_ddp", "hold_tp_params_local", "build_optimizer", "uses_fsdp"]
+# The flattened "dp" dim is sliced from the root mesh (mesh["dp"]) on every torch from 2.5 to 2.13; newer
+# versions may ask for the flattened mesh to be kept instead: a warning only.
+warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
-MESH_DIMS = ("pp", "dp", "cp", "tp")
+__all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
+           "parallelize", "wrap_ddp", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 def check_applicable(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
@@ -53,11 +60,23 @@ def check_applicable(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
 
 
 def build_mesh(plan: Plan, device_type: str) -> Any:
-    """One DeviceMesh over all ranks with named dims (pp, dp, cp, tp); tp varies fastest (inside a node)."""
+    """One DeviceMesh over all ranks, dims (pp, dp_replicate, dp_shard, cp, tp), tp varying fastest (inside a
+    node); "dp" is the flattened (dp_replicate, dp_shard) pair: every data-parallel rank, as torchtitan's
+    ParallelDims builds it (dp = dp_replicate * dp_shard)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape = (plan.pp, plan.dp, plan.cp, plan.tp)
-    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+    shape = (plan.pp, plan.dp_replicate, plan.dp // plan.dp_replicate, plan.cp, plan.tp)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    return mesh
+
+
+def shard_mesh(plan: Plan, mesh: Any) -> Any:
+    """The mesh ZeRO shards over: the dp ranks, or with HSDP (dp_replicate > 1) the 2-D (replicate, shard)
+    mesh, on which FSDP2 shards over dp_shard and all-reduces gradients over dp_replicate."""
+    if plan.dp_replicate > 1:
+        return mesh["dp_replicate", "dp_shard"]
+    return mesh["dp"]
 
 
 def uses_fsdp(plan: Plan) -> bool:
@@ -155,7 +174,7 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any) -> Transformer:
         apply_tp(part, mesh["tp"], plan.sequence_parallel)
     apply_ac(part, plan.activation_checkpointing)  # 2. activation checkpointing
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
-        apply_fsdp(part, mesh["dp"], plan.zero_stage == 3, plan.precision)
+        apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3, plan.precision)
     elif plan.precision != "fp32":  # bf16 without FSDP: autocast in the model's forward
         part.autocast_dtype = torch.bfloat16
     if plan.precision == "fp8":
@@ -254,6 +273,7 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, optimizer: str, mesh
     if plan.zero_stage == 1 and plan.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=mesh["dp"].get_group(),
+        group = mesh["dp_shard"].get_group()  # HSDP: states partitioned within a replica; else all of dp
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group,
                                        **kwargs)
     return cls(params, **kwargs)

@@ -59,9 +59,6 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
         out.append(f"plan.ep ({plan.ep}): the harness trains dense models only; use ep=1")
     if plan.etp > 1:
         out.append(f"plan.etp ({plan.etp}): the harness trains dense models only; use etp=1")
-    if plan.dp_replicate > 1:
-        out.append(f"plan.dp_replicate ({plan.dp_replicate}): HSDP is not applied by the harness; "
-                   "use dp_replicate=1")
     if plan.optimizer_offload != "none":
         out.append("plan.optimizer_offload (cpu): the harness keeps optimizer states on the device; "
                    "use optimizer_offload=none")

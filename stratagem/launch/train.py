@@ -182,10 +182,13 @@ def mechanisms(job: Job) -> dict[str, str]:
         dp = "none"
     elif uses_fsdp(plan):
         dp = f"FSDP2 fully_shard(reshard_after_forward={plan.zero_stage == 3})"
+        if plan.dp_replicate > 1:
+            dp += f" on a 2-D (replicate {plan.dp_replicate}, shard {plan.dp // plan.dp_replicate}) mesh (HSDP)"
     else:
         dp = "DDP(gradient_as_bucket_view=True)"
         if plan.zero_stage == 1:
-            dp += " + ZeroRedundancyOptimizer"
+            dp += " + ZeroRedundancyOptimizer" + (f" over dp_shard ({plan.dp // plan.dp_replicate})"
+                                                 if plan.dp_replicate > 1 else "")
     tp = "none" if plan.tp == 1 else "DTensor parallelize_module (Colwise/Rowwise" + \
         (" + SequenceParallel)" if plan.sequence_parallel else ")")
     pp = "none" if job.schedule is None else type(job.schedule).__name__

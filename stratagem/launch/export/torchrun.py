@@ -23,6 +23,7 @@ from stratagem.launch.export.bundle import (
     header_lines,
     master_addr_line,
     note_lines,
+    refuse_unrunnable,
 )
 from stratagem.spaces.plan import Plan
 
@@ -73,30 +74,17 @@ def scenario_document(lay: Layout) -> dict[str, Any]:
 
 def harness_limits(lay: Layout) -> list[FieldNote]:
     """Fields of this scenario and plan that stratagem's harness does not apply (it stops with an error)."""
+    from stratagem.launch.support import model_refusal, optimizer_refusal, plan_refusals
+
     s, p = lay.scenario, lay.plan
-    m = s.model
-    stop = "the harness stops with an error"
+    device = "cpu" if s.cluster.gpu.kind == "cpu" else "cuda"
+    found = [model_refusal(s.model), *plan_refusals(p, s.model, device), optimizer_refusal(s.training.optimizer)]
     out: list[FieldNote] = []
-    if m.moe is not None or (m.mlp, m.norm, m.bias, m.position_embedding) != ("swiglu", "rmsnorm", "none", "rope"):
-        out.append(FieldNote("model", "the harness builds dense Llama-style models only (swiglu, rmsnorm, no "
-                                      f"bias, rope, no MoE): {stop}"))
-    if p.cp > 1:
-        out.append(FieldNote("plan.cp", f"{p.cp}: the harness does not apply context parallelism: {stop}"))
-    if p.ep > 1:
-        out.append(FieldNote("plan.ep", f"{p.ep}: the harness trains dense models only: {stop}"))
-    if p.dp_replicate > 1:
-        out.append(FieldNote("plan.dp_replicate", f"{p.dp_replicate}: the harness does not apply HSDP: {stop}"))
-    if p.optimizer_offload != "none":
-        out.append(FieldNote("plan.optimizer_offload",
-                             f"{p.optimizer_offload}: the harness keeps optimizer states on the device: {stop}"))
-    if m.tied_embeddings and p.pp > 1:
-        out.append(FieldNote("plan.pp", f"{p.pp}: the harness does not sync tied embeddings across pipeline "
-                                        f"stages: {stop}"))
-    if p.precision == "fp8" and s.cluster.gpu.kind == "cpu":
-        out.append(FieldNote("plan.precision", f"fp8: needs a GPU with FP8 tensor cores: {stop} on CPU"))
-    if s.training.optimizer not in ("adamw", "sgd", "adafactor"):
-        out.append(FieldNote("training.optimizer",
-                             f"{s.training.optimizer}: the harness runs adamw, sgd and adafactor: {stop}"))
+    for line in (r for r in found if r):  # "plan.cp (2): why; fix" -> FieldNote("plan.cp", "2: why; fix")
+        head, _, why = line.partition(": ")
+        field, _, value = head.partition(" (")
+        out.append(FieldNote(field.split("/")[0].rstrip(":"),
+                             f"{value.rstrip(')') + ': ' if value else ''}{why}: the harness stops with an error"))
     return out
 
 
@@ -106,6 +94,7 @@ def _shell_word(arg: str) -> str:
 
 def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0, warmup: int | None = None) -> ExportBundle:
     """run.sh (the torchrun command, run on every node) and scenario.yaml (scenario + plan)."""
+    refuse_unrunnable(lay, "torchrun")
     unexpressed = harness_limits(lay)
     approximated: list[FieldNote] = []
     s = lay.scenario
