@@ -49,7 +49,11 @@ def export_cmd(
             raise StratagemError("--plan: only with --scenario; pick a study's trial with --trial or --best")
         from stratagem import reports
 
-        chosen = choose_trial(reports.open_study(storage or "sqlite:///stratagem.db", study), trial, best)
+        opened = reports.open_study(storage or "sqlite:///stratagem.db", study)
+        note = reports.unfinished_note(opened)
+        if note:
+            Console(stderr=True).print(f"note: {note}", markup=False, soft_wrap=True)
+        chosen = choose_trial(opened, trial, best)
         scn, pl, ev, source = chosen.scenario, chosen.plan, chosen.evaluation, chosen.source
         run_steps, run_seed, run_warmup = chosen.steps, chosen.seed, chosen.warmup
     bundle = export_plan(scn, pl, to, nodes, evaluation=ev, steps=steps or run_steps or 20,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from stratagem.cli.app import ScenarioArg, app, console
@@ -16,9 +17,13 @@ from stratagem.spaces import load_scenario
 
 @app.command("report")
 def report_cmd(
-    storage: Annotated[str, typer.Option("--storage", help="The search's storage: sqlite:///F.db, journal:F.log, RDB URL.")]
-    = "sqlite:///stratagem.db",
-    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the storage's only one).")] = None,
+    scenario: Annotated[Path | None, typer.Argument(help="The searched scenario YAML: its storage (stratagem.db "
+                                                    "beside it) and study, as `search` defaults them.")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="The search's storage: sqlite:///F.db, "
+                                                "journal:F.log, RDB URL (default: beside SCENARIO, else "
+                                                "./stratagem.db).")] = None,
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: SCENARIO's, else the storage's "
+                                              "only one).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="report.html (default), .md, .json, .csv.")]
     = None,
     fmt: Annotated[str | None, typer.Option("--format", "-f", help="html | md | json | csv (default: -o's suffix; "
@@ -27,21 +32,28 @@ def report_cmd(
 ) -> None:
     """Report a finished search: Pareto plots, front table, plan cards, explorer (HTML); Markdown; JSON/CSV."""
     from stratagem import reports
+    from stratagem.search import default_storage
+    from stratagem.search.console import default_study_name
 
     kind = reports.output_format(output, fmt)
     if output is None and kind == "html":
         output = Path("report.html")
     if output is not None:
         reports.check_output(output)
-    info = reports.pareto_info(reports.open_study(storage, study))
-    cap = (reports.capacity_plan(info.scenario, reports.parse_nodes(nodes))
-           if nodes and kind in ("html", "md") else None)
-    text = reports.render_report(info, kind, cap)
+    capacity = reports.parse_nodes(nodes) if nodes else None
+    if scenario is not None:
+        scn = load_scenario(scenario)
+        storage = storage or default_storage(scenario)
+        study = study or default_study_name(scenario, scn)
+    built = reports.build_report(reports.open_study(storage or "sqlite:///stratagem.db", study), kind, capacity)
+    err = Console(stderr=True)
+    for note in built.notes:
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
     if output is None:
-        sys.stdout.write(text)
+        sys.stdout.write(built.text)
         return
-    reports.write_text_atomic(output, text)
-    console.print(f"wrote {output} ({len(info.plans)} plans, {len(info.front)} on the Pareto front)",
+    reports.write_text_atomic(output, built.text)
+    console.print(f"wrote {output} ({len(built.info.plans)} plans, {len(built.info.front)} on the Pareto front)",
                   markup=False, soft_wrap=True)
 
 

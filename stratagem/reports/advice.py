@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from stratagem.evaluators import Advice, advise
+from stratagem.evaluators import Advice, Calibration, advise
 from stratagem.evaluators.evaluation import Evaluation
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["AdviceView", "advice_for"]
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["AdviceView", "advice_for", "study_calibration"]
 
 
 @dataclass(frozen=True)
@@ -29,11 +33,19 @@ def _view(item: Advice, own_label: str) -> AdviceView:
                       effect=item.effect or item.change)
 
 
-def advice_for(scenario: Scenario, evaluation: Evaluation, prediction: Evaluation | None = None) -> tuple[AdviceView, ...]:
-    """The advice for an evaluated plan. Advice reasons from the analytic model: a measured plan passes its
-    analytic prediction (or none, and advise evaluates the plan itself)."""
+def study_calibration(study: optuna.Study) -> Calibration | None:
+    """The calibration a study's real runs refitted (its "calibration" attribute); None before any run."""
+    fitted = study.user_attrs.get("calibration")
+    return Calibration.model_validate(fitted) if fitted else None
+
+
+def advice_for(scenario: Scenario, evaluation: Evaluation, prediction: Evaluation | None = None,
+               calibration: Calibration | None = None) -> tuple[AdviceView, ...]:
+    """The advice for an evaluated plan, predicted with `calibration` (a study's refitted one; None: the
+    defaults). Advice reasons from the analytic model: a measured plan passes its analytic prediction (or none,
+    and advise evaluates the plan itself)."""
     analytic = evaluation if evaluation.fidelity == "analytic" else prediction
     if analytic is not None and analytic.fidelity != "analytic":
         analytic = None
     own = evaluation.plan.short()
-    return tuple(_view(a, own) for a in advise(scenario, evaluation.plan, analytic))
+    return tuple(_view(a, own) for a in advise(scenario, evaluation.plan, analytic, calibration))

@@ -1,8 +1,8 @@
 """A finished study as plain data: `pareto_info(study) -> ParetoInfo`. Every renderer reads only this.
 
-One row per plan (`PlanResult`): when a plan was evaluated more than once, a measured trial overrides the
-analytic one (the latest of each kind wins), and the analytic evaluation becomes the measured one's
-prediction when the measured evaluation carries none. The front is the set of feasible plans that no other
+One row per plan (`PlanResult`): the trial that stands for the plan is chosen by the study schema
+(`stratagem.search.records.standings`: measured beats traced beats analytic, the latest of a kind wins), and
+the latest analytic evaluation becomes a measured or traced one's prediction when it carries none. The front is the set of feasible plans that no other
 feasible plan dominates on the study's objectives (tokens/s up, headroom up, checkpoint goodput loss down);
 plans with equal values are all on it.
 """
@@ -19,15 +19,20 @@ from numpy.typing import NDArray
 from pydantic import ValidationError
 
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
-from stratagem.reports.advice import AdviceView, advice_for
+from stratagem.reports.advice import AdviceView, advice_for, study_calibration
 from stratagem.search.pareto import nondominated
 from stratagem.search.records import (
     DIRECTIONS,
     OBJECTIVES,
+    Standing,
     objective_values,
-    plan_key,
+    standings,
     study_scenario,
+    trial_constraint,
+    trial_feasible,
+    trial_fidelity,
     trial_plan,
+    trial_status,
 )
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
@@ -54,7 +59,7 @@ class PlanResult:
     label: str
     """plan.short(): the compact human label."""
     trial_number: int
-    """The trial that represents the plan (the latest measured one, else the latest analytic one)."""
+    """The trial that stands for the plan (records.standing: highest fidelity, then latest)."""
     trial_numbers: tuple[int, ...]
     """Every trial of this plan, ascending."""
     fidelity: str
@@ -66,7 +71,8 @@ class PlanResult:
     constraint: float | None
     """Largest stored constraint (peak - usable GiB); > 0 means it does not fit."""
     feasible: bool
-    """Has objective values, status ok and no violated constraint."""
+    """records.trial_feasible of the standing trial: COMPLETE, objective values, status ok, no violated
+    constraint."""
     on_front: bool
     evaluation: Evaluation | None
     prediction: Evaluation | None
@@ -174,16 +180,6 @@ def pareto_front(values: NDArray[np.float64], directions: Sequence[str]) -> NDAr
     return mask
 
 
-def _constraint(trial: optuna.trial.FrozenTrial) -> float | None:
-    """The largest constraint value: Optuna 5 keeps named constraints (records.CONSTRAINT = "memory");
-    older studies a list in system_attrs["constraints"]."""
-    named = getattr(trial, "constraints", None)
-    values = list(named.values()) if isinstance(named, dict) else []
-    if not values:
-        values = list(trial.system_attrs.get("constraints") or [])
-    return float(max(values)) if values else None
-
-
 def _evaluation(trial: optuna.trial.FrozenTrial) -> Evaluation | None:
     data = trial.user_attrs.get("evaluation")
     if not data:
@@ -218,46 +214,32 @@ class TrialRecord:
     values: tuple[float, ...] | None
     constraint: float | None
     evaluation: Evaluation | None
-
-    @property
-    def feasible(self) -> bool:
-        return self.values is not None and self.status == "ok" and (self.constraint is None or self.constraint <= 0)
+    feasible: bool
+    """records.trial_feasible: COMPLETE, objective values, status ok, no violated constraint."""
 
 
 def _read_trial(trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
-    import optuna
-
-    state = trial.state
+    """The trial as a record (fields per the study schema), None when its plan cannot be read."""
     ev = _evaluation(trial)
-    if state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING):
-        return None
-    if state == optuna.trial.TrialState.FAIL and ev is None:
-        return None
     try:
         plan = ev.plan if ev is not None else trial_plan(trial)
     except (ValidationError, TypeError):
         return None
-    fidelity = str(trial.user_attrs.get("fidelity") or (ev.fidelity if ev else "analytic"))
-    status: str
-    if ev is not None:
-        status, reason = ev.status, ev.reason or str(trial.user_attrs.get("pruned") or "")
-    else:
-        status = str(trial.user_attrs.get("status") or ("ok" if state == optuna.trial.TrialState.COMPLETE
-                                                         else state.name.lower()))
-        reason = ""
-    return TrialRecord(trial.number, plan, fidelity, status, reason, _values(trial, ev), _constraint(trial), ev)
+    reason = (ev.reason if ev is not None else "") or str(trial.user_attrs.get("pruned") or "")
+    return TrialRecord(trial.number, plan, trial_fidelity(trial), trial_status(trial), reason, _values(trial, ev),
+                       trial_constraint(trial), ev, trial_feasible(trial))
 
 
-def _pick(trials: list[TrialRecord]) -> tuple[TrialRecord, Evaluation | None]:
-    """The trial representing a plan and, for a measured one, its analytic prediction."""
-    measured = [t for t in trials if t.fidelity == "measured"]
-    analytic = [t for t in trials if t.fidelity != "measured"]
-    if not measured:
-        return analytic[-1], None
-    chosen = measured[-1]
+def _pick(s: Standing, records: dict[int, TrialRecord]) -> tuple[TrialRecord, Evaluation | None]:
+    """The record of the trial standing for a plan and, for a measured or traced one, its analytic
+    prediction (the one it carries, else the plan's latest analytic trial's)."""
+    chosen = records[s.trial.number]
+    if chosen.fidelity == "analytic":
+        return chosen, None
     prediction = chosen.evaluation.prediction if chosen.evaluation else None
-    if prediction is None and analytic:
-        prediction = analytic[-1].evaluation
+    analytic = s.latest("analytic")
+    if prediction is None and analytic is not None and analytic.number in records:
+        prediction = records[analytic.number].evaluation
     return chosen, prediction
 
 
@@ -283,21 +265,22 @@ def pareto_info(
     """Read a stratagem study: one PlanResult per plan, the front, the best plan per objective, advice."""
     scn = scenario or study_scenario(study)
     all_trials = study.get_trials(deepcopy=False)
-    by_key: dict[str, list[TrialRecord]] = {}
-    n_unfinished = 0
-    for ft in sorted(all_trials, key=lambda t: t.number):
-        t = _read_trial(ft)
-        if t is None:
-            n_unfinished += 1
-            continue
-        by_key.setdefault(plan_key(t.plan), []).append(t)
+    stand: dict[str, Standing] = {}
+    records: dict[int, TrialRecord] = {}
+    for key, s in standings(all_trials).items():
+        read = {t.number: r for t in s.trials if (r := _read_trial(t)) is not None}
+        if s.trial.number in read:
+            stand[key] = s
+            records.update(read)
+    by_key = {key: [records[t.number] for t in s.trials if t.number in records] for key, s in stand.items()}
+    n_unfinished = len(all_trials) - len(records)
 
     directions = tuple(d.name.lower() for d in study.directions)
     if len(directions) != len(OBJECTIVES):
         directions = DIRECTIONS
     rows: list[PlanResult] = []
     for key, trials in by_key.items():
-        chosen, prediction = _pick(trials)
+        chosen, prediction = _pick(stand[key], records)
         rows.append(PlanResult(
             index=len(rows), plan=chosen.plan, key=key, label=chosen.plan.short(),
             trial_number=chosen.number, trial_numbers=tuple(t.number for t in trials),
@@ -312,13 +295,15 @@ def pareto_info(
     rows = [replace(r, on_front=bool(mask[r.index])) for r in rows]
     front = sorted((r.index for r in rows if r.on_front), key=lambda i: (-vals[i, 0], i))
 
-    # Advice: the front first, then feasible plans by tokens/s, then the rest, up to the limit.
+    # Advice: the front first, then feasible plans by tokens/s, then the rest, up to the limit; predicted with
+    # the study's refitted calibration when its real runs made one (issue 11: not the defaults).
+    calibration = study_calibration(study)
     others = sorted((r.index for r in rows if r.feasible and not r.on_front), key=lambda i: (-vals[i, 0], i))
     rest = [r.index for r in rows if not r.feasible]
     for i in (front + others + rest)[: max(0, advice_limit)]:
         ev = rows[i].evaluation
         if ev is not None and ev.status != "infeasible":
-            rows[i] = replace(rows[i], advice=advice_for(scn, ev, rows[i].prediction))
+            rows[i] = replace(rows[i], advice=advice_for(scn, ev, rows[i].prediction, calibration))
 
     attrs: dict[str, Any] = study.user_attrs
     return ParetoInfo(

@@ -7,10 +7,12 @@ import os
 import sqlite3
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratagem.errors import StratagemError
+from stratagem.reports.advice import study_calibration
 from stratagem.reports.capacity import CapacityInfo, capacity_plan
 from stratagem.reports.data import render_csv, render_json
 from stratagem.reports.html import render_html
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = ["FORMATS", "output_format", "check_output", "write_text_atomic", "open_study", "render_report",
-           "write_report"]
+           "Report", "build_report", "write_report", "unfinished_note"]
 
 FORMATS: tuple[str, ...] = ("html", "md", "json", "csv")
 _SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json", ".csv": "csv"}
@@ -122,6 +124,33 @@ def render_report(info: ParetoInfo, fmt: str, capacity: CapacityInfo | None = No
     raise StratagemError(f"--format ({fmt!r}): use one of {', '.join(FORMATS)}")
 
 
+@dataclass(frozen=True)
+class Report:
+    """A rendered report and what the command tells the user about it."""
+
+    text: str
+    fmt: str
+    info: ParetoInfo
+    notes: tuple[str, ...]
+    """One-line notices, e.g. that the study's search did not finish."""
+
+
+def build_report(
+    study: optuna.Study, fmt: str, capacity_nodes: Sequence[int] | None = None,
+    advice_limit: int = DEFAULT_ADVICE_LIMIT,
+) -> Report:
+    """The one report flow (the `report` command and `search` both use it): read the study, plan capacity with
+    the study's refitted calibration (its real runs'; the defaults before any), render in `fmt`."""
+    if fmt not in FORMATS:
+        raise StratagemError(f"--format ({fmt!r}): use one of {', '.join(FORMATS)}")
+    info = pareto_info(study, advice_limit=advice_limit)
+    cap = None
+    if capacity_nodes and fmt in ("html", "md"):
+        cap = capacity_plan(info.scenario, capacity_nodes, study_calibration(study))
+    note = unfinished_note(study)
+    return Report(text=render_report(info, fmt, cap), fmt=fmt, info=info, notes=(note,) if note else ())
+
+
 def write_report(
     study: optuna.Study, path: str | Path, fmt: str | None = None, capacity_nodes: Sequence[int] | None = None,
     advice_limit: int = DEFAULT_ADVICE_LIMIT,
@@ -130,15 +159,30 @@ def write_report(
 
     `capacity_nodes` adds capacity planning across those node counts (HTML and Markdown).
     """
-    out = Path(path)
-    kind = output_format(out, fmt)
-    check_output(out)
-    info = pareto_info(study, advice_limit=advice_limit)
-    cap = None
-    if capacity_nodes and kind in ("html", "md"):
-        # A study that measured real runs stores its refitted constants: plan capacity with them.
-        from stratagem.evaluators.calibration import Calibration
+    out = check_output(Path(path))
+    report = build_report(study, output_format(out, fmt), capacity_nodes, advice_limit)
+    return write_text_atomic(out, report.text)
 
-        fitted = study.user_attrs.get("calibration")
-        cap = capacity_plan(info.scenario, capacity_nodes, Calibration.model_validate(fitted) if fitted else None)
-    return write_text_atomic(out, render_report(info, kind, cap))
+
+_SCREENED_ROLES = ("front", "boundary", "sample")
+
+
+def unfinished_note(study: optuna.Study) -> str | None:
+    """A one-line notice when the search that writes this study stopped before storing what it planned (killed,
+    interrupted), from the study attribute "search_state" the search keeps: None when it finished."""
+    state = study.user_attrs.get("search_state")
+    if not isinstance(state, dict) or state.get("finished", True):
+        return None
+    planned = int(state.get("planned", 0))
+    what = str(state.get("what", "trials"))
+    keys = set()
+    for t in study.get_trials(deepcopy=False):
+        attrs = t.user_attrs
+        if not t.state.is_finished() or "plan" not in attrs:
+            continue
+        if what == "measured runs" and attrs.get("fidelity") == "measured":
+            keys.add(attrs["plan"])
+        elif what != "measured runs" and attrs.get("fidelity") == "analytic" and attrs.get("role") in _SCREENED_ROLES:
+            keys.add(attrs["plan"])
+    return (f"the search of this study did not finish: {len(keys)} of {planned} planned {what} stored; rerun the "
+            "search to complete it")

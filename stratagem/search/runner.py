@@ -114,6 +114,9 @@ def run_search(
         todo = [(i, role, plan) for i, role, plan in keyed if plan_key(plan) not in held]
         already = len(keyed) - len(todo)
         stored = 0
+        state = {"what": "screened plans", "planned": len(keyed)}
+        if todo:  # a search killed while storing leaves this unfinished: reports say so (reports.unfinished_note)
+            study.set_user_attr("search_state", {**state, "finished": False})
         if not measured:
             for n, (i, role, plan) in enumerate(todo):
                 ev = evaluator.evaluate(scenario, plan)
@@ -130,6 +133,8 @@ def run_search(
         study.set_user_attr("counts", {"valid": c.valid, "screened": c.screened, "pruned": c.pruned,
                                        "feasible": c.feasible, "front": c.front})
         study.set_user_attr("screening", screening.mode)
+        if todo or not study.user_attrs.get("search_state", {}).get("finished", True):
+            study.set_user_attr("search_state", {**state, "finished": True})
     if measured:
         proposer = screening.mode if screening.mode in ("nsga2", "tpe", "random") else "nsga2"
         stored = run_queue(study, backend, spec, scenario, space, evaluator, screening.usable_gib, prov,

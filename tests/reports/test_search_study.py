@@ -48,3 +48,32 @@ def test_report_command_on_search_study(storage, tmp_path) -> None:
         pareto_info(open_study(storage, "s")).front)
     md = render_markdown(pareto_info(open_study(storage, "s")))
     assert "## Pareto front" in md and "Advice:" in md
+
+
+def test_report_uses_the_studys_refitted_calibration(tmp_path) -> None:
+    """Issue 11 bug 1: `report --nodes` planned capacity and gave advice with the default calibration, though
+    the study's real runs refitted one. The CLI now calls the library's one report flow."""
+    from stratagem.evaluators import Calibration, advise
+    from stratagem.reports import capacity_markdown, capacity_plan
+
+    scenario = tmp_path / "scn.yaml"
+    scenario.write_text(EXAMPLE.read_text())
+    scn = load_scenario(scenario)
+    result = run_search(scn, f"sqlite:///{tmp_path}/stratagem.db", "cal")
+    cal = Calibration(matmul_efficiency=0.2, attention_efficiency=0.1, context_gib=6.0, layer_floor_ms=20.0)
+    study = open_study(result.storage.url, "cal")
+    study.set_user_attr("calibration", cal.model_dump(mode="json"))
+    # `report SCENARIO` finds the storage beside the scenario (as `search` defaults it) when named by --study
+    res = CliRunner().invoke(app, ["report", str(scenario), "--study", "cal", "-f", "md", "--nodes", "1,2"])
+    assert res.exit_code == 0, res.output
+    calibrated = capacity_markdown(capacity_plan(scn, [1, 2], cal), heading="##")
+    default = capacity_markdown(capacity_plan(scn, [1, 2]), heading="##")
+    assert calibrated != default
+    table = [ln for ln in calibrated.splitlines() if ln.startswith("| 1 ") or ln.startswith("| 2 ")]
+    assert table and all(ln in res.output for ln in table), res.output
+    info = pareto_info(study)
+    best = info.plans[info.front[0]]
+    assert best.evaluation is not None and best.advice
+    expected = [a.effect or a.change for a in advise(scn, best.plan, best.evaluation, cal)]
+    assert [a.effect for a in best.advice] == expected
+    assert expected != [a.effect or a.change for a in advise(scn, best.plan, best.evaluation)]

@@ -267,3 +267,24 @@ def test_every_option_and_storage_is_checked_before_any_work(tmp_path, capsys, m
     left = {p.name for p in tmp_path.iterdir()} - {"ro"}
     assert left == {"scn.yaml", *originals}, left
     assert all((tmp_path / n).read_bytes() == b for n, b in originals.items())
+
+
+def test_report_and_export_on_an_interrupted_study_say_so(tmp_path, capsys) -> None:
+    """Issue 12 item 8: a search killed while storing: report and export still work and say it did not finish;
+    the rerun completes it and the notice goes."""
+    path = write_scenario(tmp_path, sample=300)
+    url = url_of(tmp_path, "journal")
+    total = len(expected(path)[0])
+    args = [str(path), "--storage", url, "--study", "k", "--no-report"]
+    assert kill_when(args, lambda t: trial_count(tmp_path, "journal") >= total // 3) == -signal.SIGKILL
+    stored = len(study_of(url, "k").trials)
+    assert 0 < stored < total
+    note = f"note: the search of this study did not finish: {stored} of {total} planned screened plans stored; " \
+           "rerun the search to complete it"
+    code, out, err = run_main(capsys, "report", "--storage", url, "-o", str(tmp_path / "r.md"))
+    assert code == 0 and note in err and (tmp_path / "r.md").stat().st_size > 0, err
+    code, out, err = run_main(capsys, "export", "--storage", url, "--to", "torchrun")
+    assert code == 0 and note in err and "torchrun" in out, err
+    assert cli(*args).returncode == 0
+    code, out, err = run_main(capsys, "report", "--storage", url, "-o", str(tmp_path / "r.md"))
+    assert code == 0 and "did not finish" not in err
