@@ -34,7 +34,7 @@ Array = NDArray[np.float64]
 COMPUTE_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms",
                                    "step_overhead_s")
 MEMORY_FIELDS: tuple[str, ...] = ("fragmentation", "context_gib")
-COMM_FIELDS: tuple[str, ...] = ("link_efficiency", "collective_step_us")
+COMM_FIELDS: tuple[str, ...] = ("overlap", "link_efficiency", "collective_step_us")
 
 
 @dataclass(frozen=True)
@@ -88,21 +88,36 @@ class HardwareFit:
                 "peak_error_after": median_error(np.array(self.peak_after), peak)}
 
 
+class _Predictor:
+    """Predicts a fixed list of runs: the runs grouped by scenario, each group's PlanColumns built once."""
+
+    def __init__(self, runs: Sequence[HardwareRun]) -> None:
+        self.n = len(runs)
+        scenarios: list[Scenario] = []
+        members: list[list[int]] = []
+        for i, r in enumerate(runs):
+            key = next((k for k, s in enumerate(scenarios) if s == r.scenario), None)
+            if key is None:
+                scenarios.append(r.scenario)
+                members.append([])
+                key = len(scenarios) - 1
+            members[key].append(i)
+        self.groups = [(scn, idx, PlanColumns.from_plans([runs[i].plan for i in idx]))
+                       for scn, idx in zip(scenarios, members, strict=True)]
+
+    def __call__(self, cal: Calibration) -> tuple[Array, Array]:
+        step = np.zeros(self.n)
+        peak = np.zeros(self.n)
+        for scn, idx, pc in self.groups:
+            cols = evaluate_many(scn, pc, cal)
+            step[idx] = cols["step_s"]
+            peak[idx] = cols["peak_gib"]
+        return step, peak
+
+
 def predict_runs(runs: Sequence[HardwareRun], cal: Calibration) -> tuple[Array, Array]:
     """(step_s, peak_gib) predicted for each run on its own scenario with `cal`."""
-    step = np.zeros(len(runs))
-    peak = np.zeros(len(runs))
-    groups: dict[int, list[int]] = {}
-    scenarios: dict[int, Scenario] = {}
-    for i, r in enumerate(runs):
-        key = next((k for k, s in scenarios.items() if s == r.scenario), len(scenarios))
-        scenarios[key] = r.scenario
-        groups.setdefault(key, []).append(i)
-    for key, idx in groups.items():
-        cols = evaluate_many(scenarios[key], PlanColumns.from_plans([runs[i].plan for i in idx]), cal)
-        step[idx] = cols["step_s"]
-        peak[idx] = cols["peak_gib"]
-    return step, peak
+    return _Predictor(runs)(cal)
 
 
 def _log_loss(pred: Array, meas: Array) -> float:
@@ -123,16 +138,17 @@ def fit_hardware(runs: Sequence[HardwareRun], base: Calibration | None = None) -
     multi = [r for r in ok if r.plan.world_size > 1]
     fitted = base
     if single:
-        meas = np.array([r.step_s for r in single])
-        fitted = descend(fitted, COMPUTE_FIELDS, lambda c: _log_loss(predict_runs(single, c)[0], meas), refine=True)
+        p1, meas = _Predictor(single), np.array([r.step_s for r in single])
+        fitted = descend(fitted, COMPUTE_FIELDS, lambda c: _log_loss(p1(c)[0], meas), refine=True)
+    every = _Predictor(ok)
     if ok:
         meas_peak = np.array([r.peak_gib for r in ok])
-        fitted = descend(fitted, MEMORY_FIELDS, lambda c: _log_loss(predict_runs(ok, c)[1], meas_peak), refine=True)
+        fitted = descend(fitted, MEMORY_FIELDS, lambda c: _log_loss(every(c)[1], meas_peak), refine=True)
     if multi:
-        meas = np.array([r.step_s for r in multi])
-        fitted = descend(fitted, COMM_FIELDS, lambda c: _log_loss(predict_runs(multi, c)[0], meas), refine=True)
-    before = predict_runs(ok, base)
-    after = predict_runs(ok, fitted)
+        p3, meas = _Predictor(multi), np.array([r.step_s for r in multi])
+        fitted = descend(fitted, COMM_FIELDS, lambda c: _log_loss(p3(c)[0], meas), refine=True)
+    before = every(base)
+    after = every(fitted)
     return HardwareFit(calibration=fitted, base=base, runs=ok,
                        step_before=tuple(map(float, before[0])), step_after=tuple(map(float, after[0])),
                        peak_before=tuple(map(float, before[1])), peak_after=tuple(map(float, after[1])))

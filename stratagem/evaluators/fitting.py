@@ -3,7 +3,7 @@
 
 Each field is tried at its current value times a multiplicative grid, clipped to the field's bounds (read from
 the pydantic constraints); sweeps repeat until no field improves the loss. `descend(..., refine=True)` then
-repeats with finer grids (x1.19, x1.02, x1.002 steps) so that a value between the coarse grid's points is
+repeats with finer grids (+-20 %, +-2 %, +-0.2 %) so that a value between the coarse grid's points is
 reachable. Deterministic, numpy only (no scipy), no torch, no optuna.
 """
 
@@ -22,9 +22,9 @@ __all__ = ["FACTORS", "FINE_FACTORS", "field_bounds", "candidates", "coupled", "
 Array = NDArray[np.float64]
 FACTORS: Array = np.exp(np.linspace(np.log(1 / 16), np.log(16), 33))
 """Coarse grid: 1/16 .. 16 in 32 log steps (x1.19 apart)."""
-FINE_FACTORS: tuple[Array, ...] = tuple(np.exp(np.linspace(-w, w, 21)) for w in (np.log(1.2), np.log(1.02),
+FINE_FACTORS: tuple[Array, ...] = tuple(np.exp(np.linspace(-w, w, 11)) for w in (np.log(1.2), np.log(1.02),
                                                                                   np.log(1.002)))
-"""Refinement grids: +-20 %, +-2 %, +-0.2 % in 20 steps each."""
+"""Refinement grids: +-20 %, +-2 %, +-0.2 % in 10 steps each."""
 
 
 def field_bounds(name: str) -> tuple[float, float, bool]:
@@ -79,13 +79,13 @@ def _sweeps(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration
 
 
 def descend(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration], float], sweeps: int = 8,
-            refine: bool = False) -> Calibration:
-    """Minimise `loss` over `fields` from `cal` by coordinate descent on FACTORS (then FINE_FACTORS when
-    `refine`); at most `sweeps` sweeps per grid."""
+            refine: bool = False, refine_sweeps: int = 3) -> Calibration:
+    """Minimise `loss` over `fields` from `cal` by coordinate descent on FACTORS (at most `sweeps` sweeps), then
+    when `refine` on each of FINE_FACTORS (at most `refine_sweeps` sweeps each)."""
     best = _sweeps(cal, fields, loss, FACTORS, sweeps)
     if refine:
         for factors in FINE_FACTORS:
-            best = _sweeps(best, fields, loss, factors, sweeps)
+            best = _sweeps(best, fields, loss, factors, refine_sweeps)
     return best
 
 

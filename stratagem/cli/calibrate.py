@@ -1,0 +1,73 @@
+"""`stratagem calibrate`: measure this node with a prepared set of short runs and write a calibration file.
+
+Imports neither Ray nor Optuna (an offline GPU box may have neither); torch is needed for the runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from stratagem.cli.app import ScenarioArg, app, console
+from stratagem.errors import StratagemError
+from stratagem.spaces import Scenario, load_scenario
+
+__all__ = ["calibrate_cmd", "check_device"]
+
+_SHOWN = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s",
+          "fragmentation", "context_gib", "overlap", "link_efficiency", "collective_step_us")
+
+
+def check_device(scn: Scenario) -> None:
+    """The scenario's device must be this machine's: a GPU preset needs CUDA, the cpu preset needs none."""
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if scn.cluster.gpu.kind == "cpu" and has_cuda:
+        raise StratagemError(f"cluster.gpu (cpu): this machine has {torch.cuda.get_device_name(0)}; calibrate the "
+                             "GPU preset that matches it (e.g. gpu: h100-sxm-80g)")
+    if scn.cluster.gpu.kind != "cpu" and not has_cuda:
+        raise StratagemError(f"cluster.gpu ({scn.cluster.gpu.name}): no CUDA device on this machine (torch "
+                             f"{torch.__version__}); calibrate runs on the hardware it measures, or use gpu: cpu")
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    scenario: ScenarioArg,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="Devices for the node runs (default: every CUDA "
+                                             "device; CPU ranks: 2).")] = None,
+    budget_minutes: Annotated[float, typer.Option("--budget-minutes", help="Wall-clock budget of the runs; a "
+                                                  "run not started by then is skipped.")] = 6.0,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Calibration file (default: "
+                                                "calibration.yaml beside the scenario); runs go to "
+                                                "<name>-runs/.")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per run.")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps per run.")] = 2,
+) -> None:
+    """Measure this node (the scenario's GPU preset): single-device runs across micro-batch, recompute and
+    precision, then node runs across dp/zero/tp; fit the model's constants and write them with provenance.
+    Prints predicted vs measured for every run before and after the fit."""
+    from stratagem.launch.calibrate import default_gpus, run_calibration
+
+    scn = load_scenario(scenario)
+    check_device(scn)
+    n = gpus if gpus is not None else default_gpus(scn)
+    out = output or scenario.with_name("calibration.yaml")
+    outcome = run_calibration(scn, n, budget_minutes * 60.0, out, steps=steps, warmup=warmup,
+                              log=lambda line: console.print(line, markup=False, highlight=False))
+    cf = outcome.file
+    console.print(outcome.table, markup=False, highlight=False, soft_wrap=True)
+    e = cf.errors
+    console.print(f"median step-time error {e['step_error_before']:.1%} -> {e['step_error_after']:.1%}, "
+                  f"peak-memory error {e['peak_error_before']:.1%} -> {e['peak_error_after']:.1%} "
+                  f"({len(outcome.fit.runs)} of {len(outcome.runs)} runs fitted)", markup=False)
+    base, fitted = outcome.fit.base, outcome.fit.calibration
+    moved = [f"{k} {getattr(base, k):.4g} -> {getattr(fitted, k):.4g}" for k in _SHOWN
+             if getattr(base, k) != getattr(fitted, k)]
+    console.print("fitted: " + ("; ".join(moved) if moved else "nothing moved"), markup=False, soft_wrap=True)
+    console.print(f"wrote {outcome.path}  (use it: cluster.calibration: {outcome.path} in a scenario, or "
+                  f"--calibration {outcome.path})", markup=False, soft_wrap=True)
+    if not outcome.fit.runs:
+        raise StratagemError(f"calibrate: no run succeeded on {n} device(s); see the reasons above")

@@ -1,0 +1,402 @@
+"""Calibrate the analytic model on this node: a prepared set of short real runs, a fit, a calibration file.
+
+    outcome = run_calibration(scenario, gpus=8, budget_s=360, out="calibration.yaml")
+
+The run set (`calibration_plans`), on one node through the local launcher (launch.local, no Ray):
+  - single device: bf16 micro-batch 1 / 2 / 4, bf16 mbs 2 with selective and with full recompute, fp32 mbs 1
+    and fp32 mbs 2 with full recompute: the compute constants (matmul efficiency, small-GEMM half point,
+    layer floor, step overhead) and memory (fragmentation, context);
+  - `gpus` devices: DDP, ZeRO-1, FSDP2 (ZeRO-3), TP over the node, and dp x tp=2 where the node has 4+:
+    the intra-node link efficiency and per-ring-step latency.
+Single-device runs train a global batch of 4 sequences, node runs 2 per device.
+
+The model is sized to the device (`size_model`): on CPU ranks the tiny Llama of examples/tiny-cpu.yaml
+(seq 32); on a GPU the largest rung of a Llama-3 ladder (0.4B, 1.2B, 3.2B, 8.0B parameters, seq 2048) whose
+predicted peak for every run is at most 45 % of the device's memory and whose predicted run time (warm-up +
+timed steps of every run, published constants) is at most a third of the budget. The fitted file records it.
+
+On CUDA the measured peak is the allocator's max reserved plus the context outside it (device memory in use
+minus reserved, read after the run: CUDA context, NCCL buffers); on CPU the harness's tracked live-tensor peak.
+Runs that fail, OOM or would start after the deadline are recorded and not fitted. Imports neither Ray nor
+Optuna; torch is imported by the runs.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators.analytic import evaluate_many
+from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.calibration_file import (
+    CalibrationFile,
+    CalibrationProvenance,
+    CalibrationRunRecord,
+    write_calibration,
+)
+from stratagem.evaluators.fit_hardware import HardwareFit, HardwareRun, fit_hardware
+from stratagem.launch.support import unsupported
+from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.plan import Plan, format_plan, parse_plan
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.training import TrainingSpec
+
+__all__ = ["LADDER", "TINY", "SizedModel", "Runner", "CalibrationOutcome", "size_model", "calibration_plans",
+           "node_scenario", "local_runner", "run_calibration", "run_table", "device_facts"]
+
+GIB = float(2**30)
+MEMORY_SHARE = 0.45
+"""A sized model's predicted peak stays under this share of device memory (the published constants can be
+off by tens of percent on new hardware; a run that OOMs calibrates nothing)."""
+TIME_SHARE = 1 / 3
+"""A sized model's predicted run time stays under this share of the budget (model build, launches and the fit
+take the rest)."""
+
+TINY = ModelSpec(name="tiny-cpu", num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                 ffn_hidden_size=128, vocab_size=256)
+# Llama-3 shapes (Meta's published configs): 3.2-1B and 3.2-3B (tied embeddings), 3-8B; the first rung is 3.2-1B
+# at half width and depth.
+LADDER: tuple[ModelSpec, ...] = (
+    ModelSpec(name="llama3-0.4b", num_layers=8, hidden_size=1024, num_attention_heads=16, num_kv_heads=8,
+              ffn_hidden_size=4096, vocab_size=128256, tied_embeddings=True),
+    ModelSpec(name="llama3.2-1b", num_layers=16, hidden_size=2048, num_attention_heads=32, num_kv_heads=8,
+              ffn_hidden_size=8192, vocab_size=128256, tied_embeddings=True),
+    ModelSpec(name="llama3.2-3b", num_layers=28, hidden_size=3072, num_attention_heads=24, num_kv_heads=8,
+              ffn_hidden_size=8192, vocab_size=128256, tied_embeddings=True),
+    ModelSpec(name="llama3-8b", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+              ffn_hidden_size=14336, vocab_size=128256),
+)
+DEVICE_PLANS: tuple[str, ...] = (
+    "precision=bf16,mbs=1", "precision=bf16,mbs=2", "precision=bf16,mbs=4",
+    "precision=bf16,mbs=2,ac=selective", "precision=bf16,mbs=2,ac=full",
+    "precision=fp32,mbs=1", "precision=fp32,mbs=2,ac=full",
+)
+DEVICE_BATCH = 4
+NODE_BATCH_PER_DEVICE = 2
+
+
+@dataclass(frozen=True)
+class SizedModel:
+    """The calibration model and the two scenarios it runs in."""
+
+    device: Scenario
+    """One device, global batch DEVICE_BATCH."""
+    node: Scenario | None
+    """`gpus` devices on one node, global batch NODE_BATCH_PER_DEVICE * gpus (None for one device)."""
+    sizing: str
+    """How the model was chosen, one line."""
+
+
+def node_scenario(base: Scenario, model: ModelSpec, world: int, seq_len: int, batch: int) -> Scenario:
+    """`base`'s GPU, links and stack on one node of `world` devices, training `model` on `batch` sequences."""
+    cluster = base.cluster.model_copy(update={"num_nodes": 1, "gpus_per_node": world, "calibration": None})
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=batch, optimizer="adamw", stack="torch")
+    return base.model_copy(update={"model": model, "cluster": cluster, "training": training, "plan": None,
+                                   "search": None})
+
+
+def calibration_plans(sized: SizedModel) -> list[tuple[Scenario, Plan]]:
+    """The run set: single-device plans, then node plans the node's scenario and the harness accept."""
+    runs = [(sized.device, parse_plan(t)) for t in DEVICE_PLANS]
+    if sized.node is not None:
+        n = sized.node.cluster.num_gpus
+        texts = [f"dp={n}", f"dp={n},zero=1", f"dp={n},zero=3", f"tp={n}"]
+        if n >= 4:
+            texts.append(f"dp={n // 2},tp=2")
+        device_type = "cpu" if sized.node.cluster.gpu.kind == "cpu" else "cuda"
+        for t in texts:
+            plan = parse_plan(t)
+            if unsupported(sized.node, plan, device_type) is None:
+                runs.append((sized.node, plan))
+    return runs
+
+
+def _scenarios(base: Scenario, model: ModelSpec, gpus: int, seq_len: int) -> SizedModel:
+    device = node_scenario(base, model, 1, seq_len, DEVICE_BATCH)
+    node = node_scenario(base, model, gpus, seq_len, NODE_BATCH_PER_DEVICE * gpus) if gpus > 1 else None
+    return SizedModel(device, node, "")
+
+
+def _predicted(sized: SizedModel, steps: int, warmup: int) -> tuple[float, float]:
+    """(worst predicted peak GiB, predicted seconds of all runs) with the published constants."""
+    worst, seconds = 0.0, 0.0
+    by_scenario: dict[int, tuple[Scenario, list[Plan]]] = {}
+    for scn, plan in calibration_plans(sized):
+        by_scenario.setdefault(id(scn), (scn, []))[1].append(plan)
+    for scn, plans in by_scenario.values():
+        cols = evaluate_many(scn, plans, Calibration())
+        worst = max(worst, float(cols["peak_gib"].max()))
+        seconds += float(cols["step_s"].sum()) * (steps + warmup)
+    return worst, seconds
+
+
+def size_model(base: Scenario, gpus: int, budget_s: float, steps: int, warmup: int) -> SizedModel:
+    """The calibration model for `base`'s device (module docstring: the tiny model on CPU, else the largest
+    LADDER rung within MEMORY_SHARE of memory and TIME_SHARE of the budget)."""
+    gpu = base.cluster.gpu
+    if gpu.kind == "cpu":
+        sized = _scenarios(base, TINY, gpus, 32)
+        return SizedModel(sized.device, sized.node, "cpu ranks: the tiny Llama (4 layers, hidden 64), seq 32")
+    checked = []
+    for model in reversed(LADDER):
+        sized = _scenarios(base, model, gpus, 2048)
+        peak, seconds = _predicted(sized, steps, warmup)
+        checked.append(f"{model.name} {peak:.0f} GiB / {seconds:.0f} s")
+        if peak <= MEMORY_SHARE * gpu.hbm_gib and seconds <= TIME_SHARE * budget_s:
+            why = (f"{gpu.name}: largest Llama-3 rung with predicted peak <= {MEMORY_SHARE:.0%} of "
+                   f"{gpu.hbm_gib:.0f} GiB and predicted runs <= {TIME_SHARE:.0%} of {budget_s:.0f} s "
+                   f"({'; '.join(checked)}), seq 2048")
+            return SizedModel(sized.device, sized.node, why)
+    sized = _scenarios(base, LADDER[0], gpus, 2048)
+    return SizedModel(sized.device, sized.node, f"{gpu.name}: no rung within the limits ({'; '.join(checked)}); "
+                      f"the smallest, seq 2048")
+
+
+# ---- runs ------------------------------------------------------------------------------------------------------
+
+Runner = Callable[[Scenario, Sequence[Plan], int, int, float], list[HardwareRun]]
+"""runner(scenario, plans, steps, warmup, deadline) -> one HardwareRun per plan, in order (all plans of one
+world size in one launch; a plan not started by `deadline` (time.time()) is "skipped")."""
+
+
+def _context_bytes() -> int:
+    """Device memory in use outside the caching allocator (CUDA context, NCCL): 0 on CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    free, total = torch.cuda.mem_get_info()
+    return max(0, int(total - free - torch.cuda.memory_reserved()))
+
+
+def _rank_runs(rank: int, scenario: Scenario, plans: Sequence[Plan], steps: int, warmup: int,
+               deadline: float) -> list[dict[str, Any]]:
+    """On every rank: run `plans` one after the other (the harness's run_plan, no checkpoint timing)."""
+    import torch
+    import torch.distributed as dist
+
+    from stratagem.launch.harness import pick_device, run_plan
+
+    pick_device()
+    out: list[dict[str, Any]] = []
+    for plan in plans:
+        go = [time.time() < deadline]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(go, src=0)  # every rank takes the same decision
+        if not go[0]:
+            out.append({"status": "skipped", "reason": "budget spent before the run started"})
+            continue
+        try:
+            result = run_plan(scenario, plan, steps, warmup, 0, checkpoint=False)
+            out.append({"status": "ok", "result": result if rank == 0 else None, "context": _context_bytes()})
+        except torch.cuda.OutOfMemoryError as e:
+            out.append({"status": "oom", "reason": str(e).splitlines()[0]})
+        except StratagemError as e:
+            out.append({"status": "infeasible", "reason": str(e)})
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return out
+
+
+def _measured(result: dict[str, Any], contexts: Sequence[int]) -> tuple[float, float]:
+    """(step_s, peak GiB of the worst rank: reserved + context on CUDA, tracked peak on CPU)."""
+    peaks = [r.get("peak_reserved_bytes", r["peak_bytes"]) + (contexts[i] if i < len(contexts) else 0)
+             for i, r in enumerate(result["ranks"])]
+    return float(result["step_s"]), max(peaks) / GIB
+
+
+def local_runner(timeout_s: float = 900.0) -> Runner:
+    """A Runner over launch.local.run_local: one launch of plan.world_size ranks per call."""
+
+    def run(scenario: Scenario, plans: Sequence[Plan], steps: int, warmup: int, deadline: float) -> list[HardwareRun]:
+        from stratagem.launch.local import LocalRunError, run_local
+
+        world = plans[0].world_size
+        try:
+            per_rank = run_local(_rank_runs, world, args=(scenario, list(plans), steps, warmup, deadline),
+                                 timeout_s=timeout_s, pg_timeout_s=min(300.0, timeout_s))
+        except LocalRunError as e:
+            reason = str(e).strip().splitlines()[-1][:300]
+            return [HardwareRun(plan=p, scenario=scenario, status="failed", reason=reason) for p in plans]
+        runs = []
+        for i, plan in enumerate(plans):
+            entry = per_rank[0][i]
+            if entry["status"] != "ok":
+                runs.append(HardwareRun(plan=plan, scenario=scenario, status=entry["status"],
+                                        reason=entry.get("reason", "")))
+                continue
+            step, peak = _measured(entry["result"], [r[i].get("context", 0) for r in per_rank])
+            runs.append(HardwareRun(plan=plan, scenario=scenario, status="ok", step_s=step, peak_gib=peak,
+                                    result=entry["result"]))
+        return runs
+
+    return run
+
+
+# ---- the whole calibration -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CalibrationOutcome:
+    """The runs, the fit, the file written and the table printed."""
+
+    runs: tuple[HardwareRun, ...]
+    fit: HardwareFit
+    file: CalibrationFile
+    path: Path | None
+    table: str
+
+
+def device_facts() -> dict[str, str]:
+    """GPU name, driver, torch, CUDA and Python versions of this machine."""
+    import torch
+
+    facts = {"gpu_name": "cpu", "driver": "none", "torch": torch.__version__, "cuda": torch.version.cuda or "none",
+             "python": platform.python_version()}
+    if torch.cuda.is_available():
+        facts["gpu_name"] = torch.cuda.get_device_name(0)
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=False)
+            facts["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
+        except (OSError, subprocess.SubprocessError):
+            facts["driver"] = "unknown"
+        hip = getattr(torch.version, "hip", None)
+        if hip:
+            facts["cuda"] = f"hip {hip}"
+    return facts
+
+
+def _revision() -> str:
+    import stratagem
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+        rev = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return f"{stratagem.__version__}" + (f" ({rev})" if rev else "")
+
+
+def _err(pred: float | None, meas: float | None) -> str:
+    return f"{pred / meas - 1:+7.0%}" if pred and meas else "      -"
+
+
+def run_table(records: Sequence[CalibrationRunRecord]) -> str:
+    """Predicted vs measured step time and peak of every run, before and after the fit."""
+    head = (f"{'plan':26} {'n':>2} {'status':8} {'step s':>9} {'before':>9} {'err':>7} {'after':>9} {'err':>7} "
+            f"{'peak GiB':>9} {'before':>9} {'err':>7} {'after':>9} {'err':>7}")
+    lines = [head, "-" * len(head)]
+
+    def num(v: float | None) -> str:
+        return f"{v:9.4g}" if v is not None else "        -"
+
+    for r in records:
+        lines.append(
+            f"{parse_plan(r.plan).short()[:26]:26} {r.world_size:>2} {r.status:8} {num(r.measured_step_s)} "
+            f"{num(r.predicted_step_s_before)} {_err(r.predicted_step_s_before, r.measured_step_s)} "
+            f"{num(r.predicted_step_s_after)} {_err(r.predicted_step_s_after, r.measured_step_s)} "
+            f"{num(r.measured_peak_gib)} {num(r.predicted_peak_gib_before)} "
+            f"{_err(r.predicted_peak_gib_before, r.measured_peak_gib)} {num(r.predicted_peak_gib_after)} "
+            f"{_err(r.predicted_peak_gib_after, r.measured_peak_gib)}")
+    return "\n".join(lines)
+
+
+def _label(plan: Plan) -> str:
+    return plan.short().replace(" ", "_").replace("/", "-")
+
+
+def _records(runs: Sequence[HardwareRun], fit: HardwareFit, files: dict[int, str]) -> list[CalibrationRunRecord]:
+    index = {id(r): i for i, r in enumerate(fit.runs)}
+    out = []
+    for k, r in enumerate(runs):
+        i = index.get(id(r))
+        fitted: dict[str, Any] = {}
+        if i is not None:
+            fitted = {"measured_step_s": r.step_s, "measured_peak_gib": r.peak_gib,
+                      "predicted_step_s_before": fit.step_before[i], "predicted_step_s_after": fit.step_after[i],
+                      "predicted_peak_gib_before": fit.peak_before[i], "predicted_peak_gib_after": fit.peak_after[i]}
+        out.append(CalibrationRunRecord(plan=format_plan(r.plan), world_size=r.plan.world_size,
+                                        global_batch_size=r.scenario.training.global_batch_size, status=r.status,
+                                        reason=r.reason, result_file=files.get(k), **fitted))
+    return out
+
+
+def run_calibration(scenario: Scenario, gpus: int, budget_s: float, out: str | Path | None = None,
+                    steps: int = 5, warmup: int = 2, runner: Runner | None = None,
+                    facts: dict[str, str] | None = None, base: Calibration | None = None,
+                    log: Callable[[str], None] | None = None, command: str | None = None) -> CalibrationOutcome:
+    """Size the model, run the set (single-device runs first), fit, write `out` (and `<out stem>-runs/*.json`)."""
+    if gpus < 1:
+        raise StratagemError(f"--gpus ({gpus}): must be at least 1")
+    if budget_s <= 0:
+        raise StratagemError(f"--budget-minutes ({budget_s / 60:g}): must be positive")
+    if steps < 1 or warmup < 0:
+        raise StratagemError(f"--steps ({steps}) must be >= 1 and --warmup ({warmup}) >= 0")
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    t0 = time.time()
+    sized = size_model(scenario, gpus, budget_s, steps, warmup)
+    say(f"calibrate: {sized.sizing}")
+    runner = runner or local_runner()
+    deadline = t0 + budget_s
+    runs: list[HardwareRun] = []
+    groups: dict[int, tuple[Scenario, list[Plan]]] = {}
+    for scn, plan in calibration_plans(sized):
+        groups.setdefault(id(scn), (scn, []))[1].append(plan)
+    for scn, plans in groups.values():
+        say(f"calibrate: {len(plans)} run(s) on {plans[0].world_size} device(s) ...")
+        done = runner(scn, plans, steps, warmup, deadline)
+        for r in done:
+            say(f"  {r.status:10} {format_plan(r.plan)}" + (f": {r.reason}" if r.reason else ""))
+        runs.extend(done)
+    fit = fit_hardware(runs, base)
+    files: dict[int, str] = {}
+    path = Path(out) if out is not None else None
+    if path is not None:
+        run_dir = path.with_name(path.stem + "-runs")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for k, r in enumerate(runs):
+            name = f"{k:02d}-{_label(r.plan)}.json"
+            (run_dir / name).write_text(json.dumps({
+                "plan": format_plan(r.plan), "world_size": r.plan.world_size, "status": r.status, "reason": r.reason,
+                "scenario": r.scenario.model_dump(mode="json"), "measured_step_s": r.step_s,
+                "measured_peak_gib": r.peak_gib, "result": r.result}, indent=1))
+            files[k] = f"{run_dir.name}/{name}"
+    facts = facts or device_facts()
+    model = sized.device.model
+    prov = CalibrationProvenance(
+        gpu_name=facts["gpu_name"], gpu_preset=scenario.cluster.gpu.name, gpus=gpus, driver=facts["driver"],
+        torch=facts["torch"], cuda=facts["cuda"], python=facts["python"], stratagem=_revision(),
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        model=f"{model.name} ({model.num_params() / 1e6:.1f} M parameters)", sizing=sized.sizing,
+        seq_len=sized.device.training.seq_len, steps=steps, warmup=warmup,
+        command=command or " ".join(shlex.quote(a) for a in sys.argv))
+    records = _records(runs, fit, files)
+    cf = CalibrationFile(calibration=fit.calibration, provenance=prov, errors=fit.errors(), runs=records)
+    if path is not None:
+        write_calibration(path, cf)
+    return CalibrationOutcome(runs=tuple(runs), fit=fit, file=cf, path=path, table=run_table(records))
+
+
+def default_gpus(scenario: Scenario) -> int:
+    """Devices on this node: CUDA devices, or for CPU ranks min(2, the scenario's gpus_per_node)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return max(1, min(2, scenario.cluster.gpus_per_node, os.cpu_count() or 1))
