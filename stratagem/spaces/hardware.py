@@ -137,6 +137,9 @@ class ClusterSpec(BaseModel):
     """Mean time between failures of one node, hours (default from Llama 3's 54-day run)."""
     price_per_gpu_hour: float = Field(default=-1.0)
     """USD per GPU-hour (negative = the GPU preset's illustrative default)."""
+    calibration: str | None = None
+    """Calibration file written by `stratagem calibrate` on this hardware (relative to the scenario file);
+    None = the published constants. Not part of the problem hash."""
 
     @model_validator(mode="before")
     @classmethod
