@@ -19,6 +19,7 @@ from stratagem.evaluators.memory import optimizer_state_bytes
 from stratagem.evaluators.timing import rank_params
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import stack_record
 
 __all__ = ["CHECKPOINT_KEYS", "STAGING_BYTES_S", "young_interval", "daly_interval", "checkpoint_columns"]
 
@@ -57,8 +58,9 @@ def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
     # Saved per parameter: the weights as the stack keeps them (torch: the fp32 params are the master copy;
     # others: bf16 weights + fp32 master in the optimizer) + optimizer states.
     opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
-    weight_b = np.where(fp32 | (tr.stack == "torch"), 4.0, 2.0)
-    master_b = np.where(fp32 | (tr.stack == "torch"), 0.0, 4.0)
+    no_master = not stack_record(tr.stack).master_weights
+    weight_b = np.where(fp32 | no_master, 4.0, 2.0)
+    master_b = np.where(fp32 | no_master, 0.0, 4.0)
     state = m.num_params() * (weight_b + master_b + opt)
 
     # Largest per-rank write: its share of weights (replicas deduplicated: written once per dp group) and of

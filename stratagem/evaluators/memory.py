@@ -23,7 +23,6 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -32,6 +31,7 @@ from numpy.typing import NDArray
 from stratagem.evaluators.calibration import Calibration
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import OPTIMIZER, STACKS, StateTerm, stack_record
 
 __all__ = [
     "GIB",
@@ -57,74 +57,10 @@ DEEPSPEED_ZERO3_LAYER_BYTES = 4.0
 
 
 # ---- model states ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StateTerm:
-    """One per-parameter buffer: its block, bytes per parameter, from which ZeRO stage it is sharded over
-    the data-parallel ranks (4 = never), the range of stages in which it exists at all (exists_from ..
-    exists_until), and whether it exists only under data parallelism (dp > 1: DDP's gradient buckets)."""
-
-    block: str
-    bytes_per_param: float  # OPTIMIZER = the optimizer's state bytes (see optimizer_state_bytes)
-    sharded_from: int
-    exists_until: int = 3
-    needs_dp: bool = False
-    exists_from: int = 0
-
-
-OPTIMIZER = -1.0  # placeholder: replaced by the optimizer's state bytes per parameter
-
-# Mixed precision (bf16/fp8 compute) conventions per stack; see TrainingSpec's docstring.
-STACK_STATES: dict[str, tuple[StateTerm, ...]] = {
-    # FSDP2/DDP with fp32 params: fp32 params are the master weights; a bf16 compute copy is held through
-    # forward+backward unless FSDP reshards after forward (zero 3): autocast's saved casts (zero 0/1) or
-    # FSDP2's unsharded params with reshard_after_forward=False (zero 2).
-    "torch": (
-        StateTerm("weights", 4, 2),
-        StateTerm("weights", 2, 4, exists_until=2),
-        StateTerm("gradients", 4, 2),
-        StateTerm("optimizer", OPTIMIZER, 1),
-    ),
-    # [MLM]: bf16 params 2 + fp32 main grads 4 + fp32 master 4 + Adam 8 = 18; distributed optimizer 6 + 12/d.
-    "megatron": (
-        StateTerm("weights", 2, 3),
-        StateTerm("gradients", 4, 2),
-        StateTerm("optimizer", 4, 1),
-        StateTerm("optimizer", OPTIMIZER, 1),
-    ),
-    # [DS]: bf16 grads kept whole at stage <= 2 (reduce buckets), freed into an fp32 partition at stage 3.
-    "deepspeed": (
-        StateTerm("weights", 2, 3),
-        StateTerm("gradients", 2, 4, exists_until=2),
-        StateTerm("gradients", 4, 1),
-        StateTerm("optimizer", 4, 1),
-        StateTerm("optimizer", OPTIMIZER, 1),
-    ),
-    # [NT]: bf16 params; bf16 grads in DDP's bucket buffers when dp > 1 (without DDP, param.grad lives only
-    # until the accumulator folds it into fp32 after each backward); FP32GradientAccumulator's fp32 grad
-    # buffers for every parameter (ZeRO-1 keeps them whole: grads accumulate locally, reduce-scatter at the
-    # sync step); fp32 master weights and Adam states only for this rank's ZeRO-1 shard.
-    "nanotron": (
-        StateTerm("weights", 2, 3),
-        StateTerm("gradients", 2, 2, needs_dp=True),
-        StateTerm("gradients", 4, 2),
-        StateTerm("optimizer", 4, 1),
-        StateTerm("optimizer", OPTIMIZER, 1),
-    ),
-}
-# fp32 training: params 4, grads 4, optimizer states; no master copy (any stack).
-FP32_STATES: tuple[StateTerm, ...] = (
-    StateTerm("weights", 4, 3),
-    StateTerm("gradients", 4, 2),
-    StateTerm("optimizer", OPTIMIZER, 1),
-)
-# fp32 on the torch stack: zero 2 is FSDP2 without reshard after forward, so the sharded fp32 params (4/d)
-# and the unsharded fp32 copy gathered for forward (4) coexist until backward ends (measured in the harness).
-TORCH_FP32_STATES: tuple[StateTerm, ...] = (
-    StateTerm("weights", 4, 2),
-    StateTerm("weights", 4, 4, exists_until=2, needs_dp=True, exists_from=2),
-    StateTerm("gradients", 4, 2),
-    StateTerm("optimizer", OPTIMIZER, 1),
-)
+# The per-stack conventions live in the stack records (spaces/stacks.py); these names stay for callers.
+STACK_STATES: dict[str, tuple[StateTerm, ...]] = {name: r.states for name, r in STACKS.items()}
+FP32_STATES: tuple[StateTerm, ...] = STACKS["megatron"].fp32_states
+TORCH_FP32_STATES: tuple[StateTerm, ...] = STACKS["torch"].fp32_states
 # [ZeRO] sec. 3.1 as published: fp16 params 2 + fp16 grads 2 + K = 12 (fp32 params, momentum, variance).
 ZERO_PAPER_STATES: tuple[StateTerm, ...] = (
     StateTerm("weights", 2, 3),
@@ -208,7 +144,7 @@ def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple
     sbh = s * b * m.hidden_size
     replicated = 4 * sbh / np.where(sp > 0, t, 1.0)
     attention = s * b * (2 * m.q_size + 2 * m.kv_size) / t
-    if scn.training.stack == "nanotron" and m.kv_heads == m.num_attention_heads:
+    if stack_record(scn.training.stack).mha_packed_qkv and m.kv_heads == m.num_attention_heads:
         attention = attention + 2 * s * b * m.kv_size / t
     ffn = float(m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size)
     copies = float(m.moe.top_k if m.moe else 1)
@@ -267,7 +203,7 @@ def pipeline_layers(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
     the others evenly with the remainder on the first ranks (`stage_layers`) [MLM, torch pipelining]."""
     m = scn.model
     even = stage_layers(m.num_layers, pc.pp, pc.virtual_stages)
-    if scn.training.stack != "nanotron":
+    if stack_record(scn.training.stack).pipeline_split != "cost":
         return even, even
     # nanotron's costs [NT models/llama.py get_block_compute_costs]: 4 a d h + 3 f h per layer, V h the head.
     layer_cost = float(4 * m.num_attention_heads * m.dim_head * m.hidden_size + 3 * m.ffn_hidden_size * m.hidden_size)
@@ -328,8 +264,9 @@ def rank_memory_columns(
         e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload, pc.dp)
         return {k: d[k] + e[k] for k in d}
 
-    mixed = states(STACK_STATES[tr.stack])
-    full32 = states(TORCH_FP32_STATES if tr.stack == "torch" else FP32_STATES)
+    rec = stack_record(tr.stack)
+    mixed = states(rec.states)
+    full32 = states(rec.fp32_states)
     blocks = {k: np.where(fp32, full32[k], mixed[k]) for k in mixed}
 
     # Activations: elements per layer x layers of this stage x in-flight micro-batches x bytes per element.
@@ -357,9 +294,10 @@ def rank_memory_columns(
     compute_bytes = np.where(fp32, 4.0, 2.0)
     working = np.where(pc.activation_checkpointing == 2, none * act_bytes, per_layer * act_bytes)
     gather = np.where(pc.zero_stage == 3, 2 * unit * compute_bytes, 0.0)
-    grad_bytes = np.where(fp32, 4.0, 4.0 if tr.stack == "torch" else 2.0)
+    # the unsharded unit's gradient is in the parameter dtype: fp32 params without a master copy, else bf16
+    grad_bytes = np.where(fp32, 4.0, 2.0 if rec.master_weights else 4.0)
     scatter = np.where(pc.zero_stage >= 2, unit * grad_bytes, 0.0)
-    if tr.stack == "deepspeed":
+    if rec.zero3_gather == "largest_layer":
         gather = np.where(pc.zero_stage == 3, DEEPSPEED_ZERO3_LAYER_BYTES * unit, 0.0)
         scatter = np.zeros_like(gather)
     p2p = np.where(pc.pp > 1, 2 * 2 * s * b * m.hidden_size / sp_div * act_bytes, 0.0)

@@ -37,6 +37,7 @@ from stratagem.evaluators.memory import optimizer_state_bytes, stage_layers
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import stack_record
 
 __all__ = [
     "TIME_KEYS",
@@ -129,6 +130,7 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     """Seconds per optimizer step by part (TIME_KEYS) for every plan, plus `micro_batches` and `model_flops`
     (model FLOPs per token). step_s = compute + recompute + exposed_comm + bubble + optimizer + overhead."""
     m, tr, cl, gpu = scn.model, scn.training, scn.cluster, scn.cluster.gpu
+    rec = stack_record(tr.stack)
     t, p, c, d, e, v = pc.tp, pc.pp, pc.cp, pc.dp, pc.ep, pc.virtual_stages
     fp32, fp8 = pc.precision == 0, pc.precision == 2
     act_bytes = np.where(fp32, 4.0, 2.0)
@@ -177,7 +179,7 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
 
     # Megatron overlaps TP collectives with the GEMMs they feed (--tp-comm-overlap) and P2P with compute;
     # the other stacks run them in line. Hidden traffic is bounded by the compute it hides behind.
-    hides = tr.stack == "megatron"
+    hides = rec.tp_comm_overlap_default
     layer_compute = fwd_bwd_layer + recompute_mb / layers
     tp_exposed = np.maximum(0.0, tp_layer - cal.overlap * layer_compute) if hides else tp_layer
 
@@ -192,27 +194,30 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     pp_link = group_link(cl, cal, p, t * c * d)
     boundary = activation / np.where(pc.sequence_parallel > 0, t, 1.0)
     pp_mb = 2.0 * v * p2p_s(pp_link, boundary, p > 1)
-    if hides:
+    if rec.p2p_overlap:
         pp_mb = np.maximum(0.0, pp_mb - cal.overlap * compute_mb)
     pp_mb = pp_mb + pipeline_poll_s(p, t, v, cal.p2p_poll_s)
 
     # Data parallel over the dp x cp ranks that hold the same weights (HSDP: shard inside dp/replicate).
     dense, expert = rank_params(scn, pc)
-    grad_bytes = np.where(fp32, 4.0, 2.0 if tr.stack == "deepspeed" else 4.0)  # grads reduced in fp32
+    grad_bytes = np.where(fp32, 4.0, 4.0 if rec.grad_reduce_dtype == "fp32" else 2.0)  # the reduction's dtype
     param_bytes = act_bytes
     shard_n = d * c / pc.dp_replicate
     shard_link = group_link(cl, cal, shard_n, t)
     rep_link = group_link(cl, cal, pc.dp_replicate, t * shard_n)
     expert_link = group_link(cl, cal, np.maximum(1.0, d * c / e), t * e)
     z = pc.zero_stage
+    # torch's zero 2 is FSDP2 with reshard_after_forward=False: parameters gathered per micro-batch and kept
+    # through its backward (others: ZeRO-2 all-gathers updated parameters once per step)
+    fsdp_zero2_keeps = not rec.master_weights
 
     def sync(link_: Link, params: Array) -> tuple[Array, Array]:
         """(once-per-step seconds, per-micro-batch seconds) of this group's gradient/parameter traffic."""
         g, w = params * grad_bytes, params * param_bytes
         rs, ag = reduce_scatter_s(link_, g), all_gather_s(link_, w)
         per_step = np.select([z == 0, z == 1], [all_reduce_s(link_, g), rs + ag],
-                             np.where((z == 2) & (tr.stack != "torch"), ag, 0.0))
-        per_mb = np.select([z == 2, z == 3], [rs + np.where(tr.stack == "torch", ag, 0.0), rs + 2.0 * ag], 0.0)
+                             np.where((z == 2) & fsdp_zero2_keeps, 0.0, np.where(z == 2, ag, 0.0)))
+        per_mb = np.select([z == 2, z == 3], [rs + np.where(fsdp_zero2_keeps, ag, 0.0), rs + 2.0 * ag], 0.0)
         return per_step, per_mb
 
     dense_step, dense_mb = sync(shard_link, dense)
@@ -229,7 +234,7 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     # offloaded: gradients down and weights up over PCIe, the update over host memory.
     updated = dense / np.where(z >= 1, shard_n, 1.0) + expert / np.where(z >= 1, np.maximum(1.0, d * c / e), 1.0)
     opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
-    master = np.where(fp32 | (tr.stack == "torch"), 0.0, 4.0)
+    master = np.where(fp32 | (not rec.master_weights), 0.0, 4.0)
     # with a separate master copy the low-precision weights are only written; otherwise the fp32 weights are
     # read and written
     touched = grad_bytes + 2.0 * (master + opt) + np.where(master > 0, param_bytes, 2.0 * 4.0)

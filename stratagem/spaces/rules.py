@@ -6,11 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stratagem.errors import StratagemError
+from stratagem.spaces.expert_grid import expert_grid_problem
 from stratagem.spaces.factors import divisors
+from stratagem.spaces.pipeline_split import split_problem
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import StackRecord, stack_record
 
-__all__ = ["Rule", "RULES", "violations", "check_plan", "divisors"]
+__all__ = ["Rule", "RULES", "violations", "check_plan", "divisors", "capability_violations"]
 
 
 def _valid(values: list[int]) -> str:
@@ -35,18 +38,17 @@ def _tp_heads(s: Scenario, p: Plan) -> str | None:
 
 
 def _tp_ffn(s: Scenario, p: Plan) -> str | None:
-    ffn = s.model.moe.expert_ffn_hidden_size if s.model.moe else s.model.ffn_hidden_size
-    if ffn % p.tp:
-        return f"tp ({p.tp}) must divide the MLP inner size ({ffn}); valid: {_valid(divisors(ffn)[:12])}"
+    # routed experts are split by etp (expert_grid); tp splits the dense and shared-expert MLPs
+    for ffn in s.model.tp_split_ffn_sizes():
+        if ffn % p.tp:
+            return f"tp ({p.tp}) must divide the MLP inner size ({ffn}); valid: {_valid(divisors(ffn)[:12])}"
     return None
 
 
 def _pp_layers(s: Scenario, p: Plan) -> str | None:
-    layers = s.model.num_layers
-    if p.pp * p.virtual_stages > layers:
-        return (f"pp*virtual_stages ({p.pp}*{p.virtual_stages}) exceeds num_layers ({layers}); "
-                "every model chunk needs at least one layer")
-    return None
+    # spaces/pipeline_split.py: even, embedding+loss counted as layers, or explicit first/last stage counts
+    return split_problem(s.model.num_layers, p.pp, p.virtual_stages, p.first_stage_layers, p.last_stage_layers,
+                         p.pp_split)
 
 
 def _batch(s: Scenario, p: Plan) -> str | None:
@@ -68,15 +70,8 @@ def _cp_seq(s: Scenario, p: Plan) -> str | None:
 
 
 def _ep(s: Scenario, p: Plan) -> str | None:
-    if p.ep == 1:
-        return None
-    if s.model.moe is None:
-        return f"ep ({p.ep}) needs an MoE model; {s.model.name} is dense: set ep=1"
-    e = s.model.moe.num_experts
-    if e % p.ep or (p.dp * p.cp) % p.ep:
-        ok = [d for d in divisors(e) if (p.dp * p.cp) % d == 0]
-        return f"ep ({p.ep}) must divide num_experts ({e}) and dp*cp ({p.dp * p.cp}); valid: {_valid(ok)}"
-    return None
+    # spaces/expert_grid.py: the expert grid ep x etp x edp folds over tp x dp x cp (Megatron parallel folding)
+    return expert_grid_problem(s.model, p.tp, p.dp, p.cp, p.ep, p.etp)
 
 
 def _replicate(s: Scenario, p: Plan) -> str | None:
@@ -117,6 +112,51 @@ def _offload(s: Scenario, p: Plan) -> str | None:
     return None
 
 
+def capability_violations(rec: StackRecord, p: Plan) -> list[str]:
+    """What `p` needs that stack `rec` lacks: one message per missing capability, naming the engine code that
+    enforces it and the fix (empty when the stack can run the plan)."""
+    out: list[str] = []
+
+    def missing(field: str, what: str, fix: str) -> None:
+        out.append(f"{rec.name}: {what} is not supported ({rec.cite(field)}); {fix}")
+
+    if p.zero_stage not in rec.zero_stages:
+        missing("zero_stages", f"ZeRO stage {p.zero_stage}", f"use zero_stage in {_valid(list(rec.zero_stages))}")
+    elif p.pp > 1 and p.zero_stage > rec.max_zero_with_pp:
+        missing("max_zero_with_pp", f"ZeRO stage {p.zero_stage} with pipeline parallelism",
+                f"use zero_stage <= {rec.max_zero_with_pp} or pp=1")
+    if p.pp > 1 and p.pp_schedule not in rec.schedules:
+        missing("schedules", f"pp_schedule {p.pp_schedule}", f"use pp_schedule in {', '.join(rec.schedules)}")
+    if p.sequence_parallel and not rec.sequence_parallel:
+        missing("sequence_parallel", "sequence_parallel", "set sequence_parallel=false")
+    if p.cp > 1 and not rec.context_parallel:
+        missing("context_parallel", f"context parallelism (cp={p.cp})", "set cp=1")
+    if p.ep > 1 and not rec.expert_parallel:
+        missing("expert_parallel", f"expert parallelism (ep={p.ep})", "set ep=1")
+    if p.etp > 1 and not rec.expert_tensor_parallel:
+        missing("expert_tensor_parallel", f"expert tensor parallelism (etp={p.etp})", "set etp=1")
+    if p.optimizer_offload == "cpu" and not rec.optimizer_offload:
+        missing("optimizer_offload", "optimizer_offload=cpu", "set optimizer_offload=none")
+    if p.dp_replicate > 1 and not rec.hsdp:
+        missing("hsdp", f"hybrid sharding (dp_replicate={p.dp_replicate})", "set dp_replicate=1")
+    if p.pp > 1 and p.pp_split not in rec.pp_splits:
+        missing("pp_splits", f"pp_split {p.pp_split}", f"use pp_split in {', '.join(rec.pp_splits)}")
+    if (p.first_stage_layers or p.last_stage_layers) and not rec.uneven_stages:
+        missing("uneven_stages", "explicit first/last stage layer counts",
+                "set first_stage_layers=0 and last_stage_layers=0")
+    if p.precision == "fp8" and not rec.fp8_recipes:
+        missing("fp8_recipes", "fp8 training", "use precision=bf16")
+    if p.activation_checkpointing not in rec.recompute_modes:
+        missing("recompute_modes", f"activation_checkpointing {p.activation_checkpointing}",
+                f"use one of {', '.join(rec.recompute_modes)}")
+    return out
+
+
+def _stack(s: Scenario, p: Plan) -> str | None:
+    broken = capability_violations(stack_record(s.training.stack), p)
+    return broken[0] if broken else None
+
+
 @dataclass(frozen=True)
 class Rule:
     """One validity rule: a name and a check returning None or the message with the fix."""
@@ -138,6 +178,7 @@ RULES: tuple[Rule, ...] = (
     Rule("virtual_stages", _virtual),
     Rule("fp8_hardware", _fp8),
     Rule("offload_needs_zero", _offload),
+    Rule("stack_can_run", _stack),
 )
 
 

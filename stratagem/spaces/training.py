@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from stratagem.errors import StratagemError
+from stratagem.spaces.plan import Precision
+from stratagem.spaces.stacks import FP8_RECIPES, DtypeName, Fp8Recipe, StackRecord, stack_record
 
 __all__ = ["CheckpointPolicy", "TrainingSpec", "Optimizer", "Stack"]
 
@@ -57,6 +61,73 @@ class TrainingSpec(BaseModel):
     """Tokens in the whole training run (capacity planning)."""
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     """Checkpoint policy."""
+    precision: Precision = "bf16"
+    """The training precision the user chose; the search's precision axis defaults to it (fp8 changes numerics:
+    it is searched only when listed here or in search.precision)."""
+    compile: bool | None = None
+    """torch.compile on (true) or off (false); None = the stack's shipped default (StackRecord.compile_default)."""
+    grad_dtype: DtypeName | None = None
+    """Width of the gradient buffers backward accumulates into (fp32 main grads or bf16); None = the stack's
+    default (Megatron --accumulate-allreduce-grads-in-fp32, on with bf16; nanotron accumulate_grad_in_fp32;
+    FSDP2 fp32 params give fp32 grads; DeepSpeed bf16 grads)."""
+    grad_reduce_dtype: DtypeName | None = None
+    """Dtype of the data-parallel gradient reduction; None = the stack's default (Megatron grad_reduce_in_fp32,
+    torchtitan mixed_precision_reduce = float32, DeepSpeed communication_data_type = the model dtype, nanotron
+    fp32 accumulation buffers)."""
+    optimizer_state_dtype: DtypeName = "fp32"
+    """Dtype of the optimizer's states (Adam moments): fp32 (every stack's default) or bf16 (Megatron
+    --exp-avg-dtype / --exp-avg-sq-dtype, torchao low-precision optimizers)."""
+    tp_comm_overlap: bool | None = None
+    """Overlap TP collectives with their GEMMs (Megatron --tp-comm-overlap, torchtitan async TP, which needs
+    compile); None = the stack's default (StackRecord.tp_comm_overlap_default)."""
+    fp8_recipe: Fp8Recipe | None = None
+    """fp8 scaling recipe for plans in fp8: tensorwise, rowwise, blockwise, mxfp8 (Blackwell); None = the
+    stack's first recipe (StackRecord.fp8_recipes)."""
+
+    @model_validator(mode="after")
+    def _settings_the_stack_has(self) -> TrainingSpec:
+        rec = self.record
+        if self.fp8_recipe is not None and self.fp8_recipe not in rec.fp8_recipes:
+            raise StratagemError(
+                f"fp8_recipe ({self.fp8_recipe}): {rec.name} does not ship it ({rec.cite('fp8_recipes')}); "
+                f"use one of {', '.join(rec.fp8_recipes) or 'none (train in bf16)'}")
+        if self.stack == "torch" and self.tp_comm_overlap and self.compile is False:
+            raise StratagemError("tp_comm_overlap (true): torchtitan's async TP needs torch.compile "
+                                 f"({rec.cite('tp_comm_overlap_default')}); set training.compile: true")
+        return self
+
+    @property
+    def record(self) -> StackRecord:
+        """The stack's record (spaces/stacks.py)."""
+        return stack_record(self.stack)
+
+    @property
+    def compile_on(self) -> bool:
+        """Whether torch.compile runs (the setting, else the stack's default)."""
+        return self.record.compile_default if self.compile is None else self.compile
+
+    @property
+    def grad_bytes(self) -> float:
+        """Bytes per gradient element of the accumulation buffers (mixed precision)."""
+        return 4.0 if (self.grad_dtype or self.record.grad_dtype) == "fp32" else 2.0
+
+    @property
+    def grad_reduce_bytes(self) -> float:
+        """Bytes per gradient element on the wire of the data-parallel reduction (mixed precision)."""
+        return 4.0 if (self.grad_reduce_dtype or self.record.grad_reduce_dtype) == "fp32" else 2.0
+
+    @property
+    def tp_overlap(self) -> bool:
+        """Whether TP collectives overlap their GEMMs (the setting, else the stack's default)."""
+        return self.record.tp_comm_overlap_default if self.tp_comm_overlap is None else self.tp_comm_overlap
+
+    @property
+    def fp8_recipe_used(self) -> Fp8Recipe:
+        """The fp8 recipe fp8 plans use (the setting, else the stack's first recipe, else tensorwise)."""
+        if self.fp8_recipe is not None:
+            return self.fp8_recipe
+        shipped = [r for r in FP8_RECIPES if r in self.record.fp8_recipes]
+        return shipped[0] if shipped else "tensorwise"
 
     @property
     def tokens_per_step(self) -> int:

@@ -82,9 +82,18 @@ def test_more_sharding_never_raises_model_states(case: tuple[Scenario, Plan]) ->
     plans = [plan.model_copy(update={"zero_stage": z}) for z in range(4)]
     plans = [p for p in plans if not violations(scn, p)]
     pc = PlanColumns.from_plans(plans)
+    zs = [p.zero_stage for p in plans]
+    # Pairs (fewer, more sharding) whose model states must not rise. On a stack without a separate master copy
+    # (torch: FSDP2), zero 2 is fully_shard(reshard_after_forward=False): the unsharded parameters gathered for
+    # forward stay beside the sharded ones through backward, so zero 2 may hold more than zero 1 (measured in the
+    # harness); every other pair, and zero 3 against every stage below it, must not rise.
+    fsdp_keeps = not scn.training.record.master_weights
+    pairs = [(a, b) for a in range(len(zs)) for b in range(a + 1, len(zs))
+             if not (fsdp_keeps and zs[b] == 2 and zs[a] in (0, 1))]
     for stage in ("first", "last"):
         s = states(rank_memory_columns(scn, pc, DEFAULT_CALIBRATION, stage))  # type: ignore[arg-type]
-        assert np.all(np.diff(s) <= 1e-6 * s[:-1]), (stage, [p.zero_stage for p in plans], s)
+        for a, b in pairs:
+            assert s[b] <= s[a] * (1 + 1e-6), (stage, zs[a], zs[b], s)
 
 
 @SETTINGS

@@ -11,9 +11,9 @@ RULE_NAMES = {r.name for r in RULES}
 
 
 def scn(model: str = "llama3-8b", gpus: int = 8, gpu: str = "h100-sxm-80g", seq: int = 4096,
-        gbs: int = 64) -> Scenario:
+        gbs: int = 64, stack: str = "torch") -> Scenario:
     return Scenario(model=model, cluster=ClusterSpec(gpu=gpu_preset(gpu), num_nodes=1, gpus_per_node=gpus),
-                    training={"seq_len": seq, "global_batch_size": gbs})
+                    training={"seq_len": seq, "global_batch_size": gbs, "stack": stack})
 
 
 def broken(scenario: Scenario, plan: Plan, rule: str) -> str:
@@ -46,8 +46,10 @@ CASES = [
     ("cp_divides_seq", scn(seq=4098, gbs=64), Plan(dp=2, cp=4),
      ["cp (4)", "2*cp must divide seq_len (4098)"]),
     ("ep_valid", scn(), Plan(dp=8, ep=2), ["ep (2)", "needs an MoE model", "set ep=1"]),
-    ("ep_valid", scn(model="mixtral-8x7b"), Plan(dp=8, ep=3), ["ep (3)", "num_experts (8)", "dp*cp (8)",
-                                                               "valid: 1, 2, 4, 8"]),
+    ("ep_valid", scn(model="mixtral-8x7b"), Plan(dp=8, ep=3), ["ep (3)", "num_experts (8)", "valid: 1, 2, 4, 8"]),
+    # Megatron parallel folding: ep*etp must divide tp*dp*cp (here 4*4 > 8)
+    ("ep_valid", scn(model="mixtral-8x7b"), Plan(dp=8, ep=4, etp=4),
+     ["ep*etp (4*4)", "tp*dp*cp (1*8*1 = 8)", "valid ep with etp=4: 1, 2"]),
     ("dp_replicate_divides_dp", scn(), Plan(dp=8, dp_replicate=3), ["dp_replicate (3)", "dp (8)",
                                                                     "valid: 1, 2, 4, 8"]),
     ("sp_needs_tp", scn(), Plan(dp=8, sequence_parallel=True), ["sequence_parallel needs tp > 1",
@@ -62,6 +64,16 @@ CASES = [
                                                                          "use bf16"]),
     ("offload_needs_zero", scn(), Plan(dp=8, optimizer_offload="cpu"), ["optimizer_offload=cpu",
                                                                         "zero_stage >= 1"]),
+    # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: assert zero_optimization_stage() < 2
+    ("stack_can_run", scn(stack="deepspeed"), Plan(dp=4, pp=2, zero_stage=2),
+     ["deepspeed: ZeRO stage 2 with pipeline parallelism is not supported", "deepspeed/runtime/pipe/engine.py",
+      "use zero_stage <= 1"]),
+    # megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: 1F1B or interleaved only
+    ("stack_can_run", scn(stack="megatron"), Plan(dp=4, pp=2, pp_schedule="zero_bubble"),
+     ["megatron: pp_schedule zero_bubble is not supported", "schedules.py", "use pp_schedule in 1f1b, interleaved"]),
+    # nanotron helpers.py init_optimizer_and_grad_accumulator: ZeRO-1 only
+    ("stack_can_run", scn(stack="nanotron"), Plan(dp=8, zero_stage=3),
+     ["nanotron: ZeRO stage 3 is not supported", "use zero_stage in 0, 1"]),
 ]
 
 

@@ -13,15 +13,20 @@ from typing import Literal
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
 from stratagem.spaces.plan import Plan, format_plan
-from stratagem.spaces.rules import check_plan, divisors
+from stratagem.spaces.rules import capability_violations, check_plan, divisors
 from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import stack_record
 
 __all__ = ["Target", "TARGETS", "FieldNote", "ExportBundle", "Layout", "layout", "comment_safe",
            "note_lines", "header_lines", "master_addr_line", "write_bundle", "checkpoint_interval_steps",
-           "RDZV_PORT"]
+           "RDZV_PORT", "TARGET_STACK", "refuse_unrunnable"]
 
 Target = Literal["torchrun", "torchtitan", "deepspeed", "megatron"]
 TARGETS: tuple[Target, ...] = ("torchrun", "torchtitan", "deepspeed", "megatron")
+# The stack record (spaces/stacks.py) whose capabilities each target has: torchrun runs stratagem's own harness
+# (FSDP2/DDP, torch.distributed.pipelining) and torchtitan composes the same torch APIs.
+TARGET_STACK: dict[str, str] = {"torchrun": "torch", "torchtitan": "torch", "deepspeed": "deepspeed",
+                                "megatron": "megatron"}
 RDZV_PORT = 29500
 """The c10d rendezvous port on node 0 used by every exported launch command."""
 
@@ -88,6 +93,13 @@ class Layout:
     @property
     def even_stages(self) -> bool:
         return len(set(self.stage_layers)) == 1
+
+
+def refuse_unrunnable(lay: Layout, target: str) -> None:
+    """Raise StratagemError with the capability line when the target's engine cannot run the plan."""
+    broken = capability_violations(stack_record(TARGET_STACK[target]), lay.plan)
+    if broken:
+        raise StratagemError(f"--to {target}: {broken[0]}")
 
 
 def layout(scenario: Scenario, plan: Plan, nodes: int | None = None, source: str = "") -> Layout:

@@ -1,0 +1,430 @@
+"""One record per training stack: memory conventions, speed terms and capabilities, as data.
+
+Every stack-dependent choice of the analytic model (evaluators/) and of the validity rules (spaces/rules.py) reads
+a `StackRecord` from `STACKS`; a new stack is one new record plus its tests (tests/spaces/test_stacks.py). Each
+capability cites, in `StackRecord.sources`, the engine code that enforces it.
+
+Engines (file and function of the code each record follows):
+  torch      FSDP2 (torch/distributed/fsdp/_fully_shard), DDP, torch.distributed.pipelining, torchtitan
+             (torchtitan/models/llama3/infra/parallelize.py parallelize_llama, torchtitan/distributed/
+             pipeline_parallel.py, torchtitan/config/job_config.py)
+  megatron   Megatron-Core (megatron/core/distributed, megatron/core/pipeline_parallel/schedules.py,
+             megatron/core/optimizer/distrib_optimizer.py, megatron/training/arguments.py validate_args)
+  deepspeed  DeepSpeed (deepspeed/runtime/engine.py, deepspeed/runtime/pipe/engine.py PipelineEngine,
+             deepspeed/runtime/pipe/schedule.py TrainSchedule, deepspeed/runtime/zero/)
+  nanotron   huggingface/nanotron (src/nanotron/parallel/pipeline_parallel/engine.py, src/nanotron/optim/,
+             src/nanotron/helpers.py init_optimizer_and_grad_accumulator, src/nanotron/config/parallelism_config.py)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stratagem.errors import StratagemError
+
+__all__ = [
+    "StateTerm",
+    "OPTIMIZER",
+    "StackRecord",
+    "STACKS",
+    "stack_record",
+    "CAPABILITY_FIELDS",
+    "Fp8Recipe",
+    "FP8_RECIPES",
+    "DtypeName",
+]
+
+Fp8Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8"]
+FP8_RECIPES: tuple[Fp8Recipe, ...] = ("tensorwise", "rowwise", "blockwise", "mxfp8")
+DtypeName = Literal["fp32", "bf16"]
+OPTIMIZER = -1.0  # StateTerm.bytes_per_param placeholder: the optimizer's state bytes per parameter
+
+
+@dataclass(frozen=True)
+class StateTerm:
+    """One per-parameter buffer: its block, bytes per parameter, from which ZeRO stage it is sharded over
+    the data-parallel ranks (4 = never), the range of stages in which it exists at all (exists_from ..
+    exists_until), and whether it exists only under data parallelism (dp > 1: DDP's gradient buckets).
+    `grad` marks gradient buffers whose width follows `TrainingSpec.grad_dtype` (bytes_per_param is the
+    stack's default width); `master` marks the fp32 master copy kept beside low-precision weights."""
+
+    block: str
+    bytes_per_param: float  # OPTIMIZER = the optimizer's state bytes (see evaluators.memory.optimizer_state_bytes)
+    sharded_from: int
+    exists_until: int = 3
+    needs_dp: bool = False
+    exists_from: int = 0
+    grad: bool = False
+    master: bool = False
+
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class StackRecord(BaseModel):
+    """What one training stack keeps in memory, what scales its speed, and what it can run."""
+
+    model_config = _FROZEN
+
+    name: str
+    """The stack's name (TrainingSpec.stack)."""
+    summary: str
+    """One line: which engine and APIs the record describes."""
+    # ---- memory conventions --------------------------------------------------------------------------------
+    states: tuple[StateTerm, ...]
+    """Per-parameter buffers under mixed precision (bf16/fp8 compute)."""
+    fp32_states: tuple[StateTerm, ...]
+    """Per-parameter buffers under fp32 training."""
+    master_weights: bool
+    """True when the optimizer keeps a separate fp32 master copy beside low-precision weights (False: the fp32
+    parameters are the master weights, as with FSDP2's MixedPrecisionPolicy)."""
+    grad_dtype: DtypeName
+    """Shipped default width of the gradient buffers the backward accumulates into (mixed precision)."""
+    grad_reduce_dtype: DtypeName
+    """Shipped default dtype of the data-parallel gradient reduction (mixed precision)."""
+    zero3_gather: Literal["fsdp_units", "largest_layer"]
+    """ZeRO-3 transient: FSDP gathers (current + prefetched unit, and one unit's unsharded gradients), or
+    DeepSpeed's 4 bytes x the largest layer kept gathered (estimate_zero3_model_states_mem_needs)."""
+    pipeline_split: Literal["even", "cost"]
+    """How layers go to pipeline stages by default: evenly (remainder on the first stages) or by cumulative
+    compute cost (nanotron build_model)."""
+    mha_packed_qkv: bool
+    """True when multi-head attention keeps a packed [3, b, s, a, d] QKV copy alive (nanotron models/llama.py)."""
+    reshard_after_forward_with_pp: bool
+    """ZeRO-3 with pipeline parallelism: does the stack reshard parameters after forward? torchtitan does not
+    (`reshard_after_forward = not pp_enabled`); without PP every FSDP stack reshards at ZeRO-3."""
+    # ---- speed terms ----------------------------------------------------------------------------------------
+    kernels: Literal["transformer_engine", "eager"]
+    """Kernels of the linear/attention/norm layers: Transformer Engine's fused kernels or eager PyTorch ops."""
+    kernel_efficiency: float = Field(gt=0, le=1)
+    """Speed of the stack's kernels relative to Transformer Engine (1.0) without torch.compile."""
+    compile_default: bool
+    """Whether the stack's shipped configuration runs torch.compile."""
+    compile_gain: float = Field(ge=1)
+    """Speed-up of torch.compile on the kernels (fused elementwise ops around the GEMMs); 1 where the stack
+    cannot compile or its kernels are already fused."""
+    tp_comm_overlap_default: bool
+    """Whether TP collectives overlap their GEMMs in the shipped default (Megatron --tp-comm-overlap,
+    torchtitan async TP)."""
+    p2p_overlap: bool
+    """Whether pipeline sends/receives overlap compute (Megatron's --overlap-p2p-communication)."""
+    # ---- capabilities ---------------------------------------------------------------------------------------
+    schedules: tuple[str, ...]
+    """Pipeline schedules the stack has (Plan.pp_schedule values)."""
+    zero_stages: tuple[int, ...]
+    """ZeRO stages the stack has (0 = plain DDP)."""
+    max_zero_with_pp: int
+    """Highest ZeRO stage allowed together with pipeline parallelism."""
+    sequence_parallel: bool
+    """Megatron-style sequence parallelism (norm/dropout regions sharded over TP)."""
+    context_parallel: bool
+    """Ring-attention context parallelism (cp > 1)."""
+    expert_parallel: bool
+    """Expert parallelism (ep > 1)."""
+    expert_tensor_parallel: bool
+    """Expert tensor parallelism separate from tp (etp > 1)."""
+    optimizer_offload: bool
+    """Optimizer states on the host (ZeRO-Offload / CPU offload)."""
+    hsdp: bool
+    """Hybrid sharding: shard inside dp_shard groups, replicate across dp_replicate."""
+    pp_splits: tuple[str, ...]
+    """Pipeline split modes (Plan.pp_split): layers only, or embedding and loss counted as layers."""
+    uneven_stages: bool
+    """Explicit first/last stage layer counts (Plan.first_stage_layers / last_stage_layers)."""
+    fp8_recipes: tuple[str, ...]
+    """fp8 recipes the stack ships (empty: no fp8 training)."""
+    recompute_modes: tuple[str, ...]
+    """Activation checkpointing modes (Plan.activation_checkpointing values)."""
+    sources: dict[str, str]
+    """Per capability and speed-term field: the engine code that enforces or defines it (file: function)."""
+
+    def cite(self, field: str) -> str:
+        """The engine code behind `field`, for messages."""
+        return self.sources.get(field, "")
+
+
+CAPABILITY_FIELDS: tuple[str, ...] = (
+    "schedules", "zero_stages", "max_zero_with_pp", "sequence_parallel", "context_parallel", "expert_parallel",
+    "expert_tensor_parallel", "optimizer_offload", "hsdp", "pp_splits", "uneven_stages", "fp8_recipes",
+    "recompute_modes",
+)
+
+# fp32 training: params 4, grads 4, optimizer states; no master copy (any stack except torch's zero 2).
+_FP32_STATES: tuple[StateTerm, ...] = (
+    StateTerm("weights", 4, 3),
+    StateTerm("gradients", 4, 2, grad=True),
+    StateTerm("optimizer", OPTIMIZER, 1),
+)
+
+_TORCH = StackRecord(
+    name="torch",
+    summary="PyTorch FSDP2 / DDP / torch.distributed.pipelining as torchtitan composes them",
+    # FSDP2/DDP with fp32 params: fp32 params are the master weights; a bf16 compute copy is held through
+    # forward+backward unless FSDP reshards after forward (zero 3): autocast's saved casts (zero 0/1) or
+    # FSDP2's unsharded params with reshard_after_forward=False (zero 2).
+    states=(
+        StateTerm("weights", 4, 2),
+        StateTerm("weights", 2, 4, exists_until=2),
+        StateTerm("gradients", 4, 2, grad=True),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    # zero 2 is FSDP2 without reshard after forward: the sharded fp32 params (4/d) and the unsharded fp32 copy
+    # gathered for forward (4) coexist until backward ends (measured in the harness).
+    fp32_states=(
+        StateTerm("weights", 4, 2),
+        StateTerm("weights", 4, 4, exists_until=2, needs_dp=True, exists_from=2),
+        StateTerm("gradients", 4, 2, grad=True),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    master_weights=False,
+    grad_dtype="fp32",
+    grad_reduce_dtype="fp32",
+    zero3_gather="fsdp_units",
+    pipeline_split="even",
+    mha_packed_qkv=False,
+    reshard_after_forward_with_pp=False,
+    kernels="eager",
+    kernel_efficiency=0.70,
+    compile_default=False,
+    compile_gain=1.15,
+    tp_comm_overlap_default=False,
+    p2p_overlap=False,
+    schedules=("gpipe", "1f1b", "interleaved", "zero_bubble"),
+    zero_stages=(0, 1, 2, 3),
+    max_zero_with_pp=3,
+    sequence_parallel=True,
+    context_parallel=True,
+    expert_parallel=True,
+    expert_tensor_parallel=True,
+    optimizer_offload=True,
+    hsdp=True,
+    pp_splits=("layers", "embedding_loss"),
+    uneven_stages=True,
+    fp8_recipes=("tensorwise", "rowwise", "mxfp8"),
+    recompute_modes=("none", "selective", "full", "op"),
+    sources={
+        "schedules": "torch/distributed/pipelining/schedules.py: ScheduleGPipe, Schedule1F1B, "
+                     "ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble",
+        "zero_stages": "torch DDP, ZeroRedundancyOptimizer, fully_shard(reshard_after_forward=False|True)",
+        "max_zero_with_pp": "torchtitan/models/llama3/infra/parallelize.py parallelize_llama: FSDP applied per "
+                            "pipeline stage (reshard_after_forward = not pp_enabled)",
+        "sequence_parallel": "torchtitan parallelize_llama apply_tp: SequenceParallel on the norms",
+        "context_parallel": "torch/distributed/tensor/experimental/_attention.py context_parallel",
+        "expert_parallel": "torchtitan/distributed/expert_parallel.py ExpertParallel",
+        "expert_tensor_parallel": "torchtitan/config/job_config.py Parallelism.expert_tensor_parallel_degree",
+        "optimizer_offload": "torch/distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy",
+        "hsdp": "torchtitan/config/job_config.py Parallelism.data_parallel_replicate_degree (2-D mesh fully_shard)",
+        "pp_splits": "torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part "
+                     "(input_weight / output_weight count the embedding and the output as layers)",
+        "uneven_stages": "torchtitan/config/job_config.py Parallelism.module_fqns_per_model_stage",
+        "fp8_recipes": "torchao/float8/config.py Float8LinearRecipeName (TENSORWISE, ROWWISE); "
+                       "torchao/prototype/mx_formats (MXFP8, Blackwell)",
+        "recompute_modes": "torchtitan/distributed/activation_checkpoint.py apply_ac (full, selective op/layer)",
+        "kernel_efficiency": "eager torch.nn ops (unfused RMSNorm, SwiGLU, RoPE) vs Transformer Engine: fitted on "
+                             "torchtitan's published tables (bench/throughput_accuracy.py --fit)",
+        "compile_gain": "torchtitan job_config Compile.enable: torch.compile fuses norm/activation/rope around "
+                        "the GEMMs (torchtitan docs/performance.md compiled vs eager rows)",
+        "tp_comm_overlap_default": "torchtitan job_config Parallelism.enable_async_tensor_parallel (needs "
+                                   "compile), default False",
+    },
+)
+
+_MEGATRON = StackRecord(
+    name="megatron",
+    summary="Megatron-Core with Transformer Engine and the distributed optimizer",
+    # megatron/training/theoretical_memory_usage.py: bf16 params 2 + fp32 main grads 4 + fp32 master 4 +
+    # Adam 8 = 18; distributed optimizer 6 + 12/d.
+    states=(
+        StateTerm("weights", 2, 3),
+        StateTerm("gradients", 4, 2, grad=True),
+        StateTerm("optimizer", 4, 1, master=True),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    fp32_states=_FP32_STATES,
+    master_weights=True,
+    grad_dtype="fp32",
+    grad_reduce_dtype="fp32",
+    zero3_gather="fsdp_units",
+    pipeline_split="even",
+    mha_packed_qkv=False,
+    reshard_after_forward_with_pp=True,
+    kernels="transformer_engine",
+    kernel_efficiency=1.0,
+    compile_default=False,
+    compile_gain=1.0,
+    tp_comm_overlap_default=True,
+    p2p_overlap=True,
+    schedules=("1f1b", "interleaved"),
+    zero_stages=(0, 1, 3),
+    max_zero_with_pp=1,
+    sequence_parallel=True,
+    context_parallel=True,
+    expert_parallel=True,
+    expert_tensor_parallel=True,
+    optimizer_offload=True,
+    hsdp=False,
+    pp_splits=("layers", "embedding_loss"),
+    uneven_stages=True,
+    fp8_recipes=("tensorwise", "blockwise", "mxfp8"),
+    recompute_modes=("none", "selective", "full"),
+    sources={
+        "schedules": "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: "
+                     "forward_backward_pipelining_without_interleaving (1F1B) / _with_interleaving",
+        "zero_stages": "megatron/training/arguments.py: --use-distributed-optimizer (ZeRO-1), "
+                       "--use-torch-fsdp2 / Megatron-FSDP (ZeRO-3)",
+        "max_zero_with_pp": "megatron/training/arguments.py validate_args: torch FSDP2 is not supported with "
+                            "pipeline parallelism; the distributed optimizer (ZeRO-1) is",
+        "sequence_parallel": "megatron/core/tensor_parallel/layers.py sequence_parallel",
+        "context_parallel": "megatron/core/parallel_state.py initialize_model_parallel(context_parallel_size)",
+        "expert_parallel": "megatron/core/parallel_state.py expert_model_parallel_size",
+        "expert_tensor_parallel": "megatron/core/parallel_state.py expert_tensor_parallel_size (MoE folding)",
+        "optimizer_offload": "megatron/core/optimizer/cpu_offloading (--optimizer-cpu-offload)",
+        "hsdp": "Megatron-Core's distributed optimizer shards over the whole dp x cp group (no replicate dim)",
+        "pp_splits": "megatron/training/arguments.py --account-for-embedding-in-pipeline-split / "
+                     "--account-for-loss-in-pipeline-split",
+        "uneven_stages": "megatron/training/arguments.py --decoder-first-pipeline-num-layers / "
+                         "--decoder-last-pipeline-num-layers",
+        "fp8_recipes": "megatron/core/fp8_utils.py --fp8-recipe delayed|tensorwise|blockwise|mxfp8 "
+                       "(Transformer Engine recipes)",
+        "recompute_modes": "megatron/training/arguments.py --recompute-granularity full|selective",
+        "kernel_efficiency": "Transformer Engine fused kernels: the reference (1.0) of the efficiency ceilings",
+        "tp_comm_overlap_default": "megatron/training/arguments.py --tp-comm-overlap (TE userbuffers); the "
+                                   "published Megatron throughput table runs with it",
+    },
+)
+
+_DEEPSPEED = StackRecord(
+    name="deepspeed",
+    summary="DeepSpeed ZeRO 0-3 with its PipelineEngine",
+    # estimate_zero{2,3}_model_states_mem_needs: bf16 grads kept whole at stage <= 2 (reduce buckets), freed into
+    # an fp32 partition at stage 3.
+    states=(
+        StateTerm("weights", 2, 3),
+        StateTerm("gradients", 2, 4, exists_until=2, grad=True),
+        StateTerm("gradients", 4, 1),
+        StateTerm("optimizer", 4, 1, master=True),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    fp32_states=_FP32_STATES,
+    master_weights=True,
+    grad_dtype="bf16",
+    grad_reduce_dtype="bf16",
+    zero3_gather="largest_layer",
+    pipeline_split="even",
+    mha_packed_qkv=False,
+    reshard_after_forward_with_pp=True,
+    kernels="eager",
+    kernel_efficiency=1.0,
+    compile_default=False,
+    compile_gain=1.0,
+    tp_comm_overlap_default=False,
+    p2p_overlap=False,
+    schedules=("1f1b",),
+    zero_stages=(0, 1, 2, 3),
+    max_zero_with_pp=1,
+    sequence_parallel=False,
+    context_parallel=False,
+    expert_parallel=True,
+    expert_tensor_parallel=True,
+    optimizer_offload=True,
+    hsdp=False,
+    pp_splits=("layers",),
+    uneven_stages=False,
+    fp8_recipes=(),
+    recompute_modes=("none", "full"),
+    sources={
+        "schedules": "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B) is the only training schedule",
+        "zero_stages": "deepspeed/runtime/zero/config.py ZeroStageEnum (disabled, optimizer_states, gradients, "
+                       "weights)",
+        "max_zero_with_pp": "deepspeed/runtime/pipe/engine.py PipelineEngine.__init__ asserts "
+                            "zero_optimization_stage() < 2 ('ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                            "parallelism')",
+        "sequence_parallel": "DeepSpeed has no Megatron-style TP sequence parallelism (Ulysses is all-to-all CP, "
+                             "deepspeed/sequence/layer.py)",
+        "context_parallel": "DeepSpeed has no ring-attention CP (deepspeed/sequence/layer.py is Ulysses)",
+        "expert_parallel": "deepspeed/moe/layer.py MoE(ep_size)",
+        "expert_tensor_parallel": "deepspeed/moe/layer.py MoE(enable_expert_tensor_parallelism)",
+        "optimizer_offload": "deepspeed/runtime/zero/offload_config.py offload_optimizer",
+        "hsdp": "DeepSpeed 0.19: MiCS was removed and ZeRO++ hpZ only adds a secondary weight copy: ZeRO shards "
+                "over all data-parallel ranks (launch/export/deepspeed.py)",
+        "pp_splits": "deepspeed/runtime/pipe/module.py PipelineModule partition_method (layers only)",
+        "uneven_stages": "deepspeed/runtime/pipe/module.py _partition_layers: no per-stage layer counts",
+        "fp8_recipes": "deepspeed/runtime/engine.py: no fp8 training recipe (fp16/bf16 only)",
+        "recompute_modes": "deepspeed/runtime/activation_checkpointing/checkpointing.py checkpoint (full layers)",
+        "kernel_efficiency": "no reference data for DeepSpeed: counted as the reference (1.0)",
+        "tp_comm_overlap_default": "DeepSpeed does not overlap TP collectives with GEMMs",
+    },
+)
+
+_NANOTRON = StackRecord(
+    name="nanotron",
+    summary="huggingface/nanotron (the Ultra-Scale Playbook's benchmark code)",
+    # bf16 params; bf16 grads in DDP's bucket buffers when dp > 1; FP32GradientAccumulator's fp32 grad buffers
+    # for every parameter (ZeRO-1 keeps them whole); fp32 master weights and Adam states for this rank's shard.
+    states=(
+        StateTerm("weights", 2, 3),
+        StateTerm("gradients", 2, 2, needs_dp=True),
+        StateTerm("gradients", 4, 2, grad=True),
+        StateTerm("optimizer", 4, 1, master=True),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    fp32_states=_FP32_STATES,
+    master_weights=True,
+    grad_dtype="fp32",
+    grad_reduce_dtype="fp32",
+    zero3_gather="fsdp_units",
+    pipeline_split="cost",
+    mha_packed_qkv=True,
+    reshard_after_forward_with_pp=True,
+    kernels="eager",
+    kernel_efficiency=0.80,
+    compile_default=False,
+    compile_gain=1.0,
+    tp_comm_overlap_default=False,
+    p2p_overlap=False,
+    schedules=("gpipe", "1f1b"),
+    zero_stages=(0, 1),
+    max_zero_with_pp=1,
+    sequence_parallel=True,
+    context_parallel=False,
+    expert_parallel=True,
+    expert_tensor_parallel=False,
+    optimizer_offload=False,
+    hsdp=False,
+    pp_splits=("layers",),
+    uneven_stages=False,
+    fp8_recipes=(),
+    recompute_modes=("none", "full"),
+    sources={
+        "schedules": "src/nanotron/parallel/pipeline_parallel/engine.py AllForwardAllBackwardPipelineEngine, "
+                     "OneForwardOneBackwardPipelineEngine",
+        "zero_stages": "src/nanotron/helpers.py init_optimizer_and_grad_accumulator: ZeroDistributedOptimizer "
+                       "when zero_stage > 0 (ZeRO-1 only)",
+        "max_zero_with_pp": "src/nanotron/optim/zero.py ZeroDistributedOptimizer (ZeRO-1) composes with PP",
+        "sequence_parallel": "src/nanotron/parallel/tensor_parallel/enum.py TensorParallelLinearMode.REDUCE_SCATTER",
+        "context_parallel": "src/nanotron/config/parallelism_config.py: dp, pp, tp, expert_parallel_size; no cp",
+        "expert_parallel": "src/nanotron/config/parallelism_config.py expert_parallel_size",
+        "expert_tensor_parallel": "src/nanotron/config/parallelism_config.py: no expert tensor parallel degree",
+        "optimizer_offload": "src/nanotron/optim: no CPU offload",
+        "hsdp": "src/nanotron/optim/zero.py shards over the whole dp group",
+        "pp_splits": "src/nanotron/models/base.py build_model (split by compute cost)",
+        "uneven_stages": "src/nanotron/models/base.py build_model: no per-stage layer counts",
+        "fp8_recipes": "nanotron main: fp8 training is not in the released trainer",
+        "recompute_modes": "src/nanotron/config/models_config.py recompute_layer (full layers)",
+        "kernel_efficiency": "fitted on the Ultra-Scale Playbook sweep (bench/throughput_accuracy.py --fit)",
+        "tp_comm_overlap_default": "nanotron's TP linears run their collectives in line",
+    },
+)
+
+STACKS: dict[str, StackRecord] = {r.name: r for r in (_TORCH, _MEGATRON, _DEEPSPEED, _NANOTRON)}
+
+
+def stack_record(name: str) -> StackRecord:
+    """The record of stack `name`, or an error listing the stacks."""
+    try:
+        return STACKS[name]
+    except KeyError:
+        raise StratagemError(f"training.stack ({name!r}): unknown stack; use one of {', '.join(STACKS)}") from None

@@ -1,0 +1,131 @@
+"""Stack records: every capability cites its engine code; plans each engine refuses are refused here with the
+engine's reason; plans each engine runs are valid; the search space holds only plans the stack can run; the
+evaluators branch on records, never on stack names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from stratagem.errors import StratagemError
+from stratagem.spaces import (
+    ClusterSpec,
+    Plan,
+    Scenario,
+    SearchConfig,
+    SearchSpace,
+    gpu_preset,
+    scenario_from_dict,
+    violations,
+)
+from stratagem.spaces.stacks import CAPABILITY_FIELDS, STACKS, stack_record
+from stratagem.spaces.training import TrainingSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scn(stack: str, gpus: int = 8, model: str = "llama3-8b", gbs: int = 64, **training: object) -> Scenario:
+    return Scenario(model=model, cluster=ClusterSpec(gpu=gpu_preset("h100-sxm-80g"), num_nodes=1,
+                                                     gpus_per_node=gpus),
+                    training={"seq_len": 4096, "global_batch_size": gbs, "stack": stack, **training})
+
+
+@pytest.mark.parametrize("name", list(STACKS))
+def test_every_capability_cites_its_engine_code(name: str) -> None:
+    rec = STACKS[name]
+    for field in (*CAPABILITY_FIELDS, "kernel_efficiency", "tp_comm_overlap_default"):
+        assert rec.cite(field), (name, field)
+
+
+# (stack, plan, fragment of the refusal): plans each engine refuses, with the engine code that refuses them.
+REFUSED = [
+    # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: assert self.zero_optimization_stage() < 2
+    ("deepspeed", Plan(dp=4, pp=2, zero_stage=2), "ZeRO stage 2 with pipeline parallelism"),
+    ("deepspeed", Plan(dp=4, pp=2, zero_stage=3), "ZeRO stage 3 with pipeline parallelism"),
+    # deepspeed/runtime/pipe/schedule.py: TrainSchedule (1F1B) is the only training schedule
+    ("deepspeed", Plan(dp=4, pp=2, pp_schedule="zero_bubble"), "pp_schedule zero_bubble"),
+    ("deepspeed", Plan(dp=4, tp=2, sequence_parallel=True), "sequence_parallel"),
+    # megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: 1F1B / interleaved
+    ("megatron", Plan(dp=4, pp=2, pp_schedule="gpipe"), "pp_schedule gpipe"),
+    ("megatron", Plan(dp=8, zero_stage=2), "ZeRO stage 2"),
+    ("megatron", Plan(dp=4, pp=2, zero_stage=3), "ZeRO stage 3 with pipeline parallelism"),
+    # nanotron: ZeRO-1 only, no interleaved schedule, no CP
+    ("nanotron", Plan(dp=8, zero_stage=2), "ZeRO stage 2"),
+    ("nanotron", Plan(dp=2, pp=4, pp_schedule="interleaved", virtual_stages=2), "pp_schedule interleaved"),
+    ("nanotron", Plan(dp=4, cp=2), "context parallelism"),
+]
+
+
+@pytest.mark.parametrize("stack,plan,fragment", REFUSED)
+def test_plans_the_engine_refuses_are_refused_with_its_reason(stack: str, plan: Plan, fragment: str) -> None:
+    msgs = violations(scn(stack), plan)
+    hit = [m for m in msgs if m.startswith(f"{stack}: ") and fragment in m]
+    assert hit, msgs
+    assert "not supported (" in hit[0] and "; " in hit[0]  # the engine code and the fix
+
+
+# Plans each engine runs (its shipped examples / recipes).
+RUN = [
+    ("deepspeed", Plan(dp=4, pp=2, zero_stage=1)),  # Megatron-DeepSpeed recipes: ZeRO-1 + PP
+    ("deepspeed", Plan(dp=8, zero_stage=3, optimizer_offload="cpu")),  # ZeRO-Infinity/Offload
+    ("megatron", Plan(dp=2, tp=2, pp=2, zero_stage=1, sequence_parallel=True, pp_schedule="interleaved",
+                      virtual_stages=2)),
+    ("torch", Plan(dp=2, tp=2, pp=2, zero_stage=3, sequence_parallel=True)),  # torchtitan FSDP + TP + PP
+    ("torch", Plan(dp=4, pp=2, zero_stage=3, pp_schedule="zero_bubble")),
+    ("nanotron", Plan(dp=2, tp=2, pp=2, zero_stage=1, sequence_parallel=True)),
+]
+
+
+@pytest.mark.parametrize("stack,plan", RUN)
+def test_plans_the_engine_runs_are_valid(stack: str, plan: Plan) -> None:
+    assert violations(scn(stack), plan) == []
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_search_space_holds_only_plans_the_stack_can_run(stack: str) -> None:
+    s = scn(stack, gpus=8, gbs=64, **({"precision": "bf16"}))
+    space = SearchSpace(s, SearchConfig(micro_batch_size=[1, 2]))
+    rec = stack_record(stack)
+    cols = space.enumerate()
+    plans = [cols.plan(i) for i in range(0, len(cols), max(1, len(cols) // 400))]
+    assert plans
+    for p in plans:
+        assert violations(s, p) == [], (p, violations(s, p))
+    assert set(space.choices("zero_stage")) <= set(rec.zero_stages)
+
+
+def test_precision_defaults_to_the_training_precision_and_fp8_is_opt_in() -> None:
+    assert SearchSpace(scn("torch")).choices("precision") == ("bf16",)
+    assert SearchSpace(scn("torch", precision="fp8")).choices("precision") == ("fp8",)
+    with pytest.raises(StratagemError, match="deepspeed has no fp8 training recipe"):
+        SearchSpace(scn("deepspeed"), SearchConfig(precision=["bf16", "fp8"]))
+
+
+def test_settings_the_stack_lacks_are_refused_in_one_line() -> None:
+    base = {"model": "llama3-8b", "cluster": {"gpu": "h100-sxm-80g"}}
+    with pytest.raises(StratagemError, match=r"training.*fp8_recipe \(rowwise\): deepspeed does not ship it"):
+        scenario_from_dict({**base, "training": {"stack": "deepspeed", "fp8_recipe": "rowwise"}})
+    with pytest.raises(StratagemError, match="async TP needs torch.compile"):
+        scenario_from_dict({**base, "training": {"stack": "torch", "tp_comm_overlap": True, "compile": False}})
+
+
+def test_stack_defaults_follow_the_engines() -> None:
+    assert TrainingSpec(stack="megatron").grad_reduce_bytes == 4.0  # grads reduced in fp32 with bf16
+    assert TrainingSpec(stack="deepspeed").grad_reduce_bytes == 2.0  # communication_data_type = model dtype
+    assert TrainingSpec(stack="torch").grad_reduce_bytes == 4.0  # torchtitan mixed_precision_reduce float32
+    assert TrainingSpec(stack="megatron").tp_overlap and not TrainingSpec(stack="torch").tp_overlap
+    assert TrainingSpec(stack="megatron", grad_reduce_dtype="bf16").grad_reduce_bytes == 2.0
+
+
+def test_unknown_stack_names_the_stacks() -> None:
+    with pytest.raises(StratagemError, match="use one of torch, megatron, deepspeed, nanotron"):
+        stack_record("jax")
+
+
+def test_evaluators_branch_on_records_not_stack_names() -> None:
+    pattern = re.compile(r"stack\s*(==|!=|in\s*\()")
+    for path in sorted((ROOT / "stratagem" / "evaluators").glob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            assert not pattern.search(line), f"{path.name}:{n}: {line.strip()}"
