@@ -12,9 +12,20 @@ import typer
 
 from stratagem.cli.app import ScenarioArg, app, console
 from stratagem.errors import StratagemError
+from stratagem.evaluators import Calibration
+from stratagem.evaluators.calibration_file import resolve_calibration
 from stratagem.spaces import Scenario, load_scenario
 
-__all__ = ["calibrate_cmd", "check_device"]
+__all__ = ["calibrate_cmd", "check_device", "CalibrationOpt", "scenario_calibration"]
+
+CalibrationOpt = Annotated[Path | None, typer.Option(
+    "--calibration", help="Calibration file from `stratagem calibrate` (default: the scenario's "
+    "cluster.calibration, else the published constants).")]
+
+
+def scenario_calibration(scn: Scenario, override: Path | None) -> tuple[Calibration | None, str]:
+    """The calibration a command uses (--calibration over cluster.calibration over the defaults) and its label."""
+    return resolve_calibration(scn, override)
 
 _SHOWN = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s",
           "fragmentation", "context_gib", "overlap", "link_efficiency", "collective_step_us")

@@ -7,6 +7,7 @@ import json
 from rich.table import Table
 
 from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scenario_and_plan
+from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Evaluation, evaluate
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
@@ -36,14 +37,17 @@ def memory_table(ev: Evaluation) -> Table:
 
 
 @app.command("evaluate")
-def evaluate_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False) -> None:
+def evaluate_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False,
+                 calibration: CalibrationOpt = None) -> None:
     """Judge one plan: the memory stack per GPU against HBM and the block that breaks first."""
     scn, pl = scenario_and_plan(scenario, plan)
-    ev = evaluate(scn, pl)
+    cal, cal_label = scenario_calibration(scn, calibration)
+    ev = evaluate(scn, pl, cal).model_copy(update={"provenance": {"calibration": cal_label}})
     if as_json:
         print(ev.model_dump_json(indent=2))
         return
     console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}")
+    console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     if ev.status == "infeasible":
         raise StratagemError(ev.reason)
     console.print(memory_table(ev))
@@ -78,22 +82,25 @@ def presets_cmd(as_json: JsonOpt = False) -> None:
 
 
 @app.command("explain")
-def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False) -> None:
+def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False,
+                calibration: CalibrationOpt = None) -> None:
     """Explain one plan: memory stack, step time by part, the four zones, the bottleneck and advice."""
     from stratagem.evaluators import advise
 
     scn, pl = scenario_and_plan(scenario, plan)
-    ev = evaluate(scn, pl)
+    cal, cal_label = scenario_calibration(scn, calibration)
+    ev = evaluate(scn, pl, cal).model_copy(update={"provenance": {"calibration": cal_label}})
     if ev.status == "infeasible":
         raise StratagemError(ev.reason)
-    advice = advise(scn, pl, ev)
+    advice = advise(scn, pl, ev, cal)
     if as_json:
-        print(json.dumps({"evaluation": ev.model_dump(mode="json"),
+        print(json.dumps({"evaluation": ev.model_dump(mode="json"), "calibration": cal_label,
                           "advice": [a.model_dump(mode="json") for a in advice]}, indent=2))
         return
     assert ev.time is not None and ev.throughput is not None and ev.zones is not None  # set for feasible plans
     tm, tp, zones = ev.time, ev.throughput, ev.zones
     console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}")
+    console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     console.print(memory_table(ev))
     times = Table(title=f"Step time: {tm.step_s:.3g} s", title_justify="left")
     times.add_column("part")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stratagem.cli.app import ScenarioArg, app, console
+from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.errors import StratagemError
 from stratagem.spaces import load_scenario
 
@@ -63,17 +64,20 @@ def capacity_cmd(
     nodes: Annotated[str | None, typer.Option("--nodes", help="Node counts, e.g. 8,16,32,64,128 "
                                               "(default: half, the same and twice the scenario's).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write .md or .html.")] = None,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Best plan, time, GPU-hours and cost to train the scenario's training_tokens at each cluster size."""
     from stratagem import reports
 
     scn = load_scenario(scenario)
+    cal, cal_label = scenario_calibration(scn, calibration)
     kind = reports.output_format(output, None) if output is not None else None
     if output is not None and kind not in ("md", "html"):
         raise StratagemError(f"-o ({output}): capacity writes .md or .html")
     if output is not None:
         reports.check_output(output)
-    cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else reports.default_nodes(scn))
+    cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else reports.default_nodes(scn), cal)
+    console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     from rich.markup import escape
 
     table = Table(title=escape(f"Training {scn.training.training_tokens:.3g} tokens of {scn.model.name} on "

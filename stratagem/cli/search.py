@@ -9,10 +9,12 @@ import typer
 from rich.console import Console
 
 from stratagem.cli.app import ScenarioArg, app, console
+from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.errors import StratagemError
 from stratagem.spaces import Scenario, load_scenario
 
 if TYPE_CHECKING:
+    from stratagem.evaluators import Calibration
     from stratagem.search.screening import Mode
 
 
@@ -41,6 +43,7 @@ def search_cmd(
     report: Annotated[Path | None, typer.Option("--report", help="HTML report path (default: <study>.html "
                                                 "beside the scenario).")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the HTML report.")] = False,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, optionally
     measure the best survivors as real runs through Ray (recalibrating the model), show the front and write
@@ -54,6 +57,7 @@ def search_cmd(
         if value is not None and not value > 0:
             raise StratagemError(f"{option} ({value:g}): must be > 0")
     scn = load_scenario(scenario)
+    cal, cal_label = scenario_calibration(scn, calibration)
     mode = view.check_sampler(sampler)
     name = study or view.default_study_name(scenario, scn)
     spec = parse_storage(storage or default_storage(scenario))
@@ -64,11 +68,14 @@ def search_cmd(
                              "formats: stratagem report -o)")
     if real_runs:
         result = _search_with_real_runs(scn, scenario, spec.url, name, mode, real_runs, ray_address, budget_minutes,
-                                        steps, as_json)
+                                        steps, as_json, cal)
     else:
         with view.progress_bar(Console(stderr=True), enabled=not as_json) as progress:
             result = run_search(scn, spec.url, name, sampler=mode, n_trials=n_trials, timeout=timeout,
-                                progress=progress)
+                                progress=progress, calibration=cal)
+    _record_calibration(result, cal_label)
+    (Console(stderr=True) if as_json else console).print(f"calibration: {cal_label}", markup=False,
+                                                         highlight=False, soft_wrap=True)
     if as_json:
         print(view.result_json(result))
     else:
@@ -107,7 +114,7 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
 
         with view.progress_bar(Console(stderr=True), enabled=not quiet) as progress:
             mf = run_multifidelity(scn, url, name, evaluator, real_runs, budget_minutes, sampler=mode,
-                                   progress=progress, on_batch=on_batch)
+                                   progress=progress, on_batch=on_batch, initial_calibration=calibration)
     except BaseException:
         evaluator.close()
         _remove_empty(fresh)  # a failed command leaves no empty runs/ folder behind
@@ -115,6 +122,16 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
     evaluator.close()
     view.print_measured(out, mf)
     return mf.search
+
+
+def _record_calibration(result: Any, label: str) -> None:
+    """The study attribute "calibration_source": which calibration the search's predictions started from."""
+    study = getattr(result, "study", None)
+    if study is None:
+        import optuna
+
+        study = optuna.load_study(study_name=result.study_name, storage=result.storage.url)
+    study.set_user_attr("calibration_source", label)
 
 
 def _remove_empty(dirs: list[Path]) -> None:
