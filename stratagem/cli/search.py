@@ -84,13 +84,14 @@ def search_cmd(
         from stratagem.reports import open_study as load_study
         from stratagem.reports import write_report
 
-        path = write_report(load_study(result.storage.url, result.study_name), report_path)
+        opened = result.study if result.study is not None else load_study(result.storage.url, result.study_name)
+        path = write_report(opened, report_path)
         (Console(stderr=True) if as_json else console).print(f"report:   {path}", markup=False, soft_wrap=True)
 
 
 def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: str, mode: Mode, real_runs: int,
                            ray_address: str | None, budget_minutes: float | None, steps: int,
-                           quiet: bool) -> Any:
+                           quiet: bool, calibration: Calibration | None = None) -> Any:
     """The multi-fidelity search: screening, real runs through Ray, calibration; prints the measured runs."""
     from stratagem.launch.real import RayRunEvaluator
     from stratagem.search import console as view

@@ -4,12 +4,14 @@ the counts; or the same as JSON."""
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -91,19 +93,55 @@ def print_result(console: Console, result: SearchResult, top: int) -> None:
         out.print(line, markup=False, soft_wrap=True, highlight=False)
 
 
+_KINDS = {"screened": "screened plans", "measured": "measured runs", "traced": "traced plans",
+          "recalibrated": "re-predicted with the refitted calibration", "unfinished": "unfinished",
+          "other": "other"}
+
+
+def trial_kinds(trials: list[FrozenTrial]) -> dict[str, int]:
+    """How many of a study's trials are which kind (keys of _KINDS, in that order; zero counts left out)."""
+    counts = dict.fromkeys(_KINDS, 0)
+    for t in trials:
+        attrs = t.user_attrs
+        if not t.state.is_finished() or t.state == optuna.trial.TrialState.FAIL:
+            counts["unfinished"] += 1
+        elif attrs.get("fidelity") == "measured":
+            counts["measured"] += 1
+        elif attrs.get("fidelity") == "traced":
+            counts["traced"] += 1
+        elif attrs.get("role") == "recalibrated":
+            counts["recalibrated"] += 1
+        elif attrs.get("fidelity") == "analytic":
+            counts["screened"] += 1
+        else:
+            counts["other"] += 1
+    return {k: n for k, n in counts.items() if n}
+
+
 def summary_lines(result: SearchResult) -> list[str]:
+    """The counts under the front table: the space, the study's trials (what they are, adding up), how to
+    watch the study and report it (commands shell-quoted)."""
     c = result.counts
     space = (f"{c.valid:,} valid plans, all screened" if c.screened == c.valid
              else f"{c.valid:,} valid plans, {c.screened:,} screened ({result.mode})")
     margin = result.screening.space.config.memory_margin_gib
     notes = [f"note: {n}" for n in result.screening.space.notes]
+    if result.study is not None:
+        trials = result.study.get_trials(deepcopy=False)
+        kinds = trial_kinds(trials)
+        total = len(trials)
+        parts = ", ".join(f"{n:,} {_KINDS[k]}" for k, n in kinds.items())
+        held = f"{total:,} in all: {parts}" if parts else f"{total:,} in all"
+    else:
+        held = f"{result.trials:,} in all"
+    report = shlex.join(["stratagem", "report", "--storage", result.storage.url, "--study", result.study_name])
     return notes + [
         f"{space}; {c.pruned:,} pruned (predicted peak over HBM - {margin:g} GiB margin), "
         f"{c.feasible:,} fit, {c.front:,} on the predicted front",
-        f"study {result.study_name!r}: {result.stored} new trials, {result.already} already stored, "
-        f"{result.trials} in all ({result.seconds:.1f} s)",
+        f"study {result.study_name!r}: {result.stored} screened plans stored now, {result.already} already "
+        f"there; {held} ({result.seconds:.1f} s)",
         f"watch it: {result.storage.dashboard_command()}",
-        f"report:   stratagem report --storage {result.storage.url} --study {result.study_name}",
+        f"report:   {report}",
     ]
 
 
@@ -120,6 +158,7 @@ def result_json(result: SearchResult) -> str:
         "counts": {"valid": c.valid, "screened": c.screened, "pruned": c.pruned, "feasible": c.feasible,
                    "front": c.front},
         "stored": result.stored, "already": result.already, "trials": result.trials,
+        "kinds": trial_kinds(result.study.get_trials(deepcopy=False)) if result.study is not None else None,
         "seconds": round(result.seconds, 3), "front": front,
     }, indent=2)
 
@@ -129,7 +168,9 @@ def print_measured(console: Console, mf: Any) -> None:
     from stratagem.search.multifidelity import measured_trials
     from stratagem.search.storage import open_storage
 
-    study = optuna.load_study(study_name=mf.search.study_name, storage=open_storage(mf.search.storage))
+    study = mf.search.study  # the study the search opened (opened again only for a result without it)
+    if study is None:
+        study = optuna.load_study(study_name=mf.search.study_name, storage=open_storage(mf.search.storage))
     table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {mf.seconds:.0f} s)",
                   title_justify="left", box=box.SIMPLE_HEAD)
     from stratagem.evaluators import evaluate

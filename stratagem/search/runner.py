@@ -1,5 +1,6 @@
-"""`run_search`: screen the space analytically, store the front and a bounded sample as Optuna trials, and
-(for a measured evaluator) run them; resumable, and safe to run twice at once on one storage.
+"""`run_search`: screen the space analytically and store the front and a bounded sample as Optuna trials;
+resumable, and safe to run twice at once on one storage. (Measured trials: search/multifidelity.py, the one
+real-run path.)
 
 What is stored: Optuna costs ~14 ms per trial written whole to SQLite (`study.add_trial`, one transaction
 of ~37 statements, CPU-bound in SQLAlchemy; journal file ~0.7 ms) and 60-70 ms through ask/tell, so the
@@ -14,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import optuna
 from optuna.trial import FrozenTrial
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import AnalyticEvaluator, Calibration, Evaluator
-from stratagem.search.measured import recover, run_queue
 from stratagem.search.records import front_trials, plan_key
 from stratagem.search.screening import Mode, Progress, ScreenCounts, Screening, screen
 from stratagem.search.storage import StorageSpec, check_storage, open_storage, parse_storage, storage_lock
@@ -40,7 +41,7 @@ class SearchResult:
     mode: str
     """exhaustive, or the sampler that explored a sampled space."""
     stored: int
-    """Trials this call wrote (analytic) or ran (measured)."""
+    """Trials this call wrote."""
     already: int
     """Selected plans the study already held (a resumed or concurrent search stored them)."""
     front: list[FrozenTrial]
@@ -49,6 +50,8 @@ class SearchResult:
     """Trials in the study now."""
     seconds: float
     screening: Screening = field(repr=False)
+    study: optuna.Study | None = field(default=None, repr=False, compare=False)
+    """The study, open (callers reuse it rather than opening the storage again)."""
 
 
 def select_plans(screening: Screening, sample: int, seed: int) -> list[tuple[int, str]]:
@@ -83,10 +86,9 @@ def run_search(
 ) -> SearchResult:
     """Search the scenario's plan space into an Optuna study.
 
-    The analytic model screens the space (`screen`); the selected plans (select_plans) become trials. With
-    the analytic evaluator (default) they are written finished; with a measured one (`fidelity ==
-    "measured"`, e.g. real runs) they are queued and run, at most `n_trials` runs in this call (default:
-    the whole queue). Everything checks the input before the study is touched; rerunning resumes.
+    The analytic model screens the space (`screen`); the selected plans (select_plans) become trials, written
+    finished. A measured evaluator (real runs) is run by `run_multifidelity` instead. Everything checks the
+    input before the study is touched; rerunning resumes.
     """
     t0 = time.perf_counter()
     space = SearchSpace(scenario)
@@ -98,17 +100,16 @@ def run_search(
     check_storage(spec)  # a storage problem is one line before any screening (issue 12 item 4)
     if evaluator is None:
         evaluator = AnalyticEvaluator(calibration)
-    measured = evaluator.fidelity != "analytic"
-    screening = screen(scenario, calibration, space=space, sampler=sampler,
-                       n_trials=None if measured else n_trials, timeout=None if measured else timeout,
+    if evaluator.fidelity != "analytic":
+        raise StratagemError(f"run_search: a {evaluator.fidelity} evaluator runs through "
+                             "stratagem.search.multifidelity.run_multifidelity (the one measured-run path)")
+    screening = screen(scenario, calibration, space=space, sampler=sampler, n_trials=n_trials, timeout=timeout,
                        progress=progress)
     chosen = select_plans(screening, space.config.stored_sample, space.config.seed)
     prov = provenance(scenario, space, screening=screening.mode)
     with storage_lock(spec):
         backend = open_storage(spec)  # inside the lock: two processes must not create the schema at once
         study = open_study(backend, spec, study_name, scenario, space)
-        if measured:
-            recover(study, backend)
         held = held_keys(study)
         keyed = [(i, role, screening.plan(i)) for i, role in chosen]
         todo = [(i, role, plan) for i, role, plan in keyed if plan_key(plan) not in held]
@@ -117,28 +118,19 @@ def run_search(
         state = {"what": "screened plans", "planned": len(keyed)}
         if todo:  # a search killed while storing leaves this unfinished: reports say so (reports.unfinished_note)
             study.set_user_attr("search_state", {**state, "finished": False})
-        if not measured:
-            for n, (i, role, plan) in enumerate(todo):
-                ev = evaluator.evaluate(scenario, plan)
-                study.add_trial(evaluation_trial(space, ev, screening.usable_gib, role, prov,
-                                                 screening.pruned_reason(i)))
-                stored += 1
-                if progress:
-                    progress("store", n + 1, len(todo))
-        else:
-            for _, role, plan in todo:
-                params, _ = space.params(plan)
-                study.enqueue_trial(params, user_attrs={"plan": plan_key(plan), "role": role})
+        for n, (i, role, plan) in enumerate(todo):
+            ev = evaluator.evaluate(scenario, plan)
+            study.add_trial(evaluation_trial(space, ev, screening.usable_gib, role, prov,
+                                             screening.pruned_reason(i)))
+            stored += 1
+            if progress:
+                progress("store", n + 1, len(todo))
         c = screening.counts
         study.set_user_attr("counts", {"valid": c.valid, "screened": c.screened, "pruned": c.pruned,
                                        "feasible": c.feasible, "front": c.front})
         study.set_user_attr("screening", screening.mode)
         if todo or not study.user_attrs.get("search_state", {}).get("finished", True):
             study.set_user_attr("search_state", {**state, "finished": True})
-    if measured:
-        proposer = screening.mode if screening.mode in ("nsga2", "tpe", "random") else "nsga2"
-        stored = run_queue(study, backend, spec, scenario, space, evaluator, screening.usable_gib, prov,
-                           n_trials, timeout, progress, sampler=proposer)
     return SearchResult(study_name=study_name, storage=spec, counts=screening.counts, mode=screening.mode,
                         stored=stored, already=already, front=front_trials(study), trials=len(study.trials),
-                        seconds=time.perf_counter() - t0, screening=screening)
+                        seconds=time.perf_counter() - t0, screening=screening, study=study)

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import sqlite3
 import time
 import zlib
@@ -57,9 +58,8 @@ class StorageSpec:
 
     def dashboard_command(self) -> str:
         """The optuna-dashboard command that watches this storage."""
-        if self.kind == "journal":
-            return f"optuna-dashboard {self.path}"
-        return f"optuna-dashboard {self.url}"
+        target = str(self.path) if self.kind == "journal" else self.url
+        return shlex.join(["optuna-dashboard", target])  # printed for pasting: shell-quoted
 
 
 def default_storage(scenario_path: str | Path) -> str:

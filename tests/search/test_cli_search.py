@@ -288,3 +288,52 @@ def test_report_and_export_on_an_interrupted_study_say_so(tmp_path, capsys) -> N
     assert cli(*args).returncode == 0
     code, out, err = run_main(capsys, "report", "--storage", url, "-o", str(tmp_path / "r.md"))
     assert code == 0 and "did not finish" not in err
+
+
+def test_printed_commands_are_shell_quoted_and_counts_add_up(tmp_path) -> None:
+    """Issue 12 items 9 and 12: a study named `a;touch X` is printed safely (pasting the hint runs nothing
+    else), and the trial counts say what every trial is."""
+    import shlex
+
+    path = write_scenario(tmp_path, sample=10, tp=[1, 2], pp=1)
+    weird = tmp_path / "my dir"
+    weird.mkdir()
+    name = "a;touch X"
+    r = cli(str(path), "--storage", f"journal:{weird}/s.log", "--study", name, "--no-report")
+    assert r.returncode == 0, r.stderr
+    hint = next(ln for ln in r.stdout.splitlines() if ln.startswith("report:"))
+    argv = shlex.split(hint.removeprefix("report:"))
+    assert argv == ["stratagem", "report", "--storage", f"journal:{weird}/s.log", "--study", name]
+    watch = next(ln for ln in r.stdout.splitlines() if ln.startswith("watch it:"))
+    assert shlex.split(watch.removeprefix("watch it:")) == ["optuna-dashboard", f"{weird}/s.log"]
+    counts = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"study {name!r}"))
+    study = study_of(f"journal:{weird}/s.log", name)
+    total = len(study.trials)
+    assert f"{total} in all: {total} screened plans" in counts, counts
+    # a study holding other kinds of trials: each is named and the parts add up to the whole
+    from stratagem.search.console import trial_kinds
+
+    t = study.trials[0]
+    study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, values=t.values,
+                                              user_attrs={**t.user_attrs, "role": "recalibrated"}))
+    study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, values=t.values,
+                                              user_attrs={**t.user_attrs, "fidelity": "measured"}))
+    again = cli(str(path), "--storage", f"journal:{weird}/s.log", "--study", name, "--no-report", "--json")
+    kinds = json.loads(again.stdout)["kinds"]
+    assert kinds == trial_kinds(study_of(f"journal:{weird}/s.log", name).trials)
+    assert kinds == {"screened": total, "measured": 1, "recalibrated": 1}
+    assert sum(kinds.values()) == json.loads(again.stdout)["trials"] == total + 2
+    assert not (ROOT / "X").exists() and not (tmp_path / "X").exists()
+
+
+def test_search_and_report_default_to_the_same_storage(tmp_path, capsys, monkeypatch) -> None:
+    """Issue 12 item 12: `search SCENARIO` then `report SCENARIO` (any working directory) find one study."""
+    path = write_scenario(tmp_path, sample=10, tp=[1, 2], pp=1)
+    monkeypatch.chdir(ROOT)
+    code, out, err = run_main(capsys, "search", str(path), "--json", "--no-report")
+    assert code == 0, err
+    searched = json.loads(out)
+    assert searched["storage"] == f"sqlite:///{tmp_path}/stratagem.db"
+    code, out, err = run_main(capsys, "report", str(path), "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["study"] == searched["study"]
