@@ -27,8 +27,20 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.errors import StratagemError
+from stratagem.spaces.expert_grid import expert_grid_problem
 from stratagem.spaces.factors import divisors
-from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, Precision, Recompute, Schedule
+from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_problem
+from stratagem.spaces.plan import (
+    PIPELINE_SPLITS,
+    PRECISIONS,
+    RECOMPUTES,
+    SCHEDULES,
+    PipelineSplit,
+    Plan,
+    Precision,
+    Recompute,
+    Schedule,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -43,9 +55,11 @@ IntArray = NDArray[np.int64]
 
 # Axis order of `SearchSpace.suggest` (define-by-run) and of the stored trial params.
 AXES: tuple[str, ...] = (
-    "tp", "pp", "cp", "dp", "ep", "zero_stage", "dp_replicate", "optimizer_offload", "sequence_parallel",
-    "micro_batch_size", "pp_schedule", "virtual_stages", "precision", "activation_checkpointing",
+    "tp", "pp", "cp", "dp", "ep", "etp", "zero_stage", "dp_replicate", "optimizer_offload", "sequence_parallel",
+    "micro_batch_size", "pp_schedule", "virtual_stages", "pp_split", "first_stage_layers", "last_stage_layers",
+    "precision", "activation_checkpointing",
 )
+MAX_UNEVEN_SPLITS = 4  # default first/last stage layer pairs per (pp, virtual_stages): the best balanced ones
 # Default heuristics (bypassed by axes the scenario lists explicitly).
 MIN_CP_SHARD_TOKENS = 1024  # cp: each rank keeps >= 1k tokens, or ring attention's KV exchange is exposed
 DEFAULT_MAX_VIRTUAL = 8  # interleaved: 2..8 model chunks per rank (Megatron's usual range)
@@ -81,7 +95,18 @@ class SearchConfig(BaseModel):
     cp: IntAxis | None = None
     """Context-parallel degree. Default: divisors of the world with 2*cp | seq_len and >= 1024 tokens per rank."""
     ep: IntAxis | None = None
-    """Expert-parallel degree (MoE). Default: divisors of num_experts that divide dp*cp."""
+    """Expert-parallel degree (MoE). Default: divisors of num_experts with ep*etp dividing tp*dp*cp."""
+    etp: IntAxis | None = None
+    """Expert tensor-parallel degree (MoE, stacks with ETP). Default: divisors of the node size that divide the
+    expert MLP, with ep*etp dividing tp*dp*cp (Megatron MoE parallel folding)."""
+    pp_split: PipelineSplit | list[PipelineSplit] | None = None
+    """Pipeline split (pp > 1): layers, or embedding_loss (embedding and loss counted as layers). Default: every
+    split the stack has that divides evenly."""
+    first_stage_layers: IntAxis | None = None
+    """Layers on the first pipeline stage (0: even split). Default, where the stack has uneven stages: 0 and up to
+    MAX_UNEVEN_SPLITS balanced first/last pairs whose ends are no heavier than the middle stages."""
+    last_stage_layers: IntAxis | None = None
+    """Layers on the last pipeline stage (0: even split); default as first_stage_layers."""
     dp_replicate: IntAxis | None = None
     """HSDP replicas (zero_stage >= 1). Default 1 (plain ZeRO/FSDP); give a list or range to explore HSDP."""
     zero_stage: IntAxis | None = None
@@ -125,13 +150,15 @@ class _Layout:
     cp: int
     dp: int
     ep: int
+    etp: int
     zero: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_replicate, offload 0/1)
     sp: tuple[int, ...]  # 0/1
-    pipe: tuple[tuple[int, int, int], ...]  # (micro_batch_size, schedule code, virtual_stages)
+    # (micro_batch_size, schedule code, virtual_stages, pp_split code, first_stage_layers, last_stage_layers)
+    pipe: tuple[tuple[int, int, int, int, int, int], ...]
 
     @property
-    def key(self) -> tuple[int, int, int, int]:
-        return self.tp, self.pp, self.cp, self.ep
+    def key(self) -> tuple[int, int, int, int, int]:
+        return self.tp, self.pp, self.cp, self.ep, self.etp
 
 
 def _choices(spec: Any, universe: Sequence[Any], default: Sequence[Any], field: str) -> list[Any]:
@@ -154,6 +181,38 @@ def _imbalance(layers: int, chunks: int) -> float:
     return math.ceil(layers / chunks) * chunks / layers
 
 
+def _split_imbalance(layers: int, pp: int, v: int, split: tuple[int, int, int]) -> float:
+    """Most loaded pipeline rank over the mean, counting the embedding and the loss as one layer each (what the
+    embedding_loss and uneven splits are for): max rank units / ((L + 2) / pp)."""
+    code, first, last = split
+    ranks = list(rank_layers(chunk_layers(layers, pp, v, first, last, PIPELINE_SPLITS[code]), pp))
+    ranks[0] += 1
+    ranks[-1] += 1
+    return max(ranks) * pp / (layers + 2)
+
+
+def _balanced_uneven(layers: int, pp: int, v: int) -> list[tuple[int, int]]:
+    """Up to MAX_UNEVEN_SPLITS (first, last) stage layer counts for Megatron's uneven split: middle stages of m
+    layers near L / pp, the rest on the first and/or last stage, neither heavier than a middle stage; the most
+    balanced first (by `_split_imbalance`)."""
+    found: set[tuple[int, int]] = set()
+    mean = layers / pp
+    for m in range(max(1, math.floor(mean) - 1), math.ceil(mean) + 2):
+        for set_first, set_last in ((True, False), (False, True), (True, True)):
+            middle_stages = pp - set_first - set_last
+            rest = layers - m * middle_stages
+            if set_first and set_last:
+                first, last = rest - rest // 2, rest // 2
+            else:
+                first, last = (rest, 0) if set_first else (0, rest)
+            if (set_first and not 1 <= first <= m) or (set_last and not 1 <= last <= m):
+                continue
+            if split_problem(layers, pp, v, first, last, "layers") is None:
+                found.add((first, last))
+    ranked = sorted(found, key=lambda x: (_split_imbalance(layers, pp, v, (0, *x)), x))
+    return ranked[:MAX_UNEVEN_SPLITS]
+
+
 class SearchSpace:
     """Every valid plan of a scenario under its search config; see the module docstring."""
 
@@ -162,6 +221,7 @@ class SearchSpace:
         self.config = cfg = config or scenario.search or SearchConfig()
         self.notes: list[str] = []  # listed axis values that occur in no valid plan here (ignored)
         m, cl, tr = scenario.model, scenario.cluster, scenario.training
+        rec = tr.record  # the stack's capabilities (spaces/stacks.py): the space holds only plans it can run
         world, layers = cl.num_gpus, m.num_layers
         if cfg.memory_margin_gib >= cl.gpu.hbm_gib:
             raise StratagemError(f"search.memory_margin_gib ({cfg.memory_margin_gib}): must be below the GPU's "
@@ -180,14 +240,17 @@ class SearchSpace:
         node_hint = ("" if cfg.cross_node_tp == "allow" else
                      f" (a TP group stays inside a node of {cl.gpus_per_node} GPUs unless search.cross_node_tp: allow)")
         self._check_listed("tp", cfg.tp, [t for t in world_div if tp_ok(t)], node_hint)
-        pp_universe = [p for p in world_div if p <= layers]
+        # with pp_split embedding_loss the embedding and the loss fill a stage each: up to L + 2 stages
+        max_pp = layers + (2 if "embedding_loss" in rec.pp_splits else 0)
+        pp_universe = [p for p in world_div if p <= max_pp]
         pp_default = [p for p in pp_universe if balanced(p)]
         pps = _choices(cfg.pp, pp_default if isinstance(cfg.pp, IntRange) else pp_universe, pp_default, "pp")
-        pps = [p for p in pps if world % p == 0 and p <= layers]
+        pps = [p for p in pps if world % p == 0 and p <= max_pp]
         self._check_listed("pp", cfg.pp, pp_universe)
         cp_universe = [c for c in world_div if c == 1 or tr.seq_len % (2 * c) == 0]
         cp_default = [c for c in cp_universe if c == 1 or tr.seq_len // c >= MIN_CP_SHARD_TOKENS]
-        cps = [c for c in _choices(cfg.cp, cp_universe, cp_default, "cp") if c in cp_universe]
+        cps = [c for c in _choices(cfg.cp, cp_universe, cp_default, "cp")
+               if c in cp_universe and (c == 1 or rec.context_parallel)]
         self._check_listed("cp", cfg.cp, cp_universe)
         dps = set(_choices(cfg.dp, world_div, world_div, "dp"))
         if m.moe is None:
@@ -197,21 +260,41 @@ class SearchSpace:
                                      "MoE model, leave ep out")
         else:
             e_div = divisors(m.moe.num_experts)
-            eps_all = [e for e in _choices(cfg.ep, e_div, e_div, "ep") if m.moe.num_experts % e == 0]
-        zeros = [z for z in _choices(cfg.zero_stage, [0, 1, 2, 3], [0, 1, 2, 3], "zero_stage") if z in (0, 1, 2, 3)]
+            eps_all = [e for e in _choices(cfg.ep, e_div, e_div, "ep")
+                       if m.moe.num_experts % e == 0 and (e == 1 or rec.expert_parallel)]
+        etp_universe = [x for x in world_div if m.moe is not None and m.moe.expert_ffn_hidden_size % x == 0]
+        etp_default = [x for x in etp_universe if cl.gpus_per_node % x == 0 and (x == 1 or rec.expert_tensor_parallel)]
+        etps = [x for x in _choices(cfg.etp, etp_universe or [1], etp_default or [1], "etp")
+                if x == 1 or (m.moe is not None and rec.expert_tensor_parallel)]
+        if m.moe is None and etps != [1]:
+            raise StratagemError(f"search.etp ({cfg.etp}): {m.name} is dense; expert tensor parallelism needs an "
+                                 "MoE model, leave etp out")
+        zeros = [z for z in _choices(cfg.zero_stage, [0, 1, 2, 3], [0, 1, 2, 3], "zero_stage") if z in rec.zero_stages]
         self._check_listed("zero_stage", cfg.zero_stage, zeros)
         offloads = [1 if o == "cpu" else 0 for o in _choices(cfg.optimizer_offload, _OFFLOAD, ["none"],
                                                             "optimizer_offload")]
-        sps = [int(s) for s in _choices(cfg.sequence_parallel, [False, True], [False, True], "sequence_parallel")]
+        sps = [int(s) for s in _choices(cfg.sequence_parallel, [False, True], [False, True], "sequence_parallel")
+               if not s or rec.sequence_parallel]
+        offloads = [o for o in offloads if o == 0 or rec.optimizer_offload]
         fp8 = cl.gpu.peak_tflops_fp8 is not None
-        prec_default = [p for p in PRECISIONS if fp8 or p != "fp8"]
+        # precision is the user's choice (fp8 changes numerics): the axis defaults to training.precision
+        prec_default = [tr.precision if (fp8 or tr.precision != "fp8") else "bf16"]
         precisions = _choices(cfg.precision, PRECISIONS, prec_default, "precision")
         if "fp8" in precisions and not fp8:
             raise StratagemError(f"search.precision (fp8): {cl.gpu.name} has no FP8 tensor cores; use bf16")
+        if "fp8" in precisions and not rec.fp8_recipes:
+            raise StratagemError(f"search.precision (fp8): {rec.name} has no fp8 training recipe "
+                                 f"({rec.cite('fp8_recipes')}); use bf16")
         # "op" (op-level selective recompute) joins the default axis once the harness and the model both have it.
-        recomputes = _choices(cfg.activation_checkpointing, RECOMPUTES, [r for r in RECOMPUTES if r != "op"],
+        recomputes = _choices(cfg.activation_checkpointing, RECOMPUTES,
+                              [r for r in RECOMPUTES if r != "op" and r in rec.recompute_modes],
                               "activation_checkpointing")
-        schedules = [SCHEDULES.index(s) for s in _choices(cfg.pp_schedule, SCHEDULES, SCHEDULES, "pp_schedule")]
+        unrun = [r for r in recomputes if r not in rec.recompute_modes]
+        if unrun:
+            raise StratagemError(f"search.activation_checkpointing ({', '.join(unrun)}): {rec.name} does not have it "
+                                 f"({rec.cite('recompute_modes')}); use {', '.join(rec.recompute_modes)}")
+        schedules = [SCHEDULES.index(s) for s in _choices(cfg.pp_schedule, SCHEDULES, SCHEDULES, "pp_schedule")
+                     if s in rec.schedules]
         self.precisions: tuple[Precision, ...] = tuple(precisions)
         self.recomputes: tuple[Recompute, ...] = tuple(recomputes)
 
@@ -229,18 +312,21 @@ class SearchSpace:
                     sp = tuple(sps) if t > 1 else (0,)
                     if not pipe or not sp:
                         continue
+                    zs = zeros if p == 1 else [z for z in zeros if z <= rec.max_zero_with_pp]
+                    zero = self._zero(d, c, zs, offloads)
+                    if not zero:
+                        continue
                     for e in eps_all:
-                        if (d * c) % e:
-                            continue
-                        zero = self._zero(d, c, zeros, offloads)
-                        if zero:
-                            layouts.append(_Layout(t, p, c, d, e, zero, sp, pipe))
+                        for et in etps:  # the expert grid folds over tp x dp x cp (spaces/expert_grid.py)
+                            if expert_grid_problem(m, t, d, c, e, et) is None:
+                                layouts.append(_Layout(t, p, c, d, e, et, zero, sp, pipe))
         if not layouts:
             raise StratagemError(
                 f"search: no valid plan for {scenario.name} under this search section (tp {tps}, pp {pps}, "
                 f"cp {cps}); widen the axes, or set cross_node_tp: allow")
         self.layouts: tuple[_Layout, ...] = tuple(layouts)
-        for name, spec in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp), ("dp", cfg.dp), ("ep", cfg.ep)):
+        for name, spec in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp), ("dp", cfg.dp), ("ep", cfg.ep),
+                           ("etp", cfg.etp)):
             self._check_listed(name, spec, sorted({getattr(lay, name) for lay in layouts}))
         self._check_listed("micro_batch_size", cfg.micro_batch_size,
                            sorted({q[0] for lay in layouts for q in lay.pipe}))
@@ -248,34 +334,63 @@ class SearchSpace:
         self._build_tables()
 
     # ---- construction --------------------------------------------------------------------------------
-    def _pipe(self, pp: int, per_replica: int, schedules: list[int]) -> tuple[tuple[int, int, int], ...]:
-        """(micro_batch_size, schedule, virtual_stages) triples for one pp degree and per-replica batch."""
+    def _splits(self, pp: int, v: int) -> list[tuple[int, int, int]]:
+        """(pp_split code, first_stage_layers, last_stage_layers) for one (pp, virtual_stages): the splits the
+        stack has (stacks.py pp_splits, uneven_stages) that spaces/pipeline_split.py can build, narrowed by the
+        search section; by default only those within max_stage_imbalance."""
+        cfg, rec, layers = self.config, self.scenario.training.record, self.scenario.model.num_layers
+        if pp == 1:
+            return [(0, 0, 0)]
+        modes = [x for x in _choices(cfg.pp_split, PIPELINE_SPLITS, PIPELINE_SPLITS, "pp_split")
+                 if x in rec.pp_splits]
+        out = [(PIPELINE_SPLITS.index(x), 0, 0) for x in modes
+               if split_problem(layers, pp, v, 0, 0, x) is None]
+        if rec.uneven_stages and "layers" in modes:
+            if cfg.first_stage_layers is None and cfg.last_stage_layers is None:
+                out += [(0, f, la) for f, la in _balanced_uneven(layers, pp, v)]
+            else:
+                universe = list(range(0, layers + 1))
+                firsts = _choices(cfg.first_stage_layers, universe, [0], "first_stage_layers")
+                lasts = _choices(cfg.last_stage_layers, universe, [0], "last_stage_layers")
+                out += [(0, f, la) for f in firsts for la in lasts if (f or la)
+                        and split_problem(layers, pp, v, f, la, "layers") is None]
+        explicit = cfg.pp_split is not None or cfg.first_stage_layers is not None or cfg.last_stage_layers is not None
+        if not explicit:
+            out = [x for x in out if _split_imbalance(layers, pp, v, x) <= cfg.max_stage_imbalance] or out[:1]
+        return list(dict.fromkeys(out))
+
+    def _pipe(self, pp: int, per_replica: int, schedules: list[int]
+              ) -> tuple[tuple[int, int, int, int, int, int], ...]:
+        """(micro_batch_size, schedule, virtual_stages, pp_split, first, last) for one pp degree and per-replica
+        batch."""
         cfg, layers = self.config, self.scenario.model.num_layers
         div = divisors(per_replica)
         mbs = [b for b in _choices(cfg.micro_batch_size, div, div, "micro_batch_size") if per_replica % b == 0]
-        v_universe = [v for v in range(2, layers // max(pp, 1) + 1)]
+        # embedding_loss adds two units to split: up to (L + 2) / pp chunks per rank
+        v_universe = [v for v in range(2, (layers + 2) // max(pp, 1) + 1)]
         v_default = [v for v in v_universe if v <= DEFAULT_MAX_VIRTUAL and
                      _imbalance(layers, pp * v) <= cfg.max_stage_imbalance]
         if isinstance(cfg.virtual_stages, IntRange):
             v_universe = [v for v in v_universe if _imbalance(layers, pp * v) <= cfg.max_stage_imbalance]
-        vs = [v for v in _choices(cfg.virtual_stages, v_universe, v_default, "virtual_stages")
-              if v >= 2 and pp * v <= layers]
-        out: list[tuple[int, int, int]] = []
+        vs = [v for v in _choices(cfg.virtual_stages, v_universe, v_default, "virtual_stages") if v >= 2]
+        splits = {v: self._splits(pp, v) for v in [1, *vs]} if pp > 1 else {1: [(0, 0, 0)]}
+        out: list[tuple[int, int, int, int, int, int]] = []
         for b in mbs:
             if pp == 1:
-                out.append((b, SCHEDULES.index("1f1b"), 1))
+                out.append((b, SCHEDULES.index("1f1b"), 1, 0, 0, 0))
                 continue
             micro = per_replica // b
             for s in schedules:
                 if SCHEDULES[s] != "interleaved":
-                    out.append((b, s, 1))
+                    out.extend((b, s, 1, *x) for x in splits[1])
                 elif micro % pp == 0:
-                    out.extend((b, s, v) for v in vs)
+                    out.extend((b, s, v, *x) for v in vs for x in splits[v])
         return tuple(out)
 
     def _zero(self, dp: int, cp: int, zeros: list[int], offloads: list[int]) -> tuple[tuple[int, int, int], ...]:
         """(zero_stage, dp_replicate, offload) triples for one layout."""
-        reps = [r for r in _choices(self.config.dp_replicate, divisors(dp), [1], "dp_replicate") if dp % r == 0]
+        reps = [r for r in _choices(self.config.dp_replicate, divisors(dp), [1], "dp_replicate")
+                if dp % r == 0 and (r == 1 or self.scenario.training.record.hsdp)]
         out: list[tuple[int, int, int]] = []
         for z in zeros:
             if z == 0:
@@ -304,13 +419,13 @@ class SearchSpace:
         lays = self.layouts
         n = len(lays)
         self._lay = {k: np.array([getattr(lay, k) for lay in lays], dtype=np.int64)
-                     for k in ("tp", "pp", "cp", "dp", "ep")}
+                     for k in ("tp", "pp", "cp", "dp", "ep", "etp")}
         self._nz = np.array([len(lay.zero) for lay in lays], dtype=np.int64)
         self._nsp = np.array([len(lay.sp) for lay in lays], dtype=np.int64)
         self._npipe = np.array([len(lay.pipe) for lay in lays], dtype=np.int64)
         self._zero_tab = np.zeros((n, int(self._nz.max()), 3), dtype=np.int64)
         self._sp_tab = np.zeros((n, int(self._nsp.max())), dtype=np.int64)
-        self._pipe_tab = np.zeros((n, int(self._npipe.max()), 3), dtype=np.int64)
+        self._pipe_tab = np.zeros((n, int(self._npipe.max()), 6), dtype=np.int64)
         for i, lay in enumerate(lays):
             self._zero_tab[i, : len(lay.zero)] = lay.zero
             self._sp_tab[i, : len(lay.sp)] = lay.sp
@@ -352,10 +467,11 @@ class SearchSpace:
 
         return PlanColumns(
             dp=f(self._lay["dp"][s]), tp=f(self._lay["tp"][s]), pp=f(self._lay["pp"][s]),
-            cp=f(self._lay["cp"][s]), ep=f(self._lay["ep"][s]), dp_replicate=f(zero[:, 1]),
+            cp=f(self._lay["cp"][s]), ep=f(self._lay["ep"][s]), etp=f(self._lay["etp"][s]), dp_replicate=f(zero[:, 1]),
             zero_stage=f(zero[:, 0]), sequence_parallel=f(self._sp_tab[s, isp]), micro_batch_size=f(pipe[:, 0]),
             precision=f(self._prec_codes[prec]), activation_checkpointing=f(self._ac_codes[ac]),
             pp_schedule=f(pipe[:, 1]), virtual_stages=f(pipe[:, 2]), optimizer_offload=f(zero[:, 2]),
+            pp_split=f(pipe[:, 3]), first_stage_layers=f(pipe[:, 4]), last_stage_layers=f(pipe[:, 5]),
         )
 
     def enumerate(self) -> PlanColumns:
@@ -388,6 +504,7 @@ class SearchSpace:
             "pp": ints(lay.pp for lay in lays),
             "cp": ints(lay.cp for lay in lays),
             "ep": ints(lay.ep for lay in lays),
+            "etp": ints(lay.etp for lay in lays),
             "zero_stage": ints(z[0] for lay in lays for z in lay.zero),
             "dp_replicate": ints(z[1] for lay in lays for z in lay.zero if z[0] > 0) or (1,),
             "optimizer_offload": tuple(o for i, o in enumerate(_OFFLOAD)
@@ -398,6 +515,10 @@ class SearchSpace:
             "pp_schedule": tuple(SCHEDULES[c] for c in sorted({q[1] for lay in lays if lay.pp > 1 for q in lay.pipe}))
             or ("1f1b",),
             "virtual_stages": ints(q[2] for lay in lays for q in lay.pipe if q[2] > 1) or (2,),
+            "pp_split": tuple(PIPELINE_SPLITS[c] for c in sorted({q[3] for lay in lays for q in lay.pipe}))
+            or ("layers",),
+            "first_stage_layers": ints(q[4] for lay in lays for q in lay.pipe),
+            "last_stage_layers": ints(q[5] for lay in lays for q in lay.pipe),
             "precision": self.precisions,
             "activation_checkpointing": self.recomputes,
         }
@@ -423,7 +544,12 @@ class SearchSpace:
             if self.scenario.model.moe is None:
                 return None
             return sorted({lay.ep for lay in lays if (lay.tp, lay.pp, lay.cp) == (p["tp"], p["pp"], p["cp"])})
-        lay = self._by_key.get((p["tp"], p["pp"], p["cp"], p.get("ep", 1)))
+        if name == "etp":
+            if self.scenario.model.moe is None:
+                return None
+            return sorted({lay.etp for lay in lays
+                           if (lay.tp, lay.pp, lay.cp, lay.ep) == (p["tp"], p["pp"], p["cp"], p["ep"])})
+        lay = self._by_key.get((p["tp"], p["pp"], p["cp"], p.get("ep", 1), p.get("etp", 1)))
         if lay is None:
             return []
         if name == "zero_stage":
@@ -448,6 +574,18 @@ class SearchSpace:
             if p.get("pp_schedule", "1f1b") != "interleaved":
                 return None
             return sorted({q[2] for q in lay.pipe if q[0] == p["micro_batch_size"] and SCHEDULES[q[1]] == "interleaved"})
+        if name in ("pp_split", "first_stage_layers", "last_stage_layers"):
+            if lay.pp == 1:
+                return None
+            sched = SCHEDULES.index(p.get("pp_schedule", "1f1b"))
+            qs = [q for q in lay.pipe if (q[0], q[1], q[2]) == (p["micro_batch_size"], sched, p.get("virtual_stages", 1))]
+            if name == "pp_split":
+                return [PIPELINE_SPLITS[c] for c in sorted({q[3] for q in qs})]
+            qs = [q for q in qs if PIPELINE_SPLITS[q[3]] == p.get("pp_split", "layers")]
+            if name == "last_stage_layers":
+                qs = [q for q in qs if q[4] == p.get("first_stage_layers", 0)]
+            values = sorted({q[4] if name == "first_stage_layers" else q[5] for q in qs})
+            return None if values == [0] else values
         if name == "precision":
             return list(self.precisions)
         if name == "activation_checkpointing":

@@ -9,6 +9,7 @@ from stratagem.errors import StratagemError
 from stratagem.search.records import trial_plan
 from stratagem.search.samplers import ProjectingSampler
 from stratagem.spaces import (
+    RULES,
     IntRange,
     Plan,
     Scenario,
@@ -27,7 +28,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # Everything open: no default heuristics, so the space must be exactly "every plan the rules allow, once".
 OPEN = dict(cp=IntRange(), micro_batch_size=IntRange(), dp_replicate=IntRange(), virtual_stages=IntRange(),
-            optimizer_offload=["none", "cpu"], cross_node_tp="allow", max_stage_imbalance=100.0)
+            optimizer_offload=["none", "cpu"], cross_node_tp="allow", max_stage_imbalance=100.0,
+            etp=IntRange(), first_stage_layers=IntRange(), last_stage_layers=IntRange())
 
 
 def tiny(model: str = "tiny-4l", gpus: int = 4, per_node: int = 4, gbs: int = 8, seq: int = 64, **search) -> Scenario:
@@ -41,30 +43,43 @@ def rows(space: SearchSpace) -> set[Plan]:
     return {pc.plan(i) for i in range(len(pc))}
 
 
+NOT_SPLIT = tuple(r for r in RULES if r.name != "pp_divides_layers")
+
+
 def brute_force(s: Scenario, precisions, recomputes) -> set[Plan]:
     """Every Plan over a superset product that the validity rules accept, in canonical form (an axis that
     does not apply keeps its default)."""
     n, m = s.cluster.num_gpus, s.model
     out = set()
-    experts = divisors(m.moe.num_experts) if m.moe else [1]
+    experts = list(itertools.product(divisors(m.moe.num_experts), divisors(n))) if m.moe else [(1, 1)]
+    layer_counts = range(0, m.num_layers + 1)
     for dp, tp, pp, cp in itertools.product(divisors(n), repeat=4):
         if dp * tp * pp * cp != n:
             continue
-        for ep, rep, zero, sp, mbs, prec, ac, sched, v, off in itertools.product(
+        # pipeline splits the rules accept for this pp (any virtual_stages, schedule 1f1b/interleaved), canonical:
+        # with pp = 1 the split fields keep their defaults
+        splits = [("layers", 0, 0)] if pp == 1 else [
+            x for x in itertools.product(("layers", "embedding_loss"), layer_counts, layer_counts)]
+        for (ep, etp), rep, zero, sp, mbs, prec, ac, sched, v, off in itertools.product(
                 experts, divisors(dp), (0, 1, 2, 3), (False, True), divisors(s.training.global_batch_size),
                 precisions, recomputes, ("gpipe", "1f1b", "interleaved", "zero_bubble"),
-                range(1, m.num_layers + 1), ("none", "cpu")):
+                range(1, m.num_layers + 3), ("none", "cpu")):
             if pp == 1 and sched != "1f1b":
                 continue  # canonical: the schedule does not apply
             if zero == 0 and (rep > 1 or off == "cpu"):
                 continue
             if zero > 0 and dp * cp // rep == 1:
                 continue  # sharding over one rank is zero_stage 0
-            plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep, zero_stage=zero, sequence_parallel=sp,
-                        micro_batch_size=mbs, precision=prec, activation_checkpointing=ac, pp_schedule=sched,
-                        virtual_stages=v, optimizer_offload=off)
-            if not violations(s, plan):
-                out.add(plan)
+            plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp_replicate=rep, zero_stage=zero,
+                        sequence_parallel=sp, micro_batch_size=mbs, precision=prec, activation_checkpointing=ac,
+                        pp_schedule=sched, virtual_stages=v, optimizer_offload=off)
+            if violations(s, plan, NOT_SPLIT):
+                continue
+            for split, first, last in splits:
+                full = plan.model_copy(update={"pp_split": split, "first_stage_layers": first,
+                                               "last_stage_layers": last})
+                if not violations(s, full):
+                    out.add(full)
     return out
 
 
@@ -86,7 +101,8 @@ def test_example_spaces_are_valid_and_distinct(name) -> None:
     assert len(pc) == space.count() > 1000
     cols = np.stack([pc.dp, pc.tp, pc.pp, pc.cp, pc.ep, pc.dp_replicate, pc.zero_stage, pc.sequence_parallel,
                      pc.micro_batch_size, pc.precision, pc.activation_checkpointing, pc.pp_schedule,
-                     pc.virtual_stages, pc.optimizer_offload], axis=1)
+                     pc.virtual_stages, pc.optimizer_offload, pc.etp, pc.pp_split, pc.first_stage_layers,
+                     pc.last_stage_layers], axis=1)
     assert len(np.unique(cols, axis=0)) == len(pc)
     for i in np.random.default_rng(0).choice(len(pc), 300, replace=False):
         plan = pc.plan(int(i))
@@ -104,7 +120,7 @@ def test_default_axes() -> None:
     # 126 layers: pp 16 (8 layers on the fullest rank, 126/16 = 7.9 mean) is an uneven but balanced split.
     assert 16 in space.choices("pp") and 64 in space.choices("pp")
     assert space.choices("cp") == (1, 2, 4, 8)  # seq 8192: >= 1024 tokens per rank
-    assert space.choices("precision") == ("fp32", "bf16", "fp8")
+    assert space.choices("precision") == ("bf16",)  # training.precision's default; fp8 only when listed
     assert space.choices("dp_replicate") == (1,) and space.choices("optimizer_offload") == ("none",)
     a100 = scenario_from_dict({**s.model_dump(exclude={"cluster", "plan"}),
                                "cluster": {"gpu": "a100-80g", "num_nodes": 128}})

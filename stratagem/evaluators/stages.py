@@ -1,0 +1,89 @@
+"""Per-stage layer counts and parameters for every plan, vectorised: the worst stage decides memory, the slowest
+decides time.
+
+The split itself (which layers each model chunk holds: even, embedding and loss counted as layers, or explicit
+first/last stage counts) is `stratagem.spaces.pipeline_split`, shared with the rules and the exporters. Here each
+distinct (pp, virtual_stages, first_stage_layers, last_stage_layers, pp_split) of a batch of plans is split once,
+and the per-rank sums are mapped back onto the plans:
+  first / last     layers and (non-routed, routed-expert) parameters of pipeline rank 0 and rank pp-1, summed over
+                   the layers each really holds (DeepSeek-V3's three dense layers sit on rank 0, so its MoE weights
+                   are smaller there);
+  middle           the most loaded rank strictly between them (0 when pp <= 2).
+With pp = 1 the one rank is both first and last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.pipeline_split import chunk_layers, rank_layer_ranges
+from stratagem.spaces.plan import PIPELINE_SPLITS
+
+__all__ = ["StageColumns", "stage_columns", "slowest_rank_s"]
+
+Array = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class StageColumns:
+    """Per plan: transformer layers and their parameters on the first, last and most loaded middle rank."""
+
+    first_layers: Array
+    """Transformer layers on pipeline rank 0."""
+    last_layers: Array
+    """Transformer layers on pipeline rank pp-1."""
+    middle_layers: Array
+    """Transformer layers on the most loaded rank strictly between (0 when pp <= 2)."""
+    first_dense: Array
+    """Non-routed parameters of rank 0's layers (attention, norms, dense MLPs, routers, shared experts)."""
+    first_expert: Array
+    """Routed-expert parameters of rank 0's layers (before ep/etp split)."""
+    last_dense: Array
+    """Non-routed parameters of rank pp-1's layers."""
+    last_expert: Array
+    """Routed-expert parameters of rank pp-1's layers."""
+    middle_dense: Array
+    """Non-routed parameters of the most loaded middle rank's layers."""
+    middle_expert: Array
+    """Routed-expert parameters of the most loaded middle rank's layers."""
+
+
+def _rank_sums(model: ModelSpec, key: tuple[int, int, int, int, int]) -> tuple[float, ...]:
+    pp, v, first, last, split = key
+    chunks = chunk_layers(model.num_layers, pp, v, first, last, PIPELINE_SPLITS[split])
+    per_layer = [model.layer_params(i) for i in range(model.num_layers)]
+
+    def sums(r: int) -> tuple[float, float, float]:
+        idx = [i for rng in rank_layer_ranges(chunks, pp)[r] for i in rng if i < model.num_layers]
+        return float(len(idx)), float(sum(per_layer[i][0] for i in idx)), float(sum(per_layer[i][1] for i in idx))
+
+    f, la = sums(0), sums(pp - 1)
+    mids = [sums(r) for r in range(1, pp - 1)]
+    mid = max(mids, key=lambda x: (x[0], x[1] + x[2])) if mids else (0.0, 0.0, 0.0)
+    return (f[0], la[0], mid[0], f[1], f[2], la[1], la[2], mid[1], mid[2])
+
+
+def stage_columns(model: ModelSpec, pc: PlanColumns) -> StageColumns:
+    """The StageColumns of every plan in `pc` (each distinct pipeline split computed once)."""
+    keys = np.stack([pc.pp, pc.virtual_stages, pc.first_stage_layers, pc.last_stage_layers, pc.pp_split],
+                    axis=1).astype(np.int64)
+    if len(keys) == 0:
+        empty = np.zeros(0)
+        return StageColumns(*([empty] * 9))
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    table = np.array([_rank_sums(model, (int(a), int(b), int(c), int(d), int(e))) for a, b, c, d, e in uniq])
+    rows = table[np.asarray(inverse).reshape(-1)]
+    return StageColumns(*(np.ascontiguousarray(rows[:, j]) for j in range(9)))
+
+
+def slowest_rank_s(st: StageColumns, pp: Array, layer_s: Array, head_s: Array) -> Array:
+    """Seconds of the slowest pipeline rank per micro-batch: max over first, middle and last rank of its layers x
+    the per-layer time, the last rank also running the output layer and loss (`head_s`)."""
+    first = st.first_layers * layer_s + np.where(pp > 1, 0.0, head_s)
+    last = st.last_layers * layer_s + head_s
+    return np.maximum(np.maximum(first, st.middle_layers * layer_s), last)

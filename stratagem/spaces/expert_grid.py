@@ -1,0 +1,55 @@
+"""Expert layouts: the expert grid ep x etp x edp that re-partitions the tp x dp x cp ranks (Megatron-Core MoE
+parallel folding), as rules on integers.
+
+Megatron-Core megatron/core/parallel_state.py initialize_model_parallel builds two rank generators over the same
+ranks of each pipeline stage: the attention grid tp x cp x dp and the expert grid etp x ep x edp (order
+"tp-ep-dp-pp": etp innermost, then ep), and requires the attention world tp*cp*dp to be a multiple of etp*ep; the
+expert data-parallel size is the quotient, edp = tp*dp*cp / (ep*etp). megatron/core/transformer/moe/moe_layer.py
+(BaseMoELayer) asserts num_moe_experts % ep == 0; each expert's matmuls are split over etp ranks, so etp must
+divide the expert MLP size. torchtitan's ExpertParallel / ExpertTensorParallel (torchtitan/distributed/
+expert_parallel.py) fold the same way over the dp_shard x cp (x tp) mesh dimensions.
+"""
+
+from __future__ import annotations
+
+from stratagem.spaces.factors import divisors
+from stratagem.spaces.model import ModelSpec
+
+__all__ = ["expert_grid_problem", "expert_data_parallel", "expert_layouts"]
+
+
+def expert_data_parallel(tp: int, dp: int, cp: int, ep: int, etp: int) -> int:
+    """edp = tp*dp*cp / (ep*etp): replicas of each expert shard."""
+    return tp * dp * cp // (ep * etp)
+
+
+def expert_grid_problem(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, etp: int) -> str | None:
+    """Why this ep x etp layout cannot be built (one line naming the fields and the fix), or None."""
+    moe = model.moe
+    if moe is None:
+        if ep > 1 or etp > 1:
+            return f"ep ({ep}) and etp ({etp}): expert parallelism needs an MoE model; {model.name} is dense: set ep=1, etp=1"
+        return None
+    world = tp * dp * cp
+    if moe.num_experts % ep:
+        ok = [d for d in divisors(moe.num_experts) if world % d == 0]
+        return (f"ep ({ep}) must divide num_experts ({moe.num_experts}) (Megatron moe_layer.py); valid: "
+                f"{', '.join(map(str, ok))}")
+    if moe.expert_ffn_hidden_size % etp:
+        return (f"etp ({etp}) must divide the expert MLP size ({moe.expert_ffn_hidden_size}); valid: "
+                f"{', '.join(map(str, divisors(moe.expert_ffn_hidden_size)[:12]))}")
+    if world % (ep * etp):
+        ok = [e for e in divisors(moe.num_experts) if world % (e * etp) == 0]
+        return (f"ep*etp ({ep}*{etp}) must divide tp*dp*cp ({tp}*{dp}*{cp} = {world}): the expert grid re-partitions "
+                f"those ranks (Megatron parallel_state.py); valid ep with etp={etp}: {', '.join(map(str, ok))}")
+    return None
+
+
+def expert_layouts(model: ModelSpec, tp: int, dp: int, cp: int) -> list[tuple[int, int]]:
+    """Every (ep, etp) the rules allow on this attention grid ((1, 1) for a dense model)."""
+    moe = model.moe
+    if moe is None:
+        return [(1, 1)]
+    world = tp * dp * cp
+    return [(e, t) for e in divisors(moe.num_experts) for t in divisors(world)
+            if expert_grid_problem(model, tp, dp, cp, e, t) is None]
