@@ -348,6 +348,16 @@ class ModelSpec(BaseModel):
         """`layer_matmul_params` averaged over layers."""
         return sum(self.layer_matmul_params(i) for i in range(self.num_layers)) / self.num_layers
 
+    def tp_split_ffn_sizes(self) -> tuple[int, ...]:
+        """MLP inner sizes tensor parallelism splits: the dense MLP where some layer has one, the shared experts
+        (routed experts are split by the expert tensor-parallel degree etp instead)."""
+        sizes: list[int] = []
+        if self.moe is None or self.num_moe_layers() < self.num_layers:
+            sizes.append(self.ffn_hidden_size)
+        if self.moe is not None and self.moe.shared_experts:
+            sizes.append(self.moe.shared_ffn)
+        return tuple(sizes)
+
     def embedding_params(self) -> int:
         """Token embedding V*h (+ learned positions) + encoder_params (held with the embedding)."""
         n = self.vocab_size * self.hidden_size + self.encoder_params

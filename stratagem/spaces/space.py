@@ -226,7 +226,7 @@ class SearchSpace:
         if cfg.memory_margin_gib >= cl.gpu.hbm_gib:
             raise StratagemError(f"search.memory_margin_gib ({cfg.memory_margin_gib}): must be below the GPU's "
                                  f"{cl.gpu.hbm_gib} GiB of HBM")
-        ffn = m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size
+        tp_ffns = m.tp_split_ffn_sizes()  # routed experts split by etp instead (expert_grid)
         world_div = divisors(world)
 
         def balanced(p: int) -> bool:
@@ -234,7 +234,7 @@ class SearchSpace:
 
         def tp_ok(t: int) -> bool:
             in_node = cfg.cross_node_tp == "allow" or cl.gpus_per_node % t == 0
-            return world % t == 0 and not (m.num_attention_heads % t or m.kv_heads % t or ffn % t) and in_node
+            return world % t == 0 and not (m.num_attention_heads % t or m.kv_heads % t or any(f % t for f in tp_ffns)) and in_node
 
         tps = [t for t in _choices(cfg.tp, world_div, world_div, "tp") if tp_ok(t)]
         node_hint = ("" if cfg.cross_node_tp == "allow" else
