@@ -1,6 +1,7 @@
 """The Optuna search over the plan space: screen it analytically (`screen`), store the predicted Pareto front
-and a bounded sample as trials, run measured evaluations from the study's queue (`run_search`). Never imports
-ray or torch: it receives an evaluator."""
+and a bounded sample as trials (`run_search`), measure the most informative plans as real runs and recalibrate
+(`run_multifidelity`; several workers may share one study). Never imports ray or torch: it receives an
+evaluator."""
 
 from stratagem.search.pareto import dominates, nondominated
 from stratagem.search.records import (

@@ -5,9 +5,13 @@ Order of real runs (re-ranked after every batch with the refitted calibration):
   1. the predicted Pareto front, highest tokens/s first;
   2. feasible plans nearest the memory limit (smallest headroom): they test the memory model where it decides;
   3. what an Optuna NSGA-II sampler proposes, given the measured trials so far.
-A batch holds as many plans as the cluster runs at once (slots // widest plan). A measured trial is written to
-the study only when its run has finished (COMPLETE, or PRUNED with its status: oom, failed, timeout), so a
-killed driver loses only its in-flight batch, which the rerun runs again: no trial lost, none repeated.
+A batch holds as many plans as the cluster runs at once (slots // widest plan, re-read before each batch). Each
+plan of a batch is claimed in the study while it runs (search/claims.py): other workers skip it, and a claim
+whose worker died expires and the plan is run again. A claim becomes the measured trial when its run has
+finished (COMPLETE, or PRUNED with its status: oom, failed, timeout), so a killed driver loses only its
+in-flight batch, which a rerun (or another worker) runs again: no trial lost, none repeated. A run that failed
+for the cluster's sake (status infra: actor or node lost, resources never came) is not the plan's verdict: its
+claim is released and the plan retried.
 Calibration is refitted on this study's measured trials only and stored as the study attribute
 "calibration" (with "calibration_history", one entry per batch).
 Never imports ray: the evaluator is given (its `evaluate_many` runs plans in parallel when it has one).
@@ -15,9 +19,14 @@ Never imports ray: the evaluator is given (its `evaluate_many` runs plans in par
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +37,8 @@ from optuna.trial import TrialState
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration, Evaluation, Evaluator
 from stratagem.search.calibrate import fit_calibration
-from stratagem.search.records import DIRECTIONS, front_trials, plan_key, trial_evaluation
+from stratagem.search.claims import Claim, claim, expire_claims, finish, live_claims, release, renewing
+from stratagem.search.records import DIRECTIONS, OBJECTIVES, front_trials, plan_key, trial_evaluation
 from stratagem.search.runner import SearchResult, run_search
 from stratagem.search.screening import Mode, Progress, Screening, screen
 from stratagem.search.storage import open_storage, parse_storage, storage_lock
@@ -38,7 +48,8 @@ from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
 
-__all__ = ["MultiFidelityResult", "run_multifidelity", "rank_candidates", "measured_trials"]
+__all__ = ["MultiFidelityResult", "run_multifidelity", "rank_candidates", "measured_trials", "screen_candidates",
+           "check_candidates", "Stopped", "INFRA_RETRIES"]
 
 
 @dataclass(frozen=True)
@@ -63,15 +74,16 @@ class MultiFidelityResult:
 
 
 _MAX_RANK_ROUNDS = 50  # rounds of ranking per batch when the harness keeps refusing plans
+INFRA_RETRIES = 2
+"""Times one call retries a plan whose run failed for the cluster's sake (a rerun retries again)."""
+_POLL_S = 5.0  # while other workers hold the remaining plans
 
 
 def measured_trials(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
-    """Plan key -> finished measured trial."""
-    out = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if t.user_attrs.get("fidelity") == "measured" and "plan" in t.user_attrs:
-            out[t.user_attrs["plan"]] = t
-    return out
+    """Plan key -> the finished measured trial that stands for the plan (records.standings: the latest)."""
+    from stratagem.search.records import standings
+
+    return {k: s.trial for k, s in standings(study.get_trials(deepcopy=False)).items() if s.fidelity == "measured"}
 
 
 def rank_candidates(screening: Screening, measured: set[str], limit: int,
@@ -183,91 +195,196 @@ def run_multifidelity(
     candidates: PlanColumns | None = None,
     initial_calibration: Calibration | None = None,
     recalibrate: bool = True,
+    n_trials: int | None = None,
+    timeout: float | None = None,
+    on_message: Callable[[str], None] | None = None,
 ) -> MultiFidelityResult:
-    """Analytic search (stored as usual), then up to `real_runs` measured trials in total for this study.
+    """Analytic search (stored as usual), then measured trials until the study holds `real_runs` of them.
+
+    Several workers (processes, hosts) may run this on one study at once: each plan is claimed while it runs
+    (search/claims.py), so no plan is measured twice and a dead worker's plan is run again. Counting, across
+    all workers: `real_runs` bounds the study's finished measured trials plus the live claims (a worker picks
+    at most real_runs - done - claimed plans); `budget_minutes` runs from the first worker's start of the
+    real-run phase (study attribute "real_runs_started"), so a worker joining later gets what is left.
+    Per call: `n_trials` bounds the runs this call starts, `timeout` (seconds) the time it starts new ones.
 
     candidates: run only these plans (ranked as usual among themselves; no sampler proposals).
     initial_calibration: the calibration the predictions start from and the refit starts at (default: the
     model's defaults). recalibrate: refit after every batch (False: keep `initial_calibration`, still recording
     the prediction error per batch). Plans the evaluator's `unsupported(scenario, plan) -> str | None` names
-    are skipped (counted in the result with one example) and never stored as trials.
+    are skipped (counted in the result with one example) and never stored as trials. A run that fails for the
+    cluster's sake (status "infra") releases its claim and is retried (INFRA_RETRIES times in this call; a
+    rerun retries again). SIGINT/SIGTERM (main thread): the in-flight runs are killed, their claims released,
+    and Stopped is raised.
     """
     if real_runs < 0:
         raise StratagemError(f"--real-runs ({real_runs}): must be >= 0")
     if budget_minutes is not None and budget_minutes <= 0:
         raise StratagemError(f"--budget-minutes ({budget_minutes}): must be > 0")
+    if n_trials is not None and n_trials < 0:
+        raise StratagemError(f"--n-trials ({n_trials}): must be >= 0")
+    if timeout is not None and timeout <= 0:
+        raise StratagemError(f"--timeout ({timeout}): must be > 0 seconds")
     if evaluator.fidelity != "measured":
         raise StratagemError("real runs need a measured evaluator")
     t0 = time.perf_counter()
+    say = on_message or (lambda text: print(text, file=sys.stderr, flush=True))
     space = SearchSpace(scenario)
     if candidates is not None:
         check_candidates(space, candidates)
     study_cal = initial_calibration or Calibration()
     unsupported: Callable[[Scenario, Plan], str | None] | None = getattr(evaluator, "unsupported", None)
     skipped: dict[str, str] = {}
+    infra: dict[str, int] = {}
     result = run_search(scenario, storage, study_name, sampler=sampler, progress=progress, calibration=study_cal)
     spec = parse_storage(storage)
     with storage_lock(spec):
-        study = optuna.load_study(study_name=study_name, storage=open_storage(spec))
-    done = measured_trials(study)
+        backend = open_storage(spec)
+        study = optuna.load_study(study_name=study_name, storage=backend)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "experimental"
+            study.set_metric_names(list(OBJECTIVES))  # named for optuna-dashboard
+        started = study.user_attrs.get("real_runs_started")
+        if started is None:
+            started = time.time()
+            study.set_user_attr("real_runs_started", started)
+        if budget_minutes is not None:
+            study.set_user_attr("real_runs_budget_minutes", budget_minutes)
+        done = measured_trials(study)
     history: list[dict[str, Any]] = list(study.user_attrs.get("calibration_history", []))
     cal = _refit(scenario, study, done, study_cal, history=None, recalibrate=recalibrate)
-    deadline = None if budget_minutes is None else time.monotonic() + 60.0 * budget_minutes
-    slots = int(getattr(evaluator, "slots", 1) or 1)
+    budget_end = None if budget_minutes is None else float(started) + 60.0 * budget_minutes
+    call_end = None if timeout is None else time.monotonic() + timeout
     prov = provenance(scenario, space, screening="multifidelity")
     runs = 0
-    while len(done) < real_runs and (deadline is None or time.monotonic() < deadline):
-        if candidates is not None:
-            screening = screen_candidates(scenario, space, cal, candidates)
-        else:
-            screening = screen(scenario, cal, space=space)
-        want = real_runs - len(done)
-        excluded = set(done) | set(skipped)
-        ranked: list[tuple[Plan, str]] = []
-        for _ in range(_MAX_RANK_ROUNDS):
-            if len(ranked) >= want:
+    with _stop_on_signals():
+        while n_trials is None or runs < n_trials:
+            if (budget_end is not None and time.time() >= budget_end) or (
+                    call_end is not None and time.monotonic() >= call_end):
                 break
-            more = rank_candidates(screening, excluded, want - len(ranked), include_infeasible=candidates is not None)
-            if len(more) < want - len(ranked) and candidates is None:
-                more += _sampler_proposals(screening, study, excluded | {plan_key(p) for p, _ in more},
-                                           want - len(ranked) - len(more), space.config.seed + len(done))
-            if not more:
+            with storage_lock(spec):
+                expire_claims(study, backend)
+                done = measured_trials(study)
+                claimed = live_claims(study)
+                if len(done) >= real_runs:
+                    break
+                want = real_runs - len(done) - len(claimed)
+                if n_trials is not None:
+                    want = min(want, n_trials - runs)
+                batch: list[Claim] = []
+                if want > 0:
+                    excluded = set(done) | set(claimed) | set(skipped) | {
+                        k for k, n in infra.items() if n > INFRA_RETRIES}
+                    ranked = _rank(scenario, space, study, cal, candidates, excluded, want, len(done), unsupported,
+                                   skipped)
+                    if ranked:
+                        widest = max(p.world_size for p, _ in ranked)
+                        slots = int(getattr(evaluator, "slots", 1) or 1)  # re-read: the cluster may have changed
+                        batch = [claim(backend, study, space, p, role)
+                                 for p, role in ranked[: max(1, slots // max(1, widest))]]
+            if not batch:
+                if claimed:  # the rest is being measured by other workers: wait for them (or their claims to expire)
+                    time.sleep(_POLL_S)
+                    continue
                 break
-            for plan, role in more:
-                key = plan_key(plan)
-                excluded.add(key)
-                why = unsupported(scenario, plan) if unsupported is not None else None
-                if why:
-                    skipped[key] = f"{plan.short()}: {why}"
-                else:
-                    ranked.append((plan, role))
-        if not ranked:
-            break
-        widest = max(p.world_size for p, _ in ranked)
-        batch = ranked[: max(1, slots // max(1, widest))]
-        evaluations = _evaluate_batch(evaluator, scenario, [p for p, _ in batch])
-        with storage_lock(spec):
-            for (_, role), ev in zip(batch, evaluations, strict=True):
-                reason = "" if ev.status == "ok" else f"{ev.status}: {ev.reason}"
-                study.add_trial(evaluation_trial(space, ev, screening.usable_gib, role, prov, reason))
-            done = measured_trials(study)
-            cal = _refit(scenario, study, done, study_cal, history, recalibrate=recalibrate)
-        runs += len(batch)
-        if on_batch:
-            on_batch(history[-1])
-        if progress:
-            progress("real runs", len(done), real_runs)
+            try:
+                with renewing(backend, batch):
+                    evaluations = _evaluate_batch(evaluator, scenario, [c.plan for c in batch])
+            except Stopped as stop:
+                say(f"stopping: killing {len(batch)} in-flight run(s); their plans are released for a rerun")
+                with storage_lock(spec):
+                    for c in batch:
+                        release(backend, c, f"stopped by signal {stop.signum}")
+                raise
+            with storage_lock(spec):
+                for c, ev in zip(batch, evaluations, strict=True):
+                    key = plan_key(c.plan)
+                    if ev.status == "infra":
+                        infra[key] = infra.get(key, 0) + 1
+                        release(backend, c, f"infra: {ev.reason}")
+                        continue
+                    reason = "" if ev.status == "ok" else f"{ev.status}: {ev.reason}"
+                    finish(backend, c, evaluation_trial(space, ev, result.screening.usable_gib, c.role, prov,
+                                                        reason))
+                done = measured_trials(study)
+                cal = _refit(scenario, study, done, study_cal, history, recalibrate=recalibrate)
+            runs += len(batch)
+            if on_batch:
+                on_batch(history[-1])
+            if progress:
+                progress("real runs", len(done), real_runs)
     with storage_lock(spec):
+        done = measured_trials(study)
         _store_recalibrated(study, scenario, space, cal, done, prov)
     statuses: dict[str, int] = {}
     for t in done.values():
         s = str(t.user_attrs.get("status", "ok"))
         statuses[s] = statuses.get(s, 0) + 1
+    if infra:
+        statuses["infra"] = sum(infra.values())
     final = dataclasses.replace(result, front=front_trials(study), trials=len(study.get_trials(deepcopy=False)),
                                 seconds=time.perf_counter() - t0)
     return MultiFidelityResult(search=final, runs=runs, measured=len(done), statuses=statuses,
                                calibration=cal, history=history, seconds=time.perf_counter() - t0,
                                skipped=len(skipped), skipped_example=next(iter(skipped.values()), ""))
+
+
+def _rank(scenario: Scenario, space: SearchSpace, study: optuna.Study, cal: Calibration,
+          candidates: PlanColumns | None, excluded: set[str], want: int, measured: int,
+          unsupported: Callable[[Scenario, Plan], str | None] | None,
+          skipped: dict[str, str]) -> list[tuple[Plan, str]]:
+    """Up to `want` plans to run next, none in `excluded`; plans the harness refuses go to `skipped`."""
+    if candidates is not None:
+        screening = screen_candidates(scenario, space, cal, candidates)
+    else:
+        screening = screen(scenario, cal, space=space)
+    excluded = set(excluded)
+    ranked: list[tuple[Plan, str]] = []
+    for _ in range(_MAX_RANK_ROUNDS):
+        if len(ranked) >= want:
+            break
+        more = rank_candidates(screening, excluded, want - len(ranked), include_infeasible=candidates is not None)
+        if len(more) < want - len(ranked) and candidates is None:
+            more += _sampler_proposals(screening, study, excluded | {plan_key(p) for p, _ in more},
+                                       want - len(ranked) - len(more), space.config.seed + measured)
+        if not more:
+            break
+        for plan, role in more:
+            key = plan_key(plan)
+            excluded.add(key)
+            why = unsupported(scenario, plan) if unsupported is not None else None
+            if why:
+                skipped[key] = f"{plan.short()}: {why}"
+            else:
+                ranked.append((plan, role))
+    return ranked
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM arrived during the real runs (a BaseException, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+        """The signal: the process should exit with 128 + signum."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """In the main thread, SIGINT and SIGTERM raise Stopped (instead of KeyboardInterrupt / dying at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def _calibration_id(cal: Calibration) -> str:

@@ -6,7 +6,7 @@ import pytest
 from optuna.trial import TrialState
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import Evaluation, evaluate
+from stratagem.evaluators import evaluate
 from stratagem.search import (
     CONSTRAINT,
     front_trials,
@@ -19,7 +19,7 @@ from stratagem.search import (
     trial_plan,
 )
 from stratagem.search.storage import open_storage, parse_storage
-from stratagem.spaces import SearchConfig, SearchSpace, load_scenario
+from stratagem.spaces import SearchConfig, load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -127,64 +127,18 @@ def test_bad_input_leaves_no_study(tmp_path) -> None:
 
 
 class MeasuredAnalytic:
-    """An evaluator reporting measured fidelity, judging with the analytic model: drives the queue path the
-    real-run evaluator (Ray) will use, without a cluster."""
+    """An evaluator reporting measured fidelity (judging with the analytic model)."""
 
     fidelity = "measured"
 
-    def __init__(self) -> None:
-        self.calls: list = []
-
     def evaluate(self, scenario, plan):
-        self.calls.append(plan)
         return evaluate(scenario, plan).model_copy(update={"fidelity": "measured"})
 
 
-def test_measured_evaluator_runs_the_queue_with_a_budget(url) -> None:
-    s = narrow()
-    ev = MeasuredAnalytic()
-    first = run_search(s, url, "m", evaluator=ev, n_trials=5)
-    assert first.stored == 5 == len(ev.calls)
-    study = load(url, "m")
-    waiting = study.get_trials(states=(TrialState.WAITING,))
-    assert len(waiting) == first.screening.counts.front + 4 - 5
-    rest = run_search(s, url, "m", evaluator=ev)  # no budget: the rest of the queue
-    assert rest.stored == len(waiting) and rest.already == 5 + len(waiting)
-    keys = [plan_key(p) for p in ev.calls]
-    assert len(set(keys)) == len(keys)  # no plan measured twice
-    study = load(url, "m")
-    assert not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
-    assert {t.user_attrs["fidelity"] for t in study.trials} == {"measured"}
-    # three sampler proposals beyond the queue, none a plan already held
-    more = run_search(s, url, "m", evaluator=ev, n_trials=3)
-    assert more.stored == 3
-    done = [t for t in load(url, "m").trials if "duplicate_of" not in t.user_attrs]
-    assert len({t.user_attrs["plan"] for t in done}) == len(done)
-    assert sum(t.user_attrs.get("role") == "sampler" for t in done) == 3
-
-
-@pytest.mark.filterwarnings("ignore:Heartbeat")
-def test_measured_run_killed_mid_trial_is_failed_and_requeued(url) -> None:
-    s = narrow()
-    ev = MeasuredAnalytic()
-    run_search(s, url, "m", evaluator=ev, n_trials=2)
-    study = load(url, "m")
-    # a worker that died (pid 0 is never a live worker) left a RUNNING trial behind
-    t = study.ask()
-    plan = SearchSpace(s).suggest(t)  # as the runner does right after ask(): the queued plan's params
-    t.set_user_attr("worker", {"host": __import__("socket").gethostname(), "pid": 2**22 + 12345, "started": 1})
-    key = t.user_attrs["plan"]
-    assert plan_key(plan) == key
-    r = run_search(s, url, "m", evaluator=ev)
-    study = load(url, "m")
-    mine = [tr for tr in study.trials if tr.user_attrs.get("plan") == key]
-    states = {tr.state for tr in mine}
-    assert states == {TrialState.FAIL, TrialState.COMPLETE} or states == {TrialState.FAIL, TrialState.PRUNED}
-    # the re-queued trial ran the plan the killed one held, and its stored evaluation is of that plan
-    rerun = [tr for tr in mine if tr.state != TrialState.FAIL]
-    assert len(rerun) == 1
-    assert plan_key(trial_plan(rerun[0])) == key == plan_key(Evaluation.model_validate(rerun[0].user_attrs["evaluation"]).plan)
-    assert r.stored > 0 and not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
+def test_measured_evaluators_go_through_the_one_real_run_path(url) -> None:
+    # measured trials are written by run_multifidelity only (claims, infra retries): tests/search/test_multifidelity.py
+    with pytest.raises(StratagemError, match="run_multifidelity"):
+        run_search(narrow(), url, "m", evaluator=MeasuredAnalytic())
 
 
 def test_screen_contract_for_reports() -> None:
