@@ -36,6 +36,8 @@ class GPUSpec(BaseModel):
     """Memory bandwidth, TB/s."""
     kind: Literal["gpu", "cpu"] = "gpu"
     """gpu for accelerators; cpu for this machine's gloo workers (real CPU runs)."""
+    tdp_w: float | None = Field(default=None, gt=0)
+    """Datasheet board power (TDP), W: the power at which the peaks above are reached; None = not stated."""
 
     def peak_tflops(self, dtype: Dtype) -> float:
         """Dense peak for `dtype`; fp8 falls back to bf16 where the hardware lacks it."""
@@ -56,26 +58,28 @@ class GPUSpec(BaseModel):
 #   B200: NVIDIA HGX B200 datasheet (2024), per GPU (sparse figures halved).
 #   MI300X: AMD Instinct MI300X datasheet (2023).
 #   L40S: NVIDIA L40S datasheet (2023) (sparse figures halved).
+#   tdp_w: the same datasheets' max board power (A100 SXM 400 W, H100/H200 SXM 700 W, B200 1000 W, MI300X 750 W,
+#   L40S 350 W).
 #   cpu: this machine's cores under gloo; peaks are rough placeholders that real-run calibration replaces.
 GPU_PRESETS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
         GPUSpec(name="a100-40g", hbm_gib=40.0, peak_tflops_fp32=19.5, peak_tflops_tf32=156,
-                peak_tflops_bf16=312, hbm_tbps=1.555),
+                peak_tflops_bf16=312, hbm_tbps=1.555, tdp_w=400),
         GPUSpec(name="a100-80g", hbm_gib=80.0, peak_tflops_fp32=19.5, peak_tflops_tf32=156,
-                peak_tflops_bf16=312, hbm_tbps=2.039),
+                peak_tflops_bf16=312, hbm_tbps=2.039, tdp_w=400),
         GPUSpec(name="h100-sxm-80g", hbm_gib=79.6, peak_tflops_fp32=66.9, peak_tflops_tf32=494.5,
-                peak_tflops_bf16=989.5, peak_tflops_fp8=1979, hbm_tbps=3.35),
+                peak_tflops_bf16=989.5, peak_tflops_fp8=1979, hbm_tbps=3.35, tdp_w=700),
         GPUSpec(name="h100-96g", hbm_gib=95.0, peak_tflops_fp32=66.9, peak_tflops_tf32=494.5,
-                peak_tflops_bf16=989.5, peak_tflops_fp8=1979, hbm_tbps=3.35),
+                peak_tflops_bf16=989.5, peak_tflops_fp8=1979, hbm_tbps=3.35, tdp_w=700),
         GPUSpec(name="h200", hbm_gib=140.4, peak_tflops_fp32=66.9, peak_tflops_tf32=494.5,
-                peak_tflops_bf16=989.5, peak_tflops_fp8=1979, hbm_tbps=4.8),
+                peak_tflops_bf16=989.5, peak_tflops_fp8=1979, hbm_tbps=4.8, tdp_w=700),
         GPUSpec(name="b200", hbm_gib=179.1, peak_tflops_fp32=75, peak_tflops_tf32=1100,
-                peak_tflops_bf16=2250, peak_tflops_fp8=4500, hbm_tbps=8.0),
+                peak_tflops_bf16=2250, peak_tflops_fp8=4500, hbm_tbps=8.0, tdp_w=1000),
         GPUSpec(name="mi300x", hbm_gib=192.0, peak_tflops_fp32=163.4, peak_tflops_tf32=653.7,
-                peak_tflops_bf16=1307.4, peak_tflops_fp8=2614.9, hbm_tbps=5.3),
+                peak_tflops_bf16=1307.4, peak_tflops_fp8=2614.9, hbm_tbps=5.3, tdp_w=750),
         GPUSpec(name="l40s", hbm_gib=45.0, peak_tflops_fp32=91.6, peak_tflops_tf32=183,
-                peak_tflops_bf16=362, peak_tflops_fp8=733, hbm_tbps=0.864),
+                peak_tflops_bf16=362, peak_tflops_fp8=733, hbm_tbps=0.864, tdp_w=350),
         GPUSpec(name="cpu", hbm_gib=4.0, peak_tflops_fp32=0.05, peak_tflops_tf32=0.05,
                 peak_tflops_bf16=0.05, hbm_tbps=0.02, kind="cpu"),
     ]
@@ -135,6 +139,9 @@ class ClusterSpec(BaseModel):
     """Per-node bandwidth to the checkpoint store, GB/s."""
     node_mtbf_hours: float = Field(default=_NODE_MTBF_H, gt=0)
     """Mean time between failures of one node, hours (default from Llama 3's 54-day run)."""
+    power_cap_w: float = Field(default=0.0, ge=0)
+    """Power limit each GPU runs under, W (nvidia-smi -pl); 0 = the GPU's datasheet TDP. A cap below the TDP
+    lowers the sustained clock and with it every compute term (evaluators.timing.clock_factor)."""
     price_per_gpu_hour: float = Field(default=-1.0)
     """USD per GPU-hour (negative = the GPU preset's illustrative default)."""
     calibration: str | None = None
