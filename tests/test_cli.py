@@ -151,3 +151,23 @@ def test_usage_errors_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pyte
 def test_help_keeps_exit_zero(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(monkeypatch, capsys, "search", "--help")
     assert code == 0 and "--real-runs" in out
+
+
+def test_bottleneck_names_a_zone_only_at_warn_or_bad(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 12 item 10: all four zones ok -> no zone is named the bottleneck (it said "hbm")."""
+    from stratagem.evaluators import evaluate
+    from stratagem.evaluators.zones import ALL_OK, bottleneck_label
+    from stratagem.spaces import load_scenario
+
+    scn = load_scenario(EXAMPLE)
+    calm = evaluate(scn)  # the example's plan: every zone ok
+    assert calm.zones is not None and {calm.zones.hbm.level, calm.zones.communication.level,
+                                       calm.zones.bubbles.level, calm.zones.checkpoint.level} == {"ok"}
+    assert bottleneck_label(calm.zones) == ALL_OK
+    code, out, _ = run(monkeypatch, capsys, "explain", str(EXAMPLE))
+    assert code == 0 and f"bottleneck: {ALL_OK}" in out
+    from stratagem.spaces import resolve_plan
+
+    oom = evaluate(scn, resolve_plan(scn, "zero=1"))
+    assert oom.zones is not None and oom.zones.hbm.level == "bad" and bottleneck_label(oom.zones) == "hbm"

@@ -10,6 +10,7 @@ from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scena
 from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Evaluation, evaluate
+from stratagem.evaluators.zones import bottleneck_label
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
 
 __all__ = ["memory_table"]
@@ -126,7 +127,7 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = 
         c = colour[z.level]
         ztable.add_row(z.name, f"[{c}]{z.level}", f"{z.value:.1%}", z.sentence)
     console.print(ztable)
-    console.print(f"bottleneck: [bold]{zones.bottleneck}[/bold]")
+    console.print(f"bottleneck: [bold]{bottleneck_label(zones)}[/bold]")
     if not advice:
         console.print("advice: none; no neighbouring plan improves a zone that needs it")
     for i, a in enumerate(advice, 1):

@@ -33,7 +33,8 @@ from stratagem.evaluators.evaluation import (
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["ZONE_NAMES", "LEVELS", "Threshold", "THRESHOLDS", "zone_columns", "build_zones", "measured_zones"]
+__all__ = ["ZONE_NAMES", "LEVELS", "Threshold", "THRESHOLDS", "zone_columns", "build_zones", "measured_zones",
+           "bottleneck_label", "ALL_OK"]
 
 Array = NDArray[np.float64]
 
@@ -93,6 +94,17 @@ def zone_columns(cols: dict[str, Array]) -> dict[str, Array]:
 
 
 # ---- sentences (one plan) ------------------------------------------------------------------------------------
+ALL_OK = "none (all zones ok)"
+
+
+def bottleneck_label(zones: Zones) -> str:
+    """The bottleneck as a user reads it: the zone's name only when some zone is at warn or bad; ALL_OK
+    otherwise (a plan using 0.2% of its memory has no HBM bottleneck, though hbm tops the ranking)."""
+    if all(getattr(zones, name).level == "ok" for name in ZONE_NAMES):
+        return ALL_OK
+    return zones.bottleneck
+
+
 def _pct(x: float) -> str:
     return f"{x:.0%}" if abs(x) >= 0.01 else f"{x:.1%}"
 

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from stratagem.evaluators.evaluation import BLOCKS
+from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.info import ParetoInfo, TrialRecord
 from stratagem.spaces.plan import Plan, format_plan
 
@@ -57,7 +58,7 @@ def _flat(info: ParetoInfo, t: TrialRecord) -> dict[str, Any]:
         row.update(checkpoint_state_gib=c.state_gib, checkpoint_save_s=c.save_s, checkpoint_stall_s=c.stall_s,
                    checkpoint_interval_s=c.interval_s, job_mtbf_h=c.job_mtbf_h)
     if ev is not None and ev.zones is not None:
-        row.update({f"zone_{z}": getattr(ev.zones, z).level for z in _ZONES}, bottleneck=ev.zones.bottleneck)
+        row.update({f"zone_{z}": getattr(ev.zones, z).level for z in _ZONES}, bottleneck=bottleneck_label(ev.zones))
     return row
 
 

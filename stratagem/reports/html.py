@@ -16,6 +16,7 @@ from html import escape
 from importlib import resources
 from typing import Any
 
+from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo, CapacityRow
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.reports.payload import PAYLOAD_VERSION, capacity_payload, report_payload, scenario_summary
@@ -123,7 +124,7 @@ _OBJECTIVE_TITLE = {"tokens_per_s": "highest tokens/s", "headroom_gib": "most me
 
 def _bottleneck(p: PlanResult) -> str:
     z = p.evaluation.zones if p.evaluation else None
-    return z.bottleneck if z else "–"
+    return bottleneck_label(z) if z else "–"
 
 
 def _front_row(rank: int, p: PlanResult) -> str:

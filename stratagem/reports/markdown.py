@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo
 from stratagem.reports.html import fmt, pct
 from stratagem.reports.info import ParetoInfo, PlanResult
@@ -53,7 +54,7 @@ def _front_rows(info: ParetoInfo) -> list[list[str]]:
         rows.append([str(k + 1), f"`{_md(p.label)}`", p.fidelity, fmt(p.value("tokens_per_s")),
                      fmt(tp.tokens_per_s_per_gpu if tp else None), pct(tp.mfu if tp else None),
                      fmt(mem.peak_gib if mem else None, 2), fmt(p.value("headroom_gib"), 2),
-                     pct(p.value("goodput_loss"), 2), z.bottleneck if z else "–"])
+                     pct(p.value("goodput_loss"), 2), bottleneck_label(z) if z else "–"])
     return rows
 
 
@@ -68,7 +69,7 @@ def _zones(p: PlanResult) -> list[str]:
                 f"headroom {m.headroom_gib:.2f}.", ""]
     if ev is not None and ev.zones is not None:
         z = ev.zones
-        rows = [[n + (" (bottleneck)" if n == z.bottleneck else ""), getattr(z, n).level,
+        rows = [[n + (" (bottleneck)" if n == bottleneck_label(z) else ""), getattr(z, n).level,
                  f"{getattr(z, n).value:.3g}", _md(getattr(z, n).sentence)]
                 for n in ("hbm", "communication", "bubbles", "checkpoint")]
         out += _table(["zone", "level", "value*", "diagnosis"], rows) + [""]

@@ -19,6 +19,7 @@ from stratagem.evaluators.evaluation import (
     TimeBreakdown,
     Zones,
 )
+from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.spaces.plan import Plan
@@ -57,7 +58,7 @@ def _zones(z: Zones | None) -> list[Any] | None:
     if z is None:
         return None
     zones = [getattr(z, n) for n in ZONE_NAMES]
-    return [[zone.level, _num(zone.value), zone.sentence] for zone in zones] + [z.bottleneck]
+    return [[zone.level, _num(zone.value), zone.sentence] for zone in zones] + [bottleneck_label(z)]
 
 
 def _evaluation(ev: Evaluation | None) -> dict[str, Any] | None:

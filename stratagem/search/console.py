@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from stratagem.errors import StratagemError
+from stratagem.evaluators.zones import bottleneck_label
 from stratagem.search.records import trial_evaluation, trial_plan
 from stratagem.search.runner import SearchResult
 from stratagem.search.samplers import SAMPLERS
@@ -81,7 +82,7 @@ def front_table(result: SearchResult, top: int) -> Table:
         m = ev.memory
         table.add_row(str(t.number), plan.short(), f"{ev.throughput.tokens_per_s_per_gpu:,.0f}",
                       f"{ev.throughput.mfu:.1%}", f"{m.peak_gib:.1f}/{m.hbm_gib:.0f}", f"{m.headroom_gib:.1f}",
-                      f"{ev.checkpoint.goodput_loss:.2%}", ev.zones.bottleneck if ev.zones else "-")
+                      f"{ev.checkpoint.goodput_loss:.2%}", bottleneck_label(ev.zones) if ev.zones else "-")
     return table
 
 
@@ -152,7 +153,7 @@ def result_json(result: SearchResult) -> str:
         ev = trial_evaluation(t)
         front.append({"number": t.number, "plan": t.user_attrs.get("plan"), "params": t.params,
                       "values": t.values, "fidelity": t.user_attrs.get("fidelity"),
-                      "bottleneck": ev.zones.bottleneck if ev is not None and ev.zones else None})
+                      "bottleneck": bottleneck_label(ev.zones) if ev is not None and ev.zones else None})
     return json.dumps({
         "study": result.study_name, "storage": result.storage.url, "mode": result.mode,
         "counts": {"valid": c.valid, "screened": c.screened, "pruned": c.pruned, "feasible": c.feasible,

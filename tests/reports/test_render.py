@@ -10,6 +10,7 @@ import re
 import pytest
 from report_studies import EVIL, small_study
 
+from stratagem.evaluators.zones import ZONE_NAMES
 from stratagem.reports import (
     CSV_COLUMNS,
     decode_payload,
@@ -76,7 +77,12 @@ def test_markdown(info) -> None:
     assert len(front_rows) == len(info.front)
     assert "| highest tokens/s | `dp8 z1 mb1 bf16` | 100,000 |" in md
     assert "Predicted vs measured" in md and "| tokens/s | 60,000.00 | 95,000.00 | -36.8% |" in md
-    assert "## Zones of the plans on the front" in md and "(bottleneck)" in md
+    assert "## Zones of the plans on the front" in md
+    # a zone is named the bottleneck only where one is at warn or bad (issue 12 item 10)
+    zones = [info.plans[i].evaluation.zones for i in info.front if info.plans[i].evaluation]
+    strained = [z for z in zones if z and any(getattr(z, n).level != "ok" for n in ZONE_NAMES)]
+    assert md.count("(bottleneck)") == len(strained)
+    assert md.count("none (all zones ok)") >= len(zones) - len(strained) > 0
 
 
 def test_json_has_every_trial(info) -> None:
