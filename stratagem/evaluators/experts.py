@@ -36,6 +36,7 @@ __all__ = [
     "routed_time_factor",
     "dispatch_s",
     "moe_layer_fraction",
+    "routed_matmul_per_layer",
 ]
 
 Array = NDArray[np.float64]
@@ -96,6 +97,16 @@ def moe_layer_fraction(scn: Scenario) -> float:
     """Share of layers with experts."""
     m = scn.model
     return m.num_moe_layers() / m.num_layers if m.moe is not None else 0.0
+
+
+def routed_matmul_per_layer(scn: Scenario) -> float:
+    """Routed-expert weights one token multiplies through, averaged over layers: MoE share x top_k x one
+    expert's matmul weights (SwiGLU 3 h f, GELU 2 h f)."""
+    m = scn.model
+    if m.moe is None:
+        return 0.0
+    mats = 3.0 if m.mlp == "swiglu" else 2.0
+    return moe_layer_fraction(scn) * m.moe.top_k * mats * m.hidden_size * m.moe.expert_ffn_hidden_size
 
 
 def routed_time_factor(scn: Scenario, pc: PlanColumns, cal: Calibration, dense_size: Array) -> Array:
