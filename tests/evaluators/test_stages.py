@@ -1,0 +1,74 @@
+"""Per-stage layer accounting (issue 14 item 3): the split the stacks build, the worst stage's memory and the
+slowest stage's time."""
+
+import pytest
+
+from stratagem.evaluators import evaluate
+from stratagem.evaluators.stages import stage_columns
+from stratagem.spaces import MODEL_PRESETS, Plan, PlanColumns, Scenario, cluster_preset, violations
+from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_problem
+
+
+def scenario(model: str, gpus: int, stack: str = "megatron", gbs: int = 256, seq: int = 4096) -> Scenario:
+    return Scenario(model=MODEL_PRESETS[model], cluster=cluster_preset("h100-sxm-80g", gpus, 8),
+                    training={"seq_len": seq, "global_batch_size": gbs, "stack": stack})
+
+
+def test_llama3_405b_pp16_vpp8_counts_embedding_and_loss() -> None:
+    # Megatron: 126 layers + embedding + loss = 128 units, one per chunk of pp16 x vpp8
+    chunks = chunk_layers(126, 16, 8, split="embedding_loss")
+    assert len(chunks) == 128 and sum(chunks) == 126 and chunks[0] == chunks[-1] == 0
+    assert set(chunks[1:-1]) == {1}
+    assert split_problem(126, 16, 8, 0, 0, "layers") is not None  # 128 chunks > 126 layers without it
+    scn = scenario("llama3-405b", 1024, gbs=1024)
+    plan = Plan(dp=8, tp=8, pp=16, pp_schedule="interleaved", virtual_stages=8, pp_split="embedding_loss",
+                sequence_parallel=True, zero_stage=1, activation_checkpointing="full")
+    assert violations(scn, plan) == []
+    ev = evaluate(scn, plan)
+    assert ev.status != "infeasible" and ev.time is not None and ev.time.step_s > 0
+    # the same plan split by layers only is refused with the fix
+    assert any("pp_split=embedding_loss" in v for v in violations(scn, plan.model_copy(update={"pp_split": "layers"})))
+
+
+def test_uneven_split_rules_follow_megatron() -> None:
+    assert split_problem(61, 16, 1, 1, 0, "layers") is None  # DeepSeek-V3: 1 + 15 x 4
+    assert chunk_layers(61, 16, 1, 1, 0) == (1,) + (4,) * 15
+    assert "split evenly" in (split_problem(61, 16, 1, 2, 0, "layers") or "")  # 59 over 15 stages
+    assert "multiple of virtual_stages" in (split_problem(32, 4, 2, 7, 9, "layers") or "")
+    assert "cannot be combined" in (split_problem(32, 4, 1, 7, 9, "embedding_loss") or "")
+    assert "need pp > 1" in (split_problem(32, 1, 1, 7, 0, "layers") or "")
+    # interleaved uneven: rank 0's chunks hold first / v layers each
+    chunks = chunk_layers(32, 4, 2, 6, 10)
+    assert rank_layers(chunks, 4) == (6, 8, 8, 10) and chunks[0] == 3 and chunks[3] == 5
+
+
+def test_deepseek_dense_layers_sit_on_the_first_stage() -> None:
+    m = MODEL_PRESETS["deepseek-v3"]
+    st = stage_columns(m, PlanColumns.from_plans([Plan(pp=16, first_stage_layers=1), Plan(pp=8, last_stage_layers=5)]))
+    assert list(st.first_layers) == [1, 8] and list(st.last_layers) == [4, 5]
+    assert st.first_expert[0] == 0  # layer 0 is dense: no routed experts on rank 0
+    assert st.first_expert[1] == 5 * m.moe.num_experts * m.expert_params()  # layers 0-7: three are dense
+    assert st.middle_layers[1] == 8
+
+
+def test_slowest_stage_decides_time_and_worst_stage_memory() -> None:
+    scn = scenario("llama3-8b", 16, stack="megatron", gbs=64, seq=4096)
+    base = dict(dp=4, pp=4, zero_stage=1, micro_batch_size=1)
+    even, heavy_last = Plan(**base), Plan(**base, first_stage_layers=6, last_stage_layers=10)
+    assert violations(scn, heavy_last) == []
+    e, h = evaluate(scn, even), evaluate(scn, heavy_last)
+    # the last rank runs 10 layers + the head instead of 8 + the head: compute grows by 2 layers' worth
+    st = stage_columns(scn.model, PlanColumns.from_plans([even, heavy_last]))
+    assert list(st.last_layers) == [8, 10]
+    layer = (h.time.compute_s - e.time.compute_s) / 2
+    assert layer > 0 and e.time.compute_s / layer > 8  # 8 layers + head on the slowest rank of the even split
+    # memory: rank 0 holds the most in-flight micro-batches; fewer layers there -> smaller worst stage
+    light_first = Plan(**base, first_stage_layers=6, last_stage_layers=6)
+    assert evaluate(scn, light_first).memory.peak_gib < e.memory.peak_gib
+
+
+@pytest.mark.parametrize("stack", ["deepspeed", "nanotron"])
+def test_stacks_without_the_split_refuse_it(stack: str) -> None:
+    scn = scenario("llama3-8b", 16, stack=stack, gbs=64)
+    broken = violations(scn, Plan(dp=4, pp=4, first_stage_layers=6, last_stage_layers=10))
+    assert any(stack in v and "first/last" in v for v in broken), broken
