@@ -236,3 +236,46 @@ def test_params_round_trip_through_a_stored_trial() -> None:
         params, dists = space.params(pc.plan(i))
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, values=[1, 2, 3]))
     assert [trial_plan(t) for t in study.trials] == [pc.plan(i) for i in range(len(pc))]
+
+
+# ---- issue 14: expert layouts and pipeline splits in the search --------------------------------------------------
+@pytest.mark.parametrize("stack", ["megatron", "torch", "deepspeed", "nanotron"])
+def test_moe_search_proposes_only_layouts_the_stack_runs(stack) -> None:
+    s = Scenario(model=model_preset("mixtral-8x7b"), cluster=cluster_preset("h100-sxm-80g", 32, 8),
+                 training={"seq_len": 4096, "global_batch_size": 64, "stack": stack},
+                 search=SearchConfig(precision="bf16", activation_checkpointing=["full"], micro_batch_size=[1]))
+    space = SearchSpace(s)
+    pc = space.enumerate()
+    rec = s.training.record
+    assert set(space.choices("etp")) == ({1, 2, 4, 8} if rec.expert_tensor_parallel else {1})
+    assert max(space.choices("ep")) == 8
+    # an ep x etp layout that spans the tensor-parallel ranks exists (Megatron folding), e.g. tp 4 x ep 8
+    assert any(pc.tp[i] * pc.dp[i] * pc.cp[i] == pc.ep[i] * pc.etp[i] and pc.tp[i] > 1 for i in range(len(pc)))
+    for i in np.random.default_rng(1).choice(len(pc), min(len(pc), 400), replace=False):
+        plan = pc.plan(int(i))
+        assert violations(s, plan) == [], (plan, violations(s, plan))
+
+
+def test_405b_space_reaches_pp16_vpp8_with_embedding_and_loss() -> None:
+    s = Scenario(model=model_preset("llama3-405b"), cluster=cluster_preset("h100-sxm-80g", 1024, 8),
+                 training={"seq_len": 8192, "global_batch_size": 1024, "stack": "megatron"},
+                 search=SearchConfig(tp=8, pp=16, cp=1, virtual_stages=8, pp_schedule="interleaved",
+                                     precision="bf16", activation_checkpointing=["full"], micro_batch_size=[1]))
+    space = SearchSpace(s)
+    assert space.choices("pp_split") == ("embedding_loss",)
+    pc = space.enumerate()
+    assert len(pc) > 0 and set(pc.virtual_stages) == {8.0}
+    assert violations(s, pc.plan(0)) == []
+
+
+def test_default_uneven_splits_are_balanced() -> None:
+    s = Scenario(model=model_preset("llama3-405b"), cluster=cluster_preset("h100-sxm-80g", 1024, 8),
+                 training={"seq_len": 8192, "global_batch_size": 1024, "stack": "megatron"},
+                 search=SearchConfig(tp=8, pp=16, cp=1, pp_schedule="1f1b", precision="bf16",
+                                     activation_checkpointing=["full"], micro_batch_size=[1]))
+    pc = SearchSpace(s).enumerate()
+    pairs = {(int(f), int(la)) for f, la in zip(pc.first_stage_layers, pc.last_stage_layers, strict=True)}
+    # 126 = 7 + 14 x 8 + 7 (the Llama 3 recipe's lighter ends) and 6 + 15 x 8, 8 x 15 + 6; plus the even split
+    assert {(0, 0), (7, 7), (6, 0), (0, 6)} <= pairs
+    assert all(f <= 8 and la <= 8 for f, la in pairs)
+    assert set(pc.pp_split) == {0.0, 1.0}  # 126 + 2 = 128 = 16 x 8: the embedding/loss split too
