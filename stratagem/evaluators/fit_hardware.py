@@ -1,6 +1,7 @@
 """Fit the Calibration constants that one node's calibration runs inform (`stratagem calibrate`).
 
-Three stages, each a mean-squared-log-error coordinate descent (evaluators.fitting, refined to 0.2 % steps):
+Three stages, each minimising the mean squared log error by coordinate descent, a Nelder-Mead polish (for the
+curved valleys between coupled constants) and a refining descent to 0.2 % steps (evaluators.fitting):
 
 1. compute, on the single-device runs' step times: matmul efficiency (attention efficiency moves with it),
    the small-GEMM half point `half_efficiency_gflop`, the per-layer launch floor and the per-step overhead;
@@ -22,7 +23,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.analytic import evaluate_many
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.fitting import descend, median_error
+from stratagem.evaluators.fitting import descend, median_error, polish
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
@@ -139,14 +140,20 @@ def fit_hardware(runs: Sequence[HardwareRun], base: Calibration | None = None) -
     fitted = base
     if single:
         p1, meas = _Predictor(single), np.array([r.step_s for r in single])
-        fitted = descend(fitted, COMPUTE_FIELDS, lambda c: _log_loss(p1(c)[0], meas), refine=True)
+        compute_loss = lambda c: _log_loss(p1(c)[0], meas)  # noqa: E731
+        fitted = polish(descend(fitted, COMPUTE_FIELDS, compute_loss), COMPUTE_FIELDS, compute_loss)
+        fitted = descend(fitted, COMPUTE_FIELDS, compute_loss, sweeps=0, refine=True)
     every = _Predictor(ok)
     if ok:
         meas_peak = np.array([r.peak_gib for r in ok])
-        fitted = descend(fitted, MEMORY_FIELDS, lambda c: _log_loss(every(c)[1], meas_peak), refine=True)
+        memory_loss = lambda c: _log_loss(every(c)[1], meas_peak)  # noqa: E731
+        fitted = polish(descend(fitted, MEMORY_FIELDS, memory_loss), MEMORY_FIELDS, memory_loss)
+        fitted = descend(fitted, MEMORY_FIELDS, memory_loss, sweeps=0, refine=True)
     if multi:
         p3, meas = _Predictor(multi), np.array([r.step_s for r in multi])
-        fitted = descend(fitted, COMM_FIELDS, lambda c: _log_loss(p3(c)[0], meas), refine=True)
+        comm_loss = lambda c: _log_loss(p3(c)[0], meas)  # noqa: E731
+        fitted = polish(descend(fitted, COMM_FIELDS, comm_loss), COMM_FIELDS, comm_loss)
+        fitted = descend(fitted, COMM_FIELDS, comm_loss, sweeps=0, refine=True)
     before = every(base)
     after = every(fitted)
     return HardwareFit(calibration=fitted, base=base, runs=ok,

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
 
-__all__ = ["FACTORS", "FINE_FACTORS", "field_bounds", "candidates", "coupled", "descend", "median_error"]
+__all__ = ["FACTORS", "FINE_FACTORS", "field_bounds", "candidates", "coupled", "descend", "polish", "median_error"]
 
 Array = NDArray[np.float64]
 FACTORS: Array = np.exp(np.linspace(np.log(1 / 16), np.log(16), 33))
@@ -87,6 +87,64 @@ def descend(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration
         for factors in FINE_FACTORS:
             best = _sweeps(best, fields, loss, factors, refine_sweeps)
     return best
+
+
+def _clip(name: str, value: float) -> float:
+    lo, hi, strict = field_bounds(name)
+    floor = max(lo * (1 + 1e-9), 1e-12) if strict else lo
+    return float(min(hi, max(floor, value)))
+
+
+def polish(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration], float],
+           iterations: int = 300) -> Calibration:
+    """Nelder-Mead (Nelder & Mead 1965; standard coefficients 1, 2, 0.5, 0.5) over log(value) of `fields`
+    from `cal`, clipped to the fields' bounds: follows the curved valleys (matmul efficiency vs the small-GEMM
+    half point) that coordinate descent stalls in. Returns `cal` unless it finds a lower loss. A field at 0
+    starts at 1e-6 (its log is otherwise undefined)."""
+    names = list(fields)
+    if not names:
+        return cal
+
+    def build(x: Array) -> Calibration:
+        update: dict[str, float] = {}
+        current = cal
+        for name, v in zip(names, x, strict=True):
+            update.update(coupled(current, name, _clip(name, float(np.exp(v)))))
+            current = cal.model_copy(update=update)
+        return current
+
+    def f(x: Array) -> float:
+        value = loss(build(x))
+        return value if np.isfinite(value) else float("inf")
+
+    x0 = np.log(np.array([max(float(getattr(cal, n)), 1e-6) for n in names]))
+    simplex = [x0] + [x0 + np.eye(len(names))[i] * 0.3 for i in range(len(names))]
+    values = [f(x) for x in simplex]
+    for _ in range(iterations):
+        order = np.argsort(values)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if values[-1] - values[0] < 1e-14:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = centroid + 2.0 * (centroid - simplex[-1])
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:
+                simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    best = int(np.argmin(values))
+    return build(simplex[best]) if values[best] < loss(cal) - 1e-15 else cal
 
 
 def median_error(pred: Array, meas: Array) -> float:
