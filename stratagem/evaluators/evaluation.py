@@ -31,7 +31,7 @@ BLOCKS: tuple[Block, ...] = ("weights", "gradients", "optimizer", "activations",
 # infra: a real run that failed for the cluster's sake (actor/node lost, resources never came); not the plan's
 # verdict: never stored as a measured trial (search/claims.py releases the plan for a retry).
 Status = Literal["ok", "oom", "infeasible", "failed", "timeout", "infra"]
-Fidelity = Literal["analytic", "measured"]
+Fidelity = Literal["analytic", "traced", "measured"]
 Level = Literal["ok", "warn", "bad"]
 ZoneName = Literal["hbm", "communication", "bubbles", "checkpoint"]
 
@@ -178,7 +178,7 @@ class Evaluation(BaseModel):
     reason: str = ""
     """Why the status is not ok (the rule, the block that broke, the crash)."""
     fidelity: Fidelity = "analytic"
-    """analytic (formulas) or measured (a real run)."""
+    """analytic (formulas), traced (a fake-tensor trace of the real code) or measured (a real run)."""
     memory: MemoryBreakdown | None = None
     """Memory of the worst rank (None when infeasible)."""
     time: TimeBreakdown | None = None

@@ -17,25 +17,38 @@ Trial:
   constraints (set_constraint)  [peak_gib - usable_gib]: > 0 means predicted or measured not to fit
                                 (key CONSTRAINT = "memory"; usable_gib = HBM - search.memory_margin_gib)
   user_attrs["plan"]            format_plan(plan) (compact key=value string, the identity used for dedup)
-  user_attrs["fidelity"]        "analytic" | "measured"
-  user_attrs["status"]          Evaluation.status
+  user_attrs["fidelity"]        "analytic" | "traced" | "measured" (FIDELITIES; measured beats traced beats analytic)
+  user_attrs["status"]          Evaluation.status (STATUSES)
   user_attrs["evaluation"]      Evaluation.model_dump(mode="json")
   user_attrs["provenance"]      {"stratagem_version", "scenario_hash", ...}
-  user_attrs["role"]            why the search stored it: "front" (predicted Pareto front), "boundary" (pruned, nearest
+  user_attrs["role"]            why the search stored it (ROLES): "front" (predicted Pareto front), "boundary" (nearest
                                 the memory limit), "sample" (a bounded random sample of the rest), "sampler"
-                                (proposed by the Optuna sampler during measured runs)
+                                (proposed by the Optuna sampler during measured runs), "recalibrated" (the plan
+                                predicted again with the study's refitted calibration)
   user_attrs["pruned"]          (PRUNED trials) the reason: predicted peak vs usable memory and the block that broke
+  user_attrs["worker"], ["claim"], ["released"], ["expired"], ["retry_of"], ["duplicate_of"]
+                                who runs a measured trial and how a claim on it ended (search/claims.py)
+Which trial stands for a plan (`standing`, the one rule every reader uses): among the plan's finished trials
+(COMPLETE or PRUNED, or any trial holding an evaluation), the highest fidelity wins, and within one fidelity the
+latest trial (a recalibrated prediction replaces the first one). It is feasible when it is COMPLETE with finite
+objective values, its status is "ok" and every constraint is <= 0.
 Study (added by search):
   user_attrs["space_digest"]    SearchSpace.digest(): scenario + search section; a study serves one space
   user_attrs["counts"]          {"valid", "screened", "pruned", "feasible", "front"} of the last screening
   user_attrs["screening"]       "exhaustive" or the sampler that explored a sampled space
+  user_attrs["search_state"]    {"finished": bool, ...}: whether the last analytic search ran to its end
+  user_attrs["calibration"]     (real runs) the Calibration refitted on the study's measured trials
+  user_attrs["calibration_history"]  one entry per batch of real runs
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from stratagem.evaluators.evaluation import Evaluation
+from stratagem.evaluators.evaluation import Evaluation, Fidelity, Status
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario, scenario_from_dict
 
@@ -54,13 +67,66 @@ __all__ = [
     "study_scenario",
     "CONSTRAINT",
     "ROLES",
+    "Role",
+    "FIDELITIES",
+    "STATUSES",
+    "TrialKey",
+    "StudyKey",
     "front_trials",
+    "Standing",
+    "standing",
+    "standings",
+    "trial_fidelity",
+    "trial_key",
+    "trial_status",
+    "trial_constraint",
+    "trial_feasible",
 ]
 
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "headroom_gib", "goodput_loss")
 DIRECTIONS: tuple[Literal["maximize", "minimize"], ...] = ("maximize", "maximize", "minimize")
 CONSTRAINT = "memory"
-ROLES: tuple[str, ...] = ("front", "boundary", "sample", "sampler")
+Role = Literal["front", "boundary", "sample", "sampler", "recalibrated"]
+ROLES: tuple[Role, ...] = get_args(Role)
+"""Why a trial was stored (user attribute "role")."""
+FIDELITIES: tuple[Fidelity, ...] = get_args(Fidelity)
+"""How a trial's figures were obtained, weakest first: a later entry beats an earlier one for the same plan."""
+STATUSES: tuple[Status, ...] = tuple(s for s in get_args(Status) if s != "infra")
+"""Evaluation.status values a trial stores (user attribute "status"); only "ok" can be feasible. "infra" (the
+cluster failed, not the plan) is never stored: the plan's claim is released for a retry (search/claims.py)."""
+
+
+class TrialKey:
+    """Trial user-attribute keys (see the module docstring)."""
+
+    PLAN = "plan"
+    FIDELITY = "fidelity"
+    STATUS = "status"
+    EVALUATION = "evaluation"
+    PROVENANCE = "provenance"
+    ROLE = "role"
+    PRUNED = "pruned"
+    WORKER = "worker"
+    CLAIM = "claim"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    RETRY_OF = "retry_of"
+    DUPLICATE_OF = "duplicate_of"
+
+
+class StudyKey:
+    """Study user-attribute keys (see the module docstring)."""
+
+    SCENARIO = "scenario"
+    SCENARIO_HASH = "scenario_hash"
+    STRATAGEM_VERSION = "stratagem_version"
+    SPACE_DIGEST = "space_digest"
+    SPACE = "space"
+    COUNTS = "counts"
+    SCREENING = "screening"
+    SEARCH_STATE = "search_state"
+    CALIBRATION = "calibration"
+    CALIBRATION_HISTORY = "calibration_history"
 
 
 def plan_distributions() -> dict[str, optuna.distributions.BaseDistribution]:
@@ -68,12 +134,15 @@ def plan_distributions() -> dict[str, optuna.distributions.BaseDistribution]:
     (a storage refuses a parameter whose distribution changes within a study)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    from stratagem.spaces.plan import PRECISIONS, RECOMPUTES, SCHEDULES
+    from stratagem.spaces.plan import PIPELINE_SPLITS, PRECISIONS, RECOMPUTES, SCHEDULES
 
     count = IntDistribution(1, 1 << 20)
+    layers = IntDistribution(0, 1 << 20)
     return {
-        "dp": count, "tp": count, "pp": count, "cp": count, "ep": count, "dp_replicate": count,
+        "dp": count, "tp": count, "pp": count, "cp": count, "ep": count, "etp": count, "dp_replicate": count,
         "micro_batch_size": count, "virtual_stages": count, "zero_stage": CategoricalDistribution([0, 1, 2, 3]),
+        "recompute_layers": layers, "first_stage_layers": layers, "last_stage_layers": layers,
+        "pp_split": CategoricalDistribution(list(PIPELINE_SPLITS)),
         "sequence_parallel": CategoricalDistribution([False, True]),
         "precision": CategoricalDistribution(list(PRECISIONS)),
         "activation_checkpointing": CategoricalDistribution(list(RECOMPUTES)),
@@ -120,23 +189,128 @@ def study_scenario(study: optuna.Study) -> Scenario:
     return scenario_from_dict(data, source=f"study {study.study_name}")
 
 
-def front_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The study's Pareto front, highest tokens/s first: feasible trials no other dominates, where a plan that
-    was measured is represented by its latest measured trial (a real run overrides its prediction)."""
-    import numpy as np
+def trial_fidelity(trial: optuna.trial.FrozenTrial) -> Fidelity:
+    """The trial's fidelity (user attribute, else its evaluation's, else "analytic")."""
+    value = trial.user_attrs.get(TrialKey.FIDELITY)
+    if value not in FIDELITIES:
+        data = trial.user_attrs.get(TrialKey.EVALUATION)
+        value = data.get("fidelity", "analytic") if isinstance(data, dict) else "analytic"
+    return value if value in FIDELITIES else "analytic"
+
+
+def trial_status(trial: optuna.trial.FrozenTrial) -> str:
+    """The trial's status: the "status" attribute, else its evaluation's, else "ok" for a COMPLETE trial and
+    the Optuna state's name otherwise."""
     from optuna.trial import TrialState
+
+    status = trial.user_attrs.get(TrialKey.STATUS)
+    if status is not None:
+        return str(status)
+    data = trial.user_attrs.get(TrialKey.EVALUATION)
+    if isinstance(data, dict) and data.get("status") in STATUSES:
+        return str(data["status"])
+    return "ok" if trial.state == TrialState.COMPLETE else trial.state.name.lower()
+
+
+def trial_constraint(trial: optuna.trial.FrozenTrial) -> float | None:
+    """The largest stored constraint (peak - usable GiB; > 0 does not fit), None when none is stored. Optuna 5
+    keeps named constraints (CONSTRAINT); older studies a list in system_attrs["constraints"]."""
+    named = getattr(trial, "constraints", None)
+    values = list(named.values()) if isinstance(named, dict) else []
+    if not values:
+        values = list(trial.system_attrs.get("constraints") or [])
+    return float(max(values)) if values else None
+
+
+def trial_feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    """COMPLETE with finite objective values, status "ok", and no constraint above 0."""
+    from optuna.trial import TrialState
+
+    if trial.state != TrialState.COMPLETE or not trial.values or len(trial.values) != len(OBJECTIVES):
+        return False
+    if not all(math.isfinite(v) for v in trial.values) or trial_status(trial) != "ok":
+        return False
+    c = trial_constraint(trial)
+    return c is None or c <= 0
+
+
+def trial_key(trial: optuna.trial.FrozenTrial) -> str:
+    """The plan key of a trial: its "plan" attribute, else plan_key of its params, else "#<number>"."""
+    key = trial.user_attrs.get(TrialKey.PLAN)
+    if key is not None:
+        return str(key)
+    try:
+        return plan_key(trial_plan(trial))
+    except (ValueError, TypeError):
+        return f"#{trial.number}"
+
+
+def _holds_result(trial: optuna.trial.FrozenTrial) -> bool:
+    from optuna.trial import TrialState
+
+    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or bool(trial.user_attrs.get(TrialKey.EVALUATION))
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A plan's trials in a study and the one that stands for it."""
+
+    key: str
+    """trial_key of the plan's trials."""
+    trial: optuna.trial.FrozenTrial
+    """The trial that stands for the plan: highest fidelity, then latest."""
+    trials: tuple[optuna.trial.FrozenTrial, ...]
+    """Every finished trial of the plan, by number."""
+
+    @property
+    def fidelity(self) -> Fidelity:
+        """The standing trial's fidelity."""
+        return trial_fidelity(self.trial)
+
+    @property
+    def status(self) -> str:
+        """The standing trial's status."""
+        return trial_status(self.trial)
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the standing trial is feasible (trial_feasible): a measured oom overrules a feasible
+        prediction."""
+        return trial_feasible(self.trial)
+
+    def latest(self, fidelity: Fidelity) -> optuna.trial.FrozenTrial | None:
+        """The plan's latest trial of one fidelity (e.g. the analytic prediction beside a measured run)."""
+        found = [t for t in self.trials if trial_fidelity(t) == fidelity]
+        return found[-1] if found else None
+
+
+def standing(trials: Sequence[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial:
+    """Which of one plan's finished trials stands for it: the highest fidelity (FIDELITIES order), then the
+    latest (highest number)."""
+    if not trials:
+        raise ValueError("standing: a plan with no trials")
+    return max(trials, key=lambda t: (FIDELITIES.index(trial_fidelity(t)), t.number))
+
+
+def standings(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, Standing]:
+    """Plan key -> its Standing, over the finished trials (COMPLETE, PRUNED, or holding an evaluation) of a
+    study (`study.get_trials(deepcopy=False)`); unfinished trials (queued, running, failed claims) stand for
+    nothing. Keys in order of each plan's first trial."""
+    grouped: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if _holds_result(t):
+            grouped.setdefault(trial_key(t), []).append(t)
+    return {k: Standing(key=k, trial=standing(ts), trials=tuple(ts)) for k, ts in grouped.items()}
+
+
+def front_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The study's Pareto front, highest tokens/s first: the feasible standing trials (one per plan, see
+    `standings`) that no other dominates."""
+    import numpy as np
 
     from stratagem.search.pareto import nondominated
 
-    latest: dict[str, optuna.trial.FrozenTrial] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        key = t.user_attrs.get("plan", f"#{t.number}")
-        held = latest.get(key)
-        measured = t.user_attrs.get("fidelity") == "measured"
-        if held is None or measured or held.user_attrs.get("fidelity") != "measured":
-            latest[key] = t
-    rows = [t for t in latest.values() if t.state == TrialState.COMPLETE and t.values
-            and all(c <= 0 for c in (t.constraints or {}).values())]
+    rows = [s.trial for s in standings(study.get_trials(deepcopy=False)).values() if s.feasible]
     if not rows:
         return []
     keep = nondominated(np.array([t.values for t in rows], dtype=np.float64), DIRECTIONS)

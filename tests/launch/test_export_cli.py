@@ -118,7 +118,7 @@ def test_best_prefers_measured_feasible_trials(storage: str) -> None:
     assert "# source: study mixed trial 3 (measured; best tokens_per_s among 1 feasible measured trial(s))" \
         in files["run.sh"]
     cmd = shlex.split(next(x for x in files["run.sh"].splitlines() if x.startswith("torchrun ")))
-    assert cmd[cmd.index("--plan") + 1].startswith("dp=2,tp=2,pp=1,cp=1,ep=1,dp_replicate=1,zero_stage=1,")
+    assert cmd[cmd.index("--plan") + 1].startswith("dp=2,tp=2,pp=1,cp=1,ep=1,etp=1,dp_replicate=1,zero_stage=1,")
     assert (cmd[cmd.index("--steps") + 1], cmd[cmd.index("--seed") + 1]) == ("4", "7")  # from the measured run
     override = export("--storage", storage, "--study", "mixed", "--to", "torchrun", "--steps", "9", "--seed", "1")
     cmd = shlex.split(next(x for x in files_of(override.stdout)["run.sh"].splitlines() if x.startswith("torchrun")))

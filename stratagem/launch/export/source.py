@@ -1,5 +1,7 @@
-"""Which plan to export from a study: a trial by number, or the best feasible trial by one objective
-(measured trials preferred over analytic ones). Reads the study through stratagem.search.records."""
+"""Which plan to export from a study: a trial by number, or the best feasible plan by one objective. Reads the
+study through its schema (stratagem.search.records): one trial stands for each plan (measured beats traced
+beats analytic), so a plan whose real run went out of memory is never exported on the strength of its
+prediction; among feasible plans, measured ones are preferred."""
 
 from __future__ import annotations
 
@@ -39,19 +41,23 @@ class Chosen:
 
 
 def feasible(trial: optuna.trial.FrozenTrial) -> bool:
-    """COMPLETE, with objective values, status ok, and every constraint satisfied (<= 0)."""
-    from optuna.trial import TrialState
+    """The study schema's feasibility (records.trial_feasible)."""
+    from stratagem.search.records import trial_feasible
 
-    if trial.state != TrialState.COMPLETE or not trial.values:
-        return False
-    if trial.user_attrs.get("status", "ok") != "ok":
-        return False
-    return all(c <= 0 for c in (trial.constraints or {}).values())
+    return trial_feasible(trial)
 
 
 def choose_trial(study: optuna.Study, trial: int | None = None, best: str | None = None) -> Chosen:
     """The trial numbered `trial`, or the best feasible one by `best` (default tokens)."""
-    from stratagem.search.records import DIRECTIONS, OBJECTIVES, study_scenario, trial_evaluation, trial_plan
+    from stratagem.search.records import (
+        DIRECTIONS,
+        OBJECTIVES,
+        standings,
+        study_scenario,
+        trial_evaluation,
+        trial_fidelity,
+        trial_plan,
+    )
 
     if trial is not None and best is not None:
         raise StratagemError("--trial and --best: give one of them")
@@ -64,18 +70,18 @@ def choose_trial(study: optuna.Study, trial: int | None = None, best: str | None
             have = f"trials 0-{max(t.number for t in trials)}" if trials else "no trials"
             raise StratagemError(f"--trial ({trial}): study {name!r} has {have}")
         chosen = found[0]
-        why = f"{chosen.state.name.lower()}, {chosen.user_attrs.get('fidelity', 'analytic')}"
+        why = f"{chosen.state.name.lower()}, {trial_fidelity(chosen)}"
     else:
         key = best or "tokens"
         if key not in BEST:
             raise StratagemError(f"--best ({key!r}): use one of {', '.join(BEST)}")
         i = OBJECTIVES.index(BEST[key])
         sign = -1.0 if DIRECTIONS[i] == "maximize" else 1.0
-        ok = [t for t in trials if feasible(t)]
+        ok = [s.trial for s in standings(trials).values() if s.feasible]
         if not ok:
             raise StratagemError(f"--best ({key}): study {name!r} has no feasible trial among {len(trials)}; "
                                  "export one by number with --trial")
-        measured = [t for t in ok if t.user_attrs.get("fidelity") == "measured"]
+        measured = [t for t in ok if trial_fidelity(t) == "measured"]
         pool = measured or ok
         chosen = min(pool, key=lambda t: (sign * t.values[i], t.number))
         kind = "measured" if measured else "analytic"
