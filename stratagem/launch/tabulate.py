@@ -1,0 +1,65 @@
+"""Measure every plan of a small scenario once, for a tabular benchmark (bench/search_regret.py --table).
+
+`measure_plans(scenario, plans, ...)` runs the plans of one world size one after the other in local launches
+(gloo on CPU, `launch.local.run_local`), each with the harness's own `run_plan`, and returns one outcome per
+plan: ok (tokens/s per GPU, peak tracked memory of the worst rank), oom (the memory cap tripped on every rank
+together: `MemoryCapExceeded` is collective) or failed (any other error: the launch is then retried plan by
+plan so one broken plan does not take its neighbours' results with it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from stratagem.spaces.plan import Plan, format_plan
+from stratagem.spaces.scenario import Scenario
+
+__all__ = ["measure_plans", "rank_measure"]
+
+GIB = float(2**30)
+
+
+def rank_measure(rank: int, scenario: Scenario, plans: Sequence[Plan], steps: int, warmup: int,
+                 cap_gib: float | None) -> list[dict[str, Any]]:
+    """On one rank: run each plan; its outcome (identical on every rank for ok and oom)."""
+    from stratagem.launch.harness import run_plan
+    from stratagem.launch.memtrack import MemoryCapExceeded
+
+    out: list[dict[str, Any]] = []
+    for plan in plans:
+        try:
+            r = run_plan(scenario, plan, steps, warmup, seed=0, memory_cap_gib=cap_gib, checkpoint=False)
+        except MemoryCapExceeded as e:
+            out.append({"plan": format_plan(plan), "status": "oom", "reason": str(e)})
+            continue
+        peak = max(x.get("peak_bytes", 0) for x in r["ranks"]) / GIB
+        out.append({"plan": format_plan(plan), "status": "ok", "peak_gib": peak,
+                    "tokens_per_s_per_gpu": r["tokens_per_s"] / r["world_size"], "step_times_s": r["step_times_s"],
+                    "versions": r["versions"], "device": r["device"]})
+    return out
+
+
+def measure_plans(scenario: Scenario, plans: Sequence[Plan], steps: int = 4, warmup: int = 1,
+                  cap_gib: float | None = None, chunk: int = 12, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    """Outcomes of `plans` (one world size), in order; see the module docstring."""
+    from stratagem.launch.local import LocalRunError, run_local
+
+    worlds = {p.world_size for p in plans}
+    if len(worlds) != 1:
+        raise ValueError(f"plans of one call must share a world size; got {sorted(worlds)}")
+    world = worlds.pop()
+    results: list[dict[str, Any]] = []
+    for i in range(0, len(plans), chunk):
+        part = list(plans[i:i + chunk])
+        try:
+            results += run_local(rank_measure, world, (scenario, part, steps, warmup, cap_gib), timeout_s)[0]
+        except LocalRunError:
+            for plan in part:  # one at a time, so a failing plan is named and the others still count
+                try:
+                    results += run_local(rank_measure, world, (scenario, [plan], steps, warmup, cap_gib),
+                                         timeout_s)[0]
+                except LocalRunError as e:
+                    last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                    results.append({"plan": format_plan(plan), "status": "failed", "reason": last[:300]})
+    return results
