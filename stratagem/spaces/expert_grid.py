@@ -23,8 +23,11 @@ def expert_data_parallel(tp: int, dp: int, cp: int, ep: int, etp: int) -> int:
     return tp * dp * cp // (ep * etp)
 
 
-def expert_grid_problem(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, etp: int) -> str | None:
-    """Why this ep x etp layout cannot be built (one line naming the fields and the fix), or None."""
+def expert_grid_problem(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, etp: int,
+                        grid: str = "folding") -> str | None:
+    """Why this ep x etp layout cannot be built (one line naming the fields and the fix), or None. `grid` is the
+    stack's StackRecord.expert_grid: folding (Megatron-Core), etp_1_or_tp (torchtitan ParallelDims._validate),
+    data_parallel (DeepSpeed/nanotron: expert groups inside the data-parallel ranks)."""
     moe = model.moe
     if moe is None:
         if ep > 1 or etp > 1:
@@ -42,14 +45,23 @@ def expert_grid_problem(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, et
         ok = [e for e in divisors(moe.num_experts) if world % (e * etp) == 0]
         return (f"ep*etp ({ep}*{etp}) must divide tp*dp*cp ({tp}*{dp}*{cp} = {world}): the expert grid re-partitions "
                 f"those ranks (Megatron parallel_state.py); valid ep with etp={etp}: {', '.join(map(str, ok))}")
+    if grid != "folding" and ep > 1 and etp not in (1, tp):
+        return f"etp ({etp}) must be 1 or tp ({tp}) with ep > 1 on this stack; set etp=1 or etp={tp}"
+    if grid == "etp_1_or_tp" and ep > 1:
+        borrowed = cp * (tp if etp == 1 else 1)  # ParallelDims: ep takes cp (and tp when etp = 1) whole
+        if ep % borrowed:
+            return (f"ep ({ep}) must be a multiple of {'cp*tp' if etp == 1 else 'cp'} ({borrowed}) with etp={etp} "
+                    "(torchtitan parallel_dims.py); raise ep or set etp=tp")
+    if grid == "data_parallel" and (dp * cp) % ep:
+        return f"ep ({ep}) must divide dp*cp ({dp * cp}) on this stack (expert groups inside data parallelism)"
     return None
 
 
-def expert_layouts(model: ModelSpec, tp: int, dp: int, cp: int) -> list[tuple[int, int]]:
+def expert_layouts(model: ModelSpec, tp: int, dp: int, cp: int, grid: str = "folding") -> list[tuple[int, int]]:
     """Every (ep, etp) the rules allow on this attention grid ((1, 1) for a dense model)."""
     moe = model.moe
     if moe is None:
         return [(1, 1)]
     world = tp * dp * cp
     return [(e, t) for e in divisors(moe.num_experts) for t in divisors(world)
-            if expert_grid_problem(model, tp, dp, cp, e, t) is None]
+            if expert_grid_problem(model, tp, dp, cp, e, t, grid) is None]

@@ -285,9 +285,10 @@ class SearchSpace:
         if "fp8" in precisions and not rec.fp8_recipes:
             raise StratagemError(f"search.precision (fp8): {rec.name} has no fp8 training recipe "
                                  f"({rec.cite('fp8_recipes')}); use bf16")
-        # "op" (op-level selective recompute) joins the default axis once the harness and the model both have it.
+        # "op" (op-level selective recompute) is in the default axis where the stack has it: the harness runs it
+        # (stratagem/launch/parallelize.py op_sac_context) and memory.py/timing.py model it (op_layer_elements).
         recomputes = _choices(cfg.activation_checkpointing, RECOMPUTES,
-                              [r for r in RECOMPUTES if r != "op" and r in rec.recompute_modes],
+                              [r for r in RECOMPUTES if r in rec.recompute_modes],
                               "activation_checkpointing")
         unrun = [r for r in recomputes if r not in rec.recompute_modes]
         if unrun:
@@ -318,7 +319,7 @@ class SearchSpace:
                         continue
                     for e in eps_all:
                         for et in etps:  # the expert grid folds over tp x dp x cp (spaces/expert_grid.py)
-                            if expert_grid_problem(m, t, d, c, e, et) is None:
+                            if expert_grid_problem(m, t, d, c, e, et, rec.expert_grid) is None:
                                 layouts.append(_Layout(t, p, c, d, e, et, zero, sp, pipe))
         if not layouts:
             raise StratagemError(

@@ -249,8 +249,10 @@ def test_moe_search_proposes_only_layouts_the_stack_runs(stack) -> None:
     rec = s.training.record
     assert set(space.choices("etp")) == ({1, 2, 4, 8} if rec.expert_tensor_parallel else {1})
     assert max(space.choices("ep")) == 8
-    # an ep x etp layout that spans the tensor-parallel ranks exists (Megatron folding), e.g. tp 4 x ep 8
-    assert any(pc.tp[i] * pc.dp[i] * pc.cp[i] == pc.ep[i] * pc.etp[i] and pc.tp[i] > 1 for i in range(len(pc)))
+    # an ep x etp layout that spans the tensor-parallel ranks exists where the stack folds experts over tp
+    # (Megatron any; torchtitan etp=1 with ep taking tp whole), e.g. tp 4 x dp 2 -> ep 8
+    spans = any(pc.tp[i] * pc.dp[i] * pc.cp[i] == pc.ep[i] and pc.tp[i] > 1 and pc.etp[i] == 1 for i in range(len(pc)))
+    assert spans == (rec.expert_grid in ("folding", "etp_1_or_tp"))
     for i in np.random.default_rng(1).choice(len(pc), min(len(pc), 400), replace=False):
         plan = pc.plan(int(i))
         assert violations(s, plan) == [], (plan, violations(s, plan))
