@@ -15,7 +15,7 @@ from __future__ import annotations
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.model import ModelSpec
 
-__all__ = ["expert_grid_problem", "expert_data_parallel", "expert_layouts"]
+__all__ = ["expert_grid_problem", "grid_layout_problem", "expert_data_parallel", "expert_layouts"]
 
 
 def expert_data_parallel(tp: int, dp: int, cp: int, ep: int, etp: int) -> int:
@@ -45,15 +45,20 @@ def expert_grid_problem(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, et
         ok = [e for e in divisors(moe.num_experts) if world % (e * etp) == 0]
         return (f"ep*etp ({ep}*{etp}) must divide tp*dp*cp ({tp}*{dp}*{cp} = {world}): the expert grid re-partitions "
                 f"those ranks (Megatron parallel_state.py); valid ep with etp={etp}: {', '.join(map(str, ok))}")
+    return grid_layout_problem(tp, dp, cp, ep, etp, grid)
+
+
+def grid_layout_problem(tp: int, dp: int, cp: int, ep: int, etp: int, grid: str) -> str | None:
+    """The stack-specific part of the expert grid rules (no model needed): see `expert_grid_problem`."""
     if grid != "folding" and ep > 1 and etp not in (1, tp):
-        return f"etp ({etp}) must be 1 or tp ({tp}) with ep > 1 on this stack; set etp=1 or etp={tp}"
+        return f"etp ({etp}) must be 1 or tp ({tp}) with ep > 1; set etp=1 or etp={tp}"
     if grid == "etp_1_or_tp" and ep > 1:
         borrowed = cp * (tp if etp == 1 else 1)  # ParallelDims: ep takes cp (and tp when etp = 1) whole
-        if ep % borrowed:
-            return (f"ep ({ep}) must be a multiple of {'cp*tp' if etp == 1 else 'cp'} ({borrowed}) with etp={etp} "
-                    "(torchtitan parallel_dims.py); raise ep or set etp=tp")
+        if ep % borrowed:  # (that ep*etp divides tp*dp*cp is the generic rule)
+            return (f"ep ({ep}) must be a multiple of {'cp*tp' if etp == 1 else 'cp'} ({borrowed}) with "
+                    f"etp={etp}; change ep or set etp={tp}")
     if grid == "data_parallel" and (dp * cp) % ep:
-        return f"ep ({ep}) must divide dp*cp ({dp * cp}) on this stack (expert groups inside data parallelism)"
+        return f"ep ({ep}) must divide dp*cp ({dp * cp}): expert groups are taken from the data-parallel ranks"
     return None
 
 
