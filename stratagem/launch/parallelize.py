@@ -38,7 +38,7 @@ from stratagem.spaces.plan import Plan
 warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
 __all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
-           "parallelize", "wrap_ddp", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
+           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -129,19 +129,67 @@ def apply_tp(part: Transformer, tp_mesh: Any, sequence_parallel: bool) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def apply_ac(part: Transformer, mode: str) -> None:
-    """Activation checkpointing with `checkpoint_wrapper` (non-reentrant).
+def _op_save_list() -> set[Any]:
+    """Ops whose outputs torchtitan's op-level SAC saves: every mm (but every second one), attention, reduce-
+    scatter, max [torchtitan torchtitan/distributed/activation_checkpoint.py `_save_list` of the 2025 releases];
+    plus the CPU flash kernel SDPA dispatches to here (torchtitan lists the CUDA kernels only)."""
+    aten = torch.ops.aten
+    names = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    ops: set[Any] = {aten.mm.default, aten.max.default}
+    ops |= {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    functional = getattr(torch.ops, "_c10d_functional", None)
+    if functional is not None and hasattr(functional, "reduce_scatter_tensor"):
+        ops.add(functional.reduce_scatter_tensor.default)
+    return ops
+
+
+def op_sac_context() -> Any:
+    """A fresh (forward, recompute) context pair of torchtitan's op-level policy for one checkpointed block:
+    save the outputs of the save-list ops except every second mm (counted separately in forward and in
+    recompute), recompute the rest [torchtitan activation_checkpoint.py `_get_custom_policy`]."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = _op_save_list()
+    mm = torch.ops.aten.mm.default
+    counts = {False: 0, True: 0}  # mm calls so far, keyed by ctx.is_recompute
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func == mm:
+            counts[ctx.is_recompute] += 1
+        keep = func in save and not (func == mm and counts[ctx.is_recompute] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)  # type: ignore[no-untyped-call]
+
+
+def recomputed_layers(part: Transformer, recompute_layers: int) -> list[str]:
+    """Names of the blocks of this part (a pipeline chunk) that recompute: all, or the first
+    `recompute_layers` (Megatron's --recompute-method block --recompute-num-layers N, per model chunk)."""
+    names = [name for name, _ in _blocks(part)]
+    return names if recompute_layers <= 0 else names[:recompute_layers]
+
+
+def apply_ac(part: Transformer, mode: str, recompute_layers: int = 0) -> None:
+    """Activation checkpointing with `checkpoint_wrapper` (non-reentrant) on the blocks `recomputed_layers`
+    picks (partial recompute: the others keep every activation).
 
     full: each whole block (only its input is kept). selective: the region down(silu(g) * u) of each MLP,
     whose inputs g and u are kept: what stratagem.evaluators.memory `_layer_elements` counts as selective.
+    op: each whole block under torchtitan's op-level selective policy (`op_sac_context`): the outputs of
+    wq, wv, w1, w2 (mm 1, 3, 5, 7), of attention and of SP's reduce-scatters are kept, the rest recomputed.
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     if mode == "none":
         return
-    for name, block in _blocks(part):
+    for name in recomputed_layers(part, recompute_layers):
+        block = part.layers[name]
         if mode == "full":
             part.layers.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
+        elif mode == "op":
+            part.layers.register_module(name, checkpoint_wrapper(block, context_fn=op_sac_context,
+                                                                 preserve_rng_state=False))
         else:
             ff = block.get_submodule("feed_forward")
             ff.register_module("down", checkpoint_wrapper(ff.get_submodule("down"), preserve_rng_state=False))
@@ -172,7 +220,7 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any) -> Transformer:
     materialisation (`wrap_ddp`): it broadcasts real weights at construction."""
     if plan.tp > 1:  # 1. tensor (+ sequence) parallel
         apply_tp(part, mesh["tp"], plan.sequence_parallel)
-    apply_ac(part, plan.activation_checkpointing)  # 2. activation checkpointing
+    apply_ac(part, plan.activation_checkpointing, plan.recompute_layers)  # 2. activation checkpointing
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
         apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3, plan.precision)
     elif plan.precision != "fp32":  # bf16 without FSDP: autocast in the model's forward

@@ -1,7 +1,8 @@
 """Pipeline parallelism with torch.distributed.pipelining: stage split and schedule from the plan.
 
 The L layers form pp * v chunks of consecutive layers (extra layers go to the first chunks, as the analytic
-model assumes); chunk c runs on pipeline rank c % pp ("loop" placement, what the interleaved schedules
+model assumes; or the plan's pp_split=embedding_loss / first_stage_layers / last_stage_layers split, counted by
+stratagem.spaces.pipeline_split); chunk c runs on pipeline rank c % pp ("loop" placement, what the interleaved schedules
 expect). Each chunk is the whole model with the other layers deleted: the first chunk keeps the embedding,
 the last the final norm and the output projection, so parameter names match the unsplit model.
 
@@ -20,17 +21,25 @@ from stratagem.errors import StratagemError
 from stratagem.launch.model import Transformer, build_model
 from stratagem.launch.support import microbatch_refusal
 from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.pipeline_split import chunk_layers as split_chunk_layers
 from stratagem.spaces.plan import Plan
 
-__all__ = ["chunk_layers", "rank_chunks", "check_microbatches", "build_stage_model", "build_schedule"]
+__all__ = ["chunk_layers", "plan_chunk_layers", "rank_chunks", "check_microbatches", "build_stage_model", "build_schedule"]
 
 
 def chunk_layers(num_layers: int, chunks: int) -> list[list[int]]:
     """Layer indices of each chunk: consecutive, sizes differ by at most one, larger chunks first."""
-    base, extra = divmod(num_layers, chunks)
+    return plan_chunk_layers(num_layers, Plan(pp=chunks))
+
+
+def plan_chunk_layers(num_layers: int, plan: Plan) -> list[list[int]]:
+    """Layer indices of each of the plan's pp * v chunks, in model order: the even split, embedding_loss or
+    uneven first/last stage counts exactly as stratagem.spaces.pipeline_split.chunk_layers counts them (so the
+    analytic model's per-stage layers are the ones the harness builds)."""
+    counts = split_chunk_layers(num_layers, plan.pp, plan.virtual_stages, plan.first_stage_layers,
+                                plan.last_stage_layers, plan.pp_split)
     out, start = [], 0
-    for c in range(chunks):
-        n = base + (1 if c < extra else 0)
+    for n in counts:
         out.append(list(range(start, start + n)))
         start += n
     return out
@@ -51,7 +60,7 @@ def check_microbatches(plan: Plan, microbatches: int) -> None:
 def build_stage_model(spec: ModelSpec, plan: Plan, stage: int) -> Transformer:
     """Stage `stage` of pp * v as a meta-device Transformer holding only its layers."""
     chunks = plan.pp * plan.virtual_stages
-    keep = {str(i) for i in chunk_layers(spec.num_layers, chunks)[stage]}
+    keep = {str(i) for i in plan_chunk_layers(spec.num_layers, plan)[stage]}
     model = build_model(spec, "meta")
     for name in list(model.layers.keys()):
         if name not in keep:

@@ -65,15 +65,6 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     if spec.tied_embeddings and plan.pp > 1:
         out.append("plan.pp: tied embeddings span the first and last pipeline stage, which the harness does not "
                    "sync; use pp=1 or model.tied_embeddings=false")
-    if plan.activation_checkpointing == "op":
-        out.append("plan.activation_checkpointing (op): the harness does not apply op-level recompute; "
-                   "use none, selective or full")
-    if plan.recompute_layers > 0:
-        out.append(f"plan.recompute_layers ({plan.recompute_layers}): the harness recomputes every layer; "
-                   "use recompute_layers=0")
-    if plan.first_stage_layers or plan.last_stage_layers or plan.pp_split != "layers":
-        out.append("plan.first_stage_layers/last_stage_layers/pp_split: the harness splits layers evenly "
-                   "(larger chunks first); use 0, 0 and pp_split=layers")
     if plan.precision == "fp8" and device_type != "cuda":
         out.append(f"plan.precision (fp8): needs a GPU with FP8 tensor cores (sm89+); this run is on "
                    f"{device_type}: use bf16")

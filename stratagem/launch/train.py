@@ -193,7 +193,10 @@ def mechanisms(job: Job) -> dict[str, str]:
         (" + SequenceParallel)" if plan.sequence_parallel else ")")
     pp = "none" if job.schedule is None else type(job.schedule).__name__
     ac = {"none": "none", "full": "checkpoint_wrapper(block)",
-          "selective": "checkpoint_wrapper(mlp down(silu(g) * u))"}[plan.activation_checkpointing]
+          "selective": "checkpoint_wrapper(mlp down(silu(g) * u))",
+          "op": "checkpoint_wrapper(block, torchtitan op-level selective policy)"}[plan.activation_checkpointing]
+    if plan.activation_checkpointing != "none" and plan.recompute_layers:
+        ac += f" on the first {plan.recompute_layers} layer(s) of each stage"
     prec = "fp32" if plan.precision == "fp32" else (
         "FSDP2 MixedPrecisionPolicy(bf16, reduce fp32)" if uses_fsdp(plan) else "torch.autocast(bf16)")
     if plan.precision == "fp8":

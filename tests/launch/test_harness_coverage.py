@@ -23,9 +23,16 @@ STEPS = 5
 TOL = 1e-5
 
 CORRECT: dict[int, list[str]] = {
+    2: [
+        # op-level (torchtitan's policy) and partial recompute, alone, with FSDP/DDP, TP+SP and PP
+        "dp=2,zero=3,ac=op", "tp=2,sp=true,ac=op", "pp=2,ac=op", "dp=2,zero=0,ac=full,recompute_layers=2",
+        "pp=2,ac=op,recompute_layers=1", "tp=2,sp=true,ac=selective,recompute_layers=3",
+    ],
     4: [
         # HSDP: FSDP2 on the 2-D (replicate 2, shard 2) mesh; zero 1 partitions states within a replica
         "dp=4,dp_replicate=2,zero=3", "dp=4,dp_replicate=2,zero=2", "dp=4,dp_replicate=2,zero=1",
+        # DDP x TP under op recompute (the re-run forward sees the DTensor weights), and op with pp x tp
+        "dp=2,tp=2,zero=1,sp=true,ac=op", "pp=2,tp=2,sp=true,ac=op,recompute_layers=1",
     ],
 }
 SHARDING: dict[int, list[str]] = {

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators.memory import _layer_elements
+from stratagem.evaluators.memory import _layer_elements, op_layer_elements, recomputed_layers
 from stratagem.launch.harness import validate_plan
 from stratagem.launch.memtrack import LiveBytes
 from stratagem.launch.model import build_model, materialize, named_parameters, synthetic_batch
 from stratagem.launch.parallelize import apply_ac, check_applicable
+from stratagem.launch.parallelize import recomputed_layers as harness_recomputed_layers
 from stratagem.launch.pipeline import build_stage_model, check_microbatches, chunk_layers, rank_chunks
 from stratagem.spaces import ModelSpec, Scenario, load_scenario, parse_plan
 from stratagem.spaces.columns import PlanColumns
@@ -147,6 +148,65 @@ def test_recompute_keeps_what_the_analytic_model_counts(tiny: Scenario) -> None:
     cpu_extras = (2 * s * b * spec.hidden_size + s * b * (2 + spec.num_attention_heads)
                   + 4 * s * spec.dim_head // 2) * 4
     assert measured["none"] == none + cpu_extras
+
+
+def test_op_recompute_keeps_what_the_analytic_model_counts(tiny: Scenario) -> None:
+    """torchtitan's op-level policy keeps wq, wv, w1, w2 outputs, the attention output and the layer output
+    (op_layer_elements); on CPU the flash kernel's log-sum-exp (sb a, fp32) is kept with its output."""
+    spec, b, s = tiny.model, 2, tiny.training.seq_len
+    measured = _block_retained_bytes(spec, "op", b, s)
+    pc = PlanColumns.from_plans([parse_plan("precision=fp32,ac=op")])
+    op = float(op_layer_elements(tiny, pc, np.float64(s), np.float64(b))[0]) * 4
+    assert op == s * b * (2 * spec.hidden_size + 2 * spec.q_size + spec.kv_size + spec.ffn_hidden_size) * 4
+    assert measured == op + s * b * spec.num_attention_heads * 4
+
+
+def test_op_recompute_gradients_equal_no_recompute(tiny: Scenario) -> None:
+    grads = {}
+    for mode in ("none", "op"):
+        model = build_model(tiny.model)
+        apply_ac(model, mode)
+        materialize([model], torch.device("cpu"), 0)
+        x, _ = synthetic_batch(tiny.model, tiny.training, 0, 0)
+        model(x).float().pow(2).mean().backward()
+        grads[mode] = {n: p.grad.clone() for n, p in named_parameters([model]) if p.grad is not None}
+    assert grads["op"].keys() == grads["none"].keys()
+    for name, g in grads["none"].items():
+        assert torch.equal(grads["op"][name], g), name
+
+
+@pytest.mark.parametrize("mode", ["full", "op", "selective"])
+def test_partial_recompute_wraps_the_first_layers_of_each_chunk(tiny: Scenario, mode: str) -> None:
+    model = build_model(tiny.model)
+    apply_ac(model, mode, recompute_layers=3)
+    wrapped = ["_checkpoint_wrapped_module" in "".join(n for n, _ in block.named_modules())
+               for block in model.layers.values()]
+    assert wrapped == [True, True, True, False]
+    assert harness_recomputed_layers(model, 0) == ["0", "1", "2", "3"]
+    stage = build_stage_model(tiny.model, parse_plan("pp=2,schedule=interleaved,v=2,dp=1"), 1)
+    assert harness_recomputed_layers(stage, 5) == list(stage.layers.keys())
+
+
+def test_partial_recompute_in_the_analytic_model(tiny: Scenario) -> None:
+    """recompute_layers N per chunk: N layers at the mode's size, the rest at no recompute's."""
+    pc = PlanColumns.from_plans([parse_plan(t) for t in (
+        "ac=full,recompute_layers=1", "ac=full,recompute_layers=9", "ac=full", "pp=2,v=2,schedule=interleaved,"
+        "ac=full,recompute_layers=1")])
+    layers = np.array([4.0, 4.0, 4.0, 2.0])
+    assert recomputed_layers(pc, layers).tolist() == [1.0, 4.0, 4.0, 2.0]
+    acts = [evaluate_plan(tiny, f"dp=4,precision=fp32,ac=full,recompute_layers={n}") for n in (1, 2, 3, 4)]
+    none = evaluate_plan(tiny, "dp=4,precision=fp32")
+    assert evaluate_plan(tiny, "dp=4,precision=fp32,ac=full") == acts[-1]  # 0 means every layer
+    saved = np.array([none - a for a in acts])  # each recomputed layer saves the same
+    assert saved[0] > 0 and np.allclose(saved, saved[0] * np.arange(1, 5))
+
+
+def evaluate_plan(scn: Scenario, text: str) -> float:
+    from stratagem import evaluate
+
+    mem = evaluate(scn, parse_plan(text)).memory
+    assert mem is not None
+    return float(mem.activations_gib)
 
 
 @pytest.mark.parametrize("plan,microbatches,ok", [
