@@ -43,6 +43,8 @@ __all__ = [
     "optimizer_state_bytes",
     "model_state_bytes",
     "korthikanti_layer_bytes",
+    "op_layer_elements",
+    "recomputed_layers",
     "stage_layers",
     "cost_split_layers",
     "pipeline_layers",
@@ -157,6 +159,37 @@ def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple
     selective = replicated + attention + mlp_sel
     full = sbh / np.where(sp > 0, t, 1.0)
     return none, selective, full
+
+
+def op_layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> Array:
+    """Saved elements per layer per micro-batch under torchtitan's op-level selective recompute (what the
+    harness's policy saves: stratagem.launch.parallelize `op_sac_context`, after torchtitan
+    torchtitan/distributed/activation_checkpoint.py `_save_list`: every mm output but every second one, the
+    attention output, reduce-scatter outputs).
+
+    The layer's matmuls run wq, wk, wv, wo, then w1, w3, w2 (SwiGLU) or fc1, fc2 (GELU); the odd ones are
+    kept: wq sb*qd/t, wv sb*kvd/t, w1 (fc1) sbf/t and, SwiGLU only, w2's row-parallel partial sum, full sbh on
+    every TP rank; the attention output sb*qd/t; with SP the two reduce-scatter outputs 2sbh/t; plus the
+    layer input kept as under full recompute (sbh, / t with SP). MoE: the MLP terms for top_k routed copies
+    (the router's own matmul, which shifts the parity, is not modelled).
+    """
+    m = scn.model
+    t, sp = pc.tp, pc.sequence_parallel
+    sbh = s * b * m.hidden_size
+    ffn = float(m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size)
+    copies = float(m.moe.top_k if m.moe else 1)
+    attention = s * b * (2 * m.q_size + m.kv_size) / t
+    mlp = copies * (s * b * ffn / t + (sbh if m.mlp == "swiglu" else 0.0))
+    scattered = np.where(sp > 0, 2 * sbh / t, 0.0)
+    return sbh / np.where(sp > 0, t, 1.0) + attention + mlp + scattered
+
+
+def recomputed_layers(pc: PlanColumns, layers: Array) -> Array:
+    """Layers of a stage that recompute: all, or `recompute_layers` per model chunk (partial recompute:
+    Megatron's --recompute-method block --recompute-num-layers N; the harness's `recomputed_layers`)."""
+    chunk = layers / pc.virtual_stages
+    partial = np.minimum(pc.recompute_layers, chunk) * pc.virtual_stages
+    return np.where(pc.recompute_layers > 0, partial, layers)
 
 
 def _in_flight(pc: PlanColumns, m: Array, last: bool) -> Array:
@@ -274,11 +307,12 @@ def rank_memory_columns(
     s = tr.seq_len / pc.cp
     b = pc.micro_batch_size
     none, selective, full = _layer_elements(scn, pc, s, b)
-    per_layer = np.select([pc.activation_checkpointing == 0, pc.activation_checkpointing == 1],
-                          [none, selective], full)
+    per_layer = np.select([pc.recompute_is("none"), pc.recompute_is("selective"), pc.recompute_is("op")],
+                          [none, selective, op_layer_elements(scn, pc, s, b)], full)
     m_steps = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
     in_flight = _in_flight(pc, m_steps, last)
-    activations = per_layer * layers * in_flight * act_bytes
+    redone = recomputed_layers(pc, layers)  # partial recompute: the other layers keep everything
+    activations = (per_layer * redone + none * (layers - redone)) * in_flight * act_bytes
     sp_div = np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
     # The last stage (or the only one) also holds the final norm input and LM-head input (sbh each) and
     # the logits at the loss (vocab-parallel: / t).
@@ -292,7 +326,8 @@ def rank_memory_columns(
     # holds 4 B x largest layer [DS]; with sequence parallelism one reused buffer holds the all-gathered
     # layer input, s b h (Megatron's global memory buffer, nanotron's MemoryBuffer [NT]).
     compute_bytes = np.where(fp32, 4.0, 2.0)
-    working = np.where(pc.activation_checkpointing == 2, none * act_bytes, per_layer * act_bytes)
+    rematerialised = pc.recompute_is("full") | pc.recompute_is("op")  # the whole layer is re-run in backward
+    working = np.where(rematerialised, none * act_bytes, per_layer * act_bytes)
     gather = np.where(pc.zero_stage == 3, 2 * unit * compute_bytes, 0.0)
     # the unsharded unit's gradient is in the parameter dtype: fp32 params without a master copy, else bf16
     grad_bytes = np.where(fp32, 4.0, 2.0 if rec.master_weights else 4.0)

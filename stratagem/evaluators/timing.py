@@ -33,7 +33,7 @@ from stratagem.evaluators.comm import (
     p2p_s,
     reduce_scatter_s,
 )
-from stratagem.evaluators.memory import optimizer_state_bytes, stage_layers
+from stratagem.evaluators.memory import optimizer_state_bytes, recomputed_layers, stage_layers
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
@@ -158,9 +158,14 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     # dropped tensors (SwiGLU: silu(g) and silu(g)*u; GELU: gelu(x)).
     ffn = float(m.moe.expert_ffn_hidden_size * m.moe.top_k if m.moe else m.ffn_hidden_size)
     dropped = 4.0 if m.mlp == "swiglu" else 2.0
-    selective = layers * dropped * tokens * ffn / t * act_bytes / (gpu.hbm_tbps * 1e12)
-    recompute_mb = np.select([pc.activation_checkpointing == 2, pc.activation_checkpointing == 1],
-                             [layers * fwd_layer, selective], 0.0)
+    selective = dropped * tokens * ffn / t * act_bytes / (gpu.hbm_tbps * 1e12)
+    # op (torchtitan's op-level policy; memory.py `op_layer_elements`): every second matmul is re-run (wk, wo,
+    # w3 / fc2: 2 tokens (h kvd + qd h + h f) / t FLOPs) and the MLP's elementwise work as selective; the
+    # attention output is kept, so attention is not re-run.
+    op_mm = 2.0 * tokens * (m.hidden_size * m.kv_size + m.q_size * m.hidden_size + m.hidden_size * ffn) / t
+    per_layer = np.select([pc.recompute_is("full"), pc.recompute_is("selective"), pc.recompute_is("op")],
+                          [fwd_layer, selective, op_mm / mm_rate + selective], 0.0)
+    recompute_mb = recomputed_layers(pc, layers) * per_layer  # partial recompute: recompute_layers per chunk
 
     # Tensor parallel: 4 all-reduces of the b s h activation per layer per micro-batch [MLM-TP]; MoE adds 4
     # all-to-alls (dispatch + combine, forward + backward) of the top_k routed copies over the ep group.
