@@ -17,8 +17,9 @@ Assumptions for what the sources do not state (each one printed with the run):
               read from the code, not fitted). The sweep mixes runs from before and after that commit without
               recording which: the bench prints how many pp > 1 runs each version explains, and the figure over all
               points and over the subset of SUBSET_RULE.
-  torchtitan  torch stack on h100-96g (Grand Teton) / h200, FSDP2 = ZeRO-3 over dp_shard x cp, bf16 or fp8
-              linears, global batch = dp_shard x micro-batch where not stated; torch.compile is not modelled.
+  torchtitan  torch stack on h100-96g (Grand Teton, 500 W power cap as the source states: cluster.power_cap_w) /
+              h200, FSDP2 = ZeRO-3 over dp_shard x cp, bf16 or fp8 linears (tensorwise, the torchao default),
+              training.compile as each case records, global batch = dp_shard x micro-batch where not stated.
   megatron    megatron stack (distributed optimizer = ZeRO-1), micro-batch 1, SP when tp > 1, GPT (GELU 4h, MHA,
               LayerNorm, untied), bf16, no recompute, pp > 1: interleaved with 2 chunks per stage (the
               README enables overlap of DP/TP/PP traffic but states neither micro-batch nor schedule).
@@ -44,13 +45,13 @@ sys.path.insert(0, str(ROOT))
 
 from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, evaluate_many  # noqa: E402
 from stratagem.evaluators.comm import bus_bandwidth_gbps  # noqa: E402
-from stratagem.evaluators.timing import megatron_flops_per_token  # noqa: E402
+from stratagem.evaluators.timing import FP8_LINEAR_SPEEDUP, megatron_flops_per_token  # noqa: E402
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset  # noqa: E402
 from stratagem.spaces.columns import PlanColumns  # noqa: E402
 from stratagem.spaces.plan import Precision, Recompute  # noqa: E402
-from stratagem.spaces.training import Stack  # noqa: E402
+from stratagem.spaces.stacks import STACKS  # noqa: E402
 
-TIME_FIELDS = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "fp8_matmul_speedup", "overlap",
+TIME_FIELDS = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "overlap",
                "step_overhead_s")
 # The collective constants are fitted on the nccl-tests bus bandwidths (what they describe), not here:
 COMM_FIELDS = ("link_efficiency", "collective_step_us")
@@ -76,9 +77,10 @@ class Point:
     unit: str  # "tok/s/gpu" or "TFLOP/s/gpu"
 
 
-def _cluster(gpu: str, gpus: int) -> ClusterSpec:
+def _cluster(gpu: str, gpus: int, power_cap_w: float = 0.0) -> ClusterSpec:
     per_node = min(8, gpus)
-    return ClusterSpec(gpu=gpu_preset(gpu), num_nodes=gpus // per_node, gpus_per_node=per_node)
+    return ClusterSpec(gpu=gpu_preset(gpu), num_nodes=gpus // per_node, gpus_per_node=per_node,
+                       power_cap_w=power_cap_w)
 
 
 def sweep_points(ref: Path) -> list[Point]:
@@ -126,8 +128,10 @@ def published_points(ref: Path) -> list[Point]:
             gbs = tr.get("global_batch", dp * mbs)
             ac: Recompute = "full" if tr["activation_checkpointing"].startswith("full") else "selective"
             precision: Precision = "fp8" if "fp8" in tr["precision"] else "bf16"
-            scn = Scenario(model=_model(c["model"], gpt=False), cluster=_cluster(gpu, par["gpus"]),
-                           training=TrainingSpec(seq_len=tr["seq_len"], global_batch_size=gbs, stack="torch"))
+            cap = 500.0 if "500W power cap" in json.dumps(c) else 0.0
+            scn = Scenario(model=_model(c["model"], gpt=False), cluster=_cluster(gpu, par["gpus"], cap),
+                           training=TrainingSpec(seq_len=tr["seq_len"], global_batch_size=gbs, stack="torch",
+                                                 compile=bool(tr.get("compile", False)), precision=precision))
             plan = Plan(dp=dp, cp=cp, zero_stage=3, micro_batch_size=mbs, precision=precision,
                         activation_checkpointing=ac)
             points.append(Point("torchtitan", cid, scn, plan, float(c["measured"]["tokens_per_s_per_gpu"]),
@@ -216,17 +220,11 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: np.ndarr
     return winner
 
 
-STACKS: tuple[Stack, ...] = ("torch", "nanotron")  # the stacks with reference data besides megatron (the reference, 1.0)
-
-
 # Fitted in log space so every constant stays positive; efficiencies are clipped to their bounds.
 def _decode(x: np.ndarray) -> Calibration:
     v: dict[str, Any] = dict(zip(TIME_FIELDS, np.exp(x[: len(TIME_FIELDS)]), strict=True))
-    v["stack_efficiency"] = {**START.stack_efficiency,
-                             **dict(zip(STACKS, np.exp(x[len(TIME_FIELDS):]), strict=True))}
     for k in ("matmul_efficiency", "attention_efficiency", "overlap"):
         v[k] = min(v[k], 1.0)
-    v["fp8_matmul_speedup"] = min(max(v["fp8_matmul_speedup"], 1.0), 2.0)  # datasheet: fp8 = 2x bf16
     return START.model_copy(update=v)
 
 
@@ -234,8 +232,7 @@ START = DEFAULT_CALIBRATION
 
 
 def fit(points: list[Point], start: Calibration, iters: int) -> Calibration:
-    x0 = np.log(np.array([max(getattr(start, k), 1e-3) for k in TIME_FIELDS]
-                         + [start.stack_efficiency.get(s, 1.0) for s in STACKS]))
+    x0 = np.log(np.array([max(getattr(start, k), 1e-3) for k in TIME_FIELDS]))
 
     meas = np.array([p.measured for p in points])
     sources = [np.array([p.source == s for p in points]) for s in sorted({p.source for p in points})]
@@ -336,8 +333,10 @@ def main() -> None:
     pred, parts = predict(points, cal)
     err = ape(pred, points)
     print(f"reference: {ref}")
-    print("calibration: " + ", ".join(f"{k}={getattr(cal, k):.4g}" for k in TIME_FIELDS + COMM_FIELDS)
-          + ", stack_efficiency=" + ", ".join(f"{k}:{v:.3g}" for k, v in cal.stack_efficiency.items()))
+    print("calibration: " + ", ".join(f"{k}={getattr(cal, k):.4g}" for k in TIME_FIELDS + COMM_FIELDS))
+    print("stack speed terms (spaces/stacks.py): " + ", ".join(
+        f"{r.name} kernels {r.kernel_efficiency:g} compile x{r.compile_gain:g}" for r in STACKS.values())
+        + "; fp8 linears: " + ", ".join(f"{k} {v:g}" for k, v in FP8_LINEAR_SPEEDUP.items()))
     for line in nccl_report(ref, cal):
         print(line)
     print(f"\nworst {args.worst} (measured -> predicted; predicted step terms as % of step):")

@@ -47,7 +47,7 @@ def evaluate_many(
                   `first_block_to_break` (index into BLOCKS, -1 when the plan fits), `fits` (1.0/0.0);
       time        compute_s, recompute_s, tp_comm_s, dp_comm_s, pp_comm_s, cp_comm_s, bubble_s, optimizer_s,
                   overhead_s, exposed_comm_s, step_s (seconds per optimizer step), micro_batches;
-      throughput  tokens_per_s, tokens_per_s_per_gpu, mfu, model_flops (per token);
+      throughput  tokens_per_s, tokens_per_s_per_gpu, mfu (vs the bf16 peak), hfu, model_flops (per token);
       checkpoint  state_gib, shard_gib, save_s, stall_s, load_s, job_mtbf_h, interval_s, goodput_loss;
       zones       zone_<name>_value, zone_<name>_level (0 ok, 1 warn, 2 bad) for hbm, communication, bubbles,
                   checkpoint, and bottleneck (index into evaluators.zones.ZONE_NAMES).
@@ -69,10 +69,14 @@ def evaluate_many(
     tr, gpu = scenario.training, scenario.cluster.gpu
     out["tokens_per_s"] = tr.global_batch_size * tr.seq_len / out["step_s"]
     out["tokens_per_s_per_gpu"] = out["tokens_per_s"] / scenario.cluster.num_gpus
-    # MFU: model FLOPs (no recompute) over the dense peak of the compute dtype; fp8 plans against the bf16
-    # peak, so their gain shows as higher MFU (torchtitan's convention).
-    peak = np.where(pc.precision == 0, gpu.peak_tflops("fp32"), gpu.peak_tflops("bf16")) * 1e12
-    out["mfu"] = out["model_flops"] * out["tokens_per_s_per_gpu"] / peak
+    # MFU: model FLOPs (no recompute) over the dense bf16 peak, whatever the plan's precision (fp8's gain shows
+    # as higher MFU: torchtitan's convention). HFU: FLOPs executed (recompute included: it runs at the compute
+    # rate) over the peak of the dtype the matmuls run in (fp32, bf16 or fp8).
+    out["mfu"] = out["model_flops"] * out["tokens_per_s_per_gpu"] / (gpu.peak_tflops("bf16") * 1e12)
+    peak_used = np.select([pc.precision == 0, pc.precision == 2],
+                          [gpu.peak_tflops("fp32"), gpu.peak_tflops("fp8")], gpu.peak_tflops("bf16")) * 1e12
+    executed = out["model_flops"] * (1.0 + out["recompute_s"] / np.maximum(out["compute_s"], 1e-30))
+    out["hfu"] = executed * out["tokens_per_s_per_gpu"] / peak_used
     out.update(checkpoint_columns(scenario, pc))
     out.update(zone_columns(out))
     return out

@@ -1,5 +1,9 @@
 """The analytic model's few fitted constants, in one frozen object.
 
+What scales compute per stack (kernels, torch.compile) lives in the stack records (spaces/stacks.py), the power cap
+in the cluster, fp8's linear speed-up in evaluators.timing.FP8_LINEAR_SPEEDUP: explicit terms `explain` prints,
+not hidden factors here.
+
 Defaults are fitted on `bench/reference/` only (bench/memory_accuracy.py, bench/throughput_accuracy.py);
 a search may refit them on its own measured trials (real runs) and pass the result to the evaluator.
 """
@@ -8,13 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stratagem.spaces.training import Stack
-
 __all__ = ["Calibration", "DEFAULT_CALIBRATION"]
-
-
-def _stack_efficiency() -> dict[Stack, float]:
-    return {"torch": 0.70, "megatron": 1.0, "deepspeed": 1.0, "nanotron": 0.80}
 
 
 class Calibration(BaseModel):
@@ -39,20 +37,12 @@ class Calibration(BaseModel):
     attention_efficiency: float = Field(default=0.26, gt=0, le=1)
     """Achieved fraction of the dense peak in the fused (flash) attention kernels, forward and backward
     (FlashAttention-2 reaches well under the GEMM ceiling on Hopper)."""
-    stack_efficiency: dict[Stack, float] = Field(default_factory=_stack_efficiency)
-    """Kernel efficiency of each training stack relative to the ceilings above (fusion, kernels, host overhead);
-    multiplies matmul and attention efficiency; a stack missing here counts as 1. Megatron (Transformer Engine)
-    is the reference; torch is fitted on torchtitan (eager and compiled, H100 at a 500 W cap and H200) and
-    nanotron on the playbook sweep; deepspeed has no reference data and stays 1."""
     half_efficiency_gflop: float = Field(default=16.0, ge=0)
     """Per-GPU forward GFLOP of one layer on one micro-batch at which efficiency falls to half the ceiling:
     efficiency = ceiling x F / (F + this): small GEMMs fill fewer tiles and waves of the GPU."""
     layer_floor_ms: float = Field(default=3.1, ge=0)
     """Host-side time to launch one layer's forward + backward kernels for one micro-batch, ms: a layer takes at
     least this long however little GPU work it has (eager PyTorch is launch-bound on small per-GPU work)."""
-    fp8_matmul_speedup: float = Field(default=2.0, ge=1, le=2)
-    """Achieved fp8 / bf16 speed on the linear layers; at most the datasheet's 2x. The fit sits at 2 because the
-    reference fp8 runs were also compiled (torch.compile fuses the scaling casts)."""
     overlap: float = Field(default=1.0, ge=0, le=1)
     """Fraction of compute that can hide overlappable traffic: data-parallel sync behind one micro-batch's
     compute (once per step) or behind every micro-batch (ZeRO-2/3 per-micro-batch traffic); with the megatron

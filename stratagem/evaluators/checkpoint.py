@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from stratagem.evaluators.memory import optimizer_state_bytes
+from stratagem.evaluators.memory import training_optimizer_bytes
 from stratagem.evaluators.timing import rank_params
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
@@ -57,7 +57,7 @@ def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
     fp32 = pc.precision == 0
     # Saved per parameter: the weights as the stack keeps them (torch: the fp32 params are the master copy;
     # others: bf16 weights + fp32 master in the optimizer) + optimizer states.
-    opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
+    opt = training_optimizer_bytes(scn)
     no_master = not stack_record(tr.stack).master_weights
     weight_b = np.where(fp32 | no_master, 4.0, 2.0)
     master_b = np.where(fp32 | no_master, 0.0, 4.0)

@@ -29,6 +29,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.experts import expert_data_parallel, load_imbalance
+from stratagem.evaluators.stages import stage_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import OPTIMIZER, STACKS, StateTerm, stack_record
@@ -41,6 +43,7 @@ __all__ = [
     "FP32_STATES",
     "ZERO_PAPER_STATES",
     "optimizer_state_bytes",
+    "training_optimizer_bytes",
     "model_state_bytes",
     "korthikanti_layer_bytes",
     "op_layer_elements",
@@ -86,20 +89,34 @@ def optimizer_state_bytes(optimizer: str, hidden: int, ffn: int) -> float:
     }[optimizer]
 
 
+def training_optimizer_bytes(scn: Scenario) -> float:
+    """Optimizer state bytes per parameter for the scenario: `optimizer_state_bytes`, halved for 16-bit states
+    (training.optimizer_state_dtype bf16: Megatron --exp-avg-dtype/--exp-avg-sq-dtype bf16); adamw8bit's states are
+    already 8-bit."""
+    m, tr = scn.model, scn.training
+    opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
+    if tr.optimizer_state_dtype == "bf16" and tr.optimizer != "adamw8bit":
+        opt /= 2.0
+    return opt
+
+
 def model_state_bytes(
     terms: tuple[StateTerm, ...], params: Array | float, zero_stage: Array | float, shard: Array | float,
-    opt_bytes: float, offload: Array | float = 0.0, dp: Array | float = 2.0,
+    opt_bytes: float, offload: Array | float = 0.0, dp: Array | float = 2.0, grad_bytes: float | None = None,
 ) -> dict[str, Array]:
     """Bytes per block for `params` parameters: each term's bytes, divided by `shard` once its stage is on.
 
     [ZeRO] sec. 5: stage 1 shards optimizer states, stage 2 also gradients, stage 3 also parameters.
     Offload moves the optimizer block to host memory (ZeRO-Offload, Ren et al. 2021). `dp` (data-parallel
-    degree) only decides whether terms that need data parallelism exist.
+    degree) only decides whether terms that need data parallelism exist. `grad_bytes` (training.grad_dtype)
+    replaces the width of the terms marked `grad` (None: the stack's default width).
     """
     z = np.asarray(zero_stage, dtype=np.float64)
     out: dict[str, Array] = {b: np.zeros_like(z) for b in ("weights", "gradients", "optimizer")}
     for t in terms:
         per = opt_bytes if t.bytes_per_param == OPTIMIZER else t.bytes_per_param
+        if t.grad and grad_bytes is not None:
+            per = grad_bytes
         exists = (z <= t.exists_until) & (z >= t.exists_from) & ((np.asarray(dp) > 1) | (not t.needs_dp))
         divisor = np.where(z >= t.sharded_from, shard, 1.0)
         value = np.where(exists, per * np.asarray(params) / divisor, 0.0)
@@ -145,12 +162,19 @@ def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple
     t, sp = pc.tp, pc.sequence_parallel
     sbh = s * b * m.hidden_size
     replicated = 4 * sbh / np.where(sp > 0, t, 1.0)
-    attention = s * b * (2 * m.q_size + 2 * m.kv_size) / t
+    split, replicated_attn = m.attention_saved_per_token()  # q, k, v, output (/ t); MLA latents (replicated)
+    attention = s * b * split / t + s * b * replicated_attn
     if stack_record(scn.training.stack).mha_packed_qkv and m.kv_heads == m.num_attention_heads:
         attention = attention + 2 * s * b * m.kv_size / t
     ffn = float(m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size)
-    copies = float(m.moe.top_k if m.moe else 1)
-    dispatch = 2 * copies * sbh / t * (m.moe is not None)
+    copies: Array | float = 1.0
+    dispatch: Array | float = 0.0
+    if m.moe is not None:
+        # evaluators/experts.py: the busiest expert rank holds top_k x imbalance routed copies; the dispatched
+        # tokens are all-gathered over etp; router logits and probabilities in fp32 (2 elements each); shared
+        # experts as top-k copies of their own size
+        copies = m.moe.top_k * load_imbalance(scn, pc) + m.moe.shared_experts * m.moe.shared_ffn / ffn
+        dispatch = 2 * m.moe.top_k * load_imbalance(scn, pc) * sbh / t * pc.etp + 2 * 2 * s * b * m.moe.num_experts / t
     mats_saved = 4.0 if m.mlp == "swiglu" else 2.0
     mats_selective = 2.0 if m.mlp == "swiglu" else 1.0
     mlp_full = mats_saved * copies * s * b * ffn / t + dispatch
@@ -237,7 +261,8 @@ def pipeline_layers(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
     m = scn.model
     even = stage_layers(m.num_layers, pc.pp, pc.virtual_stages)
     if stack_record(scn.training.stack).pipeline_split != "cost":
-        return even, even
+        st = stage_columns(m, pc)  # evaluators/stages.py: even, embedding+loss as layers, or uneven first/last
+        return st.first_layers, st.last_layers
     # nanotron's costs [NT models/llama.py get_block_compute_costs]: 4 a d h + 3 f h per layer, V h the head.
     layer_cost = float(4 * m.num_attention_heads * m.dim_head * m.hidden_size + 3 * m.ffn_hidden_size * m.hidden_size)
     first, last = cost_split_layers(m.num_layers, layer_cost, float(m.vocab_size * m.hidden_size), pc.pp)
@@ -251,8 +276,12 @@ def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> 
     m = scn.model
     t, p, ep = pc.tp, pc.pp, pc.ep
     norms = 2 * m.norm_params()  # replicated across TP
-    layer_dense = (m.layer_dense_params() - norms) / t + norms
-    layer_expert = m.layer_expert_params() / (ep * t)
+    # per-layer means over the layers this stage really holds (evaluators/stages.py: DeepSeek's dense layers sit
+    # on the first stage); routed experts split over ep x etp (evaluators/experts.py, Megatron MoE folding)
+    st = stage_columns(m, pc)
+    n_st = np.maximum(st.last_layers if last else st.first_layers, 1.0)
+    layer_dense = ((st.last_dense if last else st.first_dense) / n_st - norms) / t + norms
+    layer_expert = (st.last_expert if last else st.first_expert) / n_st / (ep * pc.etp)
     emb = m.embedding_params() / t
     head = (m.head_params() - m.norm_params()) / t + m.norm_params()  # the final norm is replicated by TP
     tied_copy = m.vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0
@@ -262,7 +291,10 @@ def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> 
         extra = emb + np.where(p > 1, 0.0, head)
     dense = layers * layer_dense + extra
     expert = layers * layer_expert
-    unit = np.maximum(layer_dense + layer_expert, np.maximum(emb, head + tied_copy))
+    largest = np.maximum((m.dense_layer_params() - norms) / t + norms,
+                         (m.moe_layer_dense_params() - norms) / t + norms
+                         + m.layer_params(m.num_layers - 1)[1] / (ep * pc.etp))
+    unit = np.maximum(largest, np.maximum(emb, head + tied_copy))
     return dense, expert, unit
 
 
@@ -289,18 +321,30 @@ def rank_memory_columns(
     layers = last_layers if last else first_layers
     dense, expert, unit = _stage_params(scn, pc, layers, last)
     shard = pc.dp * pc.cp / pc.dp_replicate  # ZeRO/FSDP shard group (torchtitan: dp_shard x cp)
-    expert_shard = np.maximum(1.0, shard / pc.ep)
-    opt = optimizer_state_bytes(tr.optimizer, m.hidden_size, m.ffn_hidden_size)
+    expert_shard = np.maximum(1.0, expert_data_parallel(pc) / pc.dp_replicate)  # edp = tp*dp*cp / (ep*etp)
+    opt = training_optimizer_bytes(scn)
 
-    def states(terms: tuple[StateTerm, ...]) -> dict[str, Array]:
-        d = model_state_bytes(terms, dense, pc.zero_stage, shard, opt, pc.optimizer_offload, pc.dp)
-        e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload, pc.dp)
+    def states(terms: tuple[StateTerm, ...], grad_bytes: float | None) -> dict[str, Array]:
+        d = model_state_bytes(terms, dense, pc.zero_stage, shard, opt, pc.optimizer_offload, pc.dp, grad_bytes)
+        e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload, pc.dp,
+                              grad_bytes)
         return {k: d[k] + e[k] for k in d}
 
     rec = stack_record(tr.stack)
-    mixed = states(rec.states)
-    full32 = states(rec.fp32_states)
+    mixed = states(rec.states, tr.grad_bytes)  # training.grad_dtype, else the stack's default
+    full32 = states(rec.fp32_states, None)
     blocks = {k: np.where(fp32, full32[k], mixed[k]) for k in mixed}
+    # ZeRO-3 with PP on a stack that keeps parameters gathered (torchtitan parallelize_llama: reshard_after_forward
+    # = not pp_enabled): the stage's unsharded parameters (compute dtype) stay through the step, and with gradient
+    # sync on the last micro-batch only, FSDP2 accumulates unsharded gradients in the reduce dtype between
+    # micro-batches (torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed).
+    if not rec.reshard_after_forward_with_pp:
+        kept = (pc.zero_stage == 3) & (pc.pp > 1) & (pc.dp * pc.cp > 1)
+        m_steps_ = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
+        held = dense + expert
+        blocks["weights"] = blocks["weights"] + np.where(kept, held * np.where(fp32, 4.0, 2.0), 0.0)
+        reduce_b = np.where(fp32, 4.0, tr.grad_reduce_bytes)
+        blocks["gradients"] = blocks["gradients"] + np.where(kept & (m_steps_ > 1), held * reduce_b, 0.0)
 
     # Activations: elements per layer x layers of this stage x in-flight micro-batches x bytes per element.
     act_bytes = np.where(fp32, 4.0, 2.0)

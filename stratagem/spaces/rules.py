@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stratagem.errors import StratagemError
-from stratagem.spaces.expert_grid import expert_grid_problem
+from stratagem.spaces.expert_grid import expert_grid_problem, grid_layout_problem
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import split_problem
 from stratagem.spaces.plan import Plan
@@ -71,7 +71,7 @@ def _cp_seq(s: Scenario, p: Plan) -> str | None:
 
 def _ep(s: Scenario, p: Plan) -> str | None:
     # spaces/expert_grid.py: the expert grid ep x etp x edp folds over tp x dp x cp (Megatron parallel folding)
-    return expert_grid_problem(s.model, p.tp, p.dp, p.cp, p.ep, p.etp)
+    return expert_grid_problem(s.model, p.tp, p.dp, p.cp, p.ep, p.etp)  # the stack's own limits: _stack
 
 
 def _replicate(s: Scenario, p: Plan) -> str | None:
@@ -135,6 +135,9 @@ def capability_violations(rec: StackRecord, p: Plan) -> list[str]:
         missing("expert_parallel", f"expert parallelism (ep={p.ep})", "set ep=1")
     if p.etp > 1 and not rec.expert_tensor_parallel:
         missing("expert_tensor_parallel", f"expert tensor parallelism (etp={p.etp})", "set etp=1")
+    grid = grid_layout_problem(p.tp, p.dp, p.cp, p.ep, p.etp, rec.expert_grid)  # spaces/expert_grid.py
+    if grid:
+        out.append(f"{rec.name}: this expert layout is not supported ({rec.cite('expert_grid')}): {grid}")
     if p.optimizer_offload == "cpu" and not rec.optimizer_offload:
         missing("optimizer_offload", "optimizer_offload=cpu", "set optimizer_offload=none")
     if p.dp_replicate > 1 and not rec.hsdp:

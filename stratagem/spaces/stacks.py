@@ -132,6 +132,10 @@ class StackRecord(BaseModel):
     """Hybrid sharding: shard inside dp_shard groups, replicate across dp_replicate."""
     pp_splits: tuple[str, ...]
     """Pipeline split modes (Plan.pp_split): layers only, or embedding and loss counted as layers."""
+    expert_grid: Literal["folding", "etp_1_or_tp", "data_parallel"] = "folding"
+    """How ep x etp may cover the tp x dp x cp ranks (spaces/expert_grid.py): folding = any ep*etp dividing
+    tp*dp*cp (Megatron-Core MoE parallel folding); etp_1_or_tp = etp is 1 or tp, ep takes cp whole (and tp whole
+    when etp = 1) plus part of dp (torchtitan ParallelDims); data_parallel = ep divides dp*cp, etp is 1 or tp."""
     uneven_stages: bool
     """Explicit first/last stage layer counts (Plan.first_stage_layers / last_stage_layers)."""
     fp8_recipes: tuple[str, ...]
@@ -202,6 +206,7 @@ _TORCH = StackRecord(
     optimizer_offload=True,
     hsdp=True,
     pp_splits=("layers", "embedding_loss"),
+    expert_grid="etp_1_or_tp",
     uneven_stages=True,
     fp8_recipes=("tensorwise", "rowwise", "mxfp8"),
     recompute_modes=("none", "selective", "full", "op"),
@@ -215,6 +220,8 @@ _TORCH = StackRecord(
         "context_parallel": "torch/distributed/tensor/experimental/_attention.py context_parallel",
         "expert_parallel": "torchtitan/distributed/expert_parallel.py ExpertParallel",
         "expert_tensor_parallel": "torchtitan/config/job_config.py Parallelism.expert_tensor_parallel_degree",
+        "expert_grid": "torchtitan/distributed/parallel_dims.py ParallelDims._validate: etp == tp or etp == 1; "
+                       "etp = tp: ep % cp == 0 and dp_shard*cp % ep == 0; etp = 1: ep % (cp*tp) == 0",
         "optimizer_offload": "torch/distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy",
         "hsdp": "torchtitan/config/job_config.py Parallelism.data_parallel_replicate_degree (2-D mesh fully_shard)",
         "pp_splits": "torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part "
@@ -281,6 +288,8 @@ _MEGATRON = StackRecord(
         "context_parallel": "megatron/core/parallel_state.py initialize_model_parallel(context_parallel_size)",
         "expert_parallel": "megatron/core/parallel_state.py expert_model_parallel_size",
         "expert_tensor_parallel": "megatron/core/parallel_state.py expert_tensor_parallel_size (MoE folding)",
+        "expert_grid": "megatron/core/parallel_state.py initialize_model_parallel: tp*cp*dp % (etp*ep) == 0 "
+                       "(expert grid order tp-ep-dp-pp)",
         "optimizer_offload": "megatron/core/optimizer/cpu_offloading (--optimizer-cpu-offload)",
         "hsdp": "Megatron-Core's distributed optimizer shards over the whole dp x cp group (no replicate dim)",
         "pp_splits": "megatron/training/arguments.py --account-for-embedding-in-pipeline-split / "
@@ -332,6 +341,7 @@ _DEEPSPEED = StackRecord(
     optimizer_offload=True,
     hsdp=False,
     pp_splits=("layers",),
+    expert_grid="data_parallel",
     uneven_stages=False,
     fp8_recipes=(),
     recompute_modes=("none", "full"),
@@ -347,6 +357,8 @@ _DEEPSPEED = StackRecord(
         "context_parallel": "DeepSpeed has no ring-attention CP (deepspeed/sequence/layer.py is Ulysses)",
         "expert_parallel": "deepspeed/moe/layer.py MoE(ep_size)",
         "expert_tensor_parallel": "deepspeed/moe/layer.py MoE(enable_expert_tensor_parallelism)",
+        "expert_grid": "deepspeed/utils/groups.py _create_expert_and_data_parallel: expert groups of ep_size taken "
+                       "from the data-parallel ranks; expert TP reuses the model-parallel group",
         "optimizer_offload": "deepspeed/runtime/zero/offload_config.py offload_optimizer",
         "hsdp": "DeepSpeed 0.19: MiCS was removed and ZeRO++ hpZ only adds a secondary weight copy: ZeRO shards "
                 "over all data-parallel ranks (launch/export/deepspeed.py)",
@@ -395,6 +407,7 @@ _NANOTRON = StackRecord(
     optimizer_offload=False,
     hsdp=False,
     pp_splits=("layers",),
+    expert_grid="data_parallel",
     uneven_stages=False,
     fp8_recipes=(),
     recompute_modes=("none", "full"),
@@ -408,6 +421,8 @@ _NANOTRON = StackRecord(
         "context_parallel": "src/nanotron/config/parallelism_config.py: dp, pp, tp, expert_parallel_size; no cp",
         "expert_parallel": "src/nanotron/config/parallelism_config.py expert_parallel_size",
         "expert_tensor_parallel": "src/nanotron/config/parallelism_config.py: no expert tensor parallel degree",
+        "expert_grid": "src/nanotron/parallel/context.py ParallelContext: expert_parallel_size groups inside the "
+                       "data-parallel ranks",
         "optimizer_offload": "src/nanotron/optim: no CPU offload",
         "hsdp": "src/nanotron/optim/zero.py shards over the whole dp group",
         "pp_splits": "src/nanotron/models/base.py build_model (split by compute cost)",
