@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install browser demo test test-slow lint clean
+.PHONY: install browser demo test test-slow lint clean wheelhouse wheelhouse-calibrate
 
 $(BIN)/stratagem: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +34,16 @@ test: lint browser
 
 test-slow: install
 	$(BIN)/pytest -q -m slow
+
+# Offline installs (scripts/wheelhouse.sh): `make wheelhouse PY=3.12` downloads wheels of every dependency except
+# torch for that Python version; wheelhouse-calibrate only what `stratagem calibrate` needs (for gpu_check.sh).
+# Here PY is a version (3.12); any other value of PY means 3.12.
+WHEEL_PY = $(if $(filter 3.%,$(PY)),$(PY),3.12)
+wheelhouse:
+	scripts/wheelhouse.sh --python-version $(WHEEL_PY)
+
+wheelhouse-calibrate:
+	scripts/wheelhouse.sh --calibrate --python-version $(WHEEL_PY)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
