@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
 from stratagem.evaluators.comm import (
     Link,
     all_gather_s,
@@ -47,6 +47,7 @@ from stratagem.evaluators.stages import slowest_rank_s, stage_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.hardware import ClusterSpec
 from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import stack_record
 
@@ -58,6 +59,7 @@ __all__ = [
     "fp8_linear_speedup",
     "compute_factors",
     "speed_terms",
+    "speed_rows",
     "matmul_params_per_layer",
     "model_flops_per_token",
     "megatron_flops_per_token",
@@ -160,6 +162,17 @@ def speed_terms(scn: Scenario, precision: str = "bf16") -> list[SpeedTerm]:
                            f"TP collectives {'overlapped with their GEMMs' if tr.tp_overlap else 'exposed'} "
                            f"({rec.cite('tp_comm_overlap_default')})"))
     return terms
+
+
+def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> list[tuple[str, str, str]]:
+    """(factor, value, source) rows for `explain`: every factor that scales compute for this plan, then the TP
+    traffic exposed vs hidden behind the GEMMs (seconds per step)."""
+    rows = [(t.name, f"x{t.value:.3g}", t.source) for t in speed_terms(scn, plan.precision) if t.name != "tp_overlap"]
+    cols = time_columns(scn, PlanColumns.from_plans([plan]), cal or DEFAULT_CALIBRATION)
+    overlap = next(t for t in speed_terms(scn) if t.name == "tp_overlap")
+    rows.append(("TP comm exposed / hidden", f"{cols['tp_comm_s'][0]:.3g} s / {cols['tp_hidden_s'][0]:.3g} s",
+                 overlap.source))
+    return rows
 
 
 # ---- FLOPs --------------------------------------------------------------------------------------------------

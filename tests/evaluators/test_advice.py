@@ -121,13 +121,19 @@ runner = CliRunner()
 def test_explain_examples(path: Path) -> None:
     result = runner.invoke(app, ["explain", str(path)])
     assert result.exit_code == 0, result.output
-    for word in ("Memory per GPU", "Step time", "Zones", "bottleneck:", "tokens/s"):
+    for word in ("Memory per GPU", "Step time", "Zones", "bottleneck:", "tokens/s", "Speed factors", "kernels",
+                 "compile", "clock", "TP comm exposed / hidden", "of the dense bf16 peak"):
         assert word in result.output
     data = json.loads(runner.invoke(app, ["explain", str(path), "--json"]).output)
     # the JSON is the library's evaluation and advice of the example's plan, field for field
     scn = load_scenario(path)
     ev = evaluate(scn)  # no --plan: the scenario's plan (or pure data parallelism), as explain does
-    assert data["evaluation"] == json.loads(ev.model_dump_json())
+    # explain adds where its calibration came from (provenance); the rest is the library's evaluation
+    provenance = data["evaluation"].pop("provenance")
+    assert provenance["calibration"] == data["calibration"]
+    expected = json.loads(ev.model_dump_json())
+    expected.pop("provenance")
+    assert data["evaluation"] == expected
     assert data["advice"] == [json.loads(a.model_dump_json()) for a in advise(scn, ev.plan, ev)]
 
 
@@ -136,3 +142,15 @@ def test_explain_bad_plan_is_one_line() -> None:
                            str(EXAMPLES[0]), "--plan", "tp=3"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "tp (3)" in proc.stderr
+
+
+def test_explain_names_the_missing_stack_capability(tmp_path: Path) -> None:
+    path = tmp_path / "ds.yaml"
+    path.write_text("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 1}\n"
+                    "training: {stack: deepspeed, global_batch_size: 64}\n")
+    proc = subprocess.run([sys.executable, "-c", "from stratagem.cli import main; main()", "explain", str(path),
+                           "--plan", "dp=4,pp=2,zero=2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "deepspeed: ZeRO stage 2 with pipeline parallelism is not supported" in proc.stderr
+    assert "deepspeed/runtime/pipe/engine.py" in proc.stderr and "use zero_stage <= 1" in proc.stderr
