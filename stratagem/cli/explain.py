@@ -118,7 +118,16 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = 
     times.add_section()
     times.add_row("DP traffic before overlap", f"{tm.dp_comm_s:.3g}", "")
     console.print(times)
-    console.print(f"{tp.tokens_per_s:,.0f} tokens/s ({tp.tokens_per_s_per_gpu:,.0f} per GPU), MFU {tp.mfu:.1%}")
+    from stratagem.evaluators.timing import speed_rows  # every factor that scales compute (issue 13)
+
+    speed = Table(title="Speed factors (scale compute)", title_justify="left")
+    for col in ("factor", "value", "source"):
+        speed.add_column(col, overflow="fold")
+    for row in speed_rows(scn, pl, cal):
+        speed.add_row(*row)
+    console.print(speed)
+    console.print(f"{tp.tokens_per_s:,.0f} tokens/s ({tp.tokens_per_s_per_gpu:,.0f} per GPU), MFU {tp.mfu:.1%} "
+                  "(of the dense bf16 peak)")
     colour = {"ok": "green", "warn": "yellow", "bad": "red"}
     ztable = Table(title="Zones", title_justify="left", show_lines=False)
     for col in ("zone", "level", "value", "diagnosis"):
