@@ -111,9 +111,11 @@ def compare_results(recorded: dict[str, Any], now: dict[str, Any]) -> tuple[list
 
 
 def _recorded_result(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    ev = trial.user_attrs.get("evaluation") or {}
+    from stratagem.search.records import TrialKey, trial_fidelity
+
+    ev = trial.user_attrs.get(TrialKey.EVALUATION) or {}
     result = ev.get("measurements")
-    if trial.user_attrs.get("fidelity") != "measured" or not result:
+    if trial_fidelity(trial) != "measured" or not result:
         raise StratagemError(f"--trial {trial.number}: an analytic trial has no run to reproduce; pick a measured "
                              "trial (stratagem search ... --real-runs K records them)")
     return dict(result)

@@ -23,8 +23,9 @@ Trial:
   user_attrs["provenance"]      {"stratagem_version", "scenario_hash", ...}
   user_attrs["role"]            why the search stored it (ROLES): "front" (predicted Pareto front), "boundary" (nearest
                                 the memory limit), "sample" (a bounded random sample of the rest), "sampler"
-                                (proposed by the Optuna sampler during measured runs), "recalibrated" (the plan
-                                predicted again with the study's refitted calibration)
+                                (proposed by the Optuna sampler during measured runs), "candidate" (predicted not
+                                to fit, measured anyway: multifidelity's include_infeasible), "recalibrated" (the
+                                plan predicted again with the study's refitted calibration)
   user_attrs["pruned"]          (PRUNED trials) the reason: predicted peak vs usable memory and the block that broke
   user_attrs["worker"], ["claim"], ["released"], ["expired"], ["retry_of"], ["duplicate_of"]
                                 who runs a measured trial and how a claim on it ended (search/claims.py)
@@ -86,7 +87,7 @@ __all__ = [
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "headroom_gib", "goodput_loss")
 DIRECTIONS: tuple[Literal["maximize", "minimize"], ...] = ("maximize", "maximize", "minimize")
 CONSTRAINT = "memory"
-Role = Literal["front", "boundary", "sample", "sampler", "recalibrated"]
+Role = Literal["front", "boundary", "sample", "sampler", "candidate", "recalibrated"]
 ROLES: tuple[Role, ...] = get_args(Role)
 """Why a trial was stored (user attribute "role")."""
 FIDELITIES: tuple[Fidelity, ...] = get_args(Fidelity)

@@ -13,7 +13,15 @@ from optuna.trial import FrozenTrial, TrialState
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
 from stratagem.procfs import start_ticks
-from stratagem.search.records import CONSTRAINT, DIRECTIONS, objective_values, plan_key
+from stratagem.search.records import (
+    CONSTRAINT,
+    DIRECTIONS,
+    ROLES,
+    StudyKey,
+    TrialKey,
+    objective_values,
+    plan_key,
+)
 from stratagem.search.storage import StorageSpec
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
@@ -67,21 +75,21 @@ def open_study(storage: optuna.storages.BaseStorage, spec: StorageSpec, study_na
     study = optuna.create_study(storage=storage, study_name=study_name, directions=list(DIRECTIONS),
                                 load_if_exists=True)
     attrs = study.user_attrs
-    if "scenario" not in attrs:
+    if StudyKey.SCENARIO not in attrs:
         if study.get_trials(deepcopy=False):
             raise StratagemError(f"--study ({study_name!r}): {spec.url} already holds a study of that name that "
                                  "stratagem did not make; pick another name")
         if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
             raise StratagemError(f"--study ({study_name!r}): {spec.url} already holds a study of that name with "
                                  "other objectives; pick another name")
-        study.set_user_attr("stratagem_version", version())
-        study.set_user_attr("scenario_hash", scenario.problem_hash())
-        study.set_user_attr("space_digest", space.digest())
-        study.set_user_attr("space", space.summary())
-        study.set_user_attr("scenario", scenario.model_dump(mode="json"))
+        study.set_user_attr(StudyKey.STRATAGEM_VERSION, version())
+        study.set_user_attr(StudyKey.SCENARIO_HASH, scenario.problem_hash())
+        study.set_user_attr(StudyKey.SPACE_DIGEST, space.digest())
+        study.set_user_attr(StudyKey.SPACE, space.summary())
+        study.set_user_attr(StudyKey.SCENARIO, scenario.model_dump(mode="json"))
         return study
-    if attrs.get("space_digest") != space.digest():
-        same_problem = attrs.get("scenario_hash") == scenario.problem_hash()
+    if attrs.get(StudyKey.SPACE_DIGEST) != space.digest():
+        same_problem = attrs.get(StudyKey.SCENARIO_HASH) == scenario.problem_hash()
         what = "another search section" if same_problem else "another scenario"
         raise StratagemError(
             f"--study ({study_name!r}): that study in {spec.url} was made for {what} "
@@ -93,7 +101,7 @@ def held_keys(study: optuna.Study) -> dict[str, FrozenTrial]:
     """Plan key -> the trial that holds it (done, queued or running); FAIL trials hold nothing."""
     out: dict[str, FrozenTrial] = {}
     for t in study.get_trials(deepcopy=False, states=_LIVE):
-        key = t.user_attrs.get("plan")
+        key = t.user_attrs.get(TrialKey.PLAN)
         if key is not None and key not in out:
             out[key] = t
     return out
@@ -103,10 +111,12 @@ def evaluation_trial(space: SearchSpace, ev: Evaluation, usable_gib: float, role
                      pruned_reason: str = "") -> FrozenTrial:
     """A finished trial for one evaluation: COMPLETE with the objective values when the plan fits within
     usable_gib, PRUNED with the reason otherwise; params per SearchSpace.params; user attrs per records.py."""
+    if role not in ROLES:
+        raise ValueError(f"evaluation_trial: role {role!r} is not one of the study schema's {ROLES}")
     params, dists = space.params(ev.plan)
     attrs: dict[str, Any] = {
-        "plan": plan_key(ev.plan), "fidelity": ev.fidelity, "status": ev.status,
-        "evaluation": ev.model_dump(mode="json"), "provenance": prov, "role": role,
+        TrialKey.PLAN: plan_key(ev.plan), TrialKey.FIDELITY: ev.fidelity, TrialKey.STATUS: ev.status,
+        TrialKey.EVALUATION: ev.model_dump(mode="json"), TrialKey.PROVENANCE: prov, TrialKey.ROLE: role,
     }
     constraints = None if ev.memory is None else {CONSTRAINT: ev.memory.peak_gib - usable_gib}
     fits = ev.status == "ok" and ev.memory is not None and ev.memory.peak_gib <= usable_gib
@@ -116,7 +126,7 @@ def evaluation_trial(space: SearchSpace, ev: Evaluation, usable_gib: float, role
         except ValueError:
             fits = False
     if not fits:
-        attrs["pruned"] = pruned_reason or ev.reason or f"status {ev.status}"
+        attrs[TrialKey.PRUNED] = pruned_reason or ev.reason or f"status {ev.status}"
         return optuna.trial.create_trial(state=TrialState.PRUNED, params=params, distributions=dists,
                                          user_attrs=attrs, constraints=constraints)
     return optuna.trial.create_trial(state=TrialState.COMPLETE, params=params, distributions=dists,

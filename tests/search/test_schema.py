@@ -73,7 +73,7 @@ WRITES: list[tuple[str, Role, Evaluation, float]] = [
     ("dp=2,pp=2,zero=1", "front", _ev("dp=2,pp=2,zero=1", "measured", "failed"), USABLE),      # 9
     ("dp=2,pp=2,zero=1", "front", _ev("dp=2,pp=2,zero=1", "measured", "timeout"), USABLE),     # 10
     # G: fits HBM but not the search's margin -> PRUNED, constraint > 0
-    ("dp=2,tp=2,zero=1", "sample", _ev("dp=2,tp=2,zero=1"), 1e-6),                                 # 11
+    ("dp=2,tp=2,zero=1", "candidate", _ev("dp=2,tp=2,zero=1"), 1e-6),                                 # 11
 ]
 STANDS = {"dp=4": (1, False), "dp=2,tp=2": (3, True), "dp=4,zero=3": (5, True), "dp=1,pp=4": (7, True),
           "dp=2,pp=2": (8, False), "dp=2,pp=2,zero=1": (10, False), "dp=2,tp=2,zero=1": (11, False)}
