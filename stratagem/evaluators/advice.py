@@ -126,8 +126,9 @@ def _memory(scn: Scenario, p: Plan) -> Iterator[_Candidate]:
                          "Full sharding over all data-parallel ranks instead of HSDP replicas divides the "
                          "model states by more ranks.")
     if p.zero_stage >= 1 and p.optimizer_offload == "none":
+        master = " and the fp32 master weights" if scn.training.record.master_weights else ""
         yield _Candidate("hbm", _with(p, optimizer_offload="cpu"),
-                         "ZeRO-Offload moves optimizer states and master weights to host memory.")
+                         f"ZeRO-Offload moves the optimizer states{master} to host memory.")
 
 
 def _largest_divisor_at_most(n: int, cap: int, ok: Callable[[int], bool]) -> int | None:
@@ -137,24 +138,36 @@ def _largest_divisor_at_most(n: int, cap: int, ok: Callable[[int], bool]) -> int
 
 def _communication(scn: Scenario, p: Plan) -> Iterator[_Candidate]:
     g = scn.cluster.gpus_per_node
+    rec = scn.training.record
     if p.zero_stage == 3:
-        yield _Candidate("communication", _with(p, zero_stage=2),
-                         "ZeRO-2 keeps the gathered weights through backward: one all-gather per micro-batch "
-                         "instead of two.")
+        if not rec.master_weights:  # FSDP2: zero 2 = fully_shard(reshard_after_forward=False)
+            if p.pp > 1 and not rec.reshard_after_forward_with_pp:
+                why = ("ZeRO-2 reduce-scatters gradients every micro-batch but keeps the optimizer-step gather "
+                       "pattern; with PP this stack already gathers ZeRO-3's weights once per step.")
+            else:
+                why = ("ZeRO-2 keeps the gathered weights through backward: one all-gather per FSDP unit per "
+                       "micro-batch instead of two.")
+        else:
+            why = ("ZeRO-2 keeps the full weights on every rank: no per-micro-batch all-gathers, one gather of the "
+                   "updated weights per step.")
+        yield _Candidate("communication", _with(p, zero_stage=2), why)
     if p.zero_stage == 2:
         yield _Candidate("communication", _with(p, zero_stage=1),
                          "ZeRO-1 reduces gradients once per step instead of reduce-scattering every micro-batch.")
+    fewer = ", fewer ZeRO-2/3 gathers per step" if p.zero_stage >= 2 else ""
     yield _Candidate("communication", _with(p, micro_batch_size=p.micro_batch_size * 2),
-                     "A bigger micro-batch means fewer, larger collectives (less latency per byte), fewer ZeRO-2/3 "
-                     "gathers per step, and more compute to hide traffic behind.")
+                     f"A bigger micro-batch means fewer, larger collectives (less latency per byte){fewer}, and "
+                     "more compute to hide traffic behind.")
     shard = p.dp * p.cp // p.dp_replicate
     if p.zero_stage >= 2 and shard * p.tp > g and scn.cluster.num_nodes > 1:
         need = -(-p.dp * p.cp * p.tp // g)
         reps = [r for r in divisors(p.dp) if r >= need and (p.dp * p.cp // r) * p.tp <= g]
         if reps:
-            yield _Candidate("communication", _with(p, dp_replicate=min(reps)),
-                             "HSDP shards inside a node over NVLink and only all-reduces gradients across "
-                             "nodes.")
+            r = min(reps)
+            inside = (p.dp * p.cp // r) * p.tp <= g  # the shard group's ranks (tp apart) fit in one node
+            where = "inside a node over NVLink" if inside else f"over {p.dp * p.cp // r} ranks"
+            yield _Candidate("communication", _with(p, dp_replicate=r),
+                             f"HSDP shards {where} and only all-reduces gradients across the {r} replicas.")
     if p.tp > g:
         tp = _largest_divisor_at_most(p.tp, g, lambda d: True)
         if tp:
@@ -167,7 +180,8 @@ def _communication(scn: Scenario, p: Plan) -> Iterator[_Candidate]:
                              "instead of TP's four all-reduces per layer.")
     elif p.tp > 1:
         yield _Candidate("communication", _with(p, tp=p.tp // 2, dp=p.dp * 2),
-                         "Half the tensor parallelism halves the per-layer activation all-reduces.")
+                         "Half the tensor parallelism runs the per-layer activation all-reduces over fewer ranks "
+                         "and gives each GPU larger matmuls.")
     if p.dp > 1 and p.dp % 2 == 0 and scn.cluster.num_nodes > 1:
         yield _Candidate("communication", _with(p, dp=p.dp // 2, pp=p.pp * 2),
                          "Moving a factor of data parallelism into pipeline stages across nodes shrinks the "
@@ -275,9 +289,10 @@ def _helps(zone: ZoneName, old: NeighbourSummary, new: NeighbourSummary, strict:
     if zone == "hbm" and strict:  # spending headroom: faster, and the neighbour keeps HBM at ok
         return faster and new.headroom_gib >= THRESHOLDS["hbm"].warn * (new.peak_gib + new.headroom_gib)
     if zone == "hbm":
-        return new.peak_gib < old.peak_gib * 0.99
-    if new.status != "ok" and old.status == "ok":
-        return False  # never trade a fitting plan for one that does not fit
+        # a plan that does not fit gets only neighbours that fit (issue 13: advice that is true)
+        return new.peak_gib < old.peak_gib * 0.99 and (old.status == "ok" or new.status == "ok")
+    if new.status != "ok":
+        return False  # never advise a plan that does not fit (a fitting one, or a plan that does not fit itself)
     if zone == "communication":
         return new.exposed_comm_fraction < old.exposed_comm_fraction and faster
     if zone == "bubbles":
@@ -348,6 +363,21 @@ def _memory_path(scn: Scenario, plan: Plan, base: NeighbourSummary, cal: Calibra
                   neighbour=end_summary, effect=_effect("hbm", change, base, end_summary))
 
 
+def _nearest(scn: Scenario, plan: Plan, base: NeighbourSummary, cal: Calibration) -> Advice | None:
+    """When neither a single step nor the memory walk fits: say so and name the neighbour with the lowest peak."""
+    cands = [c for c in _memory(scn, plan) if not violations(scn, c.plan)]
+    if not cands:
+        return None
+    cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in cands]), cal)
+    i = int(np.argmin(cols["peak_gib"]))
+    summary = _summary(cols, i)
+    change = _change(plan, cands[i].plan, None, scn)
+    return Advice(zone="hbm", rationale=f"No single step fits, nor the memory branch of the tree; the nearest "
+                  f"neighbour still needs {-summary.headroom_gib:.1f} GiB more than the GPU has: more GPUs, a "
+                  "larger GPU or a smaller model.", change=change, plan=cands[i].plan, neighbour=summary,
+                  effect=_effect("hbm", change, base, summary))
+
+
 def advise(
     scenario: Scenario, plan: Plan, evaluation: Evaluation | None = None, calibration: Calibration | None = None,
 ) -> list[Advice]:
@@ -367,7 +397,8 @@ def advise(
         advice = _advise_zone(scenario, plan, zone, base, cal, strict=False)
         if zone == "hbm" and base.status != "ok" and not any(a.neighbour.status == "ok" for a in advice):
             path = _memory_path(scenario, plan, base, cal)
-            advice += [path] if path is not None else []
+            nearest = path if path is not None else _nearest(scenario, plan, base, cal)
+            advice += [nearest] if nearest is not None else []
         out += advice
     if not flagged:
         out += _advise_zone(scenario, plan, zones.bottleneck, base, cal, strict=True)

@@ -38,17 +38,50 @@ def test_oom_follows_precision_then_micro_batch_then_sharding() -> None:
     advice = advise(scn, plan, ev)
     assert {a.zone for a in advice} == {"hbm"}  # memory first: nothing else until the plan fits
     check(scn, plan, advice)
-    singles, path = advice[:-1], advice[-1]
-    # No single step fits this plan, so the steps come in the seed's order: precision, then micro-batch ...
-    assert [a.change for a in singles] == ["precision fp32 -> bf16", "micro_batch_size 2 -> 1",
-                                           "activation_checkpointing none -> selective"]
-    for a in singles:
-        assert a.neighbour.status == "oom" and a.neighbour.peak_gib < ev.memory.peak_gib
-        assert a.effect.startswith(f"{a.change}: peak {ev.memory.peak_gib:.1f} -> {a.neighbour.peak_gib:.1f} GiB")
-    # ... and the walk down the tree (precision, micro-batch, recomputation, then sharding) ends in a fit.
+    # A plan that does not fit gets only neighbours that fit (issue 13): no single step fits this one, so the
+    # advice is the walk down the tree (precision, micro-batch, recomputation, then sharding), which ends in a fit.
+    assert len(advice) == 1
+    path = advice[0]
     assert path.neighbour.status == "ok"
     fields = [part.split(" ")[0] for part in path.change.split(", ")]
     assert fields == ["precision", "micro_batch_size", "activation_checkpointing", "zero_stage"]
+
+
+def test_advice_for_a_plan_that_does_not_fit_lists_only_plans_that_fit() -> None:
+    scn = Scenario(model=model_preset("llama3-70b"), cluster=cluster_preset("h100-sxm-80g", 8),
+                   training={"seq_len": 8192, "global_batch_size": 64})
+    for plan in (Plan(dp=8, zero_stage=1), Plan(dp=4, tp=2, zero_stage=3, sequence_parallel=True),
+                 Plan(dp=8, zero_stage=3, micro_batch_size=8)):
+        ev = evaluate(scn, plan)
+        assert ev.status == "oom"
+        advice = advise(scn, plan, ev)
+        assert advice, plan
+        fitting = [a for a in advice if a.neighbour.status == "ok"]
+        nearest = [a for a in advice if a.rationale.startswith("No single step fits, nor")]
+        assert len(fitting) + len(nearest) == len(advice), [a.effect for a in advice]
+        assert not (fitting and nearest)
+
+
+def test_no_step_fits_names_the_nearest() -> None:
+    scn = Scenario(model=model_preset("llama3-405b"), cluster=cluster_preset("h100-sxm-80g", 8),
+                   training={"seq_len": 8192, "global_batch_size": 64})
+    plan = Plan(dp=8, zero_stage=3, activation_checkpointing="full")
+    advice = advise(scn, plan)
+    assert len(advice) == 1 and advice[0].neighbour.status == "oom"
+    assert advice[0].rationale.startswith("No single step fits, nor the memory branch of the tree; the nearest")
+    assert f"{-advice[0].neighbour.headroom_gib:.1f} GiB more" in advice[0].rationale
+
+
+def test_hsdp_sentence_is_true_for_the_plan() -> None:
+    scn = Scenario(model=model_preset("llama3-8b"), cluster=cluster_preset("h100-sxm-80g", 256),
+                   training={"seq_len": 4096, "global_batch_size": 512})
+    plan = Plan(dp=256, zero_stage=3)
+    hsdp = [a for a in advise(scn, plan) if a.plan.dp_replicate > 1 and "HSDP" in a.rationale]
+    assert hsdp
+    for a in hsdp:
+        shard = a.plan.dp * a.plan.cp // a.plan.dp_replicate * a.plan.tp
+        assert ("inside a node" in a.rationale) == (shard <= scn.cluster.gpus_per_node), a.rationale
+        assert f"across the {a.plan.dp_replicate} replicas" in a.rationale
 
 
 def test_zero3_over_many_micro_batches_is_network_bound() -> None:
