@@ -223,7 +223,8 @@ def render_html(info: ParetoInfo, capacity: CapacityInfo | None = None) -> str:
     title = f"stratagem: {info.scenario.name}"
     body = f"""
 <h1>{_e(title)}</h1>
-<p class="note">Study <code>{_e(info.study_name)}</code>, scenario hash {_e(info.scenario_hash)}.</p>
+<p class="note">Study <code>{_e(info.study_name)}</code>, scenario hash {_e(info.scenario_hash)}.
+Calibration: {_e(info.calibration or "published defaults")}.</p>
 <nav><a href="#pareto">Pareto plots</a><a href="#front">Front</a><a href="#cards">Plans</a><a href="#explore">Explorer</a><a href="#capacity">Capacity</a></nav>
 <h2 id="scenario">Scenario</h2>
 {_scenario_table(s)}
@@ -232,7 +233,8 @@ def render_html(info: ParetoInfo, capacity: CapacityInfo | None = None) -> str:
 {_best(info) or '<p class="why">No feasible plan.</p>'}
 <h2 id="pareto">Pareto plots</h2>
 <p class="note">Red: the Pareto front over tokens/s, memory headroom and checkpoint goodput loss; blue: other
-feasible plans; grey: plans that do not fit or failed (hover for why). Diamonds are measured, circles
+feasible plans; grey: plans that do not fit or failed (hover for why), hidden at first so that the axes fit
+the feasible plans: click "not feasible" in a plot's legend to show them. Diamonds are measured, circles
 analytic. Click a point to open it in the explorer.</p>
 <div class="plots">
 <div id="plot-headroom" class="plot"></div>

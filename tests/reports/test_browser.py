@@ -101,9 +101,14 @@ def test_model_name_shows_as_text(report) -> None:
 
 def test_plots_render_with_every_point(report, info, browser) -> None:
     plotted = sum(1 for p in info.plans if p.values is not None)
+    feasible = sum(1 for p in info.plans if p.values is not None and p.feasible)
     page = report.page
-    assert page.locator("#plot-headroom .scatterlayer .point").count() == plotted
-    assert page.locator("#plot-risk .scatterlayer .point").count() == plotted
+    # plans that do not fit start hidden (issue 12 item 11); their legend entry shows them
+    assert page.locator("#plot-headroom .scatterlayer .point").count() == feasible < plotted
+    assert page.locator("#plot-risk .scatterlayer .point").count() == feasible
+    page.locator("#plot-risk").scroll_into_view_if_needed()
+    page.locator("#plot-risk .legend .traces .legendtoggle").first.click(force=True)
+    expect(page.locator("#plot-risk .scatterlayer .point")).to_have_count(plotted, timeout=10_000)
     page.locator("#plot-3d").scroll_into_view_if_needed()  # the 3D view is drawn when it comes into view
     page.wait_for_selector("#plot-3d[data-drawn='1'] canvas", timeout=30_000)
     for sel in ("#plot-headroom", "#plot-3d"):
@@ -190,6 +195,27 @@ def test_capacity_section(report) -> None:
     page = report.page
     assert page.locator("#capacity-table tbody tr").count() == 2
     assert page.locator("#capacity-plot .scatterlayer .point").count() == 4  # days and cost at 2 sizes
+
+
+def test_axes_fit_the_feasible_plans(browser, tmp_path) -> None:
+    """Issue 12 item 11: a plan 2,500 GiB over HBM no longer squashes the front into a line at 0 headroom; it
+    stays reachable through the legend."""
+    from report_studies import add, full_evaluation, plan
+
+    study = small_study()
+    add(study, full_evaluation(plan(zero_stage=0, tp=1, micro_batch_size=8), tps=200_000, headroom=-2500.0,
+                               loss=0.01, status="oom", reason="activations do not fit"))
+    info = pareto_info(study)
+    path = tmp_path / "far.html"
+    path.write_text(render_html(info), encoding="utf-8")
+    page = load(browser, path).page
+    heads = [p.values[1] for p in info.plans if p.values is not None and p.feasible]
+    lo, hi = page.evaluate("() => document.getElementById('plot-headroom')._fullLayout.xaxis.range")
+    assert lo > -10 and lo <= min(heads) and hi >= max(heads) and hi - lo < 3 * (max(heads) - min(heads)), (lo, hi)
+    page.locator("#plot-headroom .legend .traces .legendtoggle").first.click(force=True)  # "not feasible": on demand
+    page.wait_for_function("() => document.getElementById('plot-headroom')._fullLayout.xaxis.range[0] < -2500",
+                           timeout=10_000)
+    page.close()
 
 
 def test_large_study_draws_with_webgl(browser, tmp_path) -> None:

@@ -88,6 +88,9 @@
         }
       };
       if (zk != null) tr.z = idx.map(function (i) { return P.values[i][zk]; });
+      // Plans that do not fit can sit thousands of GiB below zero headroom and squash the front into a line:
+      // they start hidden (axes autorange over visible traces only) and one click on their legend entry shows them.
+      if (t[0] === "infeasible" && g.feasible.length + g.front.length > 0) tr.visible = "legendonly";
       out.push(tr);
     });
     return out;
