@@ -68,7 +68,7 @@ def search_cmd(
                              "formats: stratagem report -o)")
     if real_runs:
         result = _search_with_real_runs(scn, scenario, spec.url, name, mode, real_runs, ray_address, budget_minutes,
-                                        steps, as_json, cal)
+                                        steps, as_json, cal, n_trials=n_trials, timeout=timeout)
     else:
         with view.progress_bar(Console(stderr=True), enabled=not as_json) as progress:
             result = run_search(scn, spec.url, name, sampler=mode, n_trials=n_trials, timeout=timeout,
@@ -91,11 +91,14 @@ def search_cmd(
 
 def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: str, mode: Mode, real_runs: int,
                            ray_address: str | None, budget_minutes: float | None, steps: int,
-                           quiet: bool, calibration: Calibration | None = None) -> Any:
-    """The multi-fidelity search: screening, real runs through Ray, calibration; prints the measured runs."""
+                           quiet: bool, calibration: Calibration | None = None, n_trials: int | None = None,
+                           timeout: float | None = None) -> Any:
+    """The multi-fidelity search: screening, real runs through Ray, calibration; prints the measured runs.
+    SIGINT/SIGTERM: the in-flight runs are killed and released, exit 130/143; every run of this call failed:
+    exit 1 with the first reason."""
     from stratagem.launch.real import RayRunEvaluator
     from stratagem.search import console as view
-    from stratagem.search.multifidelity import run_multifidelity
+    from stratagem.search.multifidelity import Stopped, run_multifidelity
 
     run_dir = scenario_path.parent / "runs" / name
     num_cpus = scn.cluster.num_gpus if scn.cluster.gpu.kind == "cpu" and ray_address is None else None
@@ -115,13 +118,23 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
 
         with view.progress_bar(Console(stderr=True), enabled=not quiet) as progress:
             mf = run_multifidelity(scn, url, name, evaluator, real_runs, budget_minutes, sampler=mode,
-                                   progress=progress, on_batch=on_batch, initial_calibration=calibration)
+                                   progress=progress, on_batch=on_batch, initial_calibration=calibration,
+                                   n_trials=n_trials, timeout=timeout,
+                                   on_message=lambda text: out.print(text, markup=False, soft_wrap=True))
+    except Stopped as stop:
+        evaluator.close()
+        _remove_empty(fresh)
+        raise typer.Exit(128 + stop.signum) from None
     except BaseException:
         evaluator.close()
         _remove_empty(fresh)  # a failed command leaves no empty runs/ folder behind
         raise
     evaluator.close()
     view.print_measured(out, mf)
+    if mf.runs and mf.first_failure and not mf.ok_runs:
+        Console(stderr=True).print(f"error: all {mf.runs} real run(s) of this call failed; first: "
+                                   f"{mf.first_failure}", markup=False, soft_wrap=True)
+        raise typer.Exit(1)
     return mf.search
 
 

@@ -2,12 +2,30 @@
 actor per rank that starts the harness as a child process with the rendezvous environment, a per-trial
 timeout, per-rank logs, and cleanup whatever happens.
 
+Ranks get content, not paths: the scenario (YAML text) and the plan travel to each rank's actor through Ray;
+the actor writes them to a temp dir on its own node, runs the harness with its node's Python, and returns its
+exit code, its log and (rank 0) the result JSON through Ray; the driver writes rank<i>.log and result.json into
+its run folder. Nothing assumes a shared filesystem; every node needs the same Python environment (stratagem,
+torch) - the Python running the actor.
+
+LOCAL_RANK / LOCAL_WORLD_SIZE are per node (ranks ordered by global rank on each node); on GPUs each rank's
+CUDA_VISIBLE_DEVICES lists the GPUs Ray gave that node's ranks, in local-rank order, so cuda:LOCAL_RANK is the
+rank's own GPU (as under torchrun) and NCCL sees its node peers.
+
 Failures become statuses, never exceptions: `oom` (a rank printed "OOM:", CUDA OOM or the memory cap),
-`failed` (a rank exited non-zero: the last lines of its log), `timeout` (no result in time: all ranks killed).
+`failed` (a rank exited non-zero: the last lines of its log), `timeout` (no result within timeout_s of the
+ranks starting: all ranks killed), `infra` (the cluster's fault, not the plan's: an actor or node lost, a Ray
+system error, the bundles not schedulable within resource_wait_s, or the runner stopped).
 
     runner = RayRunner(run_dir="runs/my-study", address=None, num_cpus=4)
     result = runner.run(scenario, plan, steps=6, warmup=2, seed=0, timeout_s=120)
     runner.shutdown()
+
+A runner that starts its own local cluster owns that Ray session (its temp dir /tmp/stratagem-ray-*): at
+shutdown it waits for the session's processes to exit, kills the ones that linger (Ray's per-node dashboard and
+runtime-env agents, which the raylet always starts: Ray 2.60 has no switch to skip them; the dashboard head is
+off) and removes the temp dir; at start it reaps agents of dead sessions and removes stale temp dirs. Joined to
+an external cluster (`address`) it reaps nothing and does not wait.
 """
 
 from __future__ import annotations
@@ -15,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,10 +53,12 @@ from stratagem import procfs
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans"]
+__all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_layout"]
 
-RunStatus = Literal["ok", "oom", "failed", "timeout"]
+RunStatus = Literal["ok", "oom", "failed", "timeout", "infra"]
 _TAIL_LINES = 20
+_LOG_BYTES = 4 << 20  # per rank log returned to the driver (its end)
+_TEMP_PREFIX = "stratagem-ray-"
 # What a rank prints when another rank died under it (gloo/NCCL): not the cause.
 _PEER_FAILURE = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
                  "NCCL communicator was aborted", "ProcessGroupNCCL")
@@ -50,11 +71,11 @@ class RunResult:
     status: RunStatus
     reason: str
     result: dict[str, Any] | None
-    """The harness JSON (rank 0's file), when the run finished."""
+    """The harness JSON (rank 0's), when the run finished."""
     log_dir: str
-    """Per-rank logs (rank<i>.log) and the scenario/plan files of this run."""
+    """The driver's folder of this run: per-rank logs (rank<i>.log), scenario.yaml, result.json."""
     command: str
-    """The harness command each rank ran (with the rendezvous environment)."""
+    """The harness command each rank ran (paths relative to the rank's temp dir; environment separate)."""
     wall_s: float
     """Wall time from submission to the end of the run (scheduling + process start + training)."""
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -62,14 +83,28 @@ class RunResult:
 
 
 def harness_command(scenario_path: str, plan: Plan, steps: int, warmup: int, seed: int, out: str,
-                    memory_cap_gib: float | None = None) -> list[str]:
+                    memory_cap_gib: float | None = None, python: str | None = None) -> list[str]:
     """The harness invocation one rank runs (torchrun-compatible environment supplied separately)."""
-    cmd = [sys.executable, "-m", "stratagem.launch.harness", "--scenario", scenario_path,
+    cmd = [python or sys.executable, "-m", "stratagem.launch.harness", "--scenario", scenario_path,
            "--plan", format_plan(plan), "--steps", str(steps), "--warmup", str(warmup),
            "--seed", str(seed), "--out", out]
     if memory_cap_gib is not None:
         cmd += ["--memory-cap-gib", f"{memory_cap_gib:g}"]
     return cmd
+
+
+def local_layout(nodes: Sequence[str], gpus: Sequence[Sequence[str]] | None = None) -> list[dict[str, str]]:
+    """Per global rank, the per-node environment: LOCAL_RANK, LOCAL_WORLD_SIZE (ranks on the same node, in
+    global-rank order) and, given each rank's GPU ids (Ray's), CUDA_VISIBLE_DEVICES = the GPUs of that node's
+    ranks in local-rank order (so cuda:LOCAL_RANK is the rank's own GPU)."""
+    out = []
+    for rank, node in enumerate(nodes):
+        peers = [r for r, n in enumerate(nodes) if n == node]
+        env = {"LOCAL_RANK": str(peers.index(rank)), "LOCAL_WORLD_SIZE": str(len(peers))}
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(g for r in peers for g in gpus[r])
+        out.append(env)
+    return out
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -83,12 +118,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class _RankWorker:
-    """A Ray actor holding one bundle; runs one rank of the harness as a child process."""
+    """A Ray actor holding one bundle; runs one rank of the harness as a child process on its node (two
+    concurrent calls: `kill` while `run` waits)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.killed = False
 
-    def address(self) -> tuple[str, int]:
+    def where(self) -> dict[str, Any]:
+        """This rank's node: IP, a free port (used by rank 0 as MASTER_PORT), Ray's GPU ids."""
         import socket
 
         import ray
@@ -96,21 +134,36 @@ class _RankWorker:
         with socket.socket() as s:
             s.bind(("", 0))
             port = int(s.getsockname()[1])
-        return ray.util.get_node_ip_address(), port  # type: ignore[no-untyped-call]
+        return {"ip": ray.util.get_node_ip_address(), "port": port,  # type: ignore[no-untyped-call]
+                "node": ray.get_runtime_context().get_node_id(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
-    def run(self, cmd: list[str], env: dict[str, str], log_path: str, out_path: str | None) -> dict[str, Any]:
-        full_env = {**os.environ, **env}
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                         preexec_fn=_die_with_parent)
-            code = self.proc.wait()
-        tail = Path(log_path).read_text(errors="replace").splitlines()[-_TAIL_LINES:]
-        result = None
-        if out_path and code == 0 and os.path.exists(out_path):
-            result = Path(out_path).read_text()  # returned as text: ranks may live on another node
-        return {"code": code, "tail": tail, "result": result}
+    def run(self, scenario_yaml: str, plan_text: str, args: dict[str, Any], env: dict[str, str],
+            rank: int) -> dict[str, Any]:
+        """Write the scenario to a temp dir here, run the harness, return code, log (its end) and result."""
+        work = Path(tempfile.mkdtemp(prefix="stratagem-rank-"))
+        try:
+            (work / "scenario.yaml").write_text(scenario_yaml)
+            cmd = [sys.executable, "-m", "stratagem.launch.harness", "--scenario", "scenario.yaml", "--plan",
+                   plan_text, "--out", "result.json", *args["extra"]]
+            log_path = work / "rank.log"
+            with open(log_path, "wb") as log:
+                if self.killed:
+                    return {"code": -9, "log": "", "result": None}
+                self.proc = subprocess.Popen(cmd, cwd=work, env={**os.environ, **env}, stdout=log,
+                                             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                code = self.proc.wait()
+            with open(log_path, "rb") as f:
+                f.seek(max(0, log_path.stat().st_size - _LOG_BYTES))
+                text = f.read().decode(errors="replace")
+            out = work / "result.json"
+            result = out.read_text() if rank == 0 and code == 0 and out.exists() else None
+            return {"code": code, "log": text, "result": result}
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def kill(self) -> None:
+        self.killed = True
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -119,32 +172,48 @@ class RayRunner:
     """Runs plans through Ray on a local cluster (started here) or an existing one (`address="auto"`)."""
 
     def __init__(self, run_dir: str | Path, address: str | None = None, num_cpus: int | None = None,
-                 use_gpus: bool | None = None) -> None:
+                 use_gpus: bool | None = None, resource_wait_s: float = 600.0) -> None:
         import ray
 
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.resource_wait_s = resource_wait_s
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth: not needed locally
-        self._owns_cluster = not ray.is_initialized()
-        if self._owns_cluster:
-            reap_orphans()
+        self._connected = not ray.is_initialized()  # we called ray.init, so we disconnect at shutdown
+        self._temp_dir: str | None = None  # set when we started the Ray session: we own it
+        self._raylets: set[int] = set()
+        if self._connected:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "configure_logging": False}
             if address is None:
+                reap_orphans()
+                _remove_stale_temp_dirs()
                 # Unix socket paths must stay short: a private temp dir under /tmp.
-                kwargs["_temp_dir"] = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
+                self._temp_dir = tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir="/tmp")
+                kwargs["_temp_dir"] = self._temp_dir
                 if num_cpus is not None:
                     kwargs["num_cpus"] = num_cpus
             ray.init(address=address, **kwargs)
+            if self._temp_dir is not None:
+                self._raylets = {pid for pid in _session_pids(self._temp_dir) if procfs.comm(pid) == "raylet"}
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
         self.use_gpus = bool(resources.get("GPU", 0)) if use_gpus is None else use_gpus
-        self.slots = int(resources.get("GPU" if self.use_gpus else "CPU", 0))
+        self._stop = threading.Event()
+        self._inflight: dict[int, list[Any]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def slots(self) -> int:
+        """Ranks the cluster can run at once (GPUs, or CPUs on a CPU cluster), read now: nodes come and go."""
+        import ray
+
+        return int(ray.cluster_resources().get("GPU" if self.use_gpus else "CPU", 0))  # type: ignore[no-untyped-call]
 
     # -- one trial -------------------------------------------------------------------------------------
     def run(self, scenario: Scenario, plan: Plan, steps: int = 6, warmup: int = 2, seed: int = 0,
             timeout_s: float = 300.0, memory_cap_gib: float | None = None, name: str | None = None) -> RunResult:
-        """Run `plan` for `steps` steps; never raises for a failing run."""
+        """Run `plan` for `steps` steps; never raises for a failing run. timeout_s counts from the ranks' start
+        (waiting for resources is not the plan's time: up to resource_wait_s, then `infra`)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -153,82 +222,191 @@ class RayRunner:
         world = plan.world_size
         log_dir = self.run_dir / (name or f"run-{uuid.uuid4().hex[:8]}")
         log_dir.mkdir(parents=True, exist_ok=True)
-        scenario_path = log_dir / "scenario.yaml"
-        scenario_path.write_text(yaml.safe_dump(scenario.model_dump(mode="json", exclude={"search"}),
-                                                sort_keys=False))
-        out_path = str(log_dir / "result.json")
-        cmd = harness_command(str(scenario_path), plan, steps, warmup, seed, out_path, memory_cap_gib)
+        scenario_yaml = yaml.safe_dump(scenario.model_dump(mode="json", exclude={"search"}), sort_keys=False)
+        (log_dir / "scenario.yaml").write_text(scenario_yaml)
+        extra = ["--steps", str(steps), "--warmup", str(warmup), "--seed", str(seed)]
+        if memory_cap_gib is not None:
+            extra += ["--memory-cap-gib", f"{memory_cap_gib:g}"]
+        command = shlex.join(harness_command("scenario.yaml", plan, steps, warmup, seed, "result.json",
+                                             memory_cap_gib, python="python"))
+
+        def result(status: RunStatus, reason: str, ranks: list[dict[str, Any]] | None = None) -> RunResult:
+            return RunResult(status, reason, None, str(log_dir), command, time.perf_counter() - start, ranks or [])
+
         unit = {"GPU": 1, "CPU": 1} if self.use_gpus else {"CPU": 1}
         if world > self.slots:
-            return RunResult("failed", f"plan needs {world} ranks but the cluster has {self.slots} "
-                             f"{'GPUs' if self.use_gpus else 'CPUs'}", None, str(log_dir),
-                             shlex.join(cmd), time.perf_counter() - start)
+            return result("infra", f"plan needs {world} ranks but the cluster has {self.slots} "
+                          f"{'GPUs' if self.use_gpus else 'CPUs'} now")
         pg = placement_group([dict(unit) for _ in range(world)], strategy="PACK")
         actors: list[Any] = []
+        key = id(actors)
         try:
-            if not _wait(pg.ready(), timeout_s):
-                return RunResult("timeout", f"placement group of {world} bundles not ready in {timeout_s:.0f} s",
-                                 None, str(log_dir), shlex.join(cmd), time.perf_counter() - start)
+            if not self._wait([pg.ready()], self.resource_wait_s):
+                return result("infra", "stopped" if self._stop.is_set() else
+                              f"{world} bundles of {unit} not schedulable within {self.resource_wait_s:.0f} s")
             worker = ray.remote(_RankWorker)
-            opts = {"num_cpus": 1, "num_gpus": 1 if self.use_gpus else 0}
-            actors = [
+            opts = {"num_cpus": 1, "num_gpus": 1 if self.use_gpus else 0, "max_concurrency": 2}
+            actors += [
                 worker.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=i)).remote()
                 for i in range(world)
             ]
-            master_addr, master_port = ray.get(actors[0].address.remote(), timeout=timeout_s)
+            with self._lock:
+                self._inflight[key] = actors
+            if self._stop.is_set():
+                return result("infra", "stopped")
+            places = ray.get([a.where.remote() for a in actors], timeout=self.resource_wait_s)
+            layout = local_layout([p["node"] for p in places], [p["gpus"] for p in places] if self.use_gpus else None)
+            master = places[0]
             refs = []
             for rank, actor in enumerate(actors):
-                env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_RANK": "0" if self.use_gpus else str(rank),
-                       "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
-                       "PYTHONUNBUFFERED": "1",
+                env = {"MASTER_ADDR": master["ip"], "MASTER_PORT": str(master["port"]), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), **layout[rank], "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                        # STRATAGEM_* settings of the driver (e.g. STRATAGEM_FAULTS) reach every rank.
                        **{k: v for k, v in os.environ.items() if k.startswith("STRATAGEM_")}}
-                refs.append(actor.run.remote(cmd, env, str(log_dir / f"rank{rank}.log"),
-                                             out_path if rank == 0 else None))
-            remaining = timeout_s - (time.perf_counter() - start)
-            done, pending = ray.wait(refs, num_returns=len(refs), timeout=max(1.0, remaining))
-            if pending:
-                return RunResult("timeout", f"no result within {timeout_s:.0f} s; all {world} ranks killed",
-                                 None, str(log_dir), shlex.join(cmd), time.perf_counter() - start,
-                                 _partial(done))
-            ranks = [ray.get(r) for r in refs]
-            return _classify(ranks, str(log_dir), shlex.join(cmd), time.perf_counter() - start)
-        except Exception as e:  # Ray-level failure (actor died, node lost): a failed run, with its cause
-            return RunResult("failed", f"{type(e).__name__}: {e}".splitlines()[0], None, str(log_dir),
-                             shlex.join(cmd), time.perf_counter() - start)
+                refs.append(actor.run.remote(scenario_yaml, format_plan(plan), {"extra": extra}, env, rank))
+            ranks_started = time.perf_counter()
+            finished = self._wait(refs, timeout_s, all_of=True)
+            if not finished:
+                for a in actors:  # kill the ranks; each run() then returns its log
+                    a.kill.remote()
+            outcomes = []
+            for rank, ref in enumerate(refs):
+                try:
+                    outcomes.append(ray.get(ref, timeout=30))
+                except Exception as e:  # noqa: BLE001 - a rank's actor lost: recorded, classified below
+                    outcomes.append({"code": None, "log": "", "result": None, "lost": _first_line(e)})
+                (log_dir / f"rank{rank}.log").write_text(outcomes[-1]["log"])
+            if outcomes[0].get("result"):
+                (log_dir / "result.json").write_text(outcomes[0]["result"])
+            lost = [(i, o["lost"]) for i, o in enumerate(outcomes) if "lost" in o]
+            if self._stop.is_set():
+                return result("infra", "stopped", _summary(outcomes))
+            if lost:
+                return result("infra", f"rank {lost[0][0]}: {lost[0][1]}", _summary(outcomes))
+            if not finished:
+                return result("timeout", f"no result within {timeout_s:.0f} s of the ranks' start "
+                              f"({time.perf_counter() - ranks_started:.0f} s); all {world} ranks killed",
+                              _summary(outcomes))
+            return _classify(outcomes, str(log_dir), command, time.perf_counter() - start)
+        except Exception as e:
+            if type(e).__module__.startswith("ray"):  # actor died, node lost, GetTimeoutError: the cluster's
+                return result("infra", _first_line(e))
+            raise
         finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+            for a in actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:  # noqa: BLE001 - cleanup must go on for the other actors (a dead one raises)
+                    pass
+            remove_placement_group(pg)
+
+    def _wait(self, refs: list[Any], timeout_s: float, all_of: bool = False) -> bool:
+        """Wait for refs (all, or the first) up to timeout_s, waking every 0.5 s to honour stop()."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready, _ = ray.wait(refs, num_returns=len(refs) if all_of else 1, timeout=min(0.5, left))
+            if len(ready) == (len(refs) if all_of else 1):
+                return True
+        return False
+
+    def stop(self) -> int:
+        """Kill every in-flight run's ranks now (SIGINT/SIGTERM); their runs return `infra: stopped`. Returns
+        how many runs were in flight."""
+        import ray
+
+        self._stop.set()
+        with self._lock:
+            groups = list(self._inflight.values())
+        for actors in groups:
             for a in actors:
                 try:
                     a.kill.remote()
                     ray.kill(a, no_restart=True)
-                except Exception:  # noqa: BLE001 - cleanup must go on for the other actors
+                except Exception:  # noqa: BLE001 - an actor already gone: nothing to kill
                     pass
-            remove_placement_group(pg)
+        return len(groups)
 
     def run_many(self, jobs: Sequence[tuple[Scenario, Plan, str]], **kwargs: Any) -> list[RunResult]:
-        """Run several plans at once, as many as the cluster's free slots allow; results in input order."""
+        """Run several plans at once, as many as the cluster's free slots allow; results in input order. An
+        interruption (KeyboardInterrupt or any BaseException) kills the in-flight runs before it propagates."""
         if not jobs:
             return []
         widest = max(p.world_size for _, p, _ in jobs)
         parallel = max(1, self.slots // max(1, widest))
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
+        pool = ThreadPoolExecutor(max_workers=parallel)
+        try:
             futures = [pool.submit(self.run, s, p, name=n, **kwargs) for s, p, n in jobs]
             return [f.result() for f in futures]
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def shutdown(self) -> None:
+        """Disconnect; for a session we started, also wait for its processes, kill stragglers, remove its temp
+        dir. Nothing on the host is touched for a cluster we only joined."""
         import ray
 
-        if self._owns_cluster and ray.is_initialized():
-            ours = set(_ray_helpers())
+        if not (self._connected and ray.is_initialized()):
+            return
+        if self._temp_dir is None:
             ray.shutdown()
-            deadline = time.monotonic() + 15.0  # the raylet takes a moment to exit; then its agents are orphans
-            while True:
-                reap_orphans()
-                if not any(procfs.alive(pid) for pid in ours) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.3)
+            return
+        ours = set(_session_pids(self._temp_dir)) | {p for p, r in _ray_helpers().items() if r in self._raylets}
+        ray.shutdown()
+        deadline = time.monotonic() + 15.0  # the raylet takes a moment to exit; its agents follow or linger
+        while any(procfs.alive(pid) for pid in ours) and time.monotonic() < deadline:
+            ours |= {p for p, r in _ray_helpers().items() if r in self._raylets}
+            if not any(procfs.alive(r) for r in self._raylets):
+                break
+            time.sleep(0.3)
+        for pid in ours | {p for p, r in _ray_helpers().items() if r in self._raylets}:
+            if procfs.alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+def _summary(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"code": o["code"], "tail": o["log"].splitlines()[-_TAIL_LINES:]} for o in outcomes]
+
+
+def _session_pids(temp_dir: str) -> list[int]:
+    """This user's processes whose command line names `temp_dir` (the session's GCS, raylet, monitors)."""
+    needle = temp_dir.encode()
+    return [pid for pid in procfs.user_pids() if needle in (procfs.cmdline(pid) or b"")]
+
+
+def _remove_stale_temp_dirs() -> list[str]:
+    """Remove /tmp/stratagem-ray-* dirs of this user that no live process names (sessions that died)."""
+    removed = []
+    me = os.getuid()
+    cmdlines = [procfs.cmdline(pid) or b"" for pid in procfs.user_pids()]
+    for d in Path("/tmp").glob(f"{_TEMP_PREFIX}*"):
+        try:
+            if d.stat().st_uid != me or not d.is_dir():
+                continue
+        except OSError:
+            continue
+        if not any(str(d).encode() in c for c in cmdlines):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
 
 
 def _ray_helpers() -> dict[int, int]:
@@ -271,26 +449,13 @@ def reap_orphans() -> list[int]:
     return killed
 
 
-def _wait(ref: Any, timeout_s: float) -> bool:
-    import ray
-
-    ready, _ = ray.wait([ref], timeout=timeout_s)
-    return bool(ready)
-
-
-def _partial(done: list[Any]) -> list[dict[str, Any]]:
-    import ray
-
-    return [ray.get(r) for r in done]
-
-
 def _classify(ranks: list[dict[str, Any]], log_dir: str, command: str, wall_s: float) -> RunResult:
-    summary = [{"code": r["code"], "tail": r["tail"]} for r in ranks]
-    for rank, r in enumerate(ranks):
+    summary = _summary(ranks)
+    for rank, r in enumerate(summary):
         oom = [line for line in r["tail"] if "OOM:" in line or "OutOfMemoryError" in line]
         if oom:
             return RunResult("oom", f"rank {rank}: {oom[-1].strip()}", None, log_dir, command, wall_s, summary)
-    failed = [(i, r) for i, r in enumerate(ranks) if r["code"] != 0]
+    failed = [(i, r) for i, r in enumerate(summary) if r["code"] != 0]
     if failed:
         # The rank that raised explains best; its peers only report the broken collective.
         def own_error(r: dict[str, Any]) -> bool:

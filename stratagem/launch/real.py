@@ -128,17 +128,27 @@ class RayRunEvaluator:
 
     @property
     def slots(self) -> int:
-        """Ranks the cluster can run at once (GPUs, or CPUs on a CPU cluster)."""
+        """Ranks the cluster can run at once (GPUs, or CPUs on a CPU cluster), read now."""
         return self.runner.slots
+
+    def unsupported(self, scenario: Scenario, plan: Plan) -> str | None:
+        """Why the harness cannot run `plan` (launch.support.unsupported), or None: the loop skips such plans."""
+        from stratagem.launch.support import unsupported
+
+        return unsupported(scenario, plan)
+
+    def stop(self) -> int:
+        """Kill the in-flight runs' ranks now; returns how many runs were in flight."""
+        return self.runner.stop()
 
     def _cap(self, scenario: Scenario) -> float | None:
         # On CPU workers the scenario's per-device memory is enforced by the harness's tracked peak.
         return scenario.cluster.gpu.hbm_gib if scenario.cluster.gpu.kind == "cpu" else None
 
     def evaluate(self, scenario: Scenario, plan: Plan, name: str | None = None) -> Evaluation:
-        return self.evaluate_many(scenario, [plan], names=[name] if name else None)[0]
+        return self.evaluate_batch(scenario, [plan], names=[name] if name else None)[0]
 
-    def evaluate_many(self, scenario: Scenario, plans: Sequence[Plan],
+    def evaluate_batch(self, scenario: Scenario, plans: Sequence[Plan],
                       names: Sequence[str] | None = None) -> list[Evaluation]:
         """Run several plans at once (as many as the cluster's free slots allow); results in order."""
         out: list[Evaluation | None] = [None] * len(plans)

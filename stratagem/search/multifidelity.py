@@ -1,10 +1,10 @@
 """Multi-fidelity search: screen analytically, then spend a budget of real runs on the most informative
 survivors, recalibrating the analytic model after each batch.
 
-Order of real runs (re-ranked after every batch with the refitted calibration):
-  1. the predicted Pareto front, highest tokens/s first;
-  2. feasible plans nearest the memory limit (smallest headroom): they test the memory model where it decides;
-  3. what an Optuna NSGA-II sampler proposes, given the measured trials so far.
+Order of real runs (re-ranked after every batch with the refitted calibration; `rank_candidates`):
+  1. plans that may fit by predicted tokens/s, fastest first: predicted to fit, or predicted over the limit by
+     less than the memory model's error on this study's runs (a boundary run only where it can pay);
+  2. what an Optuna NSGA-II sampler proposes, given the measured trials so far.
 A batch holds as many plans as the cluster runs at once (slots // widest plan, re-read before each batch). Each
 plan of a batch is claimed in the study while it runs (search/claims.py): other workers skip it, and a claim
 whose worker died expires and the plan is run again. A claim becomes the measured trial when its run has
@@ -14,7 +14,7 @@ for the cluster's sake (status infra: actor or node lost, resources never came) 
 claim is released and the plan retried.
 Calibration is refitted on this study's measured trials only and stored as the study attribute
 "calibration" (with "calibration_history", one entry per batch).
-Never imports ray: the evaluator is given (its `evaluate_many` runs plans in parallel when it has one).
+Never imports ray: the evaluator is given (a BatchEvaluator's `evaluate_batch` runs plans in parallel).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import optuna
 from optuna.trial import TrialState
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import Calibration, Evaluation, Evaluator
+from stratagem.evaluators import BatchEvaluator, Calibration, Evaluation, Evaluator
 from stratagem.search.calibrate import fit_calibration
 from stratagem.search.claims import Claim, claim, expire_claims, finish, live_claims, release, renewing
 from stratagem.search.records import DIRECTIONS, OBJECTIVES, front_trials, plan_key, trial_evaluation
@@ -71,6 +71,10 @@ class MultiFidelityResult:
     """Candidate plans not run because the harness cannot run them (the evaluator's `unsupported`)."""
     skipped_example: str = ""
     """One skipped plan and the harness's reason ('' when none was skipped)."""
+    ok_runs: int = 0
+    """Runs of this call that measured their plan (status ok)."""
+    first_failure: str = ""
+    """The first run of this call that did not end ok: "plan: status: reason" ('' when none)."""
 
 
 _MAX_RANK_ROUNDS = 50  # rounds of ranking per batch when the harness keeps refusing plans
@@ -86,32 +90,59 @@ def measured_trials(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
     return {k: s.trial for k, s in standings(study.get_trials(deepcopy=False)).items() if s.fidelity == "measured"}
 
 
-def rank_candidates(screening: Screening, measured: set[str], limit: int,
-                    include_infeasible: bool = False) -> list[tuple[Plan, str]]:
-    """Up to `limit` unmeasured plans in run order: predicted front (tokens/s first), then near the memory
-    limit (least headroom among feasible plans), then (include_infeasible) the plans predicted not to fit,
-    nearest the limit first (role "candidate")."""
+DEFAULT_MEMORY_BAND = 0.05
+"""Relative memory error assumed before a study has measured peaks to fit on: a plan predicted within 5 % over
+the limit may still fit (bench/memory_accuracy.py: median error 6.6 % on published runs)."""
+
+
+def rank_candidates(screening: Screening, measured: set[str], limit: int, include_infeasible: bool = False,
+                    memory_band: float = DEFAULT_MEMORY_BAND) -> list[tuple[Plan, str]]:
+    """Up to `limit` unmeasured plans in run order, for finding the fastest plan that fits in few runs.
+
+    1. Plans that may fit, by predicted tokens/s (fastest first): those predicted to fit, and those predicted
+       over the usable memory by less than `memory_band` (the memory model's relative error on this study's
+       measured runs): the best plan often sits at the limit, and only there does the memory model decide which
+       plan is best, so a boundary run is spent only where it can pay (it is also the fastest left). Roles:
+       "front" (on the predicted Pareto front), "boundary" (predicted over the limit, within the band),
+       "candidate" (the rest).
+    2. (include_infeasible) the plans predicted not to fit beyond the band, nearest the limit first.
+    bench/search_regret.py measured the previous order (the whole predicted front, then the feasible plans with
+    least headroom) against this one: see the README's "How many real runs" figures."""
     cols = screening.columns
-    front = screening.front[np.argsort(-cols["tokens_per_s"][screening.front], kind="stable")]
-    feasible = np.flatnonzero(screening.feasible)
-    boundary = feasible[np.argsort(cols["headroom_gib"][feasible], kind="stable")]
-    groups = [("front", front), ("boundary", boundary)]
+    tokens, peak = cols.tokens_per_s, cols.peak_gib
+    plausible = peak * (1.0 - max(0.0, memory_band)) <= screening.usable_gib
+    on_front = np.zeros(len(tokens), dtype=bool)
+    on_front[screening.front] = True
+    first = np.flatnonzero(plausible)
+    first = first[np.argsort(-tokens[first], kind="stable")]
+    roles = np.where(on_front, "front", np.where(screening.feasible, "candidate", "boundary"))
+    groups: list[tuple[np.ndarray, np.ndarray]] = [(first, roles[first])]
     if include_infeasible:
-        rest = np.flatnonzero(~screening.feasible)
-        groups.append(("candidate", rest[np.argsort(-cols["headroom_gib"][rest], kind="stable")]))
+        rest = np.flatnonzero(~plausible)
+        rest = rest[np.argsort(-cols.headroom_gib[rest], kind="stable")]
+        groups.append((rest, np.full(len(rest), "candidate")))
     out: list[tuple[Plan, str]] = []
     seen = set(measured)
-    for role, indices in groups:
-        for i in indices:
+    for indices, labels in groups:
+        for i, role in zip(indices, labels, strict=True):
             plan = screening.plan(int(i))
             key = plan_key(plan)
             if key in seen:
                 continue
             seen.add(key)
-            out.append((plan, role))
+            out.append((plan, str(role)))
             if len(out) >= limit:
                 return out
     return out
+
+
+def memory_band(study: optuna.Study) -> float:
+    """The memory model's relative error on this study's measured peaks after the latest refit (the last
+    calibration_history entry), at least 2 %; DEFAULT_MEMORY_BAND before any measured run."""
+    history = study.user_attrs.get("calibration_history") or []
+    if not history or not history[-1].get("runs_used"):
+        return DEFAULT_MEMORY_BAND
+    return max(0.02, float(history[-1].get("memory_error_after", DEFAULT_MEMORY_BAND)))
 
 
 def _sampler_proposals(screening: Screening, study: optuna.Study, measured: set[str], limit: int,
@@ -175,9 +206,8 @@ def check_candidates(space: SearchSpace, candidates: PlanColumns) -> None:
 
 
 def _evaluate_batch(evaluator: Evaluator, scenario: Scenario, plans: Sequence[Plan]) -> list[Evaluation]:
-    many = getattr(evaluator, "evaluate_many", None)
-    if callable(many):
-        return list(many(scenario, plans))
+    if isinstance(evaluator, BatchEvaluator):
+        return list(evaluator.evaluate_batch(scenario, plans))
     return [evaluator.evaluate(scenario, p) for p in plans]
 
 
@@ -256,7 +286,8 @@ def run_multifidelity(
     budget_end = None if budget_minutes is None else float(started) + 60.0 * budget_minutes
     call_end = None if timeout is None else time.monotonic() + timeout
     prov = provenance(scenario, space, screening="multifidelity")
-    runs = 0
+    runs = ok_runs = 0
+    first_failure = ""
     with _stop_on_signals():
         while n_trials is None or runs < n_trials:
             if (budget_end is not None and time.time() >= budget_end) or (
@@ -299,6 +330,9 @@ def run_multifidelity(
             with storage_lock(spec):
                 for c, ev in zip(batch, evaluations, strict=True):
                     key = plan_key(c.plan)
+                    ok_runs += ev.status == "ok"
+                    if ev.status != "ok" and not first_failure:
+                        first_failure = f"{c.plan.short()}: {ev.status}: {ev.reason.splitlines()[0] if ev.reason else ''}"
                     if ev.status == "infra":
                         infra[key] = infra.get(key, 0) + 1
                         release(backend, c, f"infra: {ev.reason}")
@@ -326,7 +360,8 @@ def run_multifidelity(
                                 seconds=time.perf_counter() - t0)
     return MultiFidelityResult(search=final, runs=runs, measured=len(done), statuses=statuses,
                                calibration=cal, history=history, seconds=time.perf_counter() - t0,
-                               skipped=len(skipped), skipped_example=next(iter(skipped.values()), ""))
+                               skipped=len(skipped), skipped_example=next(iter(skipped.values()), ""),
+                               ok_runs=ok_runs, first_failure=first_failure)
 
 
 def _rank(scenario: Scenario, space: SearchSpace, study: optuna.Study, cal: Calibration,
@@ -343,7 +378,8 @@ def _rank(scenario: Scenario, space: SearchSpace, study: optuna.Study, cal: Cali
     for _ in range(_MAX_RANK_ROUNDS):
         if len(ranked) >= want:
             break
-        more = rank_candidates(screening, excluded, want - len(ranked), include_infeasible=candidates is not None)
+        more = rank_candidates(screening, excluded, want - len(ranked), include_infeasible=candidates is not None,
+                               memory_band=memory_band(study))
         if len(more) < want - len(ranked) and candidates is None:
             more += _sampler_proposals(screening, study, excluded | {plan_key(p) for p, _ in more},
                                        want - len(ranked) - len(more), space.config.seed + measured)
