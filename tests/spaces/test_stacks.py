@@ -129,3 +129,17 @@ def test_evaluators_branch_on_records_not_stack_names() -> None:
     for path in sorted((ROOT / "stratagem" / "evaluators").glob("*.py")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             assert not pattern.search(line), f"{path.name}:{n}: {line.strip()}"
+
+
+def test_export_refuses_what_the_stack_cannot_run_with_the_capability_line() -> None:
+    from stratagem.launch.export import export_plan
+    from stratagem.launch.export.bundle import layout, refuse_unrunnable
+
+    plan = Plan(dp=4, pp=2, zero_stage=2)
+    with pytest.raises(StratagemError, match=r"deepspeed: ZeRO stage 2 with pipeline parallelism is not supported "
+                                             r"\(deepspeed/runtime/pipe/engine.py"):
+        export_plan(scn("deepspeed"), plan, "deepspeed")
+    # the same plan in a torch scenario, checked against the deepspeed target's record
+    with pytest.raises(StratagemError, match=r"--to deepspeed: deepspeed: ZeRO stage 2 with pipeline"):
+        refuse_unrunnable(layout(scn("torch"), plan), "deepspeed")
+    refuse_unrunnable(layout(scn("torch"), plan), "torchtitan")  # torchtitan runs it
