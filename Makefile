@@ -6,12 +6,12 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install browser demo test test-slow lint clean wheelhouse wheelhouse-calibrate
+.PHONY: install browser postgres demo test test-slow lint clean wheelhouse wheelhouse-calibrate
 
 $(BIN)/stratagem: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	if [ -n "$(TORCH)" ] && ! $(BIN)/python -c "import torch" 2>/dev/null; then $(BIN)/pip install -q "$(TORCH)"; fi
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,postgres]"
 	touch $(BIN)/stratagem
 
 install: $(BIN)/stratagem
@@ -29,7 +29,14 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: browser tests will skip"
 
-test: lint browser
+# The storage/claims tests start a throw-away PostgreSQL server (tests/search/conftest.py) from Debian's
+# postgresql: installed here when missing and we are root, else those tests skip saying why.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) || \
+	  echo "postgresql not installed: PostgreSQL tests will skip"
+
+test: lint browser postgres
 	$(BIN)/pytest -q
 
 test-slow: install
