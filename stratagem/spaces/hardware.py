@@ -154,9 +154,15 @@ class ClusterSpec(BaseModel):
         if isinstance(data, dict):
             data = dict(data)
             gpu = data.get("gpu")
+            preset = None
             if isinstance(gpu, str):
                 data["gpu"] = gpu_preset(gpu)
-            name = data["gpu"].name if isinstance(data.get("gpu"), GPUSpec) else None
+            elif isinstance(gpu, dict) and "preset" in gpu:
+                # {preset: NAME, field: value...}: a preset with fields changed (e.g. a tighter memory budget);
+                # merged fields, so that pydantic names a bad one as cluster.gpu.<field>
+                preset = gpu_preset(str(gpu["preset"]))
+                data["gpu"] = {**preset.model_dump(), **{k: v for k, v in gpu.items() if k != "preset"}}
+            name = data["gpu"].name if isinstance(data.get("gpu"), GPUSpec) else preset.name if preset else None
             if name in _LINKS:
                 intra, inter = _LINKS[name]
                 if not data.get("intra_node_gbps"):

@@ -190,3 +190,14 @@ def test_resolve_plan_fills_the_cluster_with_dp() -> None:
     assert resolve_plan(scn, "tp = 2 pp=2").dp == 2
     assert resolve_plan(scn, "dp=2,tp=2").dp == 2  # given: kept
     assert resolve_plan(scn, "tp=2,dp_replicate=2").dp == 4  # dp_replicate is not dp
+
+
+def test_gpu_preset_with_overrides(tmp_path: Path) -> None:
+    """`gpu: {preset: NAME, field: value}` (the demo's tight per-worker memory budget): the preset's fields and
+    link defaults, the given ones changed; a bad one named as cluster.gpu.<field>."""
+    scn = load_scenario(write(tmp_path, "model: llama3-8b\ncluster: {gpu: {preset: cpu, hbm_gib: 0.012}, "
+                                        "gpus_per_node: 4}\n"))
+    assert scn.cluster.gpu.hbm_gib == 0.012 and scn.cluster.gpu.kind == "cpu" and scn.cluster.gpu.name == "cpu"
+    assert scn.cluster.intra_node_gbps == 5  # the cpu preset's link default still applies
+    with pytest.raises(StratagemError, match=r"cluster\.gpu\.hbm_gib \(-1\)"):
+        load_scenario(write(tmp_path, "model: llama3-8b\ncluster: {gpu: {preset: cpu, hbm_gib: -1}}\n", "b.yaml"))
