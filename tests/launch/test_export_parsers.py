@@ -31,6 +31,7 @@ from stratagem.evaluators import evaluate
 from stratagem.launch.export import TARGETS, ExportBundle, export_plan, write_bundle
 from stratagem.launch.export.deepspeed import COMMENT_KEY
 from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan, scenario_from_dict
+from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.rules import violations
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
@@ -248,8 +249,8 @@ def test_torchtitan(name: str) -> None:
     if plan.zero_stage == 3:
         assert par["fsdp_reshard_after_forward"] == "always"
     if plan.ep > 1:
-        assert (par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]) == (plan.ep, plan.tp)
-    flavor = {"llama3-8b": "8B"}.get(scn.model.name)
+        assert (par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]) == (plan.ep, plan.etp)
+    flavor = {"llama3-8b": "8B", "llama3-405b": "405B"}.get(scn.model.name)
     assert doc["model"]["flavor"] == (flavor or doc["model"]["flavor"])
     assert (flavor is None) == any(n.field == "model" for n in bundle.unexpressed)
 
@@ -359,6 +360,8 @@ def test_megatron(name: str) -> None:
         plan.micro_batch_size, tr.global_batch_size, tr.seq_len)
     assert ns.sequence_parallel == plan.sequence_parallel
     assert (ns.expert_model_parallel_size or 1) == plan.ep
+    if m.moe is not None:  # Megatron's default etp is tp: always written (MoE parallel folding)
+        assert ns.expert_tensor_parallel_size == plan.etp
     assert (ns.num_layers, ns.hidden_size, ns.ffn_hidden_size, ns.num_attention_heads) == (
         m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads)
     assert (ns.num_query_groups or m.num_attention_heads) == m.kv_heads
@@ -385,6 +388,14 @@ def test_megatron(name: str) -> None:
             assert len(stages) == chunks and stages[0].startswith("E") and stages[-1].endswith("L")
             counts = [sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", s)) for s in stages]
             assert sum(counts) == m.num_layers and max(counts) - min(counts) <= 1
+        elif ns.account_for_embedding_in_pipeline_split:  # embedding and loss counted as layers
+            assert plan.pp_split == "embedding_loss" and ns.account_for_loss_in_pipeline_split
+            assert (m.num_layers + 2) % chunks == 0
+            assert (ns.num_virtual_stages_per_pipeline_rank or 1) == plan.virtual_stages
+        elif ns.decoder_first_pipeline_num_layers or ns.decoder_last_pipeline_num_layers:
+            assert (ns.decoder_first_pipeline_num_layers or 0, ns.decoder_last_pipeline_num_layers or 0) == (
+                plan.first_stage_layers, plan.last_stage_layers)
+            assert (ns.num_virtual_stages_per_pipeline_rank or 1) == plan.virtual_stages
         else:
             assert m.num_layers % chunks == 0
             if plan.virtual_stages > 1:
@@ -426,7 +437,18 @@ def _applies(field: str, plan: Plan) -> bool:
         return plan.pp > 1
     if field == "virtual_stages":
         return plan.pp_schedule == "interleaved"
+    if field in ("pp_split", "first_stage_layers", "last_stage_layers"):
+        return plan.pp > 1
     return True
+
+
+def _same_split(scn: Scenario, a: Plan, b: Plan) -> bool:
+    """Whether two plans put the same layers on every model chunk (e.g. first_stage_layers=8 of an even 8/8/8/8,
+    or 32 layers + embedding + loss over 2 stages: 16/16 either way)."""
+    def chunks(p: Plan) -> tuple[int, ...]:
+        return chunk_layers(scn.model.num_layers, p.pp, p.virtual_stages, p.first_stage_layers,
+                            p.last_stage_layers, p.pp_split)
+    return chunks(a) == chunks(b)
 
 
 def _alternatives(field: str, plan: Plan) -> list[Any]:
@@ -461,6 +483,8 @@ def test_no_plan_field_is_dropped_silently(target: str) -> None:
                     continue
                 if field == "dp":  # dp fills the world: change it with another degree
                     continue
+                if field in ("pp_split", "first_stage_layers", "last_stage_layers") and _same_split(scn, plan, other):
+                    continue  # the same run, written the same way by targets that list each chunk's layers
                 var = export_plan(scn, other, target)
                 notes_base = [n for n in base.notes if n.field == f"plan.{field}"]
                 notes_var = [n for n in var.notes if n.field == f"plan.{field}"]

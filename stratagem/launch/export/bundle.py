@@ -12,6 +12,7 @@ from typing import Literal
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
+from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.rules import capability_violations, check_plan, divisors
 from stratagem.spaces.scenario import Scenario
@@ -80,7 +81,8 @@ class Layout:
     """Micro-batches per optimizer step per data-parallel rank: global_batch / (dp * micro_batch)."""
     stage_layers: tuple[int, ...]
     """Transformer layers of each model chunk in model order (pp * virtual_stages chunks; chunk i runs on
-    pipeline rank i % pp); an uneven split puts the extra layers on the first chunks."""
+    pipeline rank i % pp), as spaces/pipeline_split.py splits them (an even split puts the extra layers on the
+    first chunks; with pp_split embedding_loss the first and last chunk hold one layer fewer, possibly none)."""
     train_steps: int
     """Optimizer steps to train the scenario's training_tokens (rounded up)."""
     source: str
@@ -110,9 +112,9 @@ def layout(scenario: Scenario, plan: Plan, nodes: int | None = None, source: str
     if n < 1 or world % n:
         ok = ", ".join(map(str, divisors(world)))
         raise StratagemError(f"nodes ({n}): must divide the plan's world size ({world}); valid: {ok}")
-    chunks = plan.pp * plan.virtual_stages
-    base, extra = divmod(scenario.model.num_layers, chunks)
-    stages = tuple(base + (1 if i < extra else 0) for i in range(chunks))
+    # spaces/pipeline_split.py: even, embedding+loss counted as layers, or explicit first/last stage counts
+    stages = chunk_layers(scenario.model.num_layers, plan.pp, plan.virtual_stages, plan.first_stage_layers,
+                          plan.last_stage_layers, plan.pp_split)
     tokens_per_step = scenario.training.tokens_per_step
     steps = -(-int(scenario.training.training_tokens) // tokens_per_step)
     return Layout(

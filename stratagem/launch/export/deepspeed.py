@@ -134,6 +134,12 @@ def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldN
             "plan.ep",
             f"{p.ep}: expert parallelism is set in the model code: deepspeed.moe.layer.MoE(..., ep_size={p.ep})",
         ))
+    if p.etp > 1:
+        un.append(FieldNote(
+            "plan.etp",
+            f"{p.etp}: expert tensor parallelism is set in the model code: deepspeed.moe.layer.MoE(..., "
+            "enable_expert_tensor_parallelism=True), which splits each expert over the model-parallel group",
+        ))
     un.append(FieldNote(
         "model",
         "DeepSpeed's config does not describe the model: build it in your code "

@@ -100,9 +100,25 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
         par.append("--sequence-parallel")
     if p.ep > 1:
         par += ["--expert-model-parallel-size", str(p.ep)]
+    if m.moe is not None:
+        # MoE parallel folding (megatron/core/parallel_state.py): the expert grid etp x ep x edp re-partitions
+        # tp x cp x dp; Megatron's default etp is tp, so it is always written
+        par += ["--expert-tensor-parallel-size", str(p.etp)]
     if p.pp > 1:
         v = p.virtual_stages
-        if not lay.even_stages:
+        if p.first_stage_layers or p.last_stage_layers:
+            # uneven stages (transformer_config.py: the middle stages split the rest evenly)
+            if p.first_stage_layers:
+                par += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
+            if p.last_stage_layers:
+                par += ["--decoder-last-pipeline-num-layers", str(p.last_stage_layers)]
+            if v > 1:  # validate_args: uneven stages take the virtual degree, not layers per virtual stage
+                par += ["--num-virtual-stages-per-pipeline-rank", str(v)]
+        elif p.pp_split == "embedding_loss":
+            par += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+            if v > 1:
+                par += ["--num-virtual-stages-per-pipeline-rank", str(v)]
+        elif not lay.even_stages:
             par += ["--pipeline-model-parallel-layout", pipeline_layout(lay.stage_layers)]
         elif v > 1:
             par += ["--num-layers-per-virtual-pipeline-stage", str(lay.stage_layers[0])]

@@ -31,6 +31,7 @@ from stratagem.launch.export.bundle import (
     note_lines,
 )
 from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.pipeline_split import chunk_layers
 
 __all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_COMMIT", "LLAMA3_FLAVORS", "export_torchtitan", "to_toml",
            "llama3_flavor"]
@@ -263,7 +264,27 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
         par["pipeline_parallel_schedule"] = _SCHEDULES[p.pp_schedule]
         par["pipeline_parallel_microbatch_size"] = p.micro_batch_size
         stages = lay.stage_layers
-        if p.pp_schedule == "zero_bubble" and m.num_layers >= 2 * p.pp:
+        uneven = p.first_stage_layers > 0 or p.last_stage_layers > 0
+        if p.pp_schedule == "zero_bubble" and uneven:
+            # ZB-V puts the first and the last chunk on rank 0: explicit first/last stage counts have no V form
+            par["pipeline_parallel_schedule"] = "1F1B"
+            ap.append(FieldNote(
+                "plan.pp_schedule",
+                f"zero_bubble with first/last stage layers ({p.first_stage_layers}/{p.last_stage_layers}): "
+                "torchtitan's zero-bubble schedule (ZBVZeroBubble) places two chunks per rank in a V, so the first "
+                "and last stage share rank 0; written as 1F1B over the planned stages, whose bubble is "
+                "(pp-1)/micro-batches instead of about a third of that",
+            ))
+        elif p.pp_schedule == "zero_bubble" and p.pp_split == "embedding_loss" and m.num_layers + 2 >= 2 * p.pp:
+            # torchtitan generate_llm_fqn_per_model_part over the 2 pp V chunks, embedding and output as layers
+            stages = chunk_layers(m.num_layers, p.pp, 2, split="embedding_loss")
+            ap.append(FieldNote(
+                "plan.pp_schedule",
+                "zero_bubble (ZB-H1, one chunk per rank): written as ZBVZeroBubble (ZB-V), two chunks per rank in "
+                "a V, the embedding and the loss counted as one layer each over the 2 pp chunks: a smaller bubble "
+                "and one more P2P exchange per micro-batch",
+            ))
+        elif p.pp_schedule == "zero_bubble" and m.num_layers >= 2 * p.pp:
             # ZB-V: two chunks per rank in a V; stratagem's zero_bubble is ZB-H1 (one chunk per rank).
             base, extra = divmod(m.num_layers, 2 * p.pp)
             stages = tuple(base + (1 if i < extra else 0) for i in range(2 * p.pp))
@@ -288,10 +309,10 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
                else "i % pp (looped)")]
     par["context_parallel_degree"] = p.cp
     if p.ep > 1:
-        # stratagem: experts split over ep of the dp*cp ranks and still tensor-parallel over tp; torchtitan's
-        # ETP = TP is that layout (ETP = 1 would take the ep ranks from the TP group as well).
+        # the expert grid ep x etp folds over dp_shard x cp (x tp when etp = 1): torchtitan/distributed/
+        # parallel_dims.py ParallelDims._validate allows etp = tp or etp = 1 (the export refuses others, rules.py)
         par["expert_parallel_degree"] = p.ep
-        par["expert_tensor_parallel_degree"] = p.tp
+        par["expert_tensor_parallel_degree"] = p.etp
     tables["parallelism"] = par
 
     # activation checkpointing

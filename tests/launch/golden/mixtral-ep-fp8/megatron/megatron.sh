@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # stratagem export for Megatron-LM core_v0.19.0 (NVIDIA/Megatron-LM@5be9626709af), pretrain_gpt.py arguments (megatron/training/arguments.py)
 # scenario: mixtral-8x7b on 16x h100-sxm-80g
-# plan: dp=8,tp=2,ep=4,zero_stage=3,sequence_parallel=true,precision=fp8,activation_checkpointing=selective
+# plan: dp=8,tp=2,ep=4,etp=2,zero_stage=3,sequence_parallel=true,precision=fp8,activation_checkpointing=selective
 # launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case mixtral-ep-fp8
 # Not expressible in Megatron-LM core_v0.19.0 (left out):
@@ -40,6 +40,7 @@ PARALLEL_ARGS=(
   --context-parallel-size 1
   --sequence-parallel
   --expert-model-parallel-size 4
+  --expert-tensor-parallel-size 2
   --use-megatron-fsdp
   --data-parallel-sharding-strategy optim_grads_params
   --overlap-grad-reduce

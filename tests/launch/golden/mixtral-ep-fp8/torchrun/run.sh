@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # stratagem export for torchrun + stratagem's harness (stratagem.launch.harness)
 # scenario: mixtral-8x7b on 16x h100-sxm-80g
-# plan: dp=8,tp=2,ep=4,zero_stage=3,sequence_parallel=true,precision=fp8,activation_checkpointing=selective
+# plan: dp=8,tp=2,ep=4,etp=2,zero_stage=3,sequence_parallel=true,precision=fp8,activation_checkpointing=selective
 # launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case mixtral-ep-fp8
 # Not applied by the harness (passed on as given; the run stops with the harness's error):
-#   - model: the harness builds dense Llama-style models only (swiglu, rmsnorm, no bias, rope, no MoE): the harness stops with an error
-#   - plan.ep: 4: the harness trains dense models only: the harness stops with an error
+#   - plan.ep: 4: the harness runs MoE experts without expert parallelism (every rank holds all experts); use ep=1: the harness stops with an error
+#   - plan.etp: 2: the harness does not split experts' matmuls; use etp=1: the harness stops with an error
+#   - plan.tp: 2: the harness does not apply tensor parallelism to MoE models; use tp=1: the harness stops with an error
+#   - plan.activation_checkpointing: selective: the harness's selective region is the dense MLP's down(silu(g) * u), which MoE layers lack; use op or full: the harness stops with an error
 # Run this script on each of the 2 node(s); it writes result.json next to it.
 set -euo pipefail
 cd "$(dirname "$0")"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT -m stratagem.launch.harness --scenario scenario.yaml --plan dp=8,tp=2,pp=1,cp=1,ep=4,etp=1,dp_replicate=1,zero_stage=3,sequence_parallel=true,micro_batch_size=1,precision=fp8,activation_checkpointing=selective,recompute_layers=0,pp_schedule=1f1b,virtual_stages=1,first_stage_layers=0,last_stage_layers=0,pp_split=layers,optimizer_offload=none --steps 20 --out result.json --seed 0
+torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT -m stratagem.launch.harness --scenario scenario.yaml --plan dp=8,tp=2,pp=1,cp=1,ep=4,etp=2,dp_replicate=1,zero_stage=3,sequence_parallel=true,micro_batch_size=1,precision=fp8,activation_checkpointing=selective,recompute_layers=0,pp_schedule=1f1b,virtual_stages=1,first_stage_layers=0,last_stage_layers=0,pp_split=layers,optimizer_offload=none --steps 20 --out result.json --seed 0

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# stratagem export for Megatron-LM core_v0.19.0 (NVIDIA/Megatron-LM@5be9626709af), pretrain_gpt.py arguments (megatron/training/arguments.py)
+# scenario: llama3-405b on 128x h100-sxm-80g
+# plan: tp=8,pp=16,sequence_parallel=true,activation_checkpointing=full,pp_schedule=interleaved,virtual_stages=8,pp_split=embedding_loss
+# launch: 16 node(s) x 8 processes = world 128; 64 micro-batch(es) of 1 per step per data-parallel rank
+# source: golden case llama405b-emb-loss-vpp8
+# Not expressible in Megatron-LM core_v0.19.0 (left out):
+#   - training.checkpoint.interval_minutes: Megatron counts --save-interval in iterations; no step time was given to convert it (export from a study, or pass an evaluation): add --save-interval
+# Approximated in Megatron-LM core_v0.19.0 (closest setting; differs as said):
+#   - model.vocab_size: 128256: Megatron pads the embedding and output to a multiple of 128 x tp = 129024 rows (--make-vocab-size-divisible-by 128): slightly more memory and compute than planned
+# Run on each of the 16 node(s) with MEGATRON_LM pointing at a Megatron-LM core_v0.19.0 checkout.
+set -euo pipefail
+: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+MODEL_ARGS=(
+  --num-layers 126
+  --hidden-size 16384
+  --ffn-hidden-size 53248
+  --num-attention-heads 128
+  --group-query-attention
+  --num-query-groups 8
+  --seq-length 8192
+  --position-embedding-type rope
+  --max-position-embeddings 8192
+  --swiglu
+  --normalization RMSNorm
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+)
+PARALLEL_ARGS=(
+  --tensor-model-parallel-size 8
+  --pipeline-model-parallel-size 16
+  --context-parallel-size 1
+  --sequence-parallel
+  --account-for-embedding-in-pipeline-split
+  --account-for-loss-in-pipeline-split
+  --num-virtual-stages-per-pipeline-rank 8
+)
+TRAINING_ARGS=(
+  --micro-batch-size 1
+  --global-batch-size 64
+  --train-iters 1907349
+  --bf16
+  --recompute-granularity full
+  --recompute-method uniform
+  --recompute-num-layers 1
+  --optimizer adam
+  --ckpt-format torch_dist
+  --save "$CHECKPOINT_DIR"
+  --async-save
+  --use-persistent-ckpt-worker
+)
+# Synthetic data and a placeholder learning rate, for a throughput check of this layout;
+# replace with your data (--data-path), tokenizer and learning-rate schedule.
+DATA_ARGS=(
+  --mock-data
+  --tokenizer-type NullTokenizer
+  --vocab-size 128256
+  --lr 0.0001
+)
+
+torchrun --nnodes 16 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT \
+  "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}"

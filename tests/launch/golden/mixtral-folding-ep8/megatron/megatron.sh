@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# stratagem export for Megatron-LM core_v0.19.0 (NVIDIA/Megatron-LM@5be9626709af), pretrain_gpt.py arguments (megatron/training/arguments.py)
+# scenario: mixtral-8x7b on 16x h100-sxm-80g
+# plan: dp=8,tp=2,ep=8,zero_stage=1,sequence_parallel=true
+# launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
+# source: golden case mixtral-folding-ep8
+# Not expressible in Megatron-LM core_v0.19.0 (left out):
+#   - training.checkpoint.interval_minutes: Megatron counts --save-interval in iterations; no step time was given to convert it (export from a study, or pass an evaluation): add --save-interval
+# Run on each of the 2 node(s) with MEGATRON_LM pointing at a Megatron-LM core_v0.19.0 checkout.
+set -euo pipefail
+: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+MODEL_ARGS=(
+  --num-layers 32
+  --hidden-size 4096
+  --ffn-hidden-size 14336
+  --num-attention-heads 32
+  --group-query-attention
+  --num-query-groups 8
+  --seq-length 4096
+  --position-embedding-type rope
+  --max-position-embeddings 4096
+  --swiglu
+  --normalization RMSNorm
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --num-experts 8
+  --moe-router-topk 2
+  --moe-ffn-hidden-size 14336
+  --moe-grouped-gemm
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+)
+PARALLEL_ARGS=(
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-size 1
+  --context-parallel-size 1
+  --sequence-parallel
+  --expert-model-parallel-size 8
+  --expert-tensor-parallel-size 1
+  --use-distributed-optimizer
+  --overlap-grad-reduce
+  --overlap-param-gather
+)
+TRAINING_ARGS=(
+  --micro-batch-size 1
+  --global-batch-size 64
+  --train-iters 3814698
+  --bf16
+  --optimizer adam
+  --ckpt-format torch_dist
+  --save "$CHECKPOINT_DIR"
+)
+# Synthetic data and a placeholder learning rate, for a throughput check of this layout;
+# replace with your data (--data-path), tokenizer and learning-rate schedule.
+DATA_ARGS=(
+  --mock-data
+  --tokenizer-type NullTokenizer
+  --vocab-size 32000
+  --lr 0.0001
+)
+
+torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT \
+  "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}"

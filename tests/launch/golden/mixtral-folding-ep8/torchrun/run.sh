@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# stratagem export for torchrun + stratagem's harness (stratagem.launch.harness)
+# scenario: mixtral-8x7b on 16x h100-sxm-80g
+# plan: dp=8,tp=2,ep=8,zero_stage=1,sequence_parallel=true
+# launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
+# source: golden case mixtral-folding-ep8
+# Not applied by the harness (passed on as given; the run stops with the harness's error):
+#   - plan.ep: 8: the harness runs MoE experts without expert parallelism (every rank holds all experts); use ep=1: the harness stops with an error
+#   - plan.tp: 2: the harness does not apply tensor parallelism to MoE models; use tp=1: the harness stops with an error
+# Run this script on each of the 2 node(s); it writes result.json next to it.
+set -euo pipefail
+cd "$(dirname "$0")"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT -m stratagem.launch.harness --scenario scenario.yaml --plan dp=8,tp=2,pp=1,cp=1,ep=8,etp=1,dp_replicate=1,zero_stage=1,sequence_parallel=true,micro_batch_size=1,precision=bf16,activation_checkpointing=none,recompute_layers=0,pp_schedule=1f1b,virtual_stages=1,first_stage_layers=0,last_stage_layers=0,pp_split=layers,optimizer_offload=none --steps 20 --out result.json --seed 0
