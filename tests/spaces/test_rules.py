@@ -48,7 +48,7 @@ CASES = [
     ("ep_valid", scn(), Plan(dp=8, ep=2), ["ep (2)", "needs an MoE model", "set ep=1"]),
     ("ep_valid", scn(model="mixtral-8x7b"), Plan(dp=8, ep=3), ["ep (3)", "num_experts (8)", "valid: 1, 2, 4, 8"]),
     # Megatron parallel folding: ep*etp must divide tp*dp*cp (here 4*4 > 8)
-    ("ep_valid", scn(model="mixtral-8x7b"), Plan(dp=8, ep=4, etp=4),
+    ("ep_valid", scn(model="mixtral-8x7b", stack="megatron"), Plan(dp=8, ep=4, etp=4),
      ["ep*etp (4*4)", "tp*dp*cp (1*8*1 = 8)", "valid ep with etp=4: 1, 2"]),
     ("dp_replicate_divides_dp", scn(), Plan(dp=8, dp_replicate=3), ["dp_replicate (3)", "dp (8)",
                                                                     "valid: 1, 2, 4, 8"]),
