@@ -22,7 +22,8 @@ the cap, torch.cuda.OutOfMemoryError on a CUDA OOM.
 Result keys: plan, plan_text, world_size, backend, device, steps, warmup, seed, losses (one per optimizer
 step, warm-up first), step_times_s (one per step), step_s (median of the timed steps), tokens_per_s,
 tokens_per_step, build_s, memory_tracked_step, mechanisms, ranks (per rank: stage ids, param_bytes,
-unsharded_param_bytes, grad_bytes, optimizer_bytes, peak_bytes and its source figures, rss_bytes,
+unsharded_param_bytes, grad_bytes, optimizer_bytes (on the compute device), host_state_bytes (offloaded params, grads
+and optimizer states), peak_bytes and its source figures, rss_bytes,
 rss_peak_bytes), checkpoint (save_s, async_save_blocking_s, async_save_total_s, load_s), versions.
 
 Exit codes of the command: 0 ok; 2 a plan or scenario error (one line); 3 OOM (a line starting "OOM:");
@@ -184,7 +185,8 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
             meter: AbstractContextManager[dict[str, Any]] = (
                 peak_memory(job.parts, job.optimizer, device) if device.type != "cuda" else nullcontext({}))
             with HeldParams(job.parts) as hp, meter as memory:
-                loss = train_step(job, step, seed, after_backward=lambda: grads.append(grad_bytes(job.parts)))
+                loss = train_step(job, step, seed, after_backward=lambda: grads.extend(
+                    (grad_bytes(job.parts), grad_bytes(job.parts, "host"))))
             held = hp.peak
         else:
             loss = train_step(job, step, seed)
@@ -213,6 +215,7 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
         **memory,
         **rss_bytes(),
     }
+    rank_figures["host_state_bytes"] += grads[1] if grads else 0
     ckpt: dict[str, Any] = {}
     if checkpoint:
         from stratagem.launch.checkpoint import save_load_times

@@ -6,6 +6,8 @@ Model states (bytes of this rank's local tensors, the quantities of the analytic
                          reshard_after_forward=False, i.e. zero 2); 0 otherwise
   grad_bytes             gradients after backward (DDP's bucket views, or FSDP2's sharded gradients)
   optimizer_bytes        optimizer states shaped like parameters (scalar `step` counters excluded)
+  host_state_bytes       parameters, gradients and optimizer states FSDP2's CPUOffloadPolicy keeps in host
+                         memory (not counted above: the blocks above are the compute device's)
 Peak: CUDA max allocated / reserved; on CPU the peak of live tensor bytes seen by `LiveBytes`, a
 TorchDispatchMode that follows every storage (what torch's MemTracker does, without its per-module stats).
 """
@@ -28,7 +30,7 @@ from torch.utils._pytree import tree_leaves
 from stratagem import procfs
 from stratagem.launch.model import named_parameters
 
-__all__ = ["MemoryCapExceeded", "local", "state_bytes", "grad_bytes", "HeldParams", "LiveBytes", "peak_memory",
+__all__ = ["MemoryCapExceeded", "local", "state_bytes", "grad_bytes", "host_resident", "HeldParams", "LiveBytes", "peak_memory",
            "rss_bytes"]
 
 
@@ -48,25 +50,53 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _optimizer_states(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+def _optimizer_states(optimizer: torch.optim.Optimizer,
+                      skip: set[int] | None = None) -> Iterator[torch.Tensor]:
+    """Optimizer states shaped like parameters (not the scalar step), of parameters not in `skip` (ids)."""
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer holds the rank's partition
-    for state in inner.state.values():
+    for param, state in inner.state.items():
+        if skip and id(param) in skip:
+            continue
         for value in state.values():
             if isinstance(value, torch.Tensor) and value.numel() > 1:
                 yield value
 
 
+def host_resident(parts: list[nn.Module]) -> set[int]:
+    """ids of the parameters kept in host memory between uses: FSDP2's CPUOffloadPolicy (the FSDPParam's
+    own `offload_to_cpu` flag); their gradients and optimizer states live there too."""
+    out: set[int] = set()
+    for part in parts:
+        for module in part.modules():
+            get_state = getattr(module, "_get_fsdp_state", None)
+            group = getattr(get_state(), "_fsdp_param_group", None) if get_state is not None else None
+            for fsdp_param in getattr(group, "fsdp_params", None) or []:
+                if getattr(fsdp_param, "offload_to_cpu", False):
+                    out.add(id(fsdp_param.sharded_param))
+    return out
+
+
 def state_bytes(parts: list[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """param_bytes (at rest) and optimizer_bytes of this rank."""
+    """param_bytes (at rest) and optimizer_bytes of this rank on its compute device; host_state_bytes: the
+    parameters and optimizer states offloaded to host memory (FSDP2 CPUOffloadPolicy)."""
+    host = host_resident(parts)
+    params = list(named_parameters(parts))
+    on_host = sum(_nbytes(p) for _, p in params if id(p) in host)
+    host_states = sum(_nbytes(v) for v in _optimizer_states(optimizer)) - \
+        sum(_nbytes(v) for v in _optimizer_states(optimizer, host))
     return {
-        "param_bytes": sum(_nbytes(p) for _, p in named_parameters(parts)),
-        "optimizer_bytes": sum(_nbytes(v) for v in _optimizer_states(optimizer)),
+        "param_bytes": sum(_nbytes(p) for _, p in params if id(p) not in host),
+        "optimizer_bytes": sum(_nbytes(v) for v in _optimizer_states(optimizer, host)),
+        "host_state_bytes": on_host + host_states,
     }
 
 
-def grad_bytes(parts: list[nn.Module]) -> int:
-    """Bytes of the gradients currently held (call after backward, before zero_grad)."""
-    return sum(_nbytes(p.grad) for _, p in named_parameters(parts) if p.grad is not None)
+def grad_bytes(parts: list[nn.Module], where: str = "device") -> int:
+    """Bytes of the gradients currently held (call after backward, before zero_grad) on the compute device,
+    or (where="host") in host memory for offloaded parameters."""
+    host = host_resident(parts)
+    return sum(_nbytes(p.grad) for _, p in named_parameters(parts)
+               if p.grad is not None and (id(p) in host) == (where == "host"))
 
 
 class HeldParams:

@@ -1,7 +1,7 @@
 """The harness model: a Llama-style decoder built from any `ModelSpec`, seeded init, synthetic batches.
 
-RMSNorm, rotary embeddings, GQA attention through `scaled_dot_product_attention`, SwiGLU MLP, optional tied
-embeddings. Layers live in a `ModuleDict` keyed "0".."L-1" so that a pipeline stage that keeps only some of
+RMSNorm, rotary embeddings, GQA attention through `scaled_dot_product_attention`, SwiGLU MLP (or, in the MoE
+layers of an MoE spec, stratagem.launch.moe.MoE: router + grouped experts), optional tied embeddings. Layers live in a `ModuleDict` keyed "0".."L-1" so that a pipeline stage that keeps only some of
 them (and drops the embedding or the head, set to None) has the same parameter names as the whole model:
 checkpoints and parameter comparisons work across plans.
 
@@ -89,32 +89,37 @@ class Attention(nn.Module):
 class DownProjection(nn.Module):
     """down(silu(g) * u): the region selective recompute re-runs in backward (its inputs g, u are kept)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, ffn: int | None = None) -> None:
         super().__init__()
-        self.w2 = nn.Linear(spec.ffn_hidden_size, spec.hidden_size, bias=False)
+        self.w2 = nn.Linear(ffn or spec.ffn_hidden_size, spec.hidden_size, bias=False)
 
     def forward(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # g, u [b, s, f/t] -> [b, s, h]
         return self.w2(F.silu(g) * u)  # type: ignore[no-any-return]
 
 
 class FeedForward(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, ffn: int | None = None) -> None:
         super().__init__()
-        self.w1 = nn.Linear(spec.hidden_size, spec.ffn_hidden_size, bias=False)  # gate
-        self.w3 = nn.Linear(spec.hidden_size, spec.ffn_hidden_size, bias=False)  # up
-        self.down = DownProjection(spec)
+        f = ffn or spec.ffn_hidden_size
+        self.w1 = nn.Linear(spec.hidden_size, f, bias=False)  # gate
+        self.w3 = nn.Linear(spec.hidden_size, f, bias=False)  # up
+        self.down = DownProjection(spec, f)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s, h]
         return self.down(self.w1(x), self.w3(x))  # type: ignore[no-any-return]
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, moe: bool = False) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(spec.hidden_size)
         self.attention = Attention(spec)
         self.ffn_norm = RMSNorm(spec.hidden_size)
-        self.feed_forward = FeedForward(spec)
+        self.feed_forward: nn.Module = FeedForward(spec)
+        if moe:  # router + grouped experts (stratagem.launch.moe)
+            from stratagem.launch.moe import MoE
+
+            self.feed_forward = MoE(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s(/t with SP), h]
         x = x + self.attention(self.attention_norm(x))
@@ -133,7 +138,7 @@ class Transformer(nn.Module):
         self.spec = spec
         self.autocast_dtype: torch.dtype | None = None
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, spec.is_moe_layer(i)) for i in range(spec.num_layers)})
         self.norm: RMSNorm | None = RMSNorm(spec.hidden_size)
         self.output: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:

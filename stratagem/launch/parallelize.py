@@ -38,7 +38,7 @@ from stratagem.spaces.plan import Plan
 warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
 __all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
-           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
+           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -79,6 +79,13 @@ def shard_mesh(plan: Plan, mesh: Any) -> Any:
     return mesh["dp"]
 
 
+def uses_loss_parallel(plan: Plan) -> bool:
+    """Vocabulary-parallel logits and cross-entropy (torch.distributed.tensor.parallel.loss_parallel) under
+    TP, as the analytic model assumes (logits / t). Not with pp > 1: torch.distributed.pipelining's stages
+    exchange and return plain tensors, so the last stage all-gathers its logits."""
+    return plan.tp > 1 and plan.pp == 1
+
+
 def uses_fsdp(plan: Plan) -> bool:
     return plan.dp > 1 and plan.zero_stage >= 2
 
@@ -87,10 +94,12 @@ def _blocks(part: Transformer) -> list[tuple[str, nn.Module]]:
     return list(part.layers.items())
 
 
-def apply_tp(part: Transformer, tp_mesh: Any, sequence_parallel: bool) -> None:
+def apply_tp(part: Transformer, tp_mesh: Any, sequence_parallel: bool, loss_parallel: bool = False) -> None:
     """Megatron-style TP with DTensor: column-parallel QKV / gate / up, row-parallel O / down; with SP the
     norms run on sequence shards and the blocks exchange [b, s/t, h] activations (all-gather before attention
-    and MLP, reduce-scatter after)."""
+    and MLP, reduce-scatter after). With `loss_parallel` the output projection leaves the logits sharded over
+    the vocabulary ([b, s, V/t] DTensor, Shard(-1)) for torch's loss_parallel cross-entropy; otherwise it
+    all-gathers them ([b, s, V] on every TP rank)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -106,7 +115,9 @@ def apply_tp(part: Transformer, tp_mesh: Any, sequence_parallel: bool) -> None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
     if part.norm is not None and sequence_parallel:
         top["norm"] = SequenceParallel()
-    if part.output is not None:  # full logits on every TP rank: [b, s, V]
+    if part.output is not None and loss_parallel:  # vocabulary-sharded logits [b, s, V/t] (a DTensor)
+        top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False)
+    elif part.output is not None:  # full logits on every TP rank: [b, s, V]
         top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate(), use_local_output=True)
     if top:
         parallelize_module(part, tp_mesh, top)
@@ -195,14 +206,19 @@ def apply_ac(part: Transformer, mode: str, recompute_layers: int = 0) -> None:
             ff.register_module("down", checkpoint_wrapper(ff.get_submodule("down"), preserve_rng_state=False))
 
 
-def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, precision: str) -> None:
+def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, precision: str,
+               offload: bool = False) -> None:
     """FSDP2 units: each block, the embedding, the final norm + output, then the root (tied embeddings
-    stay in the root unit, the only one that spans both ends)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    stay in the root unit, the only one that spans both ends). `offload`: FSDP2's CPUOffloadPolicy, which
+    keeps the sharded parameters, their gradients and so the optimizer states and step in host memory and
+    copies each unit to the device for its forward/backward (pinned host memory when there is a GPU)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision != "fp32" else MixedPrecisionPolicy()
-    kw: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": mp}
+    kw: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": mp,
+                          "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload
+                          else OffloadPolicy()}
     for _, block in _blocks(part):
         fully_shard(block, **kw)
     if not part.spec.tied_embeddings:
@@ -218,11 +234,12 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any) -> Transformer:
     """TP/SP, then activation checkpointing, then FSDP2 for zero 2/3 (order matters: FSDP must see the
     DTensor parameters TP made and the wrappers AC inserted). DDP for zero 0/1 comes after
     materialisation (`wrap_ddp`): it broadcasts real weights at construction."""
-    if plan.tp > 1:  # 1. tensor (+ sequence) parallel
-        apply_tp(part, mesh["tp"], plan.sequence_parallel)
+    if plan.tp > 1:  # 1. tensor (+ sequence) parallel; loss-parallel where the loss is computed outside a schedule
+        apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel=uses_loss_parallel(plan))
     apply_ac(part, plan.activation_checkpointing, plan.recompute_layers)  # 2. activation checkpointing
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
-        apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3, plan.precision)
+        apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3, plan.precision,
+                   offload=plan.optimizer_offload == "cpu")
     elif plan.precision != "fp32":  # bf16 without FSDP: autocast in the model's forward
         part.autocast_dtype = torch.bfloat16
     if plan.precision == "fp8":

@@ -31,14 +31,21 @@ HARNESS_OPTIMIZERS = ("adamw", "sgd", "adafactor")
 
 def model_refusal(spec: ModelSpec) -> str | None:
     """Why the harness cannot build this model (one line naming the field), or None."""
-    if spec.moe is not None:
-        return "model.moe: the harness trains dense models only; remove moe for a real run"
+    if spec.moe is not None and spec.moe.capacity_factor is not None:
+        return (f"model.moe.capacity_factor ({spec.moe.capacity_factor}): the harness's MoE is dropless; "
+                "remove capacity_factor for a real run")
     if spec.mlp != "swiglu" or spec.norm != "rmsnorm":
         return (f"model.mlp/norm ({spec.mlp}/{spec.norm}): the harness builds Llama-style models only "
                 "(mlp: swiglu, norm: rmsnorm)")
     if spec.bias != "none" or spec.position_embedding != "rope":
         return (f"model.bias/position_embedding ({spec.bias}/{spec.position_embedding}): the harness builds "
                 "Llama-style models only (bias: none, position_embedding: rope)")
+    unbuilt = {"mla": spec.mla is not None, "qk_norm": spec.qk_norm, "attention_window": spec.attention_window,
+               "attention_sinks": spec.attention_sinks, "encoder_params": spec.encoder_params}
+    for name, value in unbuilt.items():
+        if value:
+            return (f"model.{name} ({value if not hasattr(value, 'model_dump') else 'set'}): the harness builds "
+                    f"plain GQA attention over the whole sequence, without {name}; remove it for a real run")
     return None
 
 
@@ -53,15 +60,23 @@ def optimizer_refusal(optimizer: str) -> str | None:
 def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     """Every plan field value the harness does not apply to this model on `device_type` ("cpu"/"cuda")."""
     out: list[str] = []
-    if plan.cp > 1:
-        out.append(f"plan.cp ({plan.cp}): the harness does not apply context parallelism; use cp=1")
+    if plan.cp > 1:  # torch's context_parallel shards the CUDA SDPA kernels only: on CPU it raises (torch 2.13)
+        out.append(f"plan.cp ({plan.cp}): the harness does not apply context parallelism (torch's context_parallel "
+                   "has no CPU attention kernel and the GPU path is not built); use cp=1")
     if plan.ep > 1:
-        out.append(f"plan.ep ({plan.ep}): the harness trains dense models only; use ep=1")
+        out.append(f"plan.ep ({plan.ep}): the harness runs MoE experts without expert parallelism (every rank "
+                   "holds all experts); use ep=1")
     if plan.etp > 1:
-        out.append(f"plan.etp ({plan.etp}): the harness trains dense models only; use etp=1")
-    if plan.optimizer_offload != "none":
-        out.append("plan.optimizer_offload (cpu): the harness keeps optimizer states on the device; "
-                   "use optimizer_offload=none")
+        out.append(f"plan.etp ({plan.etp}): the harness does not split experts' matmuls; use etp=1")
+    if spec.moe is not None and plan.tp > 1:
+        out.append(f"plan.tp ({plan.tp}): the harness does not apply tensor parallelism to MoE models; use tp=1")
+    if spec.moe is not None and plan.activation_checkpointing == "selective":
+        out.append("plan.activation_checkpointing (selective): the harness's selective region is the dense MLP's "
+                   "down(silu(g) * u), which MoE layers lack; use op or full")
+    if plan.optimizer_offload != "none" and (plan.zero_stage < 2 or plan.dp == 1):
+        out.append(f"plan.optimizer_offload (cpu): the harness offloads with FSDP2's CPUOffloadPolicy, which needs "
+                   f"zero_stage 2 or 3 and dp > 1 (got zero_stage={plan.zero_stage}, dp={plan.dp}); use zero_stage=3 "
+                   "or optimizer_offload=none")
     if spec.tied_embeddings and plan.pp > 1:
         out.append("plan.pp: tied embeddings span the first and last pipeline stage, which the harness does not "
                    "sync; use pp=1 or model.tied_embeddings=false")

@@ -9,7 +9,7 @@ batch, identical on every rank, so any plan's trajectory compares with the singl
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from stratagem.launch.parallelize import (
     check_applicable,
     parallelize,
     uses_fsdp,
+    uses_loss_parallel,
     wrap_ddp,
 )
 from stratagem.launch.pipeline import build_schedule, build_stage_model, check_microbatches, rank_chunks
@@ -38,7 +39,7 @@ from stratagem.launch.support import DEFAULT_LR
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["Job", "build_job", "train_step", "loss_fn", "full_parameters", "as_dtensor", "mechanisms",
+__all__ = ["Job", "build_job", "set_aux_rows", "train_step", "loss_fn", "full_parameters", "as_dtensor", "mechanisms",
            "DEFAULT_LR"]
 
 
@@ -92,6 +93,7 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
     for module in modules:
         parallelize(module, plan, mesh)
     materialize(modules, device, seed)
+    set_aux_rows(modules, plan, training.global_batch_size)
     parts = [wrap_ddp(m, plan, mesh) for m in modules]
     params = [p for _, p in named_parameters(parts)]
     optimizer = build_optimizer(params, plan, training.optimizer, mesh, lr, eps)
@@ -105,6 +107,19 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
         is_first=0 in stage_ids, is_last=is_last,
         loss_owner=is_last and _coord(mesh, "tp") == 0 and _coord(mesh, "cp") == 0,
     )
+
+
+def set_aux_rows(modules: Sequence[nn.Module], plan: Plan, global_batch: int) -> None:
+    """Tell each MoE layer how many rows the loss of one backward averages over (its balance loss is scaled
+    alike): a micro-batch under a pipeline schedule (which then divides by the micro-batch count), else this
+    data-parallel rank's rows (the micro-batch losses are divided by their count before backward)."""
+    from stratagem.launch.moe import MoE
+
+    rows = plan.micro_batch_size if plan.pp > 1 else global_batch // plan.dp
+    for module in modules:
+        for sub in module.modules():
+            if isinstance(sub, MoE):
+                sub.aux_rows = rows
 
 
 def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -122,11 +137,27 @@ def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
         last = i == job.microbatches - 1
         no_sync = getattr(model, "no_sync", None)
         sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
-        with sync:  # DDP: all-reduce the accumulated gradients once, on the last micro-batch
-            loss = loss_fn(model(x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs])  # [mbs, s, V] -> []
+        with sync, _loss_context(job):  # DDP: all-reduce the accumulated gradients once, on the last micro-batch
+            loss = loss_fn(model(x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs])  # [mbs, s, V(/t)] -> []
             (loss / job.microbatches).backward()  # type: ignore[no-untyped-call]
-        total += loss.detach() / job.microbatches
+        total += _replicated(loss.detach()) / job.microbatches
     return total
+
+
+def _loss_context(job: Job) -> contextlib.AbstractContextManager[Any]:
+    """torch's loss_parallel around forward and backward when the logits are vocabulary-sharded."""
+    if not uses_loss_parallel(job.plan):
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def _replicated(t: torch.Tensor) -> torch.Tensor:
+    """A loss that loss_parallel returns as a replicated DTensor, as a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def train_step(job: Job, step: int, seed: int, after_backward: Callable[[], None] | None = None) -> float:
@@ -191,6 +222,8 @@ def mechanisms(job: Job) -> dict[str, str]:
                                                  if plan.dp_replicate > 1 else "")
     tp = "none" if plan.tp == 1 else "DTensor parallelize_module (Colwise/Rowwise" + \
         (" + SequenceParallel)" if plan.sequence_parallel else ")")
+    if uses_loss_parallel(plan):
+        tp += " + loss_parallel (vocabulary-sharded logits)"
     pp = "none" if job.schedule is None else type(job.schedule).__name__
     ac = {"none": "none", "full": "checkpoint_wrapper(block)",
           "selective": "checkpoint_wrapper(mlp down(silu(g) * u))",

@@ -27,17 +27,33 @@ CORRECT: dict[int, list[str]] = {
         # op-level (torchtitan's policy) and partial recompute, alone, with FSDP/DDP, TP+SP and PP
         "dp=2,zero=3,ac=op", "tp=2,sp=true,ac=op", "pp=2,ac=op", "dp=2,zero=0,ac=full,recompute_layers=2",
         "pp=2,ac=op,recompute_layers=1", "tp=2,sp=true,ac=selective,recompute_layers=3",
+        # optimizer offload: FSDP2 CPUOffloadPolicy (zero 2/3)
+        "dp=2,zero=3,offload=cpu", "dp=2,zero=2,offload=cpu",
+        # loss-parallel under TP (vocabulary-sharded logits), with gradient accumulation
+        "tp=2,mbs=2",
+        # uneven pipeline splits: Megatron's first/last stage counts and embedding+loss as layers
+        "pp=2,first_stage_layers=1,last_stage_layers=3", "pp=2,pp_split=embedding_loss,schedule=gpipe",
     ],
     4: [
         # HSDP: FSDP2 on the 2-D (replicate 2, shard 2) mesh; zero 1 partitions states within a replica
         "dp=4,dp_replicate=2,zero=3", "dp=4,dp_replicate=2,zero=2", "dp=4,dp_replicate=2,zero=1",
         # DDP x TP under op recompute (the re-run forward sees the DTensor weights), and op with pp x tp
         "dp=2,tp=2,zero=1,sp=true,ac=op", "pp=2,tp=2,sp=true,ac=op,recompute_layers=1",
+        # HSDP with offload; loss-parallel with FSDP x TP x SP and op recompute
+        "dp=4,dp_replicate=2,zero=3,offload=cpu", "dp=2,tp=2,zero=3,sp=true,ac=op",
     ],
 }
 SHARDING: dict[int, list[str]] = {
-    4: ["dp=4,dp_replicate=2,zero=3", "dp=4,dp_replicate=2,zero=2", "dp=4,dp_replicate=2,zero=1"],
+    2: ["dp=2,zero=3,offload=cpu"],
+    4: ["dp=4,dp_replicate=2,zero=3", "dp=4,dp_replicate=2,zero=2", "dp=4,dp_replicate=2,zero=1",
+        "dp=4,dp_replicate=2,zero=3,offload=cpu"],
 }
+# Where the analytic model (stratagem/evaluators/memory.py) differs from what the harness measures.
+_OFFLOAD_GAP = ("memory.py moves only the optimizer block to the host under offload; FSDP2's CPUOffloadPolicy also "
+                "keeps the sharded parameters and gradients there")
+ANALYTIC_GAPS: dict[tuple[str, str], str] = {
+    (t, b): _OFFLOAD_GAP for t in ("dp=2,zero=3,offload=cpu", "dp=4,dp_replicate=2,zero=3,offload=cpu")
+    for b in ("weights", "gradients")}
 TIMEOUT_S = 300.0
 
 
@@ -109,7 +125,10 @@ def _analytic(tiny: Scenario, plan: Plan) -> Any:
 SHARDING_CASES = [(t, b) for texts in SHARDING.values() for t in texts for b in ("weights", "gradients", "optimizer")]
 
 
-@pytest.mark.parametrize("text,block", SHARDING_CASES, ids=[f"{t}-{b}" for t, b in SHARDING_CASES])
+@pytest.mark.parametrize("text,block", [
+    pytest.param(t, b, marks=pytest.mark.xfail(reason=ANALYTIC_GAPS[(t, b)], strict=True))
+    if (t, b) in ANALYTIC_GAPS else (t, b) for t, b in SHARDING_CASES
+], ids=[f"{t}-{b}" for t, b in SHARDING_CASES])
 def test_sharded_state_bytes_match_analytic_model(launches: dict[Any, Any], tiny: Scenario, text: str,
                                                    block: str) -> None:
     plan = _plan(text)
@@ -128,3 +147,19 @@ def test_sharded_state_bytes_match_analytic_model(launches: dict[Any, Any], tiny
         assert all(abs(m - expected) <= largest for m in measured), (measured, expected)
     else:
         assert measured == [pytest.approx(expected, abs=0.5)] * len(worst), (measured, expected)
+
+
+OFFLOAD_CASES = [t for texts in SHARDING.values() for t in texts if "offload" in t]
+
+
+@pytest.mark.parametrize("text", OFFLOAD_CASES)
+def test_offload_keeps_the_sharded_states_in_host_memory(launches: dict[Any, Any], tiny: Scenario, text: str) -> None:
+    """Under FSDP2's CPUOffloadPolicy nothing of the model states stays on the device at rest, and the host holds
+    exactly what the same plan without offload holds on the device (analytic weights + gradients + optimizer)."""
+    plan = _plan(text)
+    ranks = _result(launches, "sharding", text)["ranks"]
+    resident = _analytic(tiny, plan.model_copy(update={"optimizer_offload": "none"}))
+    expected = (resident.weights_gib + resident.gradients_gib + resident.optimizer_gib) * GIB
+    assert [r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] for r in ranks] == [0] * len(ranks)
+    assert [r["host_state_bytes"] for r in ranks] == [pytest.approx(expected, abs=0.5)] * len(ranks)
+    assert _analytic(tiny, plan).optimizer_gib == 0

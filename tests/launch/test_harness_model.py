@@ -30,6 +30,8 @@ def tiny() -> Scenario:
 def test_parameter_count_matches_spec(tiny: Scenario) -> None:
     model = build_model(tiny.model)
     assert sum(p.numel() for p in model.parameters()) == tiny.model.num_params()
+    moe = load_scenario(ROOT / "examples" / "tiny-moe-cpu.yaml").model
+    assert sum(p.numel() for p in build_model(moe).parameters()) == moe.num_params()
     tied = build_model(tiny.model.model_copy(update={"tied_embeddings": True}))
     assert sum(p.numel() for p in tied.parameters()) == tied.spec.num_params()
 
@@ -95,9 +97,10 @@ def test_unapplicable_plans_name_the_field(tiny: Scenario, plan: str, field: str
 
 
 def test_unsupported_models_name_the_field(tiny: Scenario) -> None:
-    with pytest.raises(StratagemError, match=r"model\.moe"):
+    with pytest.raises(StratagemError, match=r"model\.moe\.capacity_factor"):
         build_model(ModelSpec(**{**tiny.model.model_dump(), "moe": {"num_experts": 2, "top_k": 1,
-                                                                      "expert_ffn_hidden_size": 64}}))
+                                                                      "expert_ffn_hidden_size": 64,
+                                                                      "capacity_factor": 1.25}}))
     with pytest.raises(StratagemError, match=r"model\.mlp/norm"):
         build_model(tiny.model.model_copy(update={"mlp": "gelu"}))
     with pytest.raises(StratagemError, match=r"plan\.pp"):
@@ -161,18 +164,23 @@ def test_op_recompute_keeps_what_the_analytic_model_counts(tiny: Scenario) -> No
     assert measured == op + s * b * spec.num_attention_heads * 4
 
 
-def test_op_recompute_gradients_equal_no_recompute(tiny: Scenario) -> None:
+@pytest.mark.parametrize("example", ["tiny-cpu", "tiny-moe-cpu"])
+def test_recompute_gradients_equal_no_recompute(example: str) -> None:
+    """op and full recompute re-run the same computation (MoE routing and balance loss included)."""
+    scn = load_scenario(ROOT / "examples" / f"{example}.yaml")
     grads = {}
-    for mode in ("none", "op"):
-        model = build_model(tiny.model)
+    for mode in ("none", "op", "full"):
+        model = build_model(scn.model)
         apply_ac(model, mode)
         materialize([model], torch.device("cpu"), 0)
-        x, _ = synthetic_batch(tiny.model, tiny.training, 0, 0)
+        x, _ = synthetic_batch(scn.model, scn.training, 0, 0)
         model(x).float().pow(2).mean().backward()
         grads[mode] = {n: p.grad.clone() for n, p in named_parameters([model]) if p.grad is not None}
-    assert grads["op"].keys() == grads["none"].keys()
-    for name, g in grads["none"].items():
-        assert torch.equal(grads["op"][name], g), name
+    assert len(grads["none"]) == len(list(model.parameters()))
+    for mode in ("op", "full"):
+        assert grads[mode].keys() == grads["none"].keys()
+        for name, g in grads["none"].items():
+            assert torch.equal(grads[mode][name], g), (mode, name)
 
 
 @pytest.mark.parametrize("mode", ["full", "op", "selective"])
