@@ -127,6 +127,9 @@ class ParetoInfo:
     plan_of_trial: dict[int, int]
     """Trial number -> index of its plan in plans."""
     advice_limit: int
+    calibration: str = ""
+    """Which calibration the predictions used: the search's starting one (its `calibration_source`, e.g. a
+    `stratagem calibrate` file) and whether real runs refitted it."""
 
     @property
     def feasible(self) -> list[int]:
@@ -315,4 +318,15 @@ def pareto_info(
         n_superseded=sum(len(v) - 1 for v in by_key.values()),
         trials=tuple(sorted((t for ts in by_key.values() for t in ts), key=lambda t: t.number)),
         plan_of_trial={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
+        calibration=_calibration_text(attrs),
     )
+
+
+def _calibration_text(attrs: dict[str, Any]) -> str:
+    """The study's calibration in words (study attributes calibration_source, calibration_history)."""
+    source = str(attrs.get("calibration_source") or "published defaults")
+    history = attrs.get("calibration_history") or []
+    if attrs.get("calibration") is not None and history:
+        runs = history[-1].get("runs_used", "?") if isinstance(history[-1], dict) else "?"
+        return f"{source}, then refitted on this study's {runs} measured runs"
+    return source

@@ -116,7 +116,8 @@ def render_markdown(info: ParetoInfo, capacity: CapacityInfo | None = None) -> s
     """The study's report as Markdown."""
     out = [f"# stratagem: {_md(info.scenario.name)}", "",
            f"Study `{_md(info.study_name)}`, scenario hash {_md(info.scenario_hash)}, "
-           f"stratagem {_md(info.stratagem_version or 'unknown')}.", "", "## Scenario", ""]
+           f"stratagem {_md(info.stratagem_version or 'unknown')}.", "",
+           f"Calibration: {_md(info.calibration or 'published defaults')}.", "", "## Scenario", ""]
     out += _scenario(info.scenario) + [""]
     out += [f"{info.n_trials} trials, {len(info.plans)} distinct plans, {len(info.feasible)} feasible, "
             f"{len(info.front)} on the Pareto front, {len(info.measured)} measured.", ""]

@@ -139,3 +139,16 @@ def test_user_mistakes_are_one_line(tmp_path: Path) -> None:
     assert resolve_calibration(load_scenario(TINY)) == (None, DEFAULT_LABEL)
     with pytest.raises(StratagemError, match="--gpus"):
         run_calibration(load_scenario(TINY), gpus=0, budget_s=60, runner=stand_in(TRUTH), facts=FACTS)
+
+
+def test_search_starts_from_the_calibration_and_the_report_says_so(tmp_path: Path) -> None:
+    scn = tmp_path / "tiny.yaml"
+    scn.write_text(TINY.read_text())
+    run_calibration(load_scenario(scn), gpus=2, budget_s=60, out=tmp_path / "cal.yaml", runner=stand_in(TRUTH),
+                    facts=FACTS, log=lambda _: None)
+    searched = _cli("search", str(scn), "--calibration", str(tmp_path / "cal.yaml"), "--no-report", "--top", "3")
+    assert searched.returncode == 0, searched.stderr
+    assert f"calibration: {tmp_path / 'cal.yaml'} (stand-in x2" in searched.stdout
+    report = _cli("report", str(scn), "-f", "md")
+    assert report.returncode == 0, report.stderr
+    assert f"Calibration: {tmp_path / 'cal.yaml'} (stand-in x2" in report.stdout
