@@ -164,8 +164,8 @@ def order_stratagem(truth: Truth, budget: int, seed: int, recalibrate: bool = Tr
 def order_analytic(truth: Truth) -> list[str]:
     """Predicted order with the default calibration: plans predicted to fit by tokens/s, then the others."""
     cols = evaluate_many(truth.scenario, truth.plans)
-    fits = np.asarray(cols["fits"]) > 0
-    tokens = np.asarray(cols["tokens_per_s"])
+    fits = np.asarray(cols.fits) > 0
+    tokens = np.asarray(cols.tokens_per_s)
     order = np.lexsort((-tokens, ~fits))
     return [truth.keys[i] for i in order]
 

@@ -175,9 +175,9 @@ def predict(points: list[Point], cal: Calibration,
             if p.unit == "TFLOP/s/gpu":
                 m = scn.model
                 flops = megatron_flops_per_token(m.num_layers, m.hidden_size, scn.training.seq_len, m.vocab_size)
-                pred[i] = flops * cols["tokens_per_s_per_gpu"][j] / 1e12
+                pred[i] = flops * cols.tokens_per_s_per_gpu[j] / 1e12
             else:
-                pred[i] = cols["tokens_per_s_per_gpu"][j]
+                pred[i] = cols.tokens_per_s_per_gpu[j]
             parts[i] = {k: float(cols[k][j]) for k in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s",
                                                       "cp_comm_s", "bubble_s", "exposed_comm_s", "optimizer_s",
                                                       "overhead_s", "step_s")}

@@ -3,7 +3,7 @@
 
 from stratagem.evaluators.advice import Advice, NeighbourSummary, advise
 from stratagem.evaluators.analytic import AnalyticEvaluator, evaluate, evaluate_many
-from stratagem.evaluators.base import Evaluator
+from stratagem.evaluators.base import BatchEvaluator, Evaluator
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
 from stratagem.evaluators.evaluation import (
     BLOCKS,
@@ -15,11 +15,12 @@ from stratagem.evaluators.evaluation import (
     Zone,
     Zones,
 )
+from stratagem.evaluators.figures import PlanFigures
 from stratagem.evaluators.zones import THRESHOLDS, ZONE_NAMES
 
 __all__ = [
     "Advice", "NeighbourSummary", "advise", "THRESHOLDS", "ZONE_NAMES",
-    "AnalyticEvaluator", "evaluate", "evaluate_many", "Evaluator",
+    "AnalyticEvaluator", "evaluate", "evaluate_many", "PlanFigures", "Evaluator", "BatchEvaluator",
     "DEFAULT_CALIBRATION", "Calibration",
     "BLOCKS", "CheckpointRisk", "Evaluation", "MemoryBreakdown", "Throughput", "TimeBreakdown", "Zone", "Zones",
 ]

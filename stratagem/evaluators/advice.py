@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from stratagem.evaluators.analytic import evaluate, evaluate_many
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
 from stratagem.evaluators.evaluation import Evaluation, Status, ZoneName
+from stratagem.evaluators.figures import PlanFigures
 from stratagem.evaluators.zones import LEVELS, THRESHOLDS, ZONE_NAMES
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
@@ -245,14 +246,14 @@ GENERATORS: dict[ZoneName, Callable[[Scenario, Plan], Iterator[_Candidate]]] = {
 
 
 # ---- evaluation and selection --------------------------------------------------------------------------------
-def _summary(cols: dict[str, Array], i: int) -> NeighbourSummary:
+def _summary(cols: PlanFigures, i: int) -> NeighbourSummary:
     return NeighbourSummary(
-        status="ok" if cols["fits"][i] else "oom",
-        peak_gib=float(cols["peak_gib"][i]), headroom_gib=float(cols["headroom_gib"][i]),
-        step_s=float(cols["step_s"][i]), tokens_per_s_per_gpu=float(cols["tokens_per_s_per_gpu"][i]),
-        mfu=float(cols["mfu"][i]), exposed_comm_fraction=float(cols["zone_communication_value"][i]),
-        bubble_fraction=float(cols["zone_bubbles_value"][i]), goodput_loss=float(cols["goodput_loss"][i]),
-        bottleneck=ZONE_NAMES[int(cols["bottleneck"][i])],
+        status="ok" if cols.fits[i] else "oom",
+        peak_gib=float(cols.peak_gib[i]), headroom_gib=float(cols.headroom_gib[i]),
+        step_s=float(cols.step_s[i]), tokens_per_s_per_gpu=float(cols.tokens_per_s_per_gpu[i]),
+        mfu=float(cols.mfu[i]), exposed_comm_fraction=float(cols.zone_communication_value[i]),
+        bubble_fraction=float(cols.zone_bubbles_value[i]), goodput_loss=float(cols.goodput_loss[i]),
+        bottleneck=cols.bottleneck_name(i),
     )
 
 
@@ -314,8 +315,10 @@ def _advise_zone(
         cands.append(c)
     out: list[Advice] = []
     plain = [c for c in cands if c.policy is None]
-    cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in plain]), cal) if plain else {}
-    summaries = {id(c): _summary(cols, i) for i, c in enumerate(plain)}
+    summaries: dict[int, NeighbourSummary] = {}
+    if plain:
+        cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in plain]), cal)
+        summaries = {id(c): _summary(cols, i) for i, c in enumerate(plain)}
     for c in cands:
         if c.policy is not None:
             s2 = scn.model_copy(update={"training": scn.training.model_copy(update={"checkpoint": c.policy})})
@@ -342,8 +345,10 @@ def _memory_path(scn: Scenario, plan: Plan, base: NeighbourSummary, cal: Calibra
     found: tuple[Plan, NeighbourSummary] | None = None
     for _ in range(8):
         cands = [c for c in _memory(scn, current) if not violations(scn, c.plan)]
-        cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in cands]), cal) if cands else {}
-        lower = [i for i in range(len(cands)) if cols["peak_gib"][i] < summary.peak_gib * 0.99]
+        if not cands:
+            break
+        cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in cands]), cal)
+        lower = [i for i in range(len(cands)) if cols.peak_gib[i] < summary.peak_gib * 0.99]
         if not lower:
             break
         i = lower[0]
@@ -369,7 +374,7 @@ def _nearest(scn: Scenario, plan: Plan, base: NeighbourSummary, cal: Calibration
     if not cands:
         return None
     cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in cands]), cal)
-    i = int(np.argmin(cols["peak_gib"]))
+    i = int(np.argmin(cols.peak_gib))
     summary = _summary(cols, i)
     change = _change(plan, cands[i].plan, None, scn)
     return Advice(zone="hbm", rationale=f"No single step fits, nor the memory branch of the tree; the nearest "

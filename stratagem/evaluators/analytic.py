@@ -24,6 +24,7 @@ from stratagem.evaluators.evaluation import (
     Throughput,
     TimeBreakdown,
 )
+from stratagem.evaluators.figures import PlanFigures
 from stratagem.evaluators.memory import GIB, memory_columns
 from stratagem.evaluators.timing import time_columns
 from stratagem.evaluators.zones import build_zones, zone_columns
@@ -39,18 +40,10 @@ Array = NDArray[np.float64]
 
 def evaluate_many(
     scenario: Scenario, plans: Sequence[Plan] | PlanColumns, calibration: Calibration | None = None,
-) -> dict[str, Array]:
-    """Figures for many valid plans at once, as columns.
-
-    Keys:
-      memory      `<block>_gib` for each block, `peak_gib`, `hbm_gib`, `headroom_gib`, `worst_stage`,
-                  `first_block_to_break` (index into BLOCKS, -1 when the plan fits), `fits` (1.0/0.0);
-      time        compute_s, recompute_s, tp_comm_s, dp_comm_s, pp_comm_s, cp_comm_s, bubble_s, optimizer_s,
-                  overhead_s, exposed_comm_s, step_s (seconds per optimizer step), micro_batches;
-      throughput  tokens_per_s, tokens_per_s_per_gpu, mfu (vs the bf16 peak), hfu, model_flops (per token);
-      checkpoint  state_gib, shard_gib, save_s, stall_s, load_s, job_mtbf_h, interval_s, goodput_loss;
-      zones       zone_<name>_value, zone_<name>_level (0 ok, 1 warn, 2 bad) for hbm, communication, bubbles,
-                  checkpoint, and bottleneck (index into evaluators.zones.ZONE_NAMES).
+) -> PlanFigures:
+    """Figures for many valid plans at once: a PlanFigures, one named array per figure (memory blocks, peak,
+    headroom; step time by part; tokens/s, MFU, HFU; checkpoint cost and risk; zone values, levels and the
+    bottleneck), with named predicates for the codes (`fits`, `broken_block`, `zone_is`, `bottleneck_name`).
     The plans must already satisfy the validity rules (the search space only yields valid plans).
     """
     pc = plans if isinstance(plans, PlanColumns) else PlanColumns.from_plans(plans)
@@ -64,7 +57,6 @@ def evaluate_many(
     cumulative = np.cumsum(np.stack([mem[b] for b in BLOCKS]), axis=0)
     over = cumulative > mem["hbm"]
     out["first_block_to_break"] = np.where(over.any(axis=0), over.argmax(axis=0), -1).astype(np.float64)
-    out["fits"] = (out["headroom_gib"] >= 0).astype(np.float64)
     out.update(time_columns(scenario, pc, cal))
     tr, gpu = scenario.training, scenario.cluster.gpu
     out["tokens_per_s"] = tr.global_batch_size * tr.seq_len / out["step_s"]
@@ -73,24 +65,23 @@ def evaluate_many(
     # as higher MFU: torchtitan's convention). HFU: FLOPs executed (recompute included: it runs at the compute
     # rate) over the peak of the dtype the matmuls run in (fp32, bf16 or fp8).
     out["mfu"] = out["model_flops"] * out["tokens_per_s_per_gpu"] / (gpu.peak_tflops("bf16") * 1e12)
-    peak_used = np.select([pc.precision == 0, pc.precision == 2],
+    peak_used = np.select([pc.fp32, pc.fp8],
                           [gpu.peak_tflops("fp32"), gpu.peak_tflops("fp8")], gpu.peak_tflops("bf16")) * 1e12
     executed = out["model_flops"] * (1.0 + out["recompute_s"] / np.maximum(out["compute_s"], 1e-30))
     out["hfu"] = executed * out["tokens_per_s_per_gpu"] / peak_used
     out.update(checkpoint_columns(scenario, pc))
     out.update(zone_columns(out))
-    return out
+    return PlanFigures.from_columns(out)
 
 
-def _memory(cols: dict[str, Array], i: int = 0) -> MemoryBreakdown:
-    broken = int(cols["first_block_to_break"][i])
+def _memory(cols: PlanFigures, i: int = 0) -> MemoryBreakdown:
     return MemoryBreakdown(
-        **{f"{b}_gib": float(cols[f"{b}_gib"][i]) for b in BLOCKS},
-        peak_gib=float(cols["peak_gib"][i]),
-        hbm_gib=float(cols["hbm_gib"][i]),
-        headroom_gib=float(cols["headroom_gib"][i]),
-        first_block_to_break=BLOCKS[broken] if broken >= 0 else None,
-        worst_stage=int(cols["worst_stage"][i]),
+        **{f"{b}_gib": float(cols.block_gib(b)[i]) for b in BLOCKS},
+        peak_gib=float(cols.peak_gib[i]),
+        hbm_gib=float(cols.hbm_gib[i]),
+        headroom_gib=float(cols.headroom_gib[i]),
+        first_block_to_break=cols.broken_block(i),
+        worst_stage=int(cols.worst_stage[i]),
     )
 
 
@@ -108,9 +99,9 @@ def evaluate(scenario: Scenario, plan: Plan | None = None, calibration: Calibrat
         status = "oom"
         reason = (f"peak {memory.peak_gib:.1f} GiB exceeds {memory.hbm_gib:.1f} GiB; "
                   f"{memory.first_block_to_break} is the first block that does not fit")
-    time = TimeBreakdown(**{k: float(cols[k][0]) for k in TimeBreakdown.model_fields})
-    throughput = Throughput(**{k: float(cols[k][0]) for k in Throughput.model_fields})
-    checkpoint = CheckpointRisk(**{k: float(cols[k][0]) for k in CHECKPOINT_KEYS})
+    time = TimeBreakdown(**{k: float(getattr(cols, k)[0]) for k in TimeBreakdown.model_fields})
+    throughput = Throughput(**{k: float(getattr(cols, k)[0]) for k in Throughput.model_fields})
+    checkpoint = CheckpointRisk(**{k: float(getattr(cols, k)[0]) for k in CHECKPOINT_KEYS})
     zones = build_zones(scenario, plan, memory, time, checkpoint, cols)
     return Evaluation(plan=plan, status=status, reason=reason, memory=memory, time=time,
                       throughput=throughput, checkpoint=checkpoint, zones=zones)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
@@ -15,6 +15,8 @@ __all__ = [
     "Fidelity",
     "Level",
     "ZoneName",
+    "LEVELS",
+    "ZONE_NAMES",
     "MemoryBreakdown",
     "TimeBreakdown",
     "Throughput",
@@ -33,7 +35,11 @@ BLOCKS: tuple[Block, ...] = ("weights", "gradients", "optimizer", "activations",
 Status = Literal["ok", "oom", "infeasible", "failed", "timeout", "infra"]
 Fidelity = Literal["analytic", "traced", "measured"]
 Level = Literal["ok", "warn", "bad"]
+LEVELS: tuple[Level, ...] = get_args(Level)
+"""Zone levels, best first (a level's code in the columns is its index here)."""
 ZoneName = Literal["hbm", "communication", "bubbles", "checkpoint"]
+ZONE_NAMES: tuple[ZoneName, ...] = get_args(ZoneName)
+"""The four zones (a zone's code in the columns, e.g. the bottleneck, is its index here)."""
 
 
 class MemoryBreakdown(BaseModel):

@@ -111,8 +111,8 @@ class _Predictor:
         peak = np.zeros(self.n)
         for scn, idx, pc in self.groups:
             cols = evaluate_many(scn, pc, cal)
-            step[idx] = cols["step_s"]
-            peak[idx] = cols["peak_gib"]
+            step[idx] = cols.step_s
+            peak[idx] = cols.peak_gib
         return step, peak
 
 

@@ -1,7 +1,7 @@
 """A table evaluator: every plan's measured outcome is known in advance (a tabular benchmark, as NAS-Bench and
 HPOBench compare search methods), so a search's cost to find the best plan is exact and cheap to replay.
 
-`TableEvaluator.evaluate_many` looks each plan up and returns a measured `Evaluation`, as a real run would
+`TableEvaluator.evaluate_batch` looks each plan up and returns a measured `Evaluation`, as a real run would
 (status ok / oom / failed, tokens/s, peak memory, the step time the calibration refit reads), and counts each
 lookup as one run in `runs` (the order a search spent its runs in). A plan missing from the table is an error:
 a search benchmarked on a table must be restricted to the table's plans (the multi-fidelity loop's
@@ -119,7 +119,7 @@ class TableEvaluator:
         self.runs.append(format_plan(plan))
         return measured_from_table(scenario, plan, out, evaluate(scenario, plan, self.calibration))
 
-    def evaluate_many(self, scenario: Scenario, plans: Sequence[Plan]) -> list[Evaluation]:
+    def evaluate_batch(self, scenario: Scenario, plans: Sequence[Plan]) -> list[Evaluation]:
         """Look several plans up, in order (one run spent per plan)."""
         return [self.evaluate(scenario, p) for p in plans]
 

@@ -22,6 +22,8 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.evaluation import (
     BLOCKS,
+    LEVELS,
+    ZONE_NAMES,
     CheckpointRisk,
     Level,
     MemoryBreakdown,
@@ -30,6 +32,7 @@ from stratagem.evaluators.evaluation import (
     ZoneName,
     Zones,
 )
+from stratagem.evaluators.figures import PlanFigures
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -37,10 +40,6 @@ __all__ = ["ZONE_NAMES", "LEVELS", "Threshold", "THRESHOLDS", "zone_columns", "b
            "bottleneck_label", "ALL_OK"]
 
 Array = NDArray[np.float64]
-
-ZONE_NAMES: tuple[ZoneName, ...] = ("hbm", "communication", "bubbles", "checkpoint")
-LEVELS: tuple[Level, ...] = ("ok", "warn", "bad")
-
 
 @dataclass(frozen=True)
 class Threshold:
@@ -166,16 +165,16 @@ def _ckpt_sentence(scn: Scenario, ck: CheckpointRisk) -> str:
 
 def build_zones(
     scn: Scenario, plan: Plan, mem: MemoryBreakdown, tm: TimeBreakdown, ck: CheckpointRisk,
-    cols: dict[str, Array], i: int = 0,
+    cols: PlanFigures, i: int = 0,
 ) -> Zones:
-    """The Zones of row i of evaluate_many's columns, with a sentence per zone."""
+    """The Zones of row i of evaluate_many's figures, with a sentence per zone."""
     def lv(name: ZoneName) -> Level:
-        return LEVELS[int(cols[f"zone_{name}_level"][i])]
+        return cols.level(name, i)
 
     def val(name: ZoneName) -> float:
-        return float(cols[f"zone_{name}_value"][i])
+        return float(cols.zone_value(name)[i])
 
-    micro = float(cols["micro_batches"][i])
+    micro = float(cols.micro_batches[i])
     sentences: dict[ZoneName, str] = {
         "hbm": _hbm_sentence(mem, lv("hbm")),
         "communication": _comm_sentence(scn, plan, tm, val("communication")),
@@ -183,7 +182,7 @@ def build_zones(
         "checkpoint": _ckpt_sentence(scn, ck),
     }
     zones = {n: Zone(name=n, value=val(n), level=lv(n), sentence=sentences[n]) for n in ZONE_NAMES}
-    return Zones(**zones, bottleneck=ZONE_NAMES[int(cols["bottleneck"][i])])
+    return Zones(**zones, bottleneck=cols.bottleneck_name(i))
 
 
 def measured_zones(predicted: Zones, mem: MemoryBreakdown, tm: TimeBreakdown, ck: CheckpointRisk) -> Zones:

@@ -137,8 +137,8 @@ def _predicted(sized: SizedModel, steps: int, warmup: int) -> tuple[float, float
         by_scenario.setdefault(id(scn), (scn, []))[1].append(plan)
     for scn, plans in by_scenario.values():
         cols = evaluate_many(scn, plans, Calibration())
-        worst = max(worst, float(cols["peak_gib"].max()))
-        seconds += float(cols["step_s"].sum()) * (steps + warmup)
+        worst = max(worst, float(cols.peak_gib.max()))
+        seconds += float(cols.step_s.sum()) * (steps + warmup)
     return worst, seconds
 
 

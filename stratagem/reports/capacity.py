@@ -134,8 +134,8 @@ def _row(scenario: Scenario, num_nodes: int, calibration: Calibration | None) ->
     if not n_fit:
         return _no_plan(num_nodes, gpus, n_plans, 0,
                         "no valid plan" if n_plans == 0 else f"none of {n_plans} plans fits in HBM")
-    tps = np.asarray(scr.columns["tokens_per_s"], dtype=np.float64)
-    loss = np.asarray(scr.columns["goodput_loss"], dtype=np.float64)
+    tps = np.asarray(scr.columns.tokens_per_s, dtype=np.float64)
+    loss = np.asarray(scr.columns.goodput_loss, dtype=np.float64)
     effective = np.where(feasible, tps * (1.0 - loss), -np.inf)
     plan = scr.plans.plan(int(np.argmax(effective)))
     ev = evaluate(scn, plan, calibration)

@@ -70,7 +70,7 @@ def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
 
     def predict(cal: Calibration) -> tuple[Array, Array]:
         cols = evaluate_many(scenario, pc, cal)
-        return cols["step_s"], cols["peak_gib"]
+        return cols.step_s, cols.peak_gib
 
     def time_loss(cal: Calibration) -> float:
         return float(np.mean((np.log(predict(cal)[0]) - np.log(step)) ** 2))

@@ -58,9 +58,9 @@ def select_plans(screening: Screening, sample: int, seed: int) -> list[tuple[int
     """(plan index, role) to store, in priority order: the front (highest tokens/s first), the pruned plans
     nearest the memory limit (sample // 2), then a seeded random sample of the rest."""
     cols = screening.columns
-    front = screening.front[np.argsort(-cols["tokens_per_s"][screening.front], kind="stable")]
+    front = screening.front[np.argsort(-cols.tokens_per_s[screening.front], kind="stable")]
     pruned = np.flatnonzero(~screening.feasible)
-    over = cols["peak_gib"][pruned] - screening.usable_gib
+    over = cols.peak_gib[pruned] - screening.usable_gib
     boundary = pruned[np.argsort(over, kind="stable")][: sample // 2]
     taken = np.zeros(len(screening.plans), dtype=bool)
     taken[front] = True

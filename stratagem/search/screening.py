@@ -13,9 +13,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import BLOCKS, Calibration, evaluate_many
+from stratagem.evaluators import BLOCKS, Calibration, PlanFigures, evaluate_many
 from stratagem.search.pareto import nondominated
-from stratagem.search.records import DIRECTIONS, OBJECTIVES
+from stratagem.search.records import CONSTRAINT, DIRECTIONS, OBJECTIVES
 from stratagem.search.samplers import ProjectingSampler, make_sampler
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
@@ -54,7 +54,8 @@ class Screening:
 
     space: SearchSpace
     plans: PlanColumns
-    columns: dict[str, Array]
+    columns: PlanFigures
+    """evaluate_many's figures of `plans`, row for row."""
     feasible: NDArray[np.bool_]
     front: NDArray[np.intp]
     counts: ScreenCounts
@@ -67,9 +68,11 @@ class Screening:
     seconds: float
 
     def plan(self, i: int) -> Plan:
+        """Plan i as a Plan."""
         return self.plans.plan(int(i))
 
     def objectives(self) -> Array:
+        """(n, 3) matrix of OBJECTIVES."""
         return objective_matrix(self.columns)
 
     def pruned_reason(self, i: int) -> str:
@@ -78,30 +81,25 @@ class Screening:
         if b < 0:
             return ""
         c = self.columns
-        return (f"predicted peak {c['peak_gib'][i]:.1f} GiB exceeds {self.usable_gib:.1f} GiB "
-                f"(HBM {c['hbm_gib'][i]:.1f} - margin {self.space.config.memory_margin_gib:g}); "
+        return (f"predicted peak {c.peak_gib[i]:.1f} GiB exceeds {self.usable_gib:.1f} GiB "
+                f"(HBM {c.hbm_gib[i]:.1f} - margin {self.space.config.memory_margin_gib:g}); "
                 f"{BLOCKS[b]} is the first block that does not fit")
 
 
-def objective_matrix(columns: dict[str, Array]) -> Array:
-    """(n, 3) array of OBJECTIVES from evaluate_many columns."""
-    missing = [k for k in OBJECTIVES if k not in columns]
-    if missing:
-        raise RuntimeError(f"evaluate_many returned no {missing}: the analytic time/checkpoint model is missing")
-    return np.stack([np.asarray(columns[k], dtype=np.float64) for k in OBJECTIVES], axis=1)
+def objective_matrix(columns: PlanFigures) -> Array:
+    """(n, 3) array of OBJECTIVES from evaluate_many's figures."""
+    return columns.objectives(OBJECTIVES)
 
 
 def _evaluate(scenario: Scenario, pc: PlanColumns, calibration: Calibration | None,
-              progress: Progress | None) -> dict[str, Array]:
+              progress: Progress | None) -> PlanFigures:
     n = len(pc)
-    parts: list[dict[str, Array]] = []
+    parts: list[PlanFigures] = []
     for start in range(0, max(n, 1), _CHUNK):
         parts.append(evaluate_many(scenario, pc.take(slice(start, start + _CHUNK)), calibration))
         if progress:
             progress("screen", min(n, start + _CHUNK), n)
-    if len(parts) == 1:
-        return parts[0]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return parts[0] if len(parts) == 1 else PlanFigures.concat(parts)
 
 
 def _concat(a: PlanColumns, b: PlanColumns) -> PlanColumns:
@@ -162,19 +160,19 @@ def screen(
                      usable_gib=usable, broke=broke, mode=mode, seconds=time.perf_counter() - t0)
 
 
-def _feasible(columns: dict[str, Array], usable: float) -> NDArray[np.bool_]:
+def _feasible(columns: PlanFigures, usable: float) -> NDArray[np.bool_]:
     finite = np.all(np.isfinite(objective_matrix(columns)), axis=1)
-    ok: NDArray[np.bool_] = (columns["peak_gib"] <= usable) & finite
+    ok: NDArray[np.bool_] = (columns.peak_gib <= usable) & finite
     return ok
 
 
-def _front(columns: dict[str, Array], usable: float) -> NDArray[np.intp]:
+def _front(columns: PlanFigures, usable: float) -> NDArray[np.intp]:
     ok = np.flatnonzero(_feasible(columns, usable))
     return ok[nondominated(objective_matrix(columns)[ok], DIRECTIONS)]
 
 
-def _broke(columns: dict[str, Array], usable: float) -> NDArray[np.int64]:
-    cumulative = np.cumsum(np.stack([columns[f"{b}_gib"] for b in BLOCKS]), axis=0)
+def _broke(columns: PlanFigures, usable: float) -> NDArray[np.int64]:
+    cumulative = np.cumsum(np.stack([columns.block_gib(b) for b in BLOCKS]), axis=0)
     over = cumulative > usable
     return np.where(over.any(axis=0), over.argmax(axis=0), -1).astype(np.int64)
 
@@ -200,7 +198,7 @@ def _explore(scenario: Scenario, space: SearchSpace, calibration: Calibration | 
         cols = evaluate_many(scenario, plans, calibration)
         values = objective_matrix(cols)
         for i, t in enumerate(trials):
-            t.set_constraint("memory", float(cols["peak_gib"][i] - usable))
+            t.set_constraint(CONSTRAINT, float(cols.peak_gib[i] - usable))
             v = values[i]
             if np.all(np.isfinite(v)):
                 study.tell(t, v.tolist())

@@ -1,6 +1,7 @@
 """`evaluate_many` (screening columns) and `evaluate` (one Evaluation) agree; the column contract holds."""
 
 import random
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ CONTRACT = (
     "compute_s", "recompute_s", "tp_comm_s", "dp_comm_s", "pp_comm_s", "cp_comm_s", "bubble_s", "optimizer_s",
     "exposed_comm_s", "step_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "state_gib", "shard_gib", "save_s",
     "stall_s", "load_s", "job_mtbf_h", "interval_s", "goodput_loss", "bottleneck",
-    "peak_gib", "hbm_gib", "headroom_gib", "fits", "first_block_to_break", "worst_stage",
+    "peak_gib", "hbm_gib", "headroom_gib", "first_block_to_break", "worst_stage",
 ) + tuple(f"zone_{z}_{k}" for z in ZONE_NAMES for k in ("value", "level"))
 
 SCENARIOS = {
@@ -57,8 +58,8 @@ def test_evaluate_agrees_with_evaluate_many(name: str) -> None:
     plans = random_valid_plans(scn, 40, seed=list(SCENARIOS).index(name))
     cols = evaluate_many(scn, PlanColumns.from_plans(plans))
     for key in CONTRACT:
-        assert key in cols and cols[key].shape == (len(plans),), key
-        assert np.all(np.isfinite(cols[key])), key
+        assert getattr(cols, key).shape == (len(plans),), key
+        assert np.all(np.isfinite(getattr(cols, key))), key
     for i, plan in enumerate(plans):
         ev = evaluate(scn, plan)
         assert ev.time is not None and ev.throughput is not None and ev.checkpoint is not None
@@ -66,13 +67,14 @@ def test_evaluate_agrees_with_evaluate_many(name: str) -> None:
         pairs = {**ev.time.model_dump(), **ev.throughput.model_dump(), **ev.checkpoint.model_dump(),
                  "peak_gib": ev.memory.peak_gib}
         for key, value in pairs.items():
-            assert value == pytest.approx(float(cols[key][i]), rel=1e-9, abs=1e-12), (plan.short(), key)
+            assert value == pytest.approx(float(getattr(cols, key)[i]), rel=1e-9, abs=1e-12), (plan.short(), key)
         for z in ZONE_NAMES:
             zone = getattr(ev.zones, z)
-            assert zone.value == pytest.approx(float(cols[f"zone_{z}_value"][i]), rel=1e-9, abs=1e-12)
-            assert ["ok", "warn", "bad"].index(zone.level) == int(cols[f"zone_{z}_level"][i])
-        assert ZONE_NAMES.index(ev.zones.bottleneck) == int(cols["bottleneck"][i])
-        assert (ev.status == "oom") == (cols["fits"][i] == 0)
+            assert zone.value == pytest.approx(float(cols.zone_value(z)[i]), rel=1e-9, abs=1e-12)
+            assert zone.level == cols.level(z, i) and cols.zone_is(z, zone.level)[i]
+        assert ev.zones.bottleneck == cols.bottleneck_name(i)
+        assert (ev.status == "oom") == (not cols.fits[i])
+        assert ev.memory.first_block_to_break == cols.broken_block(i)
 
 
 def test_rows_do_not_interact() -> None:
@@ -80,15 +82,16 @@ def test_rows_do_not_interact() -> None:
     plans = random_valid_plans(scn, 30, seed=7)
     together = evaluate_many(scn, PlanColumns.from_plans(plans))
     alone = evaluate_many(scn, PlanColumns.from_plans(plans[5:6]))
-    for key, col in alone.items():
-        assert col[0] == pytest.approx(together[key][5], rel=1e-12, abs=1e-15), key
+    for f in fields(alone):
+        col = getattr(alone, f.name)
+        assert col[0] == pytest.approx(getattr(together, f.name)[5], rel=1e-12, abs=1e-15), f.name
 
 
 def test_physical_sanity_on_random_plans() -> None:
     scn = SCENARIOS["llama3-70b-64"]
     cols = evaluate_many(scn, PlanColumns.from_plans(random_valid_plans(scn, 200, seed=3)))
-    assert np.all(cols["step_s"] > 0) and np.all(cols["mfu"] > 0) and np.all(cols["mfu"] < 1)
-    assert np.all(cols["exposed_comm_s"] <= cols["tp_comm_s"] + cols["pp_comm_s"] + cols["cp_comm_s"]
-                  + cols["dp_comm_s"] + 1e-12)
-    assert np.all((cols["goodput_loss"] > 0) & (cols["goodput_loss"] <= 1))
-    assert set(np.unique(cols["bottleneck"])) <= {0.0, 1.0, 2.0, 3.0}
+    assert np.all(cols.step_s > 0) and np.all(cols.mfu > 0) and np.all(cols.mfu < 1)
+    assert np.all(cols.exposed_comm_s <= cols.tp_comm_s + cols.pp_comm_s + cols.cp_comm_s
+                  + cols.dp_comm_s + 1e-12)
+    assert np.all((cols.goodput_loss > 0) & (cols.goodput_loss <= 1))
+    assert set(np.unique(cols.bottleneck)) <= {0.0, 1.0, 2.0, 3.0}

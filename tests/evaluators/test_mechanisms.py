@@ -40,8 +40,8 @@ def test_mfu_and_hfu_below_one_on_every_gpu(gpu: str, stack: str) -> None:
     precision = ["bf16", "fp8"] if GPU_PRESETS[gpu].peak_tflops_fp8 and stack == "megatron" else ["bf16"]
     s = scn(16, gpu=gpu, stack=stack, compile=True)
     c = evaluate_many(s, sample(s, precision=precision, micro_batch_size=[1, 2, 4]))
-    assert np.all(c["mfu"] > 0) and np.all(c["mfu"] < 1), c["mfu"].max()
-    assert np.all(c["hfu"] < 1), c["hfu"].max()
+    assert np.all(c.mfu > 0) and np.all(c.mfu < 1), c.mfu.max()
+    assert np.all(c.hfu < 1), c.hfu.max()
 
 
 def test_zero3_exposed_traffic_never_falls_as_the_sharding_group_grows() -> None:
@@ -49,7 +49,7 @@ def test_zero3_exposed_traffic_never_falls_as_the_sharding_group_grows() -> None
     for gpus in (8, 32, 128, 512, 2048, 4096):
         s = scn(gpus, gbs=2 * gpus)  # 2 micro-batches of 1 per rank at every size
         c = evaluate_many(s, [Plan(dp=gpus, zero_stage=3, activation_checkpointing="full")])
-        dp_exposed = c["exposed_comm_s"][0] - c["tp_comm_s"][0] - c["pp_comm_s"][0] - c["cp_comm_s"][0]
+        dp_exposed = c.exposed_comm_s[0] - c.tp_comm_s[0] - c.pp_comm_s[0] - c.cp_comm_s[0]
         exposed.append(dp_exposed)
     assert all(b >= a * (1 - 1e-9) for a, b in zip(exposed, exposed[1:], strict=False)), exposed
     assert exposed[-1] > 10 * max(exposed[0], 1e-3)  # thousands of ranks: ring latency dominates
@@ -60,7 +60,7 @@ def test_hsdp_beats_zero3_across_thousands_of_ranks() -> None:
     plans = [Plan(dp=4096, zero_stage=3, activation_checkpointing="full"),
              Plan(dp=4096, zero_stage=3, dp_replicate=512, activation_checkpointing="full")]
     c = evaluate_many(s, plans)
-    assert c["tokens_per_s_per_gpu"][1] > 2 * c["tokens_per_s_per_gpu"][0]
+    assert c.tokens_per_s_per_gpu[1] > 2 * c.tokens_per_s_per_gpu[0]
 
 
 def test_search_does_not_crown_plain_zero3_at_scale() -> None:
@@ -69,8 +69,8 @@ def test_search_does_not_crown_plain_zero3_at_scale() -> None:
                        activation_checkpointing=["full"])
     cols = SearchSpace(s, cfg).enumerate()
     c = evaluate_many(s, cols)
-    fits = c["fits"] > 0
-    best = int(np.argmax(np.where(fits, c["tokens_per_s_per_gpu"], -1.0)))
+    fits = c.fits > 0
+    best = int(np.argmax(np.where(fits, c.tokens_per_s_per_gpu, -1.0)))
     plan = cols.plan(best)
     assert not (plan.zero_stage == 3 and plan.dp // plan.dp_replicate * plan.cp >= 1024), plan
 
@@ -82,14 +82,14 @@ def test_fsdp_with_pp_on_torch_holds_unsharded_stage_parameters() -> None:
     m = s.model
     stage_params = m.num_params() / 2
     # torchtitan (reshard_after_forward = not pp_enabled): bf16 compute copy of the whole stage stays
-    assert c["weights_gib"][0] * 2**30 >= 2.0 * stage_params * 0.9
+    assert c.weights_gib[0] * 2**30 >= 2.0 * stage_params * 0.9
     # traffic: one all-gather + one reduce-scatter per step, not per micro-batch
     many = evaluate_many(with_training(s, global_batch_size=128), [pp3])
-    assert many["dp_comm_s"][0] == pytest.approx(c["dp_comm_s"][0], rel=1e-9)
+    assert many.dp_comm_s[0] == pytest.approx(c.dp_comm_s[0], rel=1e-9)
     # megatron cannot run ZeRO-3 with PP at all (rules), and with ZeRO-1 it reduce-scatters once per step
     meg = with_training(s, stack="megatron")
-    a = evaluate_many(meg, [pp1])["dp_comm_s"][0]
-    b = evaluate_many(with_training(meg, global_batch_size=128), [pp1])["dp_comm_s"][0]
+    a = evaluate_many(meg, [pp1]).dp_comm_s[0]
+    b = evaluate_many(with_training(meg, global_batch_size=128), [pp1]).dp_comm_s[0]
     assert a == pytest.approx(b)
 
 
@@ -98,11 +98,11 @@ def test_compile_never_slows_and_power_cap_slows_compute() -> None:
     pcs = sample(s, 200, micro_batch_size=[1, 2])
     off = evaluate_many(with_training(s, compile=False), pcs)
     on = evaluate_many(with_training(s, compile=True), pcs)
-    assert np.all(on["step_s"] <= off["step_s"] * (1 + 1e-12))
+    assert np.all(on.step_s <= off.step_s * (1 + 1e-12))
     capped = s.model_copy(update={"cluster": s.cluster.model_copy(update={"power_cap_w": 500.0})})
     assert clock_factor(capped.cluster) == pytest.approx((500 / 700) ** (1 / 3))
     slow = evaluate_many(capped, pcs)
-    assert np.allclose(slow["compute_s"] * clock_factor(capped.cluster), off["compute_s"])
+    assert np.allclose(slow.compute_s * clock_factor(capped.cluster), off.compute_s)
 
 
 def test_fp8_speeds_up_linears_only_and_within_the_datasheet() -> None:
@@ -112,10 +112,10 @@ def test_fp8_speeds_up_linears_only_and_within_the_datasheet() -> None:
             ratio = GPU_PRESETS[gpu].peak_tflops_fp8 / GPU_PRESETS[gpu].peak_tflops_bf16  # type: ignore[operator]
             assert 1.0 <= fp8_linear_speedup(s) <= ratio
             c = evaluate_many(s, [Plan(dp=8), Plan(dp=8, precision="fp8")])
-            speedup = c["compute_s"][0] / c["compute_s"][1]
+            speedup = c.compute_s[0] / c.compute_s[1]
             assert 1.0 < speedup < fp8_linear_speedup(s)  # attention stays bf16
-            assert c["tp_comm_s"][1] == pytest.approx(c["tp_comm_s"][0])  # communication unchanged
-            assert c["mfu"][1] < 1 and c["hfu"][1] < 1
+            assert c.tp_comm_s[1] == pytest.approx(c.tp_comm_s[0])  # communication unchanged
+            assert c.mfu[1] < 1 and c.hfu[1] < 1
 
 
 def test_precision_is_opt_in() -> None:
@@ -127,11 +127,11 @@ def test_grad_and_reduce_dtypes_drive_memory_and_traffic() -> None:
     plan = [Plan(dp=8, zero_stage=1)]
     fp32 = evaluate_many(s, plan)
     bf16 = evaluate_many(with_training(s, grad_dtype="bf16", grad_reduce_dtype="bf16"), plan)
-    assert bf16["gradients_gib"][0] == pytest.approx(fp32["gradients_gib"][0] / 2)
+    assert bf16.gradients_gib[0] == pytest.approx(fp32.gradients_gib[0] / 2)
     # ZeRO-1: reduce-scatter of the gradients (4 -> 2 bytes) + all-gather of the bf16 parameters (2): 6 -> 4
-    assert bf16["dp_comm_s"][0] / fp32["dp_comm_s"][0] == pytest.approx(4 / 6, rel=0.05)
+    assert bf16.dp_comm_s[0] / fp32.dp_comm_s[0] == pytest.approx(4 / 6, rel=0.05)
     half_states = evaluate_many(with_training(s, optimizer_state_dtype="bf16"), plan)
-    assert half_states["optimizer_gib"][0] < fp32["optimizer_gib"][0]
+    assert half_states.optimizer_gib[0] < fp32.optimizer_gib[0]
 
 
 def test_tp_overlap_only_where_the_stack_overlaps() -> None:
@@ -139,13 +139,13 @@ def test_tp_overlap_only_where_the_stack_overlaps() -> None:
     meg = scn(8, stack="megatron")
     on = evaluate_many(meg, plan)
     off = evaluate_many(with_training(meg, tp_comm_overlap=False), plan)
-    assert on["tp_hidden_s"][0] > 0 and off["tp_hidden_s"][0] == 0
-    assert off["tp_comm_s"][0] > on["tp_comm_s"][0]
+    assert on.tp_hidden_s[0] > 0 and off.tp_hidden_s[0] == 0
+    assert off.tp_comm_s[0] > on.tp_comm_s[0]
     torch_default = evaluate_many(scn(8, stack="torch"), plan)
-    assert torch_default["tp_hidden_s"][0] == 0  # async TP is off by default (and needs compile)
+    assert torch_default.tp_hidden_s[0] == 0  # async TP is off by default (and needs compile)
     # eight-way TP on a model that fits without it costs what it costs: slower than pure data parallelism
     dp_only = evaluate_many(meg, [Plan(dp=8, zero_stage=1)])
-    assert dp_only["tokens_per_s_per_gpu"][0] > on["tokens_per_s_per_gpu"][0]
+    assert dp_only.tokens_per_s_per_gpu[0] > on.tokens_per_s_per_gpu[0]
 
 
 def test_explain_terms_name_every_compute_factor() -> None:

@@ -37,8 +37,8 @@ def _table(limit: int = 24) -> OutcomeTable:
     plans = [cols.plan(i) for i in range(min(limit, len(cols)))]
     figures = evaluate_many(scn, plans)
     runs = [TableOutcome(plan=format_plan(p), status="ok", tokens_per_s_per_gpu=float(t), peak_gib=float(m))
-            for p, t, m in zip(plans, figures["tokens_per_s_per_gpu"], figures["peak_gib"], strict=True)]
-    slowest = int(np.argmin(figures["tokens_per_s_per_gpu"]))
+            for p, t, m in zip(plans, figures.tokens_per_s_per_gpu, figures.peak_gib, strict=True)]
+    slowest = int(np.argmin(figures.tokens_per_s_per_gpu))
     runs[slowest] = TableOutcome(plan=runs[slowest].plan, status="oom", reason="tracked peak exceeds the cap")
     return OutcomeTable(name="synthetic", scenario=raw, runs=runs)
 

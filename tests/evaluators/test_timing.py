@@ -56,9 +56,9 @@ def test_step_is_the_sum_of_its_parts(llama8b: Scenario) -> None:
     plans = [Plan(dp=8, zero_stage=z, micro_batch_size=b, activation_checkpointing=ac)
              for z in (0, 1, 3) for b in (1, 2) for ac in ("none", "full")]
     c = cols(llama8b, *plans)
-    assert np.allclose(sum(c[k] for k in PARTS), c["step_s"], rtol=1e-12)
-    assert np.allclose(c["tokens_per_s"], 64 * 8192 / c["step_s"])
-    assert np.allclose(c["tokens_per_s_per_gpu"] * 8, c["tokens_per_s"])
+    assert np.allclose(sum(getattr(c, k) for k in PARTS), c.step_s, rtol=1e-12)
+    assert np.allclose(c.tokens_per_s, 64 * 8192 / c.step_s)
+    assert np.allclose(c.tokens_per_s_per_gpu * 8, c.tokens_per_s)
 
 
 def test_tensor_parallel_comm_is_four_all_reduces_per_layer_per_micro_batch() -> None:
@@ -70,10 +70,10 @@ def test_tensor_parallel_comm_is_four_all_reduces_per_layer_per_micro_batch() ->
     link = group_link(scn.cluster, cal, 8.0, 1.0)
     per_ar = float(all_reduce_s(link, 4096 * 8192 * 2.0))  # b s h bf16 activation
     micro = 64 / 8
-    assert c["tp_comm_s"][0] == pytest.approx(micro * 80 * 4 * per_ar)
+    assert c.tp_comm_s[0] == pytest.approx(micro * 80 * 4 * per_ar)
     # The same traffic over a group that spans nodes (tp 16 on 8-GPU nodes) costs more.
     c16 = cols(scn, Plan(dp=4, tp=16 // 2, pp=2, zero_stage=1), Plan(dp=4, tp=16, zero_stage=1))
-    assert c16["tp_comm_s"][1] > 2 * c16["tp_comm_s"][0]
+    assert c16.tp_comm_s[1] > 2 * c16.tp_comm_s[0]
 
 
 def test_zero3_moves_one_and_a_half_times_ddp_bytes() -> None:
@@ -83,20 +83,20 @@ def test_zero3_moves_one_and_a_half_times_ddp_bytes() -> None:
     cal = Calibration(collective_step_us=0.0)
     big = scn.model_copy(update={"cluster": scn.cluster.model_copy(update={"intra_node_latency_us": 0.0})})
     c = cols(big, *[Plan(dp=8, zero_stage=z, precision="fp32") for z in (0, 1, 3)], cal=cal)
-    assert c["dp_comm_s"][1] == pytest.approx(c["dp_comm_s"][0])
-    assert c["dp_comm_s"][2] == pytest.approx(1.5 * c["dp_comm_s"][0])
+    assert c.dp_comm_s[1] == pytest.approx(c.dp_comm_s[0])
+    assert c.dp_comm_s[2] == pytest.approx(1.5 * c.dp_comm_s[0])
 
 
 def test_fsdp_traffic_repeats_per_micro_batch_and_overlaps(llama8b: Scenario) -> None:
     c = cols(llama8b, Plan(dp=8, zero_stage=3, micro_batch_size=1), Plan(dp=8, zero_stage=3, micro_batch_size=2),
              Plan(dp=8, zero_stage=1, micro_batch_size=1))
     # 8 vs 4 micro-batches: ZeRO-3 gathers and scatters once per micro-batch; ZeRO-1 once per step.
-    assert c["dp_comm_s"][0] == pytest.approx(2 * c["dp_comm_s"][1])
-    assert c["dp_comm_s"][2] < c["dp_comm_s"][1]
-    exposed_dp = c["exposed_comm_s"] - c["tp_comm_s"] - c["pp_comm_s"] - c["cp_comm_s"]
-    assert np.all(exposed_dp >= 0) and np.all(exposed_dp <= c["dp_comm_s"])
+    assert c.dp_comm_s[0] == pytest.approx(2 * c.dp_comm_s[1])
+    assert c.dp_comm_s[2] < c.dp_comm_s[1]
+    exposed_dp = c.exposed_comm_s - c.tp_comm_s - c.pp_comm_s - c.cp_comm_s
+    assert np.all(exposed_dp >= 0) and np.all(exposed_dp <= c.dp_comm_s)
     none = cols(llama8b, Plan(dp=8, zero_stage=3), cal=Calibration(overlap=0.0))
-    assert none["exposed_comm_s"][0] == pytest.approx(none["dp_comm_s"][0])
+    assert none.exposed_comm_s[0] == pytest.approx(none.dp_comm_s[0])
 
 
 def test_compute_terms(llama8b: Scenario) -> None:
@@ -105,15 +105,15 @@ def test_compute_terms(llama8b: Scenario) -> None:
              base.model_copy(update={"precision": "fp8"}), base.model_copy(update={"activation_checkpointing":
                                                                                    "selective"}))
     # Full recompute repeats the forward: about a third of forward + backward (less the LM head).
-    assert 0.25 < c["recompute_s"][1] / c["compute_s"][1] < 0.34
+    assert 0.25 < c.recompute_s[1] / c.compute_s[1] < 0.34
     # Selective recompute is elementwise work only (memory-bound), a small fraction.
-    assert 0 < c["recompute_s"][3] < 0.03 * c["compute_s"][3]
+    assert 0 < c.recompute_s[3] < 0.03 * c.compute_s[3]
     # torchao's fp8 casts unfused (torch stack, compile off by default): no gain on the linears.
-    assert c["compute_s"][2] == pytest.approx(c["compute_s"][0])
+    assert c.compute_s[2] == pytest.approx(c.compute_s[0])
     # Compiled: fp8 speeds up the linear layers only, not attention: faster, but by less than the linear speedup.
     compiled = llama8b.model_copy(update={"training": llama8b.training.model_copy(update={"compile": True})})
     cc = cols(compiled, base, base.model_copy(update={"precision": "fp8"}))
-    speedup = cc["compute_s"][0] / cc["compute_s"][1]
+    speedup = cc.compute_s[0] / cc.compute_s[1]
     assert 1.0 < speedup < fp8_linear_speedup(compiled) == FP8_LINEAR_SPEEDUP["tensorwise"]
 
 
@@ -127,9 +127,9 @@ def test_small_per_gpu_matmuls_run_less_efficiently() -> None:
     # efficiency = ceiling x F / (F + F_half): F = 2 x 16384 tokens x 218M weights (/ 8 with tp)
     f_dp, f_tp = 2 * 16384 * 218.1e6, 2 * 16384 * 218.1e6 / 8
     expected = (f_dp / (f_dp + 100e9)) / (f_tp / (f_tp + 100e9))
-    assert c["compute_s"][1] / c["compute_s"][0] == pytest.approx(expected, rel=0.01)
+    assert c.compute_s[1] / c.compute_s[0] == pytest.approx(expected, rel=0.01)
     big = cols(scn, Plan(dp=8, micro_batch_size=8), Plan(dp=8, micro_batch_size=1), cal=cal)
-    assert big["compute_s"][1] > big["compute_s"][0]  # one sequence per micro-batch: smaller matmuls
+    assert big.compute_s[1] > big.compute_s[0]  # one sequence per micro-batch: smaller matmuls
 
 
 def test_pipeline_bubble_and_p2p(llama8b: Scenario) -> None:
@@ -137,11 +137,11 @@ def test_pipeline_bubble_and_p2p(llama8b: Scenario) -> None:
     pi = p1.model_copy(update={"pp_schedule": "interleaved", "virtual_stages": 2})
     c = cols(llama8b, p1, pi)
     micro = 64 / 2
-    slot = (c["compute_s"] + c["recompute_s"] + c["tp_comm_s"] + c["pp_comm_s"] + c["cp_comm_s"]) / micro
-    assert c["bubble_s"][0] == pytest.approx(3 * slot[0], rel=0.02)
-    assert c["bubble_s"][1] < c["bubble_s"][0] * 0.6
-    assert np.all(c["pp_comm_s"] > 0)
-    assert c["pp_comm_s"][1] == pytest.approx(2 * c["pp_comm_s"][0])  # two chunks: twice the sends
+    slot = (c.compute_s + c.recompute_s + c.tp_comm_s + c.pp_comm_s + c.cp_comm_s) / micro
+    assert c.bubble_s[0] == pytest.approx(3 * slot[0], rel=0.02)
+    assert c.bubble_s[1] < c.bubble_s[0] * 0.6
+    assert np.all(c.pp_comm_s > 0)
+    assert c.pp_comm_s[1] == pytest.approx(2 * c.pp_comm_s[0])  # two chunks: twice the sends
 
 
 def test_pipeline_p2p_polling_follows_nanotron_bench_branch(llama8b: Scenario) -> None:
@@ -157,8 +157,8 @@ def test_pipeline_p2p_polling_follows_nanotron_bench_branch(llama8b: Scenario) -
     base = cols(llama8b, plan)
     polled = cols(llama8b, plan, cal=Calibration(p2p_poll_s=0.1))
     micro = 64 / 2
-    assert polled["pp_comm_s"][0] - base["pp_comm_s"][0] == pytest.approx(micro * 8 * 0.1 * 1.5)
-    assert polled["step_s"][0] > base["step_s"][0] + micro * 1.2
+    assert polled.pp_comm_s[0] - base.pp_comm_s[0] == pytest.approx(micro * 8 * 0.1 * 1.5)
+    assert polled.step_s[0] > base.step_s[0] + micro * 1.2
 
 
 def test_launch_floor_binds_on_tiny_per_gpu_work() -> None:
@@ -167,8 +167,8 @@ def test_launch_floor_binds_on_tiny_per_gpu_work() -> None:
     cal = Calibration(layer_floor_ms=2.0, step_overhead_s=0.0)
     c = cols(scn, Plan(dp=8), cal=cal)
     # 4 layers x 1 micro-batch x 2 ms: the GPU waits on the host.
-    assert c["step_s"][0] == pytest.approx(4 * 2e-3, rel=0.1)
-    assert c["overhead_s"][0] > 0.5 * c["step_s"][0]
+    assert c.step_s[0] == pytest.approx(4 * 2e-3, rel=0.1)
+    assert c.overhead_s[0] > 0.5 * c.step_s[0]
 
 
 def test_cpu_gpu_kind_runs() -> None:

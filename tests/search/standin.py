@@ -39,9 +39,9 @@ class KnownConstants:
         return "ZeRO-3 is not in this harness" if plan.zero_stage == 3 else None
 
     def evaluate(self, scenario: Scenario, plan: Plan) -> Evaluation:
-        return self.evaluate_many(scenario, [plan])[0]
+        return self.evaluate_batch(scenario, [plan])[0]
 
-    def evaluate_many(self, scenario: Scenario, plans: Sequence[Plan]) -> list[Evaluation]:
+    def evaluate_batch(self, scenario: Scenario, plans: Sequence[Plan]) -> list[Evaluation]:
         self.ran += plans
         time.sleep(self.delay_s)
         cols = evaluate_many(scenario, PlanColumns.from_plans(list(plans)), TRUTH)
@@ -52,17 +52,17 @@ class KnownConstants:
                 out.append(Evaluation(plan=plan, status="infra", reason="ActorUnavailableError: node lost",
                                       fidelity="measured"))
                 continue
-            peak = float(cols["peak_gib"][i])
+            peak = float(cols.peak_gib[i])
             hbm = scenario.cluster.gpu.hbm_gib
             mem = MemoryBreakdown(weights_gib=0, gradients_gib=0, optimizer_gib=0, activations_gib=peak,
                                   transient_gib=0, overhead_gib=0, peak_gib=peak, hbm_gib=hbm, headroom_gib=hbm - peak,
                                   first_block_to_break=None, worst_stage=0)
-            tok = float(cols["tokens_per_s"][i])
+            tok = float(cols.tokens_per_s[i])
             pred = evaluate(scenario, plan)
             out.append(Evaluation(plan=plan, status="ok", fidelity="measured", memory=mem,
                                   throughput=Throughput(tokens_per_s=tok, tokens_per_s_per_gpu=tok / plan.world_size,
                                                         mfu=0.01),
-                                  checkpoint=pred.checkpoint, measurements={"step_s": float(cols["step_s"][i])},
+                                  checkpoint=pred.checkpoint, measurements={"step_s": float(cols.step_s[i])},
                                   prediction=pred))
         return out
 

@@ -17,12 +17,12 @@ def synthetic_measurements(scn, truth: Calibration) -> list[Evaluation]:
     cols = evaluate_many(scn, PlanColumns.from_plans(PLANS), truth)
     out = []
     for i, plan in enumerate(PLANS):
-        peak = float(cols["peak_gib"][i])
+        peak = float(cols.peak_gib[i])
         mem = MemoryBreakdown(weights_gib=0, gradients_gib=0, optimizer_gib=0, activations_gib=peak, transient_gib=0,
                               overhead_gib=0, peak_gib=peak, hbm_gib=4.0, headroom_gib=4.0 - peak,
                               first_block_to_break=None, worst_stage=0)
         out.append(Evaluation(plan=plan, status="ok", fidelity="measured", memory=mem,
-                              measurements={"step_s": float(cols["step_s"][i])}, prediction=evaluate(scn, plan)))
+                              measurements={"step_s": float(cols.step_s[i])}, prediction=evaluate(scn, plan)))
     return out
 
 
@@ -38,7 +38,7 @@ def test_fit_recovers_known_constants() -> None:
     assert fit.memory_error_after < 0.05
     got = fit.calibration
     measured = synthetic_measurements(scn, truth)
-    pred = evaluate_many(scn, PlanColumns.from_plans(PLANS), got)["step_s"]
+    pred = evaluate_many(scn, PlanColumns.from_plans(PLANS), got).step_s
     meas = np.array([e.measurements["step_s"] for e in measured])
     assert np.median(np.abs(pred / meas - 1)) < 0.1
 

@@ -35,7 +35,7 @@ def test_front_equals_brute_force_over_every_plan() -> None:
     pc = SearchSpace(s).enumerate()
     cols = evaluate_many(s, pc)
     usable = s.cluster.gpu.hbm_gib - s.search.memory_margin_gib
-    ok = np.flatnonzero(cols["peak_gib"] <= usable)
+    ok = np.flatnonzero(cols.peak_gib <= usable)
     v = objective_matrix(cols)[ok]
     expected = ok[brute(v, D3)]
     assert 5 < len(expected) < len(ok)
@@ -51,7 +51,7 @@ def test_pruned_plans_name_the_block_that_broke() -> None:
     for i in pruned[:: max(1, len(pruned) // 50)]:
         reason = sc.pruned_reason(int(i))
         assert BLOCKS[int(sc.broke[i])] in reason and "GiB" in reason
-        assert sc.columns["peak_gib"][i] > sc.usable_gib
+        assert sc.columns.peak_gib[i] > sc.usable_gib
     assert all(sc.pruned_reason(int(i)) == "" for i in sc.front)
 
 
@@ -60,7 +60,7 @@ def test_margin_prunes_more() -> None:
     loose = screen(s.model_copy(update={"search": s.search.model_copy(update={"memory_margin_gib": 0.0})}))
     tight = screen(s.model_copy(update={"search": s.search.model_copy(update={"memory_margin_gib": 20.0})}))
     assert tight.counts.pruned > loose.counts.pruned
-    assert tight.columns["peak_gib"][tight.front].max() <= s.cluster.gpu.hbm_gib - 20.0
+    assert tight.columns.peak_gib[tight.front].max() <= s.cluster.gpu.hbm_gib - 20.0
 
 
 def test_screening_agrees_with_single_plan_evaluation() -> None:
