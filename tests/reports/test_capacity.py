@@ -50,7 +50,7 @@ def test_best_plan_is_the_screened_optimum(cap) -> None:
     r = cap.rows[1]
     resized = scenario().model_copy(update={"cluster": cluster_preset("h100-sxm-80g", 16), "plan": None})
     scr = screen(resized)
-    effective = np.where(scr.feasible, scr.columns["tokens_per_s"] * (1 - scr.columns["goodput_loss"]), -np.inf)
+    effective = np.where(scr.feasible, scr.columns.tokens_per_s * (1 - scr.columns.goodput_loss), -np.inf)
     assert r.n_plans == len(scr.plans) and r.n_feasible == int(scr.feasible.sum())
     best_ev = evaluate(resized, r.best.plan)
     assert best_ev.throughput.tokens_per_s * (1 - best_ev.checkpoint.goodput_loss) == pytest.approx(

@@ -143,7 +143,7 @@ def test_measured_evaluators_go_through_the_one_real_run_path(url) -> None:
 
 def test_screen_contract_for_reports() -> None:
     sc = screen(scenario())
-    assert len(sc.plans) == len(sc.feasible) == len(sc.columns["peak_gib"])
+    assert len(sc.plans) == len(sc.feasible) == len(sc.columns.peak_gib)
     assert sc.front.dtype.kind == "i" and sc.feasible[sc.front].all()
     assert (sc.counts.valid, sc.counts.pruned, sc.counts.front) == (
         len(sc.plans), int((~sc.feasible).sum()), len(sc.front))
