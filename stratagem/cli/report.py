@@ -33,8 +33,7 @@ def report_cmd(
 ) -> None:
     """Report a finished search: Pareto plots, front table, plan cards, explorer (HTML); Markdown; JSON/CSV."""
     from stratagem import reports
-    from stratagem.search import default_storage
-    from stratagem.search.console import default_study_name
+    from stratagem.search import default_storage, default_study_name
 
     kind = reports.output_format(output, fmt)
     if output is None and kind == "html":

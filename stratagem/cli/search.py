@@ -49,8 +49,15 @@ def search_cmd(
     measure the best survivors as real runs through Ray (recalibrating the model), show the front and write
     the HTML report."""
     from stratagem.reports import check_output, output_format
-    from stratagem.search import check_storage, default_storage, parse_storage, run_search
-    from stratagem.search import console as view
+    from stratagem.reports import terminal as view
+    from stratagem.search import (
+        check_sampler,
+        check_storage,
+        default_storage,
+        default_study_name,
+        parse_storage,
+        run_search,
+    )
 
     # Everything a user can get wrong is checked here, before screening, Ray or any file is touched.
     for option, value in (("--timeout", timeout), ("--budget-minutes", budget_minutes)):
@@ -58,8 +65,8 @@ def search_cmd(
             raise StratagemError(f"{option} ({value:g}): must be > 0")
     scn = load_scenario(scenario)
     cal, cal_label = scenario_calibration(scn, calibration)
-    mode = view.check_sampler(sampler)
-    name = study or view.default_study_name(scenario, scn)
+    mode = check_sampler(sampler)
+    name = study or default_study_name(scenario, scn)
     spec = parse_storage(storage or default_storage(scenario))
     check_storage(spec)
     report_path = None if no_report else check_output(report or scenario.with_name(f"{name}.html"), "--report")
@@ -97,7 +104,7 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
     SIGINT/SIGTERM: the in-flight runs are killed and released, exit 130/143; every run of this call failed:
     exit 1 with the first reason."""
     from stratagem.launch.real import RayRunEvaluator
-    from stratagem.search import console as view
+    from stratagem.reports import terminal as view
     from stratagem.search.multifidelity import Stopped, run_multifidelity
 
     run_dir = scenario_path.parent / "runs" / name

@@ -15,6 +15,15 @@ from stratagem.reports.info import (
 )
 from stratagem.reports.markdown import capacity_markdown, render_markdown
 from stratagem.reports.payload import EXPLORER_AXES, report_payload
+from stratagem.reports.terminal import (
+    front_table,
+    print_measured,
+    print_result,
+    progress_bar,
+    result_json,
+    summary_lines,
+    trial_kinds,
+)
 from stratagem.reports.write import (
     FORMATS,
     Report,
@@ -36,5 +45,6 @@ __all__ = [
     "DEFAULT_ADVICE_LIMIT", "ParetoInfo", "PlanResult", "TrialRecord", "pareto_front", "pareto_info",
     "capacity_markdown", "render_markdown",
     "EXPLORER_AXES", "report_payload",
+    "front_table", "print_measured", "print_result", "progress_bar", "result_json", "summary_lines", "trial_kinds",
     "FORMATS", "Report", "build_report", "unfinished_note", "check_output", "open_study", "output_format", "render_report", "write_report", "write_text_atomic",
 ]

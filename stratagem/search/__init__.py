@@ -3,6 +3,7 @@ and a bounded sample as trials (`run_search`), measure the most informative plan
 (`run_multifidelity`; several workers may share one study). Never imports ray or torch: it receives an
 evaluator."""
 
+from stratagem.search.naming import check_sampler, default_study_name
 from stratagem.search.pareto import dominates, nondominated
 from stratagem.search.records import (
     CONSTRAINT,
@@ -30,6 +31,7 @@ from stratagem.search.storage import (
 )
 
 __all__ = [
+    "check_sampler", "default_study_name",
     "dominates", "nondominated",
     "CONSTRAINT", "DIRECTIONS", "OBJECTIVES", "ROLES", "front_trials", "objective_values", "plan_key",
     "plan_params", "study_scenario", "trial_evaluation", "trial_plan",

@@ -311,7 +311,7 @@ def test_printed_commands_are_shell_quoted_and_counts_add_up(tmp_path) -> None:
     total = len(study.trials)
     assert f"{total} in all: {total} screened plans" in counts, counts
     # a study holding other kinds of trials: each is named and the parts add up to the whole
-    from stratagem.search.console import trial_kinds
+    from stratagem.reports.terminal import trial_kinds
 
     t = study.trials[0]
     study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, values=t.values,

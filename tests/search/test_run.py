@@ -153,7 +153,7 @@ def test_search_imports_neither_ray_nor_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, stratagem.search, stratagem.search.console; "
+    code = ("import sys, stratagem.search, stratagem.search.naming; "
             "bad = [m for m in ('ray', 'torch') if m in sys.modules]; assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

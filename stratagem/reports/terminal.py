@@ -1,0 +1,196 @@
+"""Terminal rendering, its one home: what `stratagem search` shows (a rich progress bar while it works, then the
+Pareto front as a table, the counts and the real runs; or the same as JSON)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from stratagem.evaluators.zones import bottleneck_label
+from stratagem.search.records import trial_evaluation, trial_plan
+from stratagem.search.runner import SearchResult
+
+__all__ = ["progress_bar", "front_table", "print_result", "summary_lines", "result_json", "print_measured",
+           "trial_kinds"]
+
+_PHASES = {"screen": "screening plans", "explore": "sampler exploring", "store": "storing trials",
+           "evaluate": "measured runs"}
+
+
+@contextmanager
+def progress_bar(console: Console, enabled: bool = True) -> Iterator[Any]:
+    """A progress(phase, done, total) callback drawing one rich bar per phase."""
+    if not enabled:
+        yield None
+        return
+    bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=False)
+    tasks: dict[str, Any] = {}
+
+    def update(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(_PHASES.get(phase, phase), total=max(total, 1))
+        bar.update(tasks[phase], completed=done, total=max(total, done, 1))
+
+    with bar:
+        yield update
+
+
+def front_table(result: SearchResult, top: int) -> Table:
+    """The study's Pareto front: plan, tokens/s/GPU, MFU, peak/HBM, headroom, checkpoint risk, bottleneck."""
+    fidelity = sorted({str(t.user_attrs.get("fidelity", "?")) for t in result.front[:top]})
+    table = Table(title=f"Pareto front of study {result.study_name!r}: {len(result.front)} plans"
+                        + (f", top {top} by tokens/s" if len(result.front) > top else "")
+                        + f" ({'/'.join(fidelity) or 'no'} figures)", title_justify="left")
+    table.box = box.SIMPLE_HEAD
+    table.add_column("#", justify="right", no_wrap=True, min_width=2)
+    table.add_column("plan", min_width=22)
+    for col in ("tok/s/GPU", "MFU", "peak/HBM", "free GiB", "ckpt loss", "bottleneck"):
+        table.add_column(col, justify="left" if col == "bottleneck" else "right", no_wrap=True, min_width=len(col))
+    for t in result.front[:top]:
+        ev = trial_evaluation(t)
+        plan = trial_plan(t)
+        if ev is None or ev.memory is None or ev.throughput is None or ev.checkpoint is None:
+            continue
+        m = ev.memory
+        table.add_row(str(t.number), plan.short(), f"{ev.throughput.tokens_per_s_per_gpu:,.0f}",
+                      f"{ev.throughput.mfu:.1%}", f"{m.peak_gib:.1f}/{m.hbm_gib:.0f}", f"{m.headroom_gib:.1f}",
+                      f"{ev.checkpoint.goodput_loss:.2%}", bottleneck_label(ev.zones) if ev.zones else "-")
+    return table
+
+
+def print_result(console: Console, result: SearchResult, top: int) -> None:
+    """The front table and the summary lines (at least 110 columns wide when not on a terminal)."""
+    out = console if console.is_terminal else Console(width=max(console.width, 110))
+    out.print(front_table(result, top))
+    for line in summary_lines(result):
+        out.print(line, markup=False, soft_wrap=True, highlight=False)
+
+
+_KINDS = {"screened": "screened plans", "measured": "measured runs", "traced": "traced plans",
+          "recalibrated": "re-predicted with the refitted calibration", "unfinished": "unfinished",
+          "other": "other"}
+
+
+def trial_kinds(trials: list[FrozenTrial]) -> dict[str, int]:
+    """How many of a study's trials are which kind (keys of _KINDS, in that order; zero counts left out)."""
+    counts = dict.fromkeys(_KINDS, 0)
+    for t in trials:
+        attrs = t.user_attrs
+        if not t.state.is_finished() or t.state == optuna.trial.TrialState.FAIL:
+            counts["unfinished"] += 1
+        elif attrs.get("fidelity") == "measured":
+            counts["measured"] += 1
+        elif attrs.get("fidelity") == "traced":
+            counts["traced"] += 1
+        elif attrs.get("role") == "recalibrated":
+            counts["recalibrated"] += 1
+        elif attrs.get("fidelity") == "analytic":
+            counts["screened"] += 1
+        else:
+            counts["other"] += 1
+    return {k: n for k, n in counts.items() if n}
+
+
+def summary_lines(result: SearchResult) -> list[str]:
+    """The counts under the front table: the space, the study's trials (what they are, adding up), how to
+    watch the study and report it (commands shell-quoted)."""
+    c = result.counts
+    space = (f"{c.valid:,} valid plans, all screened" if c.screened == c.valid
+             else f"{c.valid:,} valid plans, {c.screened:,} screened ({result.mode})")
+    margin = result.screening.space.config.memory_margin_gib
+    notes = [f"note: {n}" for n in result.screening.space.notes]
+    if result.study is not None:
+        trials = result.study.get_trials(deepcopy=False)
+        kinds = trial_kinds(trials)
+        total = len(trials)
+        parts = ", ".join(f"{n:,} {_KINDS[k]}" for k, n in kinds.items())
+        held = f"{total:,} in all: {parts}" if parts else f"{total:,} in all"
+    else:
+        held = f"{result.trials:,} in all"
+    report = shlex.join(["stratagem", "report", "--storage", result.storage.url, "--study", result.study_name])
+    return notes + [
+        f"{space}; {c.pruned:,} pruned (predicted peak over HBM - {margin:g} GiB margin), "
+        f"{c.feasible:,} fit, {c.front:,} on the predicted front",
+        f"study {result.study_name!r}: {result.stored} screened plans stored now, {result.already} already "
+        f"there; {held} ({result.seconds:.1f} s)",
+        f"watch it: {result.storage.dashboard_command()}",
+        f"report:   {report}",
+    ]
+
+
+def result_json(result: SearchResult) -> str:
+    """The search's counts and front as JSON (`search --json`)."""
+    c = result.counts
+    front = []
+    for t in result.front:
+        ev = trial_evaluation(t)
+        front.append({"number": t.number, "plan": t.user_attrs.get("plan"), "params": t.params,
+                      "values": t.values, "fidelity": t.user_attrs.get("fidelity"),
+                      "bottleneck": bottleneck_label(ev.zones) if ev is not None and ev.zones else None})
+    return json.dumps({
+        "study": result.study_name, "storage": result.storage.url, "mode": result.mode,
+        "counts": {"valid": c.valid, "screened": c.screened, "pruned": c.pruned, "feasible": c.feasible,
+                   "front": c.front},
+        "stored": result.stored, "already": result.already, "trials": result.trials,
+        "kinds": trial_kinds(result.study.get_trials(deepcopy=False)) if result.study is not None else None,
+        "seconds": round(result.seconds, 3), "front": front,
+    }, indent=2)
+
+
+def print_measured(console: Console, mf: Any) -> None:
+    """The real runs of a multi-fidelity search: measured vs predicted per plan, and the calibration."""
+    from stratagem.search.multifidelity import measured_trials
+    from stratagem.search.storage import open_storage
+
+    study = mf.search.study  # the study the search opened (opened again only for a result without it)
+    if study is None:
+        study = optuna.load_study(study_name=mf.search.study_name, storage=open_storage(mf.search.storage))
+    table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {mf.seconds:.0f} s)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    from stratagem.evaluators import evaluate
+    from stratagem.search.records import study_scenario
+
+    scenario = study_scenario(study)
+    for col in ("#", "plan", "role", "status", "tok/s meas", "pred", "calibrated", "peak MiB meas", "pred",
+                "calibrated"):
+        table.add_column(col, justify="left" if col in ("plan", "role", "status") else "right", no_wrap=True,
+                         min_width=len(col))
+    for t in sorted(measured_trials(study).values(), key=lambda t: t.number):
+        ev = trial_evaluation(t)
+        if ev is None:
+            continue
+        pred = ev.prediction
+        meas_tok = f"{ev.throughput.tokens_per_s:,.0f}" if ev.throughput else "-"
+        pred_tok = f"{pred.throughput.tokens_per_s:,.0f}" if pred and pred.throughput else "-"
+        meas_mem = f"{ev.memory.peak_gib * 1024:,.1f}" if ev.memory else "-"
+        pred_mem = f"{pred.memory.peak_gib * 1024:,.1f}" if pred and pred.memory else "-"
+        status = ev.status if ev.status == "ok" else f"{ev.status}: {ev.reason.splitlines()[0][:60]}"
+        cal = evaluate(scenario, ev.plan, mf.calibration)
+        cal_tok = f"{cal.throughput.tokens_per_s:,.0f}" if cal.throughput else "-"
+        cal_mem = f"{cal.memory.peak_gib * 1024:,.1f}" if cal.memory else "-"
+        table.add_row(str(t.number), ev.plan.short(), str(t.user_attrs.get("role", "")), status, meas_tok,
+                      pred_tok, cal_tok, meas_mem, pred_mem, cal_mem)
+    out = console if console.is_terminal else Console(width=max(console.width, 150))
+    out.print(table)
+    if getattr(mf, "skipped", 0):
+        console.print(f"skipped {mf.skipped} plan(s) the harness cannot run, e.g. {mf.skipped_example}",
+                      markup=False, soft_wrap=True)
+    if mf.history:
+        last = mf.history[-1]
+        console.print(f"calibration on {last['runs_used']} measured runs: median step-time error "
+                      f"{last['step_error_before']:.0%} (defaults) -> {last['step_error_after']:.0%}, peak memory "
+                      f"{last['memory_error_before']:.0%} -> {last['memory_error_after']:.0%} ('pred': the default "
+                      "constants at run time; 'calibrated': refitted on this study's runs); the front below uses "
+                      "measured figures where they exist and calibrated predictions elsewhere",
+                      markup=False, soft_wrap=True)
