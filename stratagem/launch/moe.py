@@ -27,7 +27,7 @@ from torch import nn
 
 from stratagem.spaces.model import ModelSpec
 
-__all__ = ["AUX_LOSS_COEF", "AuxLoss", "GroupedExperts", "MoE"]
+__all__ = ["AUX_LOSS_COEF", "AuxLoss", "GroupedExperts", "MoE", "apply_ep", "expert_parameters", "sync_expert_grads"]
 
 AUX_LOSS_COEF = 1e-3
 """alpha of the sequence-wise balance loss (DeepSeek-V3 uses 1e-4; larger here so 5 steps move the router)."""
@@ -57,11 +57,19 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, ffn))
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """x [n, h] sorted by expert, counts[e] rows for expert e -> [n, h]."""
+        """x [n, h] sorted by (local) expert, counts[e] rows for local expert e -> [n, h]. Under expert
+        parallelism the weights are DTensors sharded over the ep group (Shard(0)): this rank's experts."""
+        w1, w3, w2 = (_local(w) for w in (self.w1, self.w3, self.w2))  # [E/ep, f, h], [E/ep, f, h], [E/ep, h, f]
         outs = []
         for e, rows in enumerate(torch.split(x, counts)):  # rows [n_e, h]
-            outs.append((F.silu(rows @ self.w1[e].T) * (rows @ self.w3[e].T)) @ self.w2[e].T)
+            outs.append((F.silu(rows @ w1[e].T) * (rows @ w3[e].T)) @ w2[e].T)
         return torch.cat(outs) if outs else x.new_zeros(0, x.shape[-1])
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class MoE(nn.Module):
@@ -79,6 +87,9 @@ class MoE(nn.Module):
             from stratagem.launch.model import FeedForward
 
             self.shared = FeedForward(spec, moe.shared_experts * moe.shared_ffn)
+        self.ep_group: Any = None
+        """The expert-parallel process group (set by `apply_ep`); None: every expert is local."""
+        self.ep = 1
         self.aux_rows = 1
         """Rows (sequences) the loss of one backward averages over: the balance loss is summed over its
         sequences and divided by this, as the cross-entropy is (set by the harness per plan)."""
@@ -93,7 +104,10 @@ class MoE(nn.Module):
         order = flat.argsort(stable=True)
         source = order // self.top_k  # token of each routed copy, sorted by expert
         counts = torch.bincount(flat, minlength=self.num_experts)  # [E]
-        routed = self.experts(tokens[source], counts.tolist())  # [T k, h]
+        if self.ep_group is None:
+            routed = self.experts(tokens[source], counts.tolist())  # [T k, h]
+        else:
+            routed = self._dispatch_combine(tokens[source], counts)  # [T k, h]
         routed = routed * weights.flatten()[order, None]
         out = torch.zeros_like(tokens).index_add_(0, source, routed)  # [T, h]
         if self.shared is not None:
@@ -103,6 +117,30 @@ class MoE(nn.Module):
             out = AuxLoss.apply(out, self.balance_loss(probs.view(b, s, -1), chosen.view(b, s, -1)))  # type: ignore[no-untyped-call]
         return out
 
+    def _dispatch_combine(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Expert parallelism: the routed copies x [n, h] (sorted by expert, counts [E]) go to the ep rank that
+        holds their expert (all_to_all_single with split sizes), run there, and come back in the same order.
+
+        Rank r holds experts [r E/ep, (r+1) E/ep). What a rank receives is grouped by source rank, then by
+        expert; it is regrouped by expert for the grouped experts, and back again before the return trip
+        (torchtitan's expert_parallel dispatch/combine, without its token-group padding)."""
+        import torch.distributed as dist
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        ep, local_e = self.ep, self.num_experts // self.ep
+        recv_counts = torch.empty_like(counts)  # [ep * local_e]: from source rank s, for local expert e
+        dist.all_to_all_single(recv_counts, counts, group=self.ep_group)
+        send = counts.view(ep, local_e).sum(1).tolist()  # copies for each destination rank
+        grid = recv_counts.view(ep, local_e)  # [source, local expert]
+        recv = grid.sum(1).tolist()
+        got = all_to_all_single_autograd(x, recv, send, self.ep_group)  # [sum(recv), h]
+        blocks = torch.split(got, grid.flatten().tolist())  # block s * local_e + e
+        by_expert = [blocks[s * local_e + e] for e in range(local_e) for s in range(ep)]
+        out = self.experts(torch.cat(by_expert), grid.sum(0).tolist())  # [sum(recv), h]
+        done = torch.split(out, grid.t().flatten().tolist())  # block e * ep + s
+        by_source = torch.cat([done[e * ep + s] for s in range(ep) for e in range(local_e)])
+        return all_to_all_single_autograd(by_source, send, recv, self.ep_group)  # [n, h]
+
     def balance_loss(self, probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """alpha sum over sequences of sum_e f_e P_e, / aux_rows; probs [b, s, E], chosen [b, s, k]."""
         b, s, e = probs.shape
@@ -110,3 +148,39 @@ class MoE(nn.Module):
         f = hits.sum(dim=1) * e / (self.top_k * s)  # [b, E]
         p = probs.mean(dim=1)  # [b, E]
         return AUX_LOSS_COEF * (f * p).sum() / self.aux_rows
+
+
+def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The routed experts' weights in `module` (what expert parallelism shards)."""
+    return [p for sub in module.modules() if isinstance(sub, GroupedExperts) for p in sub.parameters()]
+
+
+def apply_ep(part: nn.Module, ep_mesh: Any) -> None:
+    """Expert parallelism over the 1-D `ep_mesh`: each GroupedExperts weight becomes a DTensor sharded on the
+    expert dim (Shard(0): this rank's E/ep experts; materialise fills it with its slice of the seeded full
+    value), and each MoE layer dispatches over the ep group. Call on the meta-device model, before FSDP."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    for sub in part.modules():
+        if isinstance(sub, MoE):
+            sub.ep_group, sub.ep = ep_mesh.get_group(), ep_mesh.size()
+        if isinstance(sub, GroupedExperts):
+            for name, p in list(sub.named_parameters(recurse=False)):
+                sharded = distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None)
+                sub.register_parameter(name, nn.Parameter(sharded, requires_grad=p.requires_grad))
+
+
+def sync_expert_grads(parts: list[nn.Module], edp_group: Any, dp: int) -> None:
+    """Expert gradients after backward: summed over the expert-data-parallel group (the ranks holding the same
+    experts), then divided by dp, so they equal the dp-mean gradient that DDP/FSDP give the dense weights (an
+    expert's local gradient already sums what every rank of its ep group sent it)."""
+    import torch.distributed as dist
+
+    for part in parts:
+        for p in expert_parameters(part):
+            if p.grad is None:
+                continue
+            g = _local(p.grad)
+            if edp_group is not None:
+                dist.all_reduce(g, group=edp_group)
+            g.div_(dp)

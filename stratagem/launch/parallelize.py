@@ -38,7 +38,7 @@ from stratagem.spaces.plan import Plan
 warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
 __all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
-           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
+           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "expert_mesh", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -207,7 +207,7 @@ def apply_ac(part: Transformer, mode: str, recompute_layers: int = 0) -> None:
 
 
 def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, precision: str,
-               offload: bool = False) -> None:
+               offload: bool = False, ignored: set[nn.Parameter] | None = None) -> None:
     """FSDP2 units: each block, the embedding, the final norm + output, then the root (tied embeddings
     stay in the root unit, the only one that spans both ends). `offload`: FSDP2's CPUOffloadPolicy, which
     keeps the sharded parameters, their gradients and so the optimizer states and step in host memory and
@@ -219,6 +219,8 @@ def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, pre
     kw: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": mp,
                           "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload
                           else OffloadPolicy()}
+    if ignored:  # expert-parallel experts: sharded over ep, their gradients synced by moe.sync_expert_grads
+        kw["ignored_params"] = ignored
     for _, block in _blocks(part):
         fully_shard(block, **kw)
     if not part.spec.tied_embeddings:
@@ -230,16 +232,33 @@ def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, pre
     fully_shard(part, **kw)
 
 
-def parallelize(part: Transformer, plan: Plan, mesh: Any) -> Transformer:
+def expert_mesh(plan: Plan, device_type: str) -> Any:
+    """A second DeviceMesh over all ranks for expert parallelism, dims (pp, edp, ep, cp, tp): the dp ranks
+    folded as (edp, ep) with ep fastest, in the same rank order as the main mesh's dp (so an ep group is ep
+    consecutive dp ranks, and edp links the ranks holding the same experts)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = (plan.pp, plan.dp // plan.ep, plan.ep, plan.cp, plan.tp)
+    return init_device_mesh(device_type, shape, mesh_dim_names=("pp", "edp", "ep", "cp", "tp"))
+
+
+def parallelize(part: Transformer, plan: Plan, mesh: Any, ep_mesh: Any = None) -> Transformer:
     """TP/SP, then activation checkpointing, then FSDP2 for zero 2/3 (order matters: FSDP must see the
     DTensor parameters TP made and the wrappers AC inserted). DDP for zero 0/1 comes after
     materialisation (`wrap_ddp`): it broadcasts real weights at construction."""
     if plan.tp > 1:  # 1. tensor (+ sequence) parallel; loss-parallel where the loss is computed outside a schedule
         apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel=uses_loss_parallel(plan))
+    if ep_mesh is not None:  # 1b. expert parallelism (MoE): experts sharded over the ep group
+        from stratagem.launch.moe import apply_ep
+
+        apply_ep(part, ep_mesh)
     apply_ac(part, plan.activation_checkpointing, plan.recompute_layers)  # 2. activation checkpointing
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
+        from stratagem.launch.moe import expert_parameters
+
         apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3, plan.precision,
-                   offload=plan.optimizer_offload == "cpu")
+                   offload=plan.optimizer_offload == "cpu",
+                   ignored=set(expert_parameters(part)) if ep_mesh is not None else None)
     elif plan.precision != "fp32":  # bf16 without FSDP: autocast in the model's forward
         part.autocast_dtype = torch.bfloat16
     if plan.precision == "fp8":
@@ -263,7 +282,13 @@ def wrap_ddp(part: nn.Module, plan: Plan, mesh: Any) -> nn.Module:
         return part
     from torch.nn.parallel import DistributedDataParallel
 
-    hold_tp_params_local(part)
+    from stratagem.launch.moe import expert_parameters
+
+    experts = {id(p) for p in expert_parameters(part)} if plan.ep > 1 else set()
+    hold_tp_params_local(part, skip=experts)
+    if experts:  # expert-parallel experts are not replicated over dp: moe.sync_expert_grads reduces them
+        names = [n for n, p in part.named_parameters() if id(p) in experts]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(part, names)  # type: ignore[no-untyped-call]
     return DistributedDataParallel(part, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True)
 
 
@@ -274,7 +299,7 @@ def _wait_grad(grad: torch.Tensor) -> torch.Tensor:
     return grad.wait() if isinstance(grad, AsyncCollectiveTensor) else grad
 
 
-def hold_tp_params_local(module: nn.Module) -> None:
+def hold_tp_params_local(module: nn.Module, skip: set[int] | None = None) -> None:
     """Register each TP (DTensor) parameter as a plain parameter holding its local shard, for DDP.
 
     The local parameter shares the DTensor's storage and carries its DTensorSpec as `_st_info` (as torch's
@@ -292,7 +317,7 @@ def hold_tp_params_local(module: nn.Module) -> None:
     for owner in list(module.modules()):
         held: list[tuple[str, nn.Parameter]] = []
         for name, p in list(owner._parameters.items()):
-            if not isinstance(p, DTensor):
+            if not isinstance(p, DTensor) or (skip and id(p) in skip):
                 continue
             local = local_of.get(id(p))
             if local is None:

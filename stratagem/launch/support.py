@@ -63,9 +63,9 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     if plan.cp > 1:  # torch's context_parallel shards the CUDA SDPA kernels only: on CPU it raises (torch 2.13)
         out.append(f"plan.cp ({plan.cp}): the harness does not apply context parallelism (torch's context_parallel "
                    "has no CPU attention kernel and the GPU path is not built); use cp=1")
-    if plan.ep > 1:
-        out.append(f"plan.ep ({plan.ep}): the harness runs MoE experts without expert parallelism (every rank "
-                   "holds all experts); use ep=1")
+    if plan.ep > 1 and plan.zero_stage == 1:
+        out.append(f"plan.ep ({plan.ep}): ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, "
+                   "which hold different experts under expert parallelism; use zero_stage 0, 2 or 3")
     if plan.etp > 1:
         out.append(f"plan.etp ({plan.etp}): the harness does not split experts' matmuls; use etp=1")
     if spec.moe is not None and plan.tp > 1:

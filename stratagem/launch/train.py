@@ -29,6 +29,7 @@ from stratagem.launch.parallelize import (
     build_mesh,
     build_optimizer,
     check_applicable,
+    expert_mesh,
     parallelize,
     uses_fsdp,
     uses_loss_parallel,
@@ -68,6 +69,8 @@ class Job:
     is_last: bool = True
     loss_owner: bool = True
     """Whether this rank adds its loss to the global mean (last stage, tp rank 0)."""
+    edp_group: Any = None
+    """Expert parallelism: the group of ranks holding the same experts (None: ep = dp or no ep)."""
 
 
 def _coord(mesh: Any, dim: str) -> int:
@@ -86,12 +89,13 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
     micro = plan.grad_accumulation(training.global_batch_size)
     check_microbatches(plan, micro)
     mesh: Any = build_mesh(plan, device.type) if plan.world_size > 1 else None
+    experts: Any = expert_mesh(plan, device.type) if plan.ep > 1 else None
     pp_rank = _coord(mesh, "pp")
     stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
     chunks = plan.pp * plan.virtual_stages
     modules = [build_stage_model(spec, plan, s) for s in stage_ids] if plan.pp > 1 else [build_model(spec)]
     for module in modules:
-        parallelize(module, plan, mesh)
+        parallelize(module, plan, mesh, experts["ep"] if experts is not None else None)
     materialize(modules, device, seed)
     set_aux_rows(modules, plan, training.global_batch_size)
     parts = [wrap_ddp(m, plan, mesh) for m in modules]
@@ -105,6 +109,7 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
         scenario=scenario, plan=plan, device=device, mesh=mesh, parts=parts, stage_ids=stage_ids,
         optimizer=optimizer, schedule=schedule, dp_rank=_coord(mesh, "dp"), microbatches=micro,
         is_first=0 in stage_ids, is_last=is_last,
+        edp_group=experts["edp"].get_group() if experts is not None and plan.dp > plan.ep else None,
         loss_owner=is_last and _coord(mesh, "tp") == 0 and _coord(mesh, "cp") == 0,
     )
 
@@ -167,6 +172,10 @@ def train_step(job: Job, step: int, seed: int, after_backward: Callable[[], None
     rows = training.global_batch_size // job.plan.dp
     sl = slice(job.dp_rank * rows, (job.dp_rank + 1) * rows)
     local_loss = _forward_backward(job, inputs[sl], targets[sl])
+    if job.plan.ep > 1:
+        from stratagem.launch.moe import sync_expert_grads
+
+        sync_expert_grads(job.parts, job.edp_group, job.plan.dp)
     if after_backward is not None:
         after_backward()
     job.optimizer.step()
@@ -225,6 +234,8 @@ def mechanisms(job: Job) -> dict[str, str]:
     if uses_loss_parallel(plan):
         tp += " + loss_parallel (vocabulary-sharded logits)"
     pp = "none" if job.schedule is None else type(job.schedule).__name__
+    ep = "none" if plan.ep == 1 else (f"experts sharded over ep={plan.ep} (DTensor Shard(0)), all_to_all_single "
+                                      f"dispatch/combine, gradients summed over edp={plan.dp // plan.ep}")
     ac = {"none": "none", "full": "checkpoint_wrapper(block)",
           "selective": "checkpoint_wrapper(mlp down(silu(g) * u))",
           "op": "checkpoint_wrapper(block, torchtitan op-level selective policy)"}[plan.activation_checkpointing]
@@ -234,5 +245,6 @@ def mechanisms(job: Job) -> dict[str, str]:
         "FSDP2 MixedPrecisionPolicy(bf16, reduce fp32)" if uses_fsdp(plan) else "torch.autocast(bf16)")
     if plan.precision == "fp8":
         prec = "torchao Float8Linear + " + prec
-    return {"data_parallel": dp, "tensor_parallel": tp, "pipeline": pp, "activation_checkpointing": ac,
+    return {"data_parallel": dp, "tensor_parallel": tp, "pipeline": pp, "expert_parallel": ep,
+            "activation_checkpointing": ac,
             "precision": prec}
