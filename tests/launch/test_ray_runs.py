@@ -36,9 +36,18 @@ VENV_BIN = str(Path(sys.executable).parent)
 pytestmark = pytest.mark.timeout(420)
 
 
-def _harness_processes(marker: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"stratagem.launch.harness.*{marker}"], capture_output=True, text=True)
-    return [int(x) for x in out.stdout.split()]
+def _harness_processes() -> list[int]:
+    """Harness ranks started by the Ray runner (they run in a stratagem-rank-* temp dir on their node)."""
+    out = subprocess.run(["pgrep", "-f", "stratagem.launch.harness"], capture_output=True, text=True)
+    pids = []
+    for pid in out.stdout.split():
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if Path(cwd).name.startswith("stratagem-rank-"):
+            pids.append(int(pid))
+    return pids
 
 
 def _ray_processes() -> list[str]:
@@ -143,7 +152,7 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     driver.send_signal(signal.SIGKILL)  # the driver only: Ray and the ranks must go down with it
     driver.wait(timeout=30)
     time.sleep(5)
-    assert _harness_processes(str(tmp_path)) == []
+    assert _harness_processes() == []
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     st = optuna.load_study(study_name="kill", storage=url)
@@ -152,7 +161,7 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     assert len(keys) == 2 and len(set(keys)) == 2  # none lost, none repeated
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in st.get_trials(deepcopy=False))
     time.sleep(2)
-    assert _harness_processes(str(tmp_path)) == []
+    assert _harness_processes() == []
     # Ray's agents exit on their own some seconds after their raylet; the runner's reaping (at start and after
     # shutdown) removes those whose raylet is gone. Give them that time, then nothing may be left.
     from stratagem.launch.ray_runner import _ray_helpers, reap_orphans
@@ -164,3 +173,62 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
         time.sleep(1)
     left = _ray_processes()
     assert left == [], (left, {pid: (raylet, alive(raylet)) for pid, raylet in _ray_helpers().items()})
+
+
+def test_local_rank_and_visible_devices_are_per_node() -> None:
+    from stratagem.launch.ray_runner import local_layout
+
+    # ranks 0, 2 on node a; 1, 3 on node b; Ray gave each rank one GPU id on its node
+    env = local_layout(["a", "b", "a", "b"], [["3"], ["0"], ["5"], ["1"]])
+    assert [e["LOCAL_RANK"] for e in env] == ["0", "0", "1", "1"]
+    assert {e["LOCAL_WORLD_SIZE"] for e in env} == {"2"}
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in env] == ["3,5", "0,1", "3,5", "0,1"]  # cuda:LOCAL_RANK is its own
+    assert "CUDA_VISIBLE_DEVICES" not in local_layout(["a", "a"])[0]
+
+
+@pytest.mark.slow
+def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Path) -> None:
+    """Started from another directory (a relative scenario path): ranks get content, not paths. Ctrl-C while
+    a run hangs: "stopping: ...", ranks killed, the claim released, exit 130 within 10 s, nothing left."""
+    scn = scenario_from_dict({**SCENARIO, "model": {**SCENARIO["model"], "name": "stop-test"}})
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump({**SCENARIO, "model": {**SCENARIO["model"],
+                                                                                  "name": "stop-test"}}))
+    first = [p for p, _ in rank_candidates(screen(scn), set(), 4)]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    url = f"sqlite:///{tmp_path / 'stop.db'}"
+    env = {**os.environ, "STRATAGEM_FAULTS": json.dumps({plan_key(p): "hang" for p in first})}
+    cmd = [sys.executable, "-m", "stratagem.cli", "search", "../scenario.yaml", "--storage", url, "--study",
+           "stop", "--real-runs", "2", "--steps", "2", "--no-report"]
+    driver = subprocess.Popen(cmd, cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    runs = tmp_path / "runs" / "stop"
+    deadline = time.monotonic() + 180
+    claimed = False
+    while time.monotonic() < deadline and not claimed and driver.poll() is None:
+        time.sleep(1.0)
+        try:
+            st = optuna.load_study(study_name="stop", storage=url)
+            claimed = bool(st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+        except KeyError:
+            pass
+    assert claimed, driver.communicate(timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_harness_processes()) < 4:
+        time.sleep(0.5)  # the ranks start and hang
+    assert len(_harness_processes()) == 4  # a 4-rank plan in flight
+    sent = time.monotonic()
+    driver.send_signal(signal.SIGINT)
+    out, err = driver.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert driver.returncode == 130, (out[-1500:], err[-1500:])
+    assert "stopping: killing 1 in-flight run" in out + err
+    assert took < 10, took
+    st = optuna.load_study(study_name="stop", storage=url)
+    assert not st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    released = [t for t in st.trials if "released" in t.user_attrs]
+    assert len(released) == 1 and released[0].user_attrs["released"] == "stopped by signal 2"
+    assert not measured_trials(st)  # a stopped run is not the plan's verdict
+    assert (runs / "").is_dir() and not (elsewhere / "runs").exists()  # logs beside the scenario, not the cwd
+    time.sleep(2)
+    assert _harness_processes() == []
