@@ -68,6 +68,7 @@ Integer storages (token batches, indices) are marked as made in phase "integer".
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.made_in: dict[int, str] = {}  # serial -> phase it was made in
         self.labels: dict[int, str] = {}  # serial -> block given by label()
+        self.made_by: dict[int, Any] = {}  # serial -> the op that returned it (None: tracked or labelled)
         self._log: list[tuple[int, int]] = []  # (serial, new size) in order
         self._next = 0
         self.current = 0
@@ -149,6 +150,14 @@ Integer storages (token batches, indices) are marked as made in phase "integer".
             out[classify(serial)] += size
         return out
 
+    def ops_at_peak(self, classify: Callable[[int], str]) -> dict[tuple[str, str], int]:
+        """Bytes alive at the peak per (block, op that made the storage): where a block's bytes come from."""
+        out: dict[tuple[str, str], int] = {}
+        for serial, size in self.alive_at_peak().items():
+            key = (classify(serial), str(self.made_by.get(serial, "-")))
+            out[key] = out.get(key, 0) + size
+        return out
+
     # ---- the dispatch mode ---------------------------------------------------------------------------------
     def __enter__(self) -> BlockBytes:
         original = torch.UntypedStorage.resize_
@@ -178,7 +187,9 @@ Integer storages (token batches, indices) are marked as made in phase "integer".
         out = func(*args, **(kwargs or {}))
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
-                self.serial(leaf)
+                serial = self.serial(leaf)
+                if serial is not None:
+                    self.made_by.setdefault(serial, func)
         if func is _TO_COPY and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor):
             src = self.serial(args[0], make=False)  # a dtype cast of a parameter: autocast's weight copy
             if src is not None and self.labels.get(src) == "weights":

@@ -81,6 +81,10 @@ class TracedRole:
     no overhead) and `overhead` (fragmentation + context: not traced)."""
     seconds: float = 0.0
     """Wall time of this role's trace (build + step)."""
+    top_ops: list[tuple[str, str, int]] = field(default_factory=list)
+    """The largest (block, op that made the storage, bytes alive at the peak): where the bytes come from."""
+    microbatches: tuple[int, int] = (1, 1)
+    """(micro-batches of the step, micro-batches traced): without pipelining the first and the last."""
 
     def to_json(self) -> dict[str, Any]:
         """The `stratagem trace --json` object of this role."""
@@ -94,7 +98,8 @@ class TracedRole:
             "blocks_gib": traced, "analytic_blocks_gib": predicted,
             "difference_gib": {b: traced[b] - predicted[b] for b in BLOCKS},
             "states_gib": {k: v / GIB for k, v in self.states.items()},
-            "seconds": self.seconds,
+            "seconds": self.seconds, "microbatches": self.microbatches[0], "microbatches_traced": self.microbatches[1],
+            "top_ops_gib": [[b, op, n / GIB] for b, op, n in self.top_ops],
         }
 
 
@@ -218,6 +223,11 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     check_applicable(plan, spec, device)
     micro = plan.grad_accumulation(training.global_batch_size)
     check_microbatches(plan, micro)
+    # Without pipelining, micro-batches run one after another into the same gradients: micro-batches 2..m-1
+    # repeat micro-batch 2's memory exactly (gradients held + one micro-batch's activations), and the last
+    # adds DDP's in-place all-reduce. So the first and the last are traced; a pipeline schedule runs all m
+    # (its in-flight micro-batches and receive buffers depend on m).
+    traced = micro if plan.pp > 1 else min(micro, 2)
     start = time.perf_counter()
     with fake_world(plan.world_size, rank):
         mesh: Any = build_mesh(plan, "cpu") if plan.world_size > 1 else None
@@ -246,7 +256,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
             is_last = (chunks - 1) in stage_ids
             job = Job(scenario=scenario, plan=plan, device=device, mesh=mesh, parts=parts, stage_ids=stage_ids,
                       optimizer=optimizer, schedule=schedule,
-                      dp_rank=0, microbatches=micro, is_first=0 in stage_ids, is_last=is_last,
+                      dp_rank=0, microbatches=traced, is_first=0 in stage_ids, is_last=is_last,
                       loss_owner=is_last)
             _warm_up_optimizer(params, optimizer)
             tracker.label(_optimizer_states(optimizer), "optimizer")
@@ -263,7 +273,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
                 grads.append(sum(_nbytes(g) for g in held))
                 tracker.phase = "optimizer"
 
-            rows = training.global_batch_size // plan.dp  # this data-parallel rank's rows, as train_step takes
+            rows = traced * plan.micro_batch_size  # this data-parallel rank's rows (all of them with pp > 1)
             x = torch.zeros((rows, training.seq_len), dtype=torch.int64, device=device)
             y = torch.zeros((rows, training.seq_len), dtype=torch.int64, device=device)
             with _saved_tensor_labels(tracker):  # train_step without its batch draw and float(loss)
@@ -285,9 +295,11 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
         return "activations" if tracker.made_in.get(serial) == "forward" else "rest"
 
     blocks = tracker.blocks_at_peak(classify)
+    by_op = sorted(((b, op, n) for (b, op), n in tracker.ops_at_peak(classify).items()), key=lambda r: -r[2])
     return TracedRole(role=role, rank=rank, stage_ids=stage_ids, peak_bytes=tracker.peak, blocks=blocks,
                       states=states, analytic=analytic_blocks(scenario, plan, role),
-                      seconds=time.perf_counter() - start)
+                      seconds=time.perf_counter() - start, microbatches=(micro, traced),
+                      top_ops=[(b, op, n) for b, op, n in by_op[:12]])
 
 
 def _warm_up_optimizer(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
@@ -338,7 +350,13 @@ def _saved_tensor_labels(tracker: BlockBytes) -> Iterator[None]:
 
 def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0) -> list[TracedRole]:
     """Trace every distinct rank role of `plan` (see `role_ranks`), each in a forked child process: a rank's
-    fake process group, meshes and the groups DTensor caches by name belong to that rank alone."""
+    fake process group, meshes and the groups DTensor caches by name belong to that rank alone. A plan that
+    breaks the scenario's rules is refused first (StratagemError naming the rule)."""
+    from stratagem.spaces.rules import violations
+
+    broken = violations(scenario, plan)
+    if broken:
+        raise StratagemError(f"plan: {broken[0]}")
     _warm_imports()
     return [_forked(trace_role, scenario, plan, role, rank, seed) for role, rank in role_ranks(plan)]
 

@@ -1,0 +1,67 @@
+"""`stratagem trace`: one plan's per-rank memory traced in the harness's own training step on fake tensors."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scenario_and_plan
+
+if TYPE_CHECKING:
+    from stratagem.launch.trace import TracedRole
+
+__all__ = ["trace_table"]
+
+GIB = float(2**30)
+
+_NAMES = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer", "activations": "activations",
+          "rest": "rest / transient"}
+
+
+def trace_table(role: TracedRole) -> Table:
+    """Traced vs analytic memory per block for one rank role (GiB, or MiB below 1 GiB)."""
+    from stratagem.launch.fake import BLOCKS
+    from stratagem.launch.trace import ANALYTIC_BLOCKS
+
+    table = Table(title=f"{role.role} stage (rank {role.rank}, chunks {role.stage_ids})", title_justify="left")
+    unit, scale = ("GiB", GIB) if role.peak_bytes >= GIB else ("MiB", float(2**20))
+    for col in ("block", f"traced {unit}", f"analytic {unit}", "difference"):
+        table.add_column(col, justify="left" if col == "block" else "right")
+    for block, analytic in zip(BLOCKS, ANALYTIC_BLOCKS, strict=True):
+        t, a = role.blocks[block] / scale, role.analytic[analytic] / scale
+        table.add_row(_NAMES[block], f"{t:.2f}", f"{a:.2f}", f"{t - a:+.2f}")
+    table.add_section()
+    peak, apeak = role.peak_bytes / scale, role.analytic["peak"] / scale
+    table.add_row("[bold]peak", f"[bold]{peak:.2f}", f"[bold]{apeak:.2f}", f"{peak - apeak:+.2f}")
+    table.add_row("overhead (analytic, not traced)", "", f"{role.analytic['overhead'] / scale:.2f}", "")
+    return table
+
+
+@app.command("trace")
+def trace_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False) -> None:
+    """Trace one full training step of the plan's first, middle and last pipeline ranks at full size on fake
+    tensors (the harness's own model, parallelism and optimizer; a fake process group of the plan's world
+    size): the peak bytes split into weights, gradients, optimizer states, activations and the rest, beside
+    the analytic prediction. Plans the harness cannot run are refused with its reason."""
+    from stratagem.launch.trace import trace_plan
+
+    scn, pl = scenario_and_plan(scenario, plan)
+    start = time.perf_counter()
+    roles = trace_plan(scn, pl)
+    wall = time.perf_counter() - start
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if as_json:
+        print(json.dumps([r.to_json() for r in roles], indent=1))
+        return
+    console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}  world size {pl.world_size}")
+    for role in roles:
+        console.print(trace_table(role))
+    worst = max(roles, key=lambda r: r.peak_bytes)
+    console.print(f"worst rank: {worst.role} stage, traced peak {worst.peak_bytes / GIB:.2f} GiB (+ analytic "
+                  f"overhead {worst.analytic['overhead'] / GIB:.2f} GiB) against {scn.cluster.gpu.hbm_gib:g} GiB HBM",
+                  markup=False)
+    console.print(f"traced in {wall:.1f} s wall, {cpu.ru_utime + cpu.ru_stime:.1f} s CPU", markup=False)
