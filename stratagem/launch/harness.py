@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stratagem.errors import StratagemError
+from stratagem.launch.result import HarnessResult
 from stratagem.launch.support import DEFAULT_LR, unsupported
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.rules import violations
@@ -276,6 +277,7 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int, w
             path = Path(out)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(path.suffix + ".tmp")
+            HarnessResult.model_validate(result)  # the schema every reader uses (stratagem.launch.result)
             tmp.write_text(json.dumps(result, indent=1))
             tmp.replace(path)
         return result

@@ -79,28 +79,28 @@ def measured_evaluation(scenario: Scenario, plan: Plan, status: Status, reason: 
     if status != "ok" or result is None:
         return Evaluation(plan=plan, status=status, reason=reason, fidelity="measured", prediction=prediction,
                           provenance=prov)
-    ranks = result["ranks"]
-    worst = max(ranks, key=lambda r: r.get("peak_reserved_bytes", r["peak_bytes"]))
-    peak = worst.get("peak_reserved_bytes", worst["peak_bytes"]) / GIB
-    weights = max(r.get("param_bytes", 0) + r.get("unsharded_param_bytes", 0) for r in ranks) / GIB
-    grads = max(r.get("grad_bytes", 0) for r in ranks) / GIB
-    opt = max(r.get("optimizer_bytes", 0) for r in ranks) / GIB
+    from stratagem.launch.result import parse_result
+
+    run = parse_result(result, f"the harness result of {plan.short()}")
+    worst = run.worst_rank
+    peak = run.peak_gib
+    weights = max(r.param_bytes + r.unsharded_param_bytes for r in run.ranks) / GIB
+    grads = max(r.grad_bytes for r in run.ranks) / GIB
+    opt = max(r.optimizer_bytes for r in run.ranks) / GIB
     hbm = scenario.cluster.gpu.hbm_gib
     rest = max(0.0, peak - weights - grads - opt)
     memory = MemoryBreakdown(
         weights_gib=weights, gradients_gib=grads, optimizer_gib=opt, activations_gib=rest, transient_gib=0.0,
         overhead_gib=0.0, peak_gib=peak, hbm_gib=hbm, headroom_gib=hbm - peak,
         first_block_to_break=None if peak <= hbm else "activations",
-        worst_stage=int(worst.get("stage_ids", [0])[0]) if worst.get("stage_ids") else 0,
+        worst_stage=worst.stage_ids[0] if worst.stage_ids else 0,
     )
-    tokens = float(result["tokens_per_s"])
+    tokens = run.tokens_per_s
     world = plan.world_size
     mfu = 0.0
     if prediction.throughput is not None and prediction.throughput.tokens_per_s > 0:
         mfu = prediction.throughput.mfu * tokens / prediction.throughput.tokens_per_s
-    measurements: dict[str, Any] = {k: result[k] for k in (
-        "step_s", "step_times_s", "losses", "tokens_per_s", "tokens_per_step", "device", "world_size", "steps",
-        "warmup", "seed", "versions", "checkpoint", "mechanisms", "ranks") if k in result}
+    measurements = run.stored()
     zones = None
     if prediction.zones is not None and prediction.time is not None and prediction.checkpoint is not None:
         zones = measured_zones(prediction.zones, memory, prediction.time, prediction.checkpoint)

@@ -12,20 +12,18 @@ major.minor makes the comparison meaningless and is reported as such (the CLI ex
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stratagem.errors import StratagemError
+from stratagem.launch.result import HarnessResult, parse_result, read_result
 
 if TYPE_CHECKING:
     import optuna
 
 __all__ = ["Comparison", "Reproduction", "environment_differences", "compare_results", "reproduce_trial"]
-
-GIB = float(2**30)
 
 
 @dataclass(frozen=True)
@@ -67,50 +65,46 @@ class Reproduction:
         return not self.environment and not any(r.flagged for r in self.rows) and self.losses_match is not False
 
 
-def _peak(result: dict[str, Any]) -> float:
-    return float(max(r.get("peak_reserved_bytes", r["peak_bytes"]) for r in result["ranks"])) / GIB
-
-
-def _memory_granularity(result: dict[str, Any]) -> float:
+def _memory_granularity(result: HarnessResult) -> float:
     """GiB: CUDA's caching allocator reserves 2 MiB blocks; on CPU the tracked live bytes of a step move by
     a few small buffers (gloo work tensors, Python-side scratch) between runs: 64 KiB."""
-    return (2.0 if "cuda" in str(result.get("device", "")).lower() or result.get("ranks", [{}])[0].get(
-        "peak_reserved_bytes") else 1 / 16) / 1024
+    cuda = "cuda" in str(result.device or "").lower() or result.worst_rank.peak_reserved_bytes is not None
+    return (2.0 if cuda else 1 / 16) / 1024
 
 
 def _major_minor(version: str | None) -> str:
     return ".".join((version or "?").split("+")[0].split(".")[:2])
 
 
-def environment_differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+def environment_differences(recorded: HarnessResult, now: HarnessResult) -> list[str]:
     """What differs between two harness results' environments in a way that voids the comparison."""
     out = []
-    if recorded.get("device") != now.get("device"):
-        out.append(f"device: recorded {recorded.get('device')!r}, now {now.get('device')!r}")
-    if recorded.get("world_size") != now.get("world_size"):
-        out.append(f"world size: recorded {recorded.get('world_size')}, now {now.get('world_size')}")
-    rv, nv = recorded.get("versions", {}).get("torch"), now.get("versions", {}).get("torch")
+    if recorded.device != now.device:
+        out.append(f"device: recorded {recorded.device!r}, now {now.device!r}")
+    if recorded.world_size != now.world_size:
+        out.append(f"world size: recorded {recorded.world_size}, now {now.world_size}")
+    rv, nv = recorded.versions.get("torch"), now.versions.get("torch")
     if _major_minor(rv) != _major_minor(nv):
         out.append(f"torch: recorded {rv}, now {nv}")
     return out
 
 
-def compare_results(recorded: dict[str, Any], now: dict[str, Any]) -> tuple[list[Comparison], bool]:
+def compare_results(recorded: HarnessResult, now: HarnessResult) -> tuple[list[Comparison], bool]:
     """Rows for tokens/s, step time and peak memory, and whether the losses match."""
-    timed = recorded.get("step_times_s", [])[recorded.get("warmup", 0):] or [recorded["step_s"]]
+    timed = recorded.step_times_s[recorded.warmup or 0:] or [recorded.step_s]
     spread = statistics.pstdev(timed) / statistics.median(timed) if len(timed) > 1 else 0.0
     time_noise = max(0.02, 3.0 * spread)
     rows = [
-        Comparison("tokens/s", float(recorded["tokens_per_s"]), float(now["tokens_per_s"]), time_noise),
-        Comparison("step time (s)", float(recorded["step_s"]), float(now["step_s"]), time_noise),
-        Comparison("peak memory (GiB)", _peak(recorded), _peak(now), 0.01, _memory_granularity(recorded)),
+        Comparison("tokens/s", recorded.tokens_per_s, now.tokens_per_s, time_noise),
+        Comparison("step time (s)", recorded.step_s, now.step_s, time_noise),
+        Comparison("peak memory (GiB)", recorded.peak_gib, now.peak_gib, 0.01, _memory_granularity(recorded)),
     ]
-    a, b = recorded.get("losses", []), now.get("losses", [])
+    a, b = recorded.losses, now.losses
     match = len(a) == len(b) and all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b, strict=True))
     return rows, match
 
 
-def _recorded_result(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def _recorded_result(trial: optuna.trial.FrozenTrial) -> HarnessResult:
     from stratagem.search.records import TrialKey, trial_fidelity
 
     ev = trial.user_attrs.get(TrialKey.EVALUATION) or {}
@@ -118,7 +112,7 @@ def _recorded_result(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     if trial_fidelity(trial) != "measured" or not result:
         raise StratagemError(f"--trial {trial.number}: an analytic trial has no run to reproduce; pick a measured "
                              "trial (stratagem search ... --real-runs K records them)")
-    return dict(result)
+    return parse_result(result, f"--trial {trial.number}: the recorded run")
 
 
 def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | None = None,
@@ -134,10 +128,7 @@ def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | 
     recorded = _recorded_result(trial)
     plan = trial_plan(trial)
     if result_file is not None:
-        try:
-            now = json.loads(Path(result_file).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise StratagemError(f"--result ({result_file}): cannot read a harness result: {e}") from None
+        now = read_result(result_file)
         log_dir = str(Path(result_file).parent)
     else:
         from stratagem.launch.ray_runner import RayRunner
@@ -147,15 +138,16 @@ def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | 
                            num_cpus=max(plan.world_size, 1) if address is None else None)
         try:
             cap = scenario.cluster.gpu.hbm_gib if scenario.cluster.gpu.kind == "cpu" else None
-            run = runner.run(scenario, plan, steps=int(recorded.get("steps", 6)),
-                             warmup=int(recorded.get("warmup", 2)), seed=int(recorded.get("seed", 0)),
+            run = runner.run(scenario, plan, steps=recorded.steps if recorded.steps is not None else 6,
+                             warmup=recorded.warmup if recorded.warmup is not None else 2,
+                             seed=recorded.seed or 0,
                              memory_cap_gib=cap, name=f"reproduce-trial{number}")
         finally:
             runner.shutdown()
         if run.status != "ok" or run.result is None:
             raise StratagemError(f"reproduce: the rerun ended {run.status}: {run.reason.splitlines()[0]} "
                                  f"(logs in {run.log_dir})")
-        now, log_dir = run.result, run.log_dir
+        now, log_dir = parse_result(run.result, f"reproduce: the rerun's result ({run.log_dir})"), run.log_dir
     env = environment_differences(recorded, now)
     if env:
         return Reproduction(number, format_plan(plan), env, log_dir=log_dir)

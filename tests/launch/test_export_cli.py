@@ -83,7 +83,9 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
         _trial(p("dp=2,tp=2")),                                                  # 1
         _trial(p("dp=4,zero=3")),                                                # 2
         _trial(p("dp=2,tp=2,zero=1"), fidelity="measured", values=[10.0, 3.0, 0.01],
-               measurements={"step_s": 0.5, "step_times_s": [0.5, 0.5, 0.5, 0.5]}, provenance={"seed": 7}),  # 3
+               measurements={"step_s": 0.5, "step_times_s": [0.5, 0.5, 0.5, 0.5], "tokens_per_s": 2048.0,
+                             "ranks": [{"rank": r, "peak_bytes": 1 << 20} for r in range(4)]},  # a harness result
+               provenance={"seed": 7}),  # 3
         _trial(p("dp=1,pp=4"), status="oom", state=optuna.trial.TrialState.PRUNED),                     # 4
         _trial(p("dp=2,pp=2"), values=[1e9, 1e9, 0.0], over_gib=0.5),            # 5: breaks the memory constraint
         _trial(p("dp=2,pp=2,zero=1"), fidelity="measured", values=[1e9, 1e9, 0.0], status="failed"),   # 6

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
+from stratagem.launch.result import HarnessResult, parse_result
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -90,23 +91,38 @@ def choose_trial(study: optuna.Study, trial: int | None = None, best: str | None
     plan = trial_plan(chosen)
     return Chosen(scenario=scenario, plan=plan, evaluation=ev, trial=chosen.number,
                   source=f"study {name} trial {chosen.number} ({why})", steps=_steps(ev),
-                  seed=_seed(ev), warmup=_recorded_int(ev, "warmup"))
+                  seed=_seed(ev), warmup=_warmup(ev))
 
 
-def _recorded_int(ev: Evaluation | None, key: str) -> int | None:
-    value: Any = (ev.measurements or {}).get(key) if ev is not None else None
-    return value if isinstance(value, int) else None
+def _run(ev: Evaluation | None) -> HarnessResult | None:
+    """The harness result a measured evaluation recorded; None for analytic ones and measurements that are not
+    a harness run (e.g. a table evaluator's)."""
+    if ev is None or not ev.measurements:
+        return None
+    try:
+        return parse_result(ev.measurements, "the recorded run")
+    except StratagemError:
+        return None
 
 
 def _steps(ev: Evaluation | None) -> int | None:
     """Timed steps of the measured run (the harness records them; older results: all step times)."""
-    steps = _recorded_int(ev, "steps")
-    if steps is not None:
-        return steps
-    times: Any = (ev.measurements or {}).get("step_times_s") if ev is not None else None
-    return len(times) if isinstance(times, list) and times else None
+    run = _run(ev)
+    if run is None:
+        return None
+    return run.steps if run.steps is not None else (len(run.step_times_s) or None)
+
+
+def _warmup(ev: Evaluation | None) -> int | None:
+    """Warm-up steps of the measured run, if recorded."""
+    run = _run(ev)
+    return run.warmup if run is not None else None
 
 
 def _seed(ev: Evaluation | None) -> int | None:
+    """The measured run's seed (its provenance, else the harness result)."""
     seed: Any = (ev.provenance or {}).get("seed") if ev is not None else None
-    return seed if isinstance(seed, int) else None
+    if isinstance(seed, int):
+        return seed
+    run = _run(ev)
+    return run.seed if run is not None else None

@@ -1,0 +1,76 @@
+"""The harness result as a model (stratagem.launch.result): a real harness run's file reads back, the part a
+measured trial stores reads back too, the readers (real-run evaluation, reproduce, export) agree on it, and a
+file that is not a result is one line naming the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators import evaluate
+from stratagem.launch.real import measured_evaluation
+from stratagem.launch.reproduce import compare_results, environment_differences
+from stratagem.launch.result import GIB, parse_result, read_result
+from stratagem.spaces import load_scenario, parse_plan
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def result_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("harness") / "result.json"
+    run = subprocess.run([sys.executable, "-m", "stratagem.launch.harness", "--scenario", str(EXAMPLE), "--plan",
+                          "dp=1", "--steps", "2", "--warmup", "1", "--no-checkpoint", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    return out
+
+
+def test_a_real_result_reads_back(result_file: Path) -> None:
+    raw = json.loads(result_file.read_text())
+    run = read_result(result_file)
+    assert run.step_s == raw["step_s"] and run.tokens_per_s == pytest.approx(raw["tokens_per_step"] / raw["step_s"])
+    assert run.steps == 2 and run.warmup == 1 and len(run.step_times_s) == 3 and len(run.losses) == 3
+    assert run.plan == parse_plan("dp=1") and run.world_size == 1
+    assert run.peak_gib == max(r["peak_bytes"] for r in raw["ranks"]) / GIB > 0
+
+
+def test_the_stored_part_reads_back_and_compares_equal(result_file: Path) -> None:
+    run = read_result(result_file)
+    stored = parse_result(json.loads(json.dumps(run.stored())), "stored")
+    assert stored.plan is None and stored.ranks == run.ranks and stored.losses == run.losses
+    assert environment_differences(stored, run) == []
+    rows, losses_match = compare_results(stored, run)
+    assert losses_match and not any(r.flagged for r in rows)
+    other = run.model_copy(update={"device": "NVIDIA H100", "world_size": 8})
+    assert len(environment_differences(stored, other)) == 2
+
+
+def test_the_real_run_evaluation_reads_the_model(result_file: Path) -> None:
+    scn = load_scenario(EXAMPLE)
+    plan = parse_plan("dp=1,zero=0")
+    raw = json.loads(result_file.read_text())
+    ev = measured_evaluation(scn, plan, "ok", "", raw, evaluate(scn, plan))
+    run = read_result(result_file)
+    assert ev.memory is not None and ev.memory.peak_gib == pytest.approx(run.peak_gib)
+    assert ev.throughput is not None and ev.throughput.tokens_per_s == run.tokens_per_s
+    assert ev.measurements == run.stored()
+
+
+def test_not_a_result_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "r.json"
+    bad.write_text(json.dumps({"step_s": 1.0, "tokens_per_s": 2.0}))
+    with pytest.raises(StratagemError) as e:
+        read_result(bad)
+    assert "ranks" in str(e.value) and "\n" not in str(e.value)
+    bad.write_text("{")
+    with pytest.raises(StratagemError, match="cannot read a harness result"):
+        read_result(bad)
+    with pytest.raises(StratagemError, match="surprise: Extra inputs"):
+        parse_result({"step_s": 1.0, "tokens_per_s": 1.0, "ranks": [], "surprise": 1}, "x")
