@@ -180,3 +180,17 @@ def test_journal_lock_of_a_killed_writer_is_released_at_once(tmp_path) -> None:
     lock = FlockJournalLock(tmp_path / "j.log")
     assert lock.acquire() and time.monotonic() - t0 < 2
     lock.release()
+
+
+def test_wrong_credentials_are_one_line_before_any_work(postgres_url) -> None:
+    """Issue 12 item 4: a user the server does not know, or a database it does not have: one line naming the
+    storage, before screening (run_search checks the storage first)."""
+    host = postgres_url.split("@", 1)[1].rsplit("/", 1)[0]
+    for url, words in ((f"postgresql+psycopg://nobody_here:secret@{host}/postgres", "nobody_here"),
+                       (f"postgresql+psycopg://postgres@{host}/no_such_db", "no_such_db")):
+        t0 = time.monotonic()
+        with pytest.raises(StratagemError) as e:
+            run_search(load_scenario(ROOT / "examples" / "llama3-8b-8xh100.yaml"), url, "s")
+        msg = str(e.value)
+        assert "cannot connect" in msg and words in msg and "\n" not in msg, msg
+        assert time.monotonic() - t0 < 15
