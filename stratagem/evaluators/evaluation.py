@@ -72,9 +72,11 @@ class MemoryBreakdown(BaseModel):
 
     @property
     def headroom_fraction(self) -> float:
+        """Headroom as a fraction of HBM (the HBM zone's figure)."""
         return self.headroom_gib / self.hbm_gib
 
     def block_gib(self, block: Block) -> float:
+        """One block's GiB by name (BLOCKS)."""
         return float(getattr(self, f"{block}_gib"))
 
 

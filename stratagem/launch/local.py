@@ -31,6 +31,7 @@ class LocalRunError(RuntimeError):
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a rendezvous; another process may take it later)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -38,12 +38,14 @@ class AuxLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        """Pass `out` through unchanged; remember the auxiliary loss's shape for backward."""
         ctx.aux_shape = aux.shape
         ctx.aux_dtype = aux.dtype
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gradient 1 for the auxiliary loss (added to the training loss), `grad` for `out`."""
         return grad, torch.ones(ctx.aux_shape, dtype=ctx.aux_dtype, device=grad.device)
 
 
@@ -95,6 +97,7 @@ class MoE(nn.Module):
         sequences and divided by this, as the cross-entropy is (set by the harness per plan)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s, h]
+        """Route each token to its top-k experts and combine their outputs by the gate weights."""
         b, s, h = x.shape
         tokens = x.reshape(-1, h)  # [T, h], T = b s
         probs = F.softmax(self.gate(tokens).float(), dim=-1)  # [T, E]

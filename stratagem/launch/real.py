@@ -146,6 +146,7 @@ class RayRunEvaluator:
         return scenario.cluster.gpu.hbm_gib if scenario.cluster.gpu.kind == "cpu" else None
 
     def evaluate(self, scenario: Scenario, plan: Plan, name: str | None = None) -> Evaluation:
+        """Run one plan for real and return its measured Evaluation."""
         return self.evaluate_batch(scenario, [plan], names=[name] if name else None)[0]
 
     def evaluate_batch(self, scenario: Scenario, plans: Sequence[Plan],
@@ -172,6 +173,7 @@ class RayRunEvaluator:
         return [e for e in out if e is not None]
 
     def close(self) -> None:
+        """Shut the evaluator's Ray runner down (and its local cluster, if it started one)."""
         self.runner.shutdown()
 
 

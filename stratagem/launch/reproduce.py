@@ -40,10 +40,12 @@ class Comparison:
 
     @property
     def rel_diff(self) -> float:
+        """(now - recorded) / recorded; inf when nothing was recorded."""
         return (self.now - self.recorded) / self.recorded if self.recorded else float("inf")
 
     @property
     def flagged(self) -> bool:
+        """The difference exceeds both the relative threshold and the absolute floor."""
         return abs(self.now - self.recorded) > max(self.threshold * abs(self.recorded), self.floor)
 
 
@@ -62,6 +64,7 @@ class Reproduction:
 
     @property
     def reproduced(self) -> bool:
+        """Same environment, no flagged figure, and the losses did not differ."""
         return not self.environment and not any(r.flagged for r in self.rows) and self.losses_match is not False
 
 

@@ -87,6 +87,7 @@ def run_one(scenario: Scenario, plan: Plan, steps: int, warmup: int, seed: int) 
 
 def run_sweep(scenario: Scenario, plans: list[Plan], out: Path, steps: int, warmup: int,
               seed: int = 0) -> list[dict[str, Any]]:
+    """Run each plan through the harness in turn and write one JSON result per plan under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for plan in plans:
@@ -139,6 +140,7 @@ def table(entries: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line of `python -m stratagem.launch.sweep`; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m stratagem.launch.sweep", description=__doc__.split("\n")[0])
     p.add_argument("--scenario", required=True)
     p.add_argument("--out", required=True, help="directory for the JSON results")

@@ -66,6 +66,7 @@ class CapacityRow:
 
     @property
     def days(self) -> float | None:
+        """Training time in days, None when the plan does not fit."""
         return None if self.hours is None else self.hours / 24.0
 
 
@@ -80,11 +81,13 @@ class CapacityInfo:
 
     @property
     def cheapest(self) -> CapacityRow | None:
+        """The row with the lowest cost (then fewer nodes), None when none has a cost."""
         rows = [r for r in self.rows if r.cost_usd is not None]
         return min(rows, key=lambda r: (r.cost_usd, r.num_nodes)) if rows else None
 
     @property
     def fastest(self) -> CapacityRow | None:
+        """The row with the shortest training time (then fewer nodes), None when none fits."""
         rows = [r for r in self.rows if r.hours is not None]
         return min(rows, key=lambda r: (r.hours, r.num_nodes)) if rows else None
 

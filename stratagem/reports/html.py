@@ -62,6 +62,7 @@ def fmt(x: float | None, digits: int = 0) -> str:
 
 
 def pct(x: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage with `digits` decimals, or an en dash for None."""
     return "–" if x is None else f"{100 * x:.{digits}f}%"
 
 

@@ -133,10 +133,12 @@ class ParetoInfo:
 
     @property
     def feasible(self) -> list[int]:
+        """Indices of the feasible plans."""
         return [p.index for p in self.plans if p.feasible]
 
     @property
     def measured(self) -> list[int]:
+        """Indices of the plans a real run stands for."""
         return [p.index for p in self.plans if p.fidelity == "measured"]
 
     @property

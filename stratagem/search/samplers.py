@@ -52,18 +52,20 @@ class ProjectingSampler(BaseSampler):
         return f"ProjectingSampler({self.base})"
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        """The base sampler's joint search space."""
         return self.base.infer_relative_search_space(study, trial)
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        # Keep the base's joint proposal; each value is projected when its axis is suggested.
+        """Keep the base sampler's joint proposal; each value is projected when its axis is suggested."""
         self._relative[trial._trial_id] = self.base.sample_relative(study, trial, search_space)
         return {}
 
     def sample_independent(
         self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
+        """The base's value for this axis, projected onto the values valid with the axes already chosen."""
         proposal = self._relative.get(trial._trial_id, {})
         if param_name in proposal:
             value = proposal[param_name]
@@ -72,15 +74,18 @@ class ProjectingSampler(BaseSampler):
         return self.space.project(param_name, value, dict(trial.params))
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        """Delegate to the base sampler."""
         self.base.before_trial(study, trial)
 
     def after_trial(
         self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
     ) -> None:
+        """Forget the trial's proposal; delegate to the base sampler."""
         self._relative.pop(trial._trial_id, None)
         self.base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
+        """Reseed the base sampler."""
         self.base.reseed_rng()
 
 

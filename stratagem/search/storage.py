@@ -250,6 +250,7 @@ class FlockJournalLock(BaseJournalFileLock):
         self._fd: int | None = None
 
     def acquire(self) -> bool:
+        """Take the journal's lock (flock, blocking); True when held."""
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -260,6 +261,7 @@ class FlockJournalLock(BaseJournalFileLock):
         return True
 
     def release(self) -> None:
+        """Release the journal's lock."""
         fd, self._fd = self._fd, None
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)

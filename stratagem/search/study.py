@@ -32,6 +32,7 @@ _LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.
 
 
 def version() -> str:
+    """This stratagem's version (recorded with studies and trials)."""
     from stratagem import __version__
 
     return __version__

@@ -87,6 +87,7 @@ class PlanColumns:
 
     @classmethod
     def from_plans(cls, plans: Sequence[Plan]) -> PlanColumns:
+        """Columns of the given plans, row i = plans[i]."""
         def col(values: list[float]) -> Array:
             return np.asarray(values, dtype=np.float64)
 

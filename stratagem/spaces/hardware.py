@@ -184,6 +184,7 @@ class ClusterSpec(BaseModel):
 
     @property
     def num_gpus(self) -> int:
+        """GPUs in the cluster (nodes x GPUs per node)."""
         return self.num_nodes * self.gpus_per_node
 
 

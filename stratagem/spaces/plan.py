@@ -90,6 +90,7 @@ class Plan(BaseModel):
 
     @property
     def world_size(self) -> int:
+        """Ranks the plan needs: dp*tp*pp*cp (ep and etp fold into them)."""
         return self.dp * self.tp * self.pp * self.cp
 
     def short(self) -> str:

@@ -48,6 +48,7 @@ class Scenario(BaseModel):
 
     @property
     def name(self) -> str:
+        """A label: the model on the cluster, e.g. `llama3-8b on 8x h100-sxm-80g`."""
         return f"{self.model.name} on {self.cluster.num_gpus}x {self.cluster.gpu.name}"
 
     def default_plan(self) -> Plan:

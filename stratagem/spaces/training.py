@@ -131,4 +131,5 @@ class TrainingSpec(BaseModel):
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens per optimizer step: seq_len x global_batch_size."""
         return self.seq_len * self.global_batch_size

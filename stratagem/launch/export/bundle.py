@@ -43,6 +43,7 @@ class FieldNote:
     why: str
 
     def line(self) -> str:
+        """The note as one `field: why` line for a bundle's header."""
         return f"{self.field}: {self.why}"
 
 
@@ -64,6 +65,7 @@ class ExportBundle:
 
     @property
     def notes(self) -> list[FieldNote]:
+        """Every field the target could not express or only approximated."""
         return [*self.unexpressed, *self.approximated]
 
 
@@ -90,10 +92,12 @@ class Layout:
 
     @property
     def world(self) -> int:
+        """Ranks the plan needs (dp*tp*pp*cp)."""
         return self.plan.world_size
 
     @property
     def even_stages(self) -> bool:
+        """Whether every pipeline stage holds the same number of layers."""
         return len(set(self.stage_layers)) == 1
 
 
