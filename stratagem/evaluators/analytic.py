@@ -116,4 +116,5 @@ class AnalyticEvaluator:
         self.calibration = calibration or DEFAULT_CALIBRATION
 
     def evaluate(self, scenario: Scenario, plan: Plan) -> Evaluation:
+        """The plan's analytic Evaluation with this evaluator's calibration."""
         return evaluate(scenario, plan, self.calibration)

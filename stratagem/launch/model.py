@@ -47,6 +47,8 @@ def check_supported(spec: ModelSpec) -> None:
 
 
 class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Llama's), with a learned scale."""
+
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
@@ -67,6 +69,8 @@ def _rotary(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    """Causal grouped-query self-attention with rotary position embeddings."""
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.head_dim = spec.dim_head
@@ -98,6 +102,8 @@ class DownProjection(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
+
     def __init__(self, spec: ModelSpec, ffn: int | None = None) -> None:
         super().__init__()
         f = ffn or spec.ffn_hidden_size
@@ -110,6 +116,8 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
+    """One decoder layer: attention and MLP (or MoE), each behind an RMSNorm with a residual."""
+
     def __init__(self, spec: ModelSpec, moe: bool = False) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(spec.hidden_size)

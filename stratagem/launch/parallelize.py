@@ -87,6 +87,7 @@ def uses_loss_parallel(plan: Plan) -> bool:
 
 
 def uses_fsdp(plan: Plan) -> bool:
+    """Whether the plan shards parameters with FSDP2: dp > 1 and ZeRO stage 2 or 3."""
     return plan.dp > 1 and plan.zero_stage >= 2
 
 
