@@ -55,6 +55,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s(/t with SP), h]: saves x and rstd [b, s, 1]
+        """x / rms(x) * weight over the last dimension."""
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -80,6 +81,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(spec.q_size, spec.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s, h] (replicated over TP)
+        """Attention output projected back to the hidden size (a TP rank holds its heads' share)."""
         b, s, _ = x.shape
         d = self.head_dim
         q = _rotary(self.wq(x).view(b, s, -1, d))  # [b, s, a/t, d]
@@ -98,6 +100,7 @@ class DownProjection(nn.Module):
         self.w2 = nn.Linear(ffn or spec.ffn_hidden_size, spec.hidden_size, bias=False)
 
     def forward(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # g, u [b, s, f/t] -> [b, s, h]
+        """w2(silu(g) * u)."""
         return self.w2(F.silu(g) * u)  # type: ignore[no-any-return]
 
 
@@ -112,6 +115,7 @@ class FeedForward(nn.Module):
         self.down = DownProjection(spec, f)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s, h]
+        """The SwiGLU MLP of x."""
         return self.down(self.w1(x), self.w3(x))  # type: ignore[no-any-return]
 
 
@@ -130,6 +134,7 @@ class Block(nn.Module):
             self.feed_forward = MoE(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s(/t with SP), h]
+        """x plus attention, then plus the MLP, each on the normalised input."""
         x = x + self.attention(self.attention_norm(x))
         return x + self.feed_forward(self.ffn_norm(x))  # type: ignore[no-any-return]
 
@@ -153,6 +158,7 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (or a previous stage's hidden states) -> logits (or hidden states), under autocast."""
         device_type = x.device.type
         with torch.autocast(device_type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
