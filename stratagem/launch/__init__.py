@@ -24,6 +24,9 @@ _LAZY = {
     # Ray runner (ray)
     "RayRunner": "ray_runner", "RunResult": "ray_runner", "harness_command": "ray_runner",
     "RayRunEvaluator": "real", "measured_evaluation": "real",
+    # the harness result file (no torch)
+    "HarnessResult": "result", "RankFigures": "result", "read_result": "result", "parse_result": "result",
+    "reproduce_trial": "reproduce",
 }
 
 __all__ = sorted(_LAZY)

@@ -8,15 +8,24 @@ from stratagem.search.pareto import dominates, nondominated
 from stratagem.search.records import (
     CONSTRAINT,
     DIRECTIONS,
+    FIDELITIES,
     OBJECTIVES,
     ROLES,
+    STATUSES,
+    Standing,
+    StudyKey,
+    TrialKey,
     front_trials,
     objective_values,
     plan_key,
     plan_params,
+    standings,
     study_scenario,
     trial_evaluation,
+    trial_feasible,
+    trial_fidelity,
     trial_plan,
+    trial_status,
 )
 from stratagem.search.runner import SearchResult, run_search, select_plans
 from stratagem.search.samplers import SAMPLERS, ProjectingSampler, make_sampler
@@ -33,8 +42,9 @@ from stratagem.search.storage import (
 __all__ = [
     "check_sampler", "default_study_name",
     "dominates", "nondominated",
-    "CONSTRAINT", "DIRECTIONS", "OBJECTIVES", "ROLES", "front_trials", "objective_values", "plan_key",
-    "plan_params", "study_scenario", "trial_evaluation", "trial_plan",
+    "CONSTRAINT", "DIRECTIONS", "OBJECTIVES", "ROLES", "FIDELITIES", "STATUSES", "TrialKey", "StudyKey",
+    "Standing", "standings", "trial_feasible", "trial_fidelity", "trial_status", "front_trials", "objective_values",
+    "plan_key", "plan_params", "study_scenario", "trial_evaluation", "trial_plan",
     "SearchResult", "run_search", "select_plans",
     "SAMPLERS", "ProjectingSampler", "make_sampler",
     "ScreenCounts", "Screening", "objective_matrix", "screen",
