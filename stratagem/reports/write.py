@@ -79,7 +79,8 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
     from stratagem.search.storage import open_storage, parse_storage
 
     spec = parse_storage(url)
-    hint = "give the storage the search used, e.g. sqlite:///stratagem.db or journal:study.log"
+    hint = ("give the scenario the search ran (stratagem report SCENARIO.yaml) or the storage it used, e.g. "
+            "--storage sqlite:///path/stratagem.db or journal:study.log")
     if spec.path is not None and not spec.path.is_file():
         raise StratagemError(f"--storage ({url}): file {spec.path} not found; {hint}")
     if spec.kind == "sqlite" and spec.path is not None:
