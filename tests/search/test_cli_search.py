@@ -337,3 +337,31 @@ def test_search_and_report_default_to_the_same_storage(tmp_path, capsys, monkeyp
     code, out, err = run_main(capsys, "report", str(path), "-f", "json")
     assert code == 0, err
     assert json.loads(out)["study"] == searched["study"]
+
+
+def test_the_demo_shows_the_mission() -> None:
+    """Issue 12 item 14: in examples/demo-cpu.yaml memory is the constraint: the analytic model (from the demo's
+    fitted CPU calibration) prunes part of the space, the first real runs include plans predicted near the
+    per-worker limit, and the front trades throughput against headroom."""
+    import numpy as np
+
+    from stratagem.evaluators.calibration_file import resolve_calibration
+    from stratagem.search.multifidelity import rank_candidates
+
+    scn = load_scenario(ROOT / "examples" / "demo-cpu.yaml")
+    cal, label = resolve_calibration(scn, None)
+    assert cal is not None and "demo-cpu-calibration.yaml" in label
+    sc = screen(scn, cal)
+    c = sc.counts
+    assert 0.1 * c.valid < c.pruned < 0.5 * c.valid, c  # memory prunes part of the space, not all of it
+    first = rank_candidates(sc, set(), 6)  # what `make demo` (--real-runs 6) runs first
+    cap = scn.cluster.gpu.hbm_gib
+    keys = {plan_key(sc.plan(i)): i for i in range(len(sc.plans))}
+    heads = [float(sc.columns.headroom_gib[keys[plan_key(p)]]) for p, _ in first]
+    assert min(abs(h) for h in heads) < 0.15 * cap, heads  # a run near the limit
+    front = sc.columns.objectives(("tokens_per_s", "headroom_gib", "goodput_loss"))[sc.front]
+    for k in range(2):  # throughput and headroom trade off along the front
+        assert np.ptp(front[:, k]) > 0.3 * np.abs(front[:, k]).max()
+    # the checkpoint objective splits ties only: every plan writes the same state, only the async staging
+    # stall of each rank's shard differs (evaluators/checkpoint.py)
+    assert np.ptp(front[:, 2]) > 0
