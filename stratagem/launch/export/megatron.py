@@ -45,6 +45,17 @@ def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
     return "|".join(stages)
 
 
+def _layer_pattern(flags: list[int]) -> str:
+    """A --moe-layer-freq list pattern, run-length encoded: [0,0,0,1,1] -> "([0]*3+[1]*2)"."""
+    runs: list[tuple[int, int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1] = (f, runs[-1][1] + 1)
+        else:
+            runs.append((f, 1))
+    return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
+
+
 def megatron_args(lay: Layout, checkpoint_interval: int | None = None
                   ) -> tuple[dict[str, list[str]], dict[str, str], list[FieldNote], list[FieldNote]]:
     """Argument groups (name -> args), environment variables Megatron requires, and the unexpressed /
@@ -82,6 +93,39 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
         model += ["--num-experts", str(m.moe.num_experts), "--moe-router-topk", str(m.moe.top_k),
                   "--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size),
                   "--moe-grouped-gemm"]  # TransformerConfig: recompute of moe_act needs grouped GEMM
+        if m.moe.shared_experts:  # Megatron's shared expert is one MLP of the summed size
+            model += ["--moe-shared-expert-intermediate-size", str(m.moe.shared_experts * m.moe.shared_ffn)]
+        if m.num_moe_layers() < m.num_layers:  # dense layers: arguments.py moe_freq_type's list pattern
+            model += ["--moe-layer-freq", _layer_pattern([int(m.is_moe_layer(i)) for i in range(m.num_layers)])]
+        if m.moe.router_bias and m.mla is not None:  # DeepSeek-V3: sigmoid scores + aux-loss-free expert bias
+            model += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+        elif m.moe.router_bias:
+            un.append(FieldNote("model.moe.router_bias", "true: Megatron's router has no linear bias (gpt-oss); "
+                                "the router is written without it"))
+        if m.moe.capacity_factor is not None:
+            model += ["--moe-expert-capacity-factor", str(m.moe.capacity_factor)]
+    if m.mla is not None:  # Multi-head Latent Attention (megatron/core/transformer/multi_latent_attention.py)
+        model += ["--multi-latent-attention", "--kv-lora-rank", str(m.mla.kv_lora_rank),
+                  "--qk-head-dim", str(m.mla.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(m.mla.qk_rope_head_dim),
+                  "--v-head-dim", str(m.mla.v_head_dim)]
+        if m.mla.q_lora_rank is not None:
+            model += ["--q-lora-rank", str(m.mla.q_lora_rank)]
+    if m.qk_norm:
+        model.append("--qk-layernorm")
+    if m.attention_window is not None:
+        if m.window_kind == "sliding":  # arguments.py --window-size (left, right), --window-attn-skip-freq N
+            model += ["--window-size", f"({m.attention_window},0)"]
+            if m.global_attention_every:
+                model += ["--window-attn-skip-freq", str(m.global_attention_every)]
+        else:
+            un.append(FieldNote("model.attention_window", f"{m.attention_window} (chunked, Llama 4): Megatron-LM "
+                                f"{MEGATRON_VERSION}'s GPT model has no chunked attention; layers attend globally"))
+    if m.attention_sinks:
+        un.append(FieldNote("model.attention_sinks", "true: learned sink logits are not written; set "
+                            "TransformerConfig.softmax_type='learnable' in a model provider"))
+    if m.encoder_params:
+        un.append(FieldNote("model.encoder_params", f"{m.encoder_params}: pretrain_gpt.py builds no vision "
+                            "encoder; the text decoder alone is written"))
     # stratagem's activation model has no dropout (Megatron's default is 0.1 and saves masks)
     model += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     multiple = _VOCAB_MULTIPLE * p.tp

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# stratagem export for Megatron-LM core_v0.19.0 (NVIDIA/Megatron-LM@5be9626709af), pretrain_gpt.py arguments (megatron/training/arguments.py)
+# scenario: deepseek-v3 on 256x h100-sxm-80g
+# plan: dp=8,tp=2,pp=16,ep=8,zero_stage=1,sequence_parallel=true,activation_checkpointing=full,first_stage_layers=1
+# launch: 32 node(s) x 8 processes = world 256; 128 micro-batch(es) of 1 per step per data-parallel rank
+# source: golden case deepseek-v3-mla-moe
+# Not expressible in Megatron-LM core_v0.19.0 (left out):
+#   - training.checkpoint.interval_minutes: Megatron counts --save-interval in iterations; no step time was given to convert it (export from a study, or pass an evaluation): add --save-interval
+# Run on each of the 32 node(s) with MEGATRON_LM pointing at a Megatron-LM core_v0.19.0 checkout.
+set -euo pipefail
+: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+MODEL_ARGS=(
+  --num-layers 61
+  --hidden-size 7168
+  --ffn-hidden-size 18432
+  --num-attention-heads 128
+  --seq-length 4096
+  --position-embedding-type rope
+  --max-position-embeddings 4096
+  --swiglu
+  --normalization RMSNorm
+  --untie-embeddings-and-output-weights
+  --disable-bias-linear
+  --num-experts 256
+  --moe-router-topk 8
+  --moe-ffn-hidden-size 2048
+  --moe-grouped-gemm
+  --moe-shared-expert-intermediate-size 2048
+  --moe-layer-freq '([0]*3+[1]*58)'
+  --moe-router-score-function sigmoid
+  --moe-router-enable-expert-bias
+  --multi-latent-attention
+  --kv-lora-rank 512
+  --qk-head-dim 128
+  --qk-pos-emb-head-dim 64
+  --v-head-dim 128
+  --q-lora-rank 1536
+  --attention-dropout 0.0
+  --hidden-dropout 0.0
+)
+PARALLEL_ARGS=(
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-size 16
+  --context-parallel-size 1
+  --sequence-parallel
+  --expert-model-parallel-size 8
+  --expert-tensor-parallel-size 1
+  --decoder-first-pipeline-num-layers 1
+  --use-distributed-optimizer
+  --overlap-grad-reduce
+  --overlap-param-gather
+)
+TRAINING_ARGS=(
+  --micro-batch-size 1
+  --global-batch-size 1024
+  --train-iters 238419
+  --bf16
+  --recompute-granularity full
+  --recompute-method uniform
+  --recompute-num-layers 1
+  --optimizer adam
+  --ckpt-format torch_dist
+  --save "$CHECKPOINT_DIR"
+  --async-save
+  --use-persistent-ckpt-worker
+)
+# Synthetic data and a placeholder learning rate, for a throughput check of this layout;
+# replace with your data (--data-path), tokenizer and learning-rate schedule.
+DATA_ARGS=(
+  --mock-data
+  --tokenizer-type NullTokenizer
+  --vocab-size 129280
+  --lr 0.0001
+)
+
+torchrun --nnodes 32 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT \
+  "$MEGATRON_LM/pretrain_gpt.py" "${MODEL_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}"

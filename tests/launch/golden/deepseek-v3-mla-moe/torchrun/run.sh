@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# stratagem export for torchrun + stratagem's harness (stratagem.launch.harness)
+# scenario: deepseek-v3 on 256x h100-sxm-80g
+# plan: dp=8,tp=2,pp=16,ep=8,zero_stage=1,sequence_parallel=true,activation_checkpointing=full,first_stage_layers=1
+# launch: 32 node(s) x 8 processes = world 256; 128 micro-batch(es) of 1 per step per data-parallel rank
+# source: golden case deepseek-v3-mla-moe
+# Not applied by the harness (passed on as given; the run stops with the harness's error):
+#   - model.mla: True: the harness builds plain GQA attention over the whole sequence, without mla; remove it for a real run: the harness stops with an error
+#   - plan.ep: 8: ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, which hold different experts under expert parallelism; use zero_stage 0, 2 or 3: the harness stops with an error
+#   - plan.tp: 2: the harness does not apply tensor parallelism to MoE models; use tp=1: the harness stops with an error
+# Run this script on each of the 32 node(s); it writes result.json next to it.
+set -euo pipefail
+cd "$(dirname "$0")"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+torchrun --nnodes 32 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT -m stratagem.launch.harness --scenario scenario.yaml --plan dp=8,tp=2,pp=16,cp=1,ep=8,etp=1,dp_replicate=1,zero_stage=1,sequence_parallel=true,micro_batch_size=1,precision=bf16,activation_checkpointing=full,recompute_layers=0,pp_schedule=1f1b,virtual_stages=1,first_stage_layers=1,last_stage_layers=0,pp_split=layers,optimizer_offload=none --steps 20 --out result.json --seed 0
