@@ -44,6 +44,9 @@ def search_cmd(
                                                 "beside the scenario).")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the HTML report.")] = False,
     calibration: CalibrationOpt = None,
+    traced: Annotated[int, typer.Option("--traced", min=0, help="After screening, trace up to K plans (front "
+                                        "first, then nearest the memory limit) at full size on fake tensors; "
+                                        "before any real runs.")] = 0,
 ) -> None:
     """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, optionally
     measure the best survivors as real runs through Ray (recalibrating the model), show the front and write
@@ -73,9 +76,17 @@ def search_cmd(
     if report_path is not None and output_format(report_path, None) != "html":
         raise StratagemError(f"--report ({report_path}): the search writes an HTML report; name it .html (other "
                              "formats: stratagem report -o)")
+    traced_result = None
+    if traced:  # the traced fidelity (stratagem/search/traced.py): refits logits_bytes, re-screens
+        from stratagem.cli.trace import traced_phase
+
+        traced_result = traced_phase(scn, spec.url, name, mode, traced, cal, as_json)
+        cal = traced_result.calibration
     if real_runs:
         result = _search_with_real_runs(scn, scenario, spec.url, name, mode, real_runs, ray_address, budget_minutes,
                                         steps, as_json, cal, n_trials=n_trials, timeout=timeout)
+    elif traced_result is not None:
+        result = traced_result.search
     else:
         with view.progress_bar(Console(stderr=True), enabled=not as_json) as progress:
             result = run_search(scn, spec.url, name, sampler=mode, n_trials=n_trials, timeout=timeout,

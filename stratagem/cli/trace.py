@@ -12,9 +12,13 @@ from rich.table import Table
 from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scenario_and_plan
 
 if TYPE_CHECKING:
+    from stratagem.evaluators import Calibration, Evaluation
     from stratagem.launch.trace import TracedRole
+    from stratagem.search.screening import Mode
+    from stratagem.search.traced import TracedResult
+    from stratagem.spaces import Scenario
 
-__all__ = ["trace_table"]
+__all__ = ["trace_table", "traced_phase"]
 
 GIB = float(2**30)
 
@@ -65,3 +69,28 @@ def trace_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = Fa
                   f"overhead {worst.analytic['overhead'] / GIB:.2f} GiB) against {scn.cluster.gpu.hbm_gib:g} GiB HBM",
                   markup=False)
     console.print(f"traced in {wall:.1f} s wall, {cpu.ru_utime + cpu.ru_stime:.1f} s CPU", markup=False)
+
+
+def traced_phase(scn: Scenario, url: str, name: str, mode: Mode, traced: int, calibration: Calibration | None,
+                 quiet: bool) -> TracedResult:
+    """`stratagem search --traced K`: the analytic search, then up to K traced trials (one line each)."""
+    from rich.console import Console
+
+    from stratagem.launch.trace import trace_plan
+    from stratagem.search.traced import run_traced
+
+    out = Console(stderr=True) if quiet else console
+
+    def on_trace(key: str, ev: Evaluation | None, reason: str) -> None:
+        if ev is None or ev.memory is None:
+            out.print(f"traced {key}: not traced: {reason}", markup=False, soft_wrap=True)
+            return
+        predicted = ev.prediction.memory.peak_gib if ev.prediction and ev.prediction.memory else float("nan")
+        out.print(f"traced {key}: peak {ev.memory.peak_gib:.2f} GiB (analytic {predicted:.2f}), {ev.status}",
+                  markup=False, soft_wrap=True)
+
+    result = run_traced(scn, url, name, trace_plan, traced, sampler=mode, on_trace=on_trace,
+                        calibration=calibration)
+    out.print(f"traced {result.traced} plan(s) in {result.seconds:.0f} s; logits_bytes refitted to "
+              f"{result.calibration.logits_bytes:.2f}", markup=False)
+    return result

@@ -118,11 +118,11 @@ def role_ranks(plan: Plan) -> list[tuple[str, int]]:
 def analytic_blocks(scenario: Scenario, plan: Plan, role: str, calibration: Any = None) -> dict[str, float]:
     """The analytic model's bytes per block for the stage of `role` (a middle stage uses the first stage's
     formula, the model's worst case for it), `peak` without overhead and `overhead`."""
-    from stratagem.evaluators.calibration import Calibration
+    from stratagem.evaluators.calibration import default_calibration
     from stratagem.evaluators.memory import rank_memory_columns
     from stratagem.spaces.columns import PlanColumns
 
-    cal = calibration or Calibration()
+    cal = calibration or default_calibration(scenario.cluster.gpu.name)
     # pp = 1 ("only"): the first-stage formula includes the head
     cols = rank_memory_columns(scenario, PlanColumns.from_plans([plan]), cal, "last" if role == "last" else "first")
     out = {a: float(cols[a][0]) for a in ANALYTIC_BLOCKS}
