@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
 
 from stratagem.evaluators.analytic import evaluate, evaluate_many
-from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
+from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.evaluators.evaluation import Evaluation, Status, ZoneName
 from stratagem.evaluators.figures import PlanFigures
 from stratagem.evaluators.zones import LEVELS, THRESHOLDS, ZONE_NAMES
@@ -390,7 +390,7 @@ def advise(
 
     `evaluation` is the plan's analytic Evaluation (computed when None); an infeasible plan gets no advice.
     """
-    cal = calibration or DEFAULT_CALIBRATION
+    cal = calibration or default_calibration(scenario.cluster.gpu.name)
     ev = evaluation if evaluation is not None and evaluation.zones is not None else evaluate(scenario, plan, cal)
     if ev.zones is None:
         return []

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
+from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration, default_calibration
 from stratagem.evaluators.checkpoint import CHECKPOINT_KEYS, checkpoint_columns
 from stratagem.evaluators.evaluation import (
     BLOCKS,
@@ -47,7 +47,7 @@ def evaluate_many(
     The plans must already satisfy the validity rules (the search space only yields valid plans).
     """
     pc = plans if isinstance(plans, PlanColumns) else PlanColumns.from_plans(plans)
-    cal = calibration or DEFAULT_CALIBRATION
+    cal = calibration or default_calibration(scenario.cluster.gpu.name)  # the device's defaults (cpu: its own)
     mem = memory_columns(scenario, pc, cal)
     out: dict[str, Array] = {f"{b}_gib": mem[b] / GIB for b in BLOCKS}
     out["peak_gib"] = mem["peak"] / GIB
@@ -114,7 +114,8 @@ class AnalyticEvaluator:
 
     def __init__(self, calibration: Calibration | None = None) -> None:
         self.calibration = calibration or DEFAULT_CALIBRATION
+        self._given = calibration  # None: each scenario's device defaults (calibration.default_calibration)
 
     def evaluate(self, scenario: Scenario, plan: Plan) -> Evaluation:
         """The plan's analytic Evaluation with this evaluator's calibration."""
-        return evaluate(scenario, plan, self.calibration)
+        return evaluate(scenario, plan, self._given)

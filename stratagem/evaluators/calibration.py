@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Calibration", "DEFAULT_CALIBRATION"]
+__all__ = ["Calibration", "DEFAULT_CALIBRATION", "DEVICE_CALIBRATIONS", "default_calibration", "default_label"]
 
 
 class Calibration(BaseModel):
@@ -63,3 +63,30 @@ class Calibration(BaseModel):
 
 
 DEFAULT_CALIBRATION = Calibration()
+
+# Per-device defaults where the published (H100-fitted) constants do not describe the device. cpu: this machine's
+# gloo workers, fitted by evaluators.fit_hardware.fit_hardware (compute, memory, then communication constants, from
+# the published defaults) on the 18 measured CPU harness runs in tests/evaluators/data/cpu_harness_runs.json (11 of
+# `stratagem calibrate` on the tiny model, 1-2 ranks; 7 of examples/demo-cpu.yaml on 4 ranks, among them the demo
+# search's predicted best plan), rounded to 3 digits: median step-time error 61x -> 28%, peak-memory error
+# 69x -> 10% (tests/evaluators/test_calibration.py). The machine is shared, so single runs vary up to ~3x.
+DEVICE_CALIBRATIONS: dict[str, Calibration] = {
+    "cpu": Calibration(
+        fragmentation=0.0688, context_gib=0.0, matmul_efficiency=0.0448, attention_efficiency=0.0188,
+        half_efficiency_gflop=0.0, layer_floor_ms=20.9, overlap=0.0, link_efficiency=0.00129,
+        collective_step_us=5090.0, step_overhead_s=0.0881,
+    ),
+}
+
+
+def default_calibration(gpu_name: str) -> Calibration:
+    """The calibration a prediction uses when none is given: the device's own defaults (DEVICE_CALIBRATIONS), else
+    the published ones fitted on bench/reference (H100)."""
+    return DEVICE_CALIBRATIONS.get(gpu_name, DEFAULT_CALIBRATION)
+
+
+def default_label(gpu_name: str) -> str:
+    """Where `default_calibration(gpu_name)` comes from, for the line commands print."""
+    if gpu_name in DEVICE_CALIBRATIONS:
+        return f"{gpu_name} defaults (fitted on measured CPU harness runs, tests/evaluators/data/cpu_harness_runs.json)"
+    return "published defaults (fitted on bench/reference, H100)"

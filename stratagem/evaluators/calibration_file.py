@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.calibration import Calibration, default_label
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["FORMAT", "CalibrationRunRecord", "CalibrationProvenance", "CalibrationFile", "load_calibration",
@@ -156,6 +156,6 @@ def resolve_calibration(scenario: Scenario, override: str | Path | None = None) 
     `cluster.calibration` over the published defaults (None, DEFAULT_LABEL)."""
     source = override if override is not None else getattr(scenario.cluster, "calibration", None)
     if source is None:
-        return None, DEFAULT_LABEL
+        return None, default_label(scenario.cluster.gpu.name)  # the device's defaults (calibration.py)
     cf = load_calibration(source)
     return cf.calibration, cf.label(source)

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
+from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.evaluators.comm import (
     Link,
     all_gather_s,
@@ -168,7 +168,7 @@ def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> lis
     """(factor, value, source) rows for `explain`: every factor that scales compute for this plan, then the TP
     traffic exposed vs hidden behind the GEMMs (seconds per step)."""
     rows = [(t.name, f"x{t.value:.3g}", t.source) for t in speed_terms(scn, plan.precision) if t.name != "tp_overlap"]
-    cols = time_columns(scn, PlanColumns.from_plans([plan]), cal or DEFAULT_CALIBRATION)
+    cols = time_columns(scn, PlanColumns.from_plans([plan]), cal or default_calibration(scn.cluster.gpu.name))
     overlap = next(t for t in speed_terms(scn) if t.name == "tp_overlap")
     rows.append(("TP comm exposed / hidden", f"{cols['tp_comm_s'][0]:.3g} s / {cols['tp_hidden_s'][0]:.3g} s",
                  overlap.source))

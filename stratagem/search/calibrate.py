@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
+from stratagem.evaluators.calibration import default_calibration
 from stratagem.evaluators.fitting import FACTORS, candidates, coupled, descend, field_bounds, median_error
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
@@ -60,7 +61,7 @@ def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
                     base: Calibration | None = None, refit: bool = True) -> CalibrationFit:
     """Fit TIME_FIELDS on measured step times and MEMORY_FIELDS on measured peaks of `measured`, starting at
     `base` (refit=False: keep `base`; the errors before and after are then both `base`'s)."""
-    base = base or Calibration()
+    base = base or default_calibration(scenario.cluster.gpu.name)  # the device's defaults
     runs = _usable(measured)
     if not runs:
         return CalibrationFit(base, 0, 0.0, 0.0, 0.0, 0.0)

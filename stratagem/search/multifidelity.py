@@ -36,6 +36,7 @@ from optuna.trial import TrialState
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BatchEvaluator, Calibration, Evaluation, Evaluator
+from stratagem.evaluators.calibration import default_calibration
 from stratagem.search.calibrate import fit_calibration
 from stratagem.search.claims import Claim, claim, expire_claims, finish, live_claims, release, renewing
 from stratagem.search.records import DIRECTIONS, OBJECTIVES, front_trials, plan_key, trial_evaluation
@@ -262,7 +263,7 @@ def run_multifidelity(
     space = SearchSpace(scenario)
     if candidates is not None:
         check_candidates(space, candidates)
-    study_cal = initial_calibration or Calibration()
+    study_cal = initial_calibration or default_calibration(scenario.cluster.gpu.name)  # the device's defaults
     unsupported: Callable[[Scenario, Plan], str | None] | None = getattr(evaluator, "unsupported", None)
     skipped: dict[str, str] = {}
     infra: dict[str, int] = {}

@@ -11,9 +11,11 @@ from typer.testing import CliRunner
 
 from stratagem.cli import app
 from stratagem.evaluators import Advice, advise, evaluate
+from stratagem.evaluators.calibration_file import resolve_calibration
 from stratagem.spaces import Plan, Scenario, cluster_preset, load_scenario, model_preset, violations
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.yaml")
+                  if not p.stem.endswith("-calibration"))  # calibration files sit beside the scenarios
 EFFECT = re.compile(r"^.+ -> .+: .+ -> .+, step ([+-]\d+%|unchanged)$")
 
 
@@ -160,14 +162,15 @@ def test_explain_examples(path: Path) -> None:
     data = json.loads(runner.invoke(app, ["explain", str(path), "--json"]).output)
     # the JSON is the library's evaluation and advice of the example's plan, field for field
     scn = load_scenario(path)
-    ev = evaluate(scn)  # no --plan: the scenario's plan (or pure data parallelism), as explain does
+    cal, _ = resolve_calibration(scn)  # cluster.calibration when the scenario names one, as explain does
+    ev = evaluate(scn, None, cal)  # no --plan: the scenario's plan (or pure data parallelism), as explain does
     # explain adds where its calibration came from (provenance); the rest is the library's evaluation
     provenance = data["evaluation"].pop("provenance")
     assert provenance["calibration"] == data["calibration"]
     expected = json.loads(ev.model_dump_json())
     expected.pop("provenance")
     assert data["evaluation"] == expected
-    assert data["advice"] == [json.loads(a.model_dump_json()) for a in advise(scn, ev.plan, ev)]
+    assert data["advice"] == [json.loads(a.model_dump_json()) for a in advise(scn, ev.plan, ev, cal)]
 
 
 def test_explain_bad_plan_is_one_line() -> None:
