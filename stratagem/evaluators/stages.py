@@ -15,6 +15,7 @@ With pp = 1 the one rank is both first and last.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from numpy.typing import NDArray
@@ -53,13 +54,21 @@ class StageColumns:
     """Routed-expert parameters of the most loaded middle rank's layers."""
 
 
+@lru_cache(maxsize=64)
+def _layer_table(model: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """(non-routed, routed) parameters of every layer."""
+    return tuple(model.layer_params(i) for i in range(model.num_layers))
+
+
+@lru_cache(maxsize=4096)
 def _rank_sums(model: ModelSpec, key: tuple[int, int, int, int, int]) -> tuple[float, ...]:
     pp, v, first, last, split = key
     chunks = chunk_layers(model.num_layers, pp, v, first, last, PIPELINE_SPLITS[split])
-    per_layer = [model.layer_params(i) for i in range(model.num_layers)]
+    per_layer = _layer_table(model)
+    ranges = rank_layer_ranges(chunks, pp)
 
     def sums(r: int) -> tuple[float, float, float]:
-        idx = [i for rng in rank_layer_ranges(chunks, pp)[r] for i in rng if i < model.num_layers]
+        idx = [i for rng in ranges[r] for i in rng if i < model.num_layers]
         return float(len(idx)), float(sum(per_layer[i][0] for i in idx)), float(sum(per_layer[i][1] for i in idx))
 
     f, la = sums(0), sums(pp - 1)
@@ -68,15 +77,23 @@ def _rank_sums(model: ModelSpec, key: tuple[int, int, int, int, int]) -> tuple[f
     return (f[0], la[0], mid[0], f[1], f[2], la[1], la[2], mid[1], mid[2])
 
 
+def _key(cols: list[NDArray[np.int64]], i: int) -> tuple[int, int, int, int, int]:
+    return int(cols[0][i]), int(cols[1][i]), int(cols[2][i]), int(cols[3][i]), int(cols[4][i])
+
+
 def stage_columns(model: ModelSpec, pc: PlanColumns) -> StageColumns:
-    """The StageColumns of every plan in `pc` (each distinct pipeline split computed once)."""
-    keys = np.stack([pc.pp, pc.virtual_stages, pc.first_stage_layers, pc.last_stage_layers, pc.pp_split],
-                    axis=1).astype(np.int64)
-    if len(keys) == 0:
+    """The StageColumns of every plan in `pc` (each distinct pipeline split computed once, and cached)."""
+    if len(pc) == 0:
         empty = np.zeros(0)
         return StageColumns(*([empty] * 9))
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    table = np.array([_rank_sums(model, (int(a), int(b), int(c), int(d), int(e))) for a, b, c, d, e in uniq])
+    cols = [np.asarray(c, dtype=np.int64) for c in
+            (pc.pp, pc.virtual_stages, pc.first_stage_layers, pc.last_stage_layers, pc.pp_split)]
+    # one int64 per split: mixed radix over the columns' ranges (a 1-D unique is fast; axis=0 is not)
+    code = np.zeros(len(pc), dtype=np.int64)
+    for c in cols:
+        code = code * (int(c.max()) + 1) + c
+    _, first_index, inverse = np.unique(code, return_index=True, return_inverse=True)
+    table = np.array([_rank_sums(model, _key(cols, int(i))) for i in first_index])
     rows = table[np.asarray(inverse).reshape(-1)]
     return StageColumns(*(np.ascontiguousarray(rows[:, j]) for j in range(9)))
 
