@@ -143,11 +143,10 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--storage", url, "--study", "kill",
            "--real-runs", "2", "--steps", "2", "--no-report"]
     driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    runs = tmp_path / "runs" / "kill"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(runs.glob("*/rank0.log")):
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not _harness_processes():
         time.sleep(0.5)
-    assert list(runs.glob("*/rank0.log")), "no real run started"
+    assert _harness_processes(), "no real run started"
     time.sleep(1.0)
     driver.send_signal(signal.SIGKILL)  # the driver only: Ray and the ranks must go down with it
     driver.wait(timeout=30)
@@ -156,8 +155,12 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     st = optuna.load_study(study_name="kill", storage=url)
-    measured = [t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("fidelity") == "measured"]
+    measured = list(measured_trials(st).values())
     keys = [t.user_attrs["plan"] for t in measured]
+    finished = [t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("fidelity") == "measured"
+                and t.state != optuna.trial.TrialState.FAIL]
+    assert len(finished) == 2  # the killed driver's claim expired (FAIL), its plan measured once by the rerun
+    assert any("expired" in t.user_attrs for t in st.get_trials(deepcopy=False))
     assert len(keys) == 2 and len(set(keys)) == 2  # none lost, none repeated
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in st.get_trials(deepcopy=False))
     time.sleep(2)
