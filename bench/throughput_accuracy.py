@@ -178,7 +178,7 @@ def predict(points: list[Point], cal: Calibration,
                 pred[i] = flops * cols.tokens_per_s_per_gpu[j] / 1e12
             else:
                 pred[i] = cols.tokens_per_s_per_gpu[j]
-            parts[i] = {k: float(cols[k][j]) for k in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s",
+            parts[i] = {k: float(getattr(cols, k)[j]) for k in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s",
                                                       "cp_comm_s", "bubble_s", "exposed_comm_s", "optimizer_s",
                                                       "overhead_s", "step_s")}
     return pred, parts
