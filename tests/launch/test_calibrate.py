@@ -15,7 +15,7 @@ import yaml
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration, evaluate
-from stratagem.evaluators.calibration_file import DEFAULT_LABEL, load_calibration, resolve_calibration
+from stratagem.evaluators.calibration_file import load_calibration, resolve_calibration
 from stratagem.evaluators.fit_hardware import HardwareRun, predict_runs
 from stratagem.launch.calibrate import run_calibration
 from stratagem.spaces import Plan, Scenario, load_scenario
@@ -101,10 +101,14 @@ def test_real_cpu_calibration_improves_errors_and_is_used_by_explain(tmp_path: P
     from_scenario = _cli("explain", str(linked), "--json", cwd=Path("/"))
     for r in (default, given, from_scenario):
         assert r.returncode == 0, r.stderr
-    assert json.loads(default.stdout)["calibration"] == DEFAULT_LABEL
+    assert "defaults" in json.loads(default.stdout)["calibration"]
     assert str(cal) in json.loads(given.stdout)["calibration"]
+    assert str(cal) in json.loads(from_scenario.stdout)["calibration"]
     assert _step(given.stdout) == pytest.approx(_step(from_scenario.stdout))
-    assert _step(given.stdout) != pytest.approx(_step(default.stdout), rel=0.05)
+    # explain predicted with the file's constants, and they move the prediction away from the published ones.
+    tiny = load_scenario(scn)
+    assert _step(given.stdout) == pytest.approx(evaluate(tiny, calibration=cf.calibration).time.step_s, rel=1e-6)
+    assert _step(given.stdout) != pytest.approx(evaluate(tiny, calibration=Calibration()).time.step_s, rel=0.05)
     assert evaluate(load_scenario(linked)).time is not None
     assert load_scenario(linked).problem_hash() == load_scenario(scn).problem_hash()
 
@@ -136,7 +140,8 @@ def test_user_mistakes_are_one_line(tmp_path: Path) -> None:
         load_calibration(bad)
     with pytest.raises(StratagemError, match="file not found"):
         resolve_calibration(load_scenario(TINY), tmp_path / "missing.yaml")
-    assert resolve_calibration(load_scenario(TINY)) == (None, DEFAULT_LABEL)
+    cal, label = resolve_calibration(load_scenario(TINY))
+    assert cal is None and "defaults" in label
     with pytest.raises(StratagemError, match="--gpus"):
         run_calibration(load_scenario(TINY), gpus=0, budget_s=60, runner=stand_in(TRUTH), facts=FACTS)
 
