@@ -381,7 +381,7 @@ class ModelSpec(BaseModel):
         n = self.num_params() - self.encoder_params
         if self.moe is not None:
             n -= self.num_moe_layers() * (self.moe.num_experts - self.moe.top_k) * self.expert_params()
-        return n if input_embedding else n - self.embedding_params()
+        return n if input_embedding else n - (self.embedding_params() - self.encoder_params)
 
     # ---- import ----------------------------------------------------------------------------------------
     @classmethod

@@ -219,3 +219,11 @@ def test_hf_config_irregular_window_pattern_is_refused(tmp_path) -> None:
 def test_mla_refuses_grouped_kv_heads() -> None:
     with pytest.raises(ValueError, match="num_kv_heads"):
         ModelSpec.model_validate({**MODEL_PRESETS["deepseek-v3"].model_dump(), "num_kv_heads": 8})
+
+
+def test_encoder_is_never_active() -> None:
+    scout = MODEL_PRESETS["llama4-scout-17b-16e"]
+    text = scout.model_copy(update={"encoder_params": 0})
+    assert scout.num_params() - text.num_params() == scout.encoder_params
+    assert scout.num_active_params() == text.num_active_params()
+    assert scout.num_active_params(False) == text.num_active_params() - 202048 * 5120
