@@ -4,8 +4,8 @@ timeout, per-rank logs, and cleanup whatever happens.
 
 Ranks get content, not paths: the scenario (YAML text) and the plan travel to each rank's actor through Ray;
 the actor writes them to a temp dir on its own node, runs the harness with its node's Python, and returns its
-exit code, its log and (rank 0) the result JSON through Ray; the driver writes rank<i>.log and result.json into
-its run folder. Nothing assumes a shared filesystem; every node needs the same Python environment (stratagem,
+exit code, its log and (rank 0) the result JSON through Ray; while the ranks run the driver pulls their new log
+lines every LOG_STREAM_S into rank<i>.log of its run folder, and writes the whole logs and result.json at the end. Nothing assumes a shared filesystem; every node needs the same Python environment (stratagem,
 torch) - the Python running the actor.
 
 LOCAL_RANK / LOCAL_WORLD_SIZE are per node (ranks ordered by global rank on each node); on GPUs each rank's
@@ -59,6 +59,10 @@ RunStatus = Literal["ok", "oom", "failed", "timeout", "infra"]
 _TAIL_LINES = 20
 _LOG_BYTES = 4 << 20  # per rank log returned to the driver (its end)
 _TEMP_PREFIX = "stratagem-ray-"
+START_ATTEMPTS = 2
+"""Tries to start a local Ray session (Ray's raylet registration window is a fixed 30 s)."""
+LOG_STREAM_S = 3.0
+"""How often the driver pulls the ranks' new log lines into the run folder while they run."""
 # What a rank prints when another rank died under it (gloo/NCCL): not the cause.
 _PEER_FAILURE = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
                  "NCCL communicator was aborted", "ProcessGroupNCCL")
@@ -124,6 +128,7 @@ class _RankWorker:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False
+        self.log_path: Path | None = None
 
     def where(self) -> dict[str, Any]:
         """This rank's node: IP, a free port (used by rank 0 as MASTER_PORT), Ray's GPU ids."""
@@ -146,7 +151,7 @@ class _RankWorker:
             (work / "scenario.yaml").write_text(scenario_yaml)
             cmd = [sys.executable, "-m", "stratagem.launch.harness", "--scenario", "scenario.yaml", "--plan",
                    plan_text, "--out", "result.json", *args["extra"]]
-            log_path = work / "rank.log"
+            log_path = self.log_path = work / "rank.log"
             with open(log_path, "wb") as log:
                 if self.killed:
                     return {"code": -9, "log": "", "result": None}
@@ -160,7 +165,20 @@ class _RankWorker:
             result = out.read_text() if rank == 0 and code == 0 and out.exists() else None
             return {"code": code, "log": text, "result": result}
         finally:
+            self.log_path = None
             shutil.rmtree(work, ignore_errors=True)
+
+    def read_log(self, offset: int) -> tuple[str, int]:
+        """The log written since byte `offset` (at most _LOG_BYTES) and the new offset; ('', offset) when the
+        rank has not started or has finished (run() returns the whole log then)."""
+        path = self.log_path
+        try:
+            with open(path, "rb") if path else open(os.devnull, "rb") as f:
+                f.seek(offset)
+                data = f.read(_LOG_BYTES)
+        except OSError:
+            return "", offset
+        return data.decode(errors="replace"), offset + len(data)
 
     def kill(self) -> None:
         self.killed = True
@@ -188,12 +206,11 @@ class RayRunner:
             if address is None:
                 reap_orphans()
                 _remove_stale_temp_dirs()
-                # Unix socket paths must stay short: a private temp dir under /tmp.
-                self._temp_dir = tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir="/tmp")
-                kwargs["_temp_dir"] = self._temp_dir
                 if num_cpus is not None:
                     kwargs["num_cpus"] = num_cpus
-            ray.init(address=address, **kwargs)
+                self._start_local(kwargs)
+            else:
+                ray.init(address=address, **kwargs)
             if self._temp_dir is not None:
                 self._raylets = {pid for pid in _session_pids(self._temp_dir) if procfs.comm(pid) == "raylet"}
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
@@ -201,6 +218,29 @@ class RayRunner:
         self._stop = threading.Event()
         self._inflight: dict[int, list[Any]] = {}
         self._lock = threading.Lock()
+
+    def _start_local(self, kwargs: dict[str, Any]) -> None:
+        """Start a local Ray session in a private temp dir; once more if its raylet missed Ray's fixed 30 s
+        registration window (a heavily loaded host), after removing the failed session's processes."""
+        import ray
+
+        for attempt in range(START_ATTEMPTS):
+            # Unix socket paths must stay short: a private temp dir under /tmp.
+            self._temp_dir = tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir="/tmp")
+            try:
+                ray.init(_temp_dir=self._temp_dir, **kwargs)
+                return
+            except Exception as e:
+                ray.shutdown()  # whatever failed, the session's processes and temp dir go
+                for pid in _session_pids(self._temp_dir):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                shutil.rmtree(self._temp_dir, ignore_errors=True)
+                self._temp_dir = None
+                if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS - 1:
+                    raise
 
     @property
     def slots(self) -> int:
@@ -266,7 +306,7 @@ class RayRunner:
                        **{k: v for k, v in os.environ.items() if k.startswith("STRATAGEM_")}}
                 refs.append(actor.run.remote(scenario_yaml, format_plan(plan), {"extra": extra}, env, rank))
             ranks_started = time.perf_counter()
-            finished = self._wait(refs, timeout_s, all_of=True)
+            finished = self._wait(refs, timeout_s, all_of=True, stream=(actors, log_dir))
             if not finished:
                 for a in actors:  # kill the ranks; each run() then returns its log
                     a.kill.remote()
@@ -303,11 +343,16 @@ class RayRunner:
                     pass
             remove_placement_group(pg)
 
-    def _wait(self, refs: list[Any], timeout_s: float, all_of: bool = False) -> bool:
-        """Wait for refs (all, or the first) up to timeout_s, waking every 0.5 s to honour stop()."""
+    def _wait(self, refs: list[Any], timeout_s: float, all_of: bool = False,
+              stream: tuple[list[Any], Path] | None = None) -> bool:
+        """Wait for refs (all, or the first) up to timeout_s, waking every 0.5 s to honour stop(); with
+        `stream` (the rank actors, the run folder), append what each rank logged to rank<i>.log every
+        LOG_STREAM_S (run() later replaces each file with the rank's whole log)."""
         import ray
 
         deadline = time.monotonic() + timeout_s
+        offsets = [0] * (len(stream[0]) if stream else 0)
+        next_pull = time.monotonic() + LOG_STREAM_S
         while not self._stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -315,6 +360,20 @@ class RayRunner:
             ready, _ = ray.wait(refs, num_returns=len(refs) if all_of else 1, timeout=min(0.5, left))
             if len(ready) == (len(refs) if all_of else 1):
                 return True
+            if stream and time.monotonic() >= next_pull:
+                next_pull = time.monotonic() + LOG_STREAM_S
+                actors, folder = stream
+                try:
+                    chunks = ray.get([a.read_log.remote(o) for a, o in zip(actors, offsets, strict=True)], timeout=10)
+                except Exception as e:
+                    if type(e).__module__.startswith("ray"):
+                        continue  # an actor lost: run() reports it; streaming is best effort
+                    raise
+                for rank, (text, offset) in enumerate(chunks):
+                    offsets[rank] = offset
+                    if text:
+                        with open(folder / f"rank{rank}.log", "a") as f:
+                            f.write(text)
         return False
 
     def stop(self) -> int:
