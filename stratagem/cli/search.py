@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -125,8 +126,13 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
     fresh = [d for d in (run_dir, run_dir.parent) if not d.exists()]  # created by this call
     try:
         evaluator = RayRunEvaluator(run_dir, address=ray_address, num_cpus=num_cpus, steps=steps, warmup=2)
-    except BaseException:
+    except BaseException as e:
         _remove_empty(fresh)
+        if isinstance(e, Exception) and _raised_by_ray(e):  # e.g. "node timed out during startup" on a busy host
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise StratagemError(f"--real-runs: Ray did not start ({ray_address or 'local cluster'}): {first}; "
+                                 "retry when the machine is less loaded, or join a running cluster with "
+                                 "--ray-address") from None
         raise
     try:
         def on_batch(entry: dict[str, Any]) -> None:
@@ -173,3 +179,12 @@ def _remove_empty(dirs: list[Path]) -> None:
     for d in dirs:
         if d.is_dir() and not any(p.is_file() or p.is_symlink() for p in d.rglob("*")):
             shutil.rmtree(d)
+
+
+def _raised_by_ray(e: BaseException) -> bool:
+    """Whether the innermost frame of e's traceback is Ray's own code (Ray's start-up failures are plain
+    Exceptions: the frame, not the type, says where they come from)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}ray{os.sep}" in tb.tb_frame.f_code.co_filename
