@@ -23,7 +23,7 @@ from stratagem.evaluators.fitting import FACTORS, candidates, coupled, descend, 
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["CalibrationFit", "fit_calibration", "TIME_FIELDS", "MEMORY_FIELDS"]
+__all__ = ["CalibrationFit", "fit_calibration", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS"]
 
 Array = NDArray[np.float64]
 TIME_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s")
@@ -57,6 +57,14 @@ _bounds, _candidates, _descend = field_bounds, candidates, descend
 _coupled, _median_error = coupled, median_error
 
 
+def fields_to_fit(fields: Sequence[str], runs: int) -> tuple[str, ...]:
+    """No more constants than measured runs: the first `runs` of `fields` (ordered global scale first:
+    matmul efficiency, fragmentation). With one run only the scale moves, so every prediction shifts together
+    and the model's ranking of the remaining plans is kept; bench/search_regret.py measured that refitting all
+    four time constants on 1-3 runs of a published sweep ranks the rest worse than not refitting at all."""
+    return tuple(fields[: max(1, min(len(fields), runs))])
+
+
 def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
                     base: Calibration | None = None, refit: bool = True) -> CalibrationFit:
     """Fit TIME_FIELDS on measured step times and MEMORY_FIELDS on measured peaks of `measured`, starting at
@@ -82,8 +90,8 @@ def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
     before_t, before_m = predict(base)
     fitted = base
     if refit:
-        fitted = _descend(fitted, TIME_FIELDS, time_loss)
-        fitted = _descend(fitted, MEMORY_FIELDS, memory_loss)
+        fitted = _descend(fitted, fields_to_fit(TIME_FIELDS, len(runs)), time_loss)
+        fitted = _descend(fitted, fields_to_fit(MEMORY_FIELDS, len(runs)), memory_loss)
     after_t, after_m = predict(fitted)
     return CalibrationFit(
         calibration=fitted, runs=len(runs),

@@ -4,6 +4,7 @@ a boundary plan only when it is within the memory model's error of the limit."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -24,8 +25,8 @@ def _screening(tokens: list[float], peak: list[float], usable: float = 10.0) -> 
     # front: here simply the feasible plan with the most tokens/s and the one with the most headroom
     fi = np.flatnonzero(feasible)
     front = np.unique([fi[np.argmax(t[fi])], fi[np.argmin(p[fi])]]).astype(np.intp)
-    cols = {"tokens_per_s": t, "peak_gib": p, "headroom_gib": usable - p}
-    return Screening(space=SearchSpace(scn), plans=plans, columns=cols, feasible=feasible, front=front,
+    cols = SimpleNamespace(tokens_per_s=t, peak_gib=p, headroom_gib=usable - p)  # the PlanFigures it reads
+    return Screening(space=SearchSpace(scn), plans=plans, columns=cols, feasible=feasible, front=front,  # type: ignore[arg-type]
                      counts=ScreenCounts(valid=len(t), screened=len(t), pruned=int((~feasible).sum()),
                                          feasible=int(feasible.sum()), front=len(front)),
                      usable_gib=usable, broke=np.where(feasible, -1, 3), mode="candidates", seconds=0.0)
