@@ -59,6 +59,7 @@ RunStatus = Literal["ok", "oom", "failed", "timeout", "infra"]
 _TAIL_LINES = 20
 _LOG_BYTES = 4 << 20  # per rank log returned to the driver (its end)
 _TEMP_PREFIX = "stratagem-ray-"
+_STALE_S = 300.0  # a session temp dir nobody names for this long is a dead run's
 START_ATTEMPTS = 2
 """Tries to start a local Ray session (Ray's raylet registration window is a fixed 30 s)."""
 LOG_STREAM_S = 3.0
@@ -452,13 +453,15 @@ def _session_pids(temp_dir: str) -> list[int]:
 
 
 def _remove_stale_temp_dirs() -> list[str]:
-    """Remove /tmp/stratagem-ray-* dirs of this user that no live process names (sessions that died)."""
+    """Remove /tmp/stratagem-ray-* dirs of this user that no live process names and that are older than
+    _STALE_S (sessions that died; a younger one may be a session another runner is starting right now)."""
     removed = []
     me = os.getuid()
     cmdlines = [procfs.cmdline(pid) or b"" for pid in procfs.user_pids()]
     for d in Path("/tmp").glob(f"{_TEMP_PREFIX}*"):
         try:
-            if d.stat().st_uid != me or not d.is_dir():
+            st = d.stat()
+            if st.st_uid != me or not d.is_dir() or time.time() - st.st_mtime < _STALE_S:
                 continue
         except OSError:
             continue

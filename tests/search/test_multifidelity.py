@@ -80,6 +80,7 @@ def test_infra_failure_is_retried_not_stored_as_the_plans_verdict(tmp_path: Path
     ev = KnownConstants(infra={Plan(dp=2, tp=2).short()})
     mf = run_multifidelity(scn, url, "i", ev, real_runs=4, candidates=PlanColumns.from_plans(PLANS))
     assert mf.measured == 4 and mf.statuses == {"ok": 4, "infra": 1}
+    assert mf.ok_runs == 4 and mf.runs == 5 and mf.first_failure.startswith(f"{Plan(dp=2, tp=2).short()}: infra: ")
     st = _study(url, "i")
     mine = [t for t in st.trials if t.user_attrs.get("plan") == plan_key(Plan(dp=2, tp=2))
             and t.user_attrs.get("fidelity") == "measured"]
