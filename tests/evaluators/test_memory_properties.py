@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION
+from stratagem.evaluators.experts import load_imbalance
 from stratagem.evaluators.memory import memory_columns, rank_memory_columns
 from stratagem.spaces import ClusterSpec, Plan, Scenario, divisors, gpu_preset, model_preset, violations
 from stratagem.spaces.columns import PlanColumns
@@ -117,8 +118,13 @@ def test_memory_never_falls_as_micro_batch_grows(case: tuple[Scenario, Plan], fa
     bigger = plan.model_copy(update={"micro_batch_size": plan.micro_batch_size * factor})
     assume(not violations(scn, bigger))
     cols = blocks(scn, [plan, bigger])
-    assert cols["peak"][1] >= cols["peak"][0] * (1 - 1e-12), cols["peak"]
-    assert cols["activations"][1] >= cols["activations"][0] * (1 - 1e-12)
+    # With PP and fewer micro-batches than stages the tokens in flight stay the same (m * b is fixed); then only
+    # MoE's load-imbalance allowance moves, and it shrinks as the routed tokens grow (balls into bins,
+    # evaluators/experts.py load_imbalance): the held activations may fall by at most that ratio.
+    imb = load_imbalance(scn, PlanColumns.from_plans([plan, bigger]))
+    allowed = min(1.0, float(imb[1] / imb[0])) * (1 - 1e-12)
+    assert cols["peak"][1] >= cols["peak"][0] * allowed, cols["peak"]
+    assert cols["activations"][1] >= cols["activations"][0] * allowed
 
 
 @SETTINGS
