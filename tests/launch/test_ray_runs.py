@@ -235,3 +235,21 @@ def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Pat
     assert (runs / "").is_dir() and not (elsewhere / "runs").exists()  # logs beside the scenario, not the cwd
     time.sleep(2)
     assert _harness_processes() == []
+
+
+def test_only_old_unnamed_session_dirs_are_removed() -> None:
+    import tempfile
+
+    from stratagem.launch.ray_runner import _remove_stale_temp_dirs
+
+    old = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
+    fresh = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    try:
+        removed = _remove_stale_temp_dirs()
+        assert old in removed and not os.path.exists(old)
+        assert fresh not in removed and os.path.isdir(fresh)  # maybe a session being started right now
+    finally:
+        for d in (old, fresh):
+            if os.path.isdir(d):
+                os.rmdir(d)
