@@ -34,7 +34,7 @@ def sample(s: Scenario, n: int = 300, **search: Any) -> PlanColumns:
     return cols.take(rng.choice(len(cols), size=min(n, len(cols)), replace=False))
 
 
-@pytest.mark.parametrize("gpu", [g for g in GPU_PRESETS if g != "cpu"])
+@pytest.mark.parametrize("gpu", list(GPU_PRESETS))
 @pytest.mark.parametrize("stack", ["torch", "megatron"])
 def test_mfu_and_hfu_below_one_on_every_gpu(gpu: str, stack: str) -> None:
     precision = ["bf16", "fp8"] if GPU_PRESETS[gpu].peak_tflops_fp8 and stack == "megatron" else ["bf16"]
