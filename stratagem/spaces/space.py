@@ -603,7 +603,8 @@ class SearchSpace:
             order = self._axis_choices[name]
             pos = order.index(value) if value in order else 0
             return min(ok, key=lambda v: (abs(order.index(v) - pos), order.index(v)))
-        return min(ok, key=lambda v: (abs(math.log(v) - math.log(max(value, 1))), v))
+        shift = 1 if min(ok) <= 0 or value <= 0 else 0  # stage layer counts take 0 (= even split): log(v + 1)
+        return min(ok, key=lambda v: (abs(math.log(v + shift) - math.log(max(value, 0) + shift)), v))
 
     def suggest(self, trial: optuna.trial.Trial) -> Plan:
         """Define-by-run: suggest each applicable axis in AXES order, its choices fixed per study; dp is

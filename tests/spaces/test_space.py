@@ -281,3 +281,25 @@ def test_default_uneven_splits_are_balanced() -> None:
     assert {(0, 0), (7, 7), (6, 0), (0, 6)} <= pairs
     assert all(f <= 8 and la <= 8 for f, la in pairs)
     assert set(pc.pp_split) == {0.0, 1.0}  # 126 + 2 = 128 = 16 x 8: the embedding/loss split too
+
+
+def test_suggest_covers_splits_and_expert_layouts() -> None:
+    # a 12-layer MoE on the megatron stack: uneven first/last, embedding_loss and ep x etp all suggested, all valid
+    m = model_preset("tiny-moe").model_copy(update={"num_layers": 12})
+    s = Scenario(model=m, cluster=cluster_preset("h100-sxm-80g", 8, 8),
+                 training={"seq_len": 128, "global_batch_size": 16, "stack": "megatron"},
+                 search=SearchConfig(precision="bf16", activation_checkpointing=["none"]))
+    space = SearchSpace(s)
+    members = rows(space)
+    study = optuna.create_study(directions=["maximize", "maximize"],
+                                sampler=ProjectingSampler(optuna.samplers.RandomSampler(seed=3), space))
+    seen: set[tuple] = set()
+    for _ in range(200):
+        t = study.ask()
+        plan = space.suggest(t)
+        assert plan in members and violations(s, plan) == [], plan
+        assert trial_plan(study._storage.get_trial(t._trial_id)) == plan
+        seen.add((plan.pp_split, plan.first_stage_layers > 0 or plan.last_stage_layers > 0, plan.etp > 1))
+        study.tell(t, [float(plan.dp), float(plan.pp)])
+    assert ("embedding_loss", False, False) in {(a, b, False) for a, b, _ in seen}
+    assert any(b for _, b, _ in seen) and any(c for _, _, c in seen)
