@@ -15,6 +15,7 @@ from typing import Any
 _LAZY = {
     # training harness (torch)
     "run_harness": "harness", "run_plan": "harness", "validate_plan": "harness",
+    "unsupported": "support",  # torch-free: what the harness cannot run, and why
     "MemoryCapExceeded": "memtrack",
     "Job": "train", "build_job": "train", "train_step": "train",
     "Transformer": "model", "build_model": "model", "synthetic_batch": "model",

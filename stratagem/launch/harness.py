@@ -26,6 +26,9 @@ unsharded_param_bytes, grad_bytes, optimizer_bytes (on the compute device), host
 and optimizer states), peak_bytes and its source figures, rss_bytes,
 rss_peak_bytes), checkpoint (save_s, async_save_blocking_s, async_save_total_s, load_s), versions.
 
+`unsupported(scenario, plan) -> str | None` (from stratagem.launch.support; importing this module imports no
+torch) is the one-line reason the harness would stop on a plan, or None: the multi-fidelity loop skips such plans.
+
 Exit codes of the command: 0 ok; 2 a plan or scenario error (one line); 3 OOM (a line starting "OOM:");
 1 any other crash (traceback on stderr).
 """

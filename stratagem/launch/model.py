@@ -185,13 +185,17 @@ def canonical_fqn(name: str) -> str:
 
 
 def named_parameters(parts: Sequence[nn.Module]) -> Iterator[tuple[str, nn.Parameter]]:
-    """(canonical name, parameter) over the model parts held by this rank, each parameter once."""
+    """(canonical name, parameter) over the model parts held by this rank, each parameter once. With tied
+    embeddings the last pipeline stage's output.weight is the embedding's copy: named tok_embeddings.weight."""
     seen: set[int] = set()
     for part in parts:
+        spec = getattr(getattr(part, "module", part), "spec", None)
+        tied = spec is not None and spec.tied_embeddings
         for name, p in part.named_parameters():
             if id(p) not in seen:
                 seen.add(id(p))
-                yield canonical_fqn(name), p
+                fqn = canonical_fqn(name)
+                yield ("tok_embeddings.weight" if tied and fqn == "output.weight" else fqn), p
 
 
 def _init_value(name: str, shape: torch.Size, seed: int, device: torch.device) -> torch.Tensor:
@@ -213,7 +217,12 @@ def materialize(parts: Sequence[nn.Module], device: torch.device, seed: int) -> 
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     for part in parts:
+        shared = _shared_parameters(part)
         part.to_empty(device=device)
+        for owners in shared:  # to_empty gives each owner its own tensor: share the first owner's again
+            first, first_name = owners[0]
+            for module, name in owners[1:]:
+                module._parameters[name] = first._parameters[first_name]
     for name, p in named_parameters(parts):
         if isinstance(p, DTensor):
             full = _init_value(name, p.shape, seed, device)
@@ -221,6 +230,16 @@ def materialize(parts: Sequence[nn.Module], device: torch.device, seed: int) -> 
             p.to_local().copy_(shard.to_local())
         else:
             p.copy_(_init_value(name, p.shape, seed, device))
+
+
+def _shared_parameters(part: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """(module, name) owners of each parameter registered in more than one place (tied embeddings)."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in part.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((module, name))
+    return [o for o in owners.values() if len(o) > 1]
 
 
 def synthetic_batch(spec: ModelSpec, training: TrainingSpec, seed: int, step: int,

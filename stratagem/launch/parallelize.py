@@ -12,6 +12,10 @@ Data parallel by zero stage (over the mesh's "dp" dim):
   2: FSDP2 fully_shard(reshard_after_forward=False): params and grads sharded at rest, unsharded params kept
      from forward to backward
   3: FSDP2 fully_shard(reshard_after_forward=True)
+Expert parallelism (MoE, ep > 1; stratagem.launch.moe): experts DTensor-sharded over the ep ranks of a second
+mesh (pp, edp, ep, cp, tp), all_to_all_single dispatch/combine; DDP ignores and FSDP2 skips the experts, whose
+gradients are summed over edp. Loss-parallel under TP (pp = 1): vocabulary-sharded logits and torch's
+loss_parallel cross-entropy. Offload: FSDP2 CPUOffloadPolicy (zero 2/3).
 HSDP (dp_replicate > 1): FSDP2 on the 2-D (dp_replicate, dp_shard) mesh (shard within a replica, all-reduce
 across replicas); zero 1 partitions optimizer states over dp_shard. ZeRO's divisor is dp / dp_replicate.
 bf16: FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) under zero 2/3, torch.autocast

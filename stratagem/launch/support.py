@@ -77,9 +77,6 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
         out.append(f"plan.optimizer_offload (cpu): the harness offloads with FSDP2's CPUOffloadPolicy, which needs "
                    f"zero_stage 2 or 3 and dp > 1 (got zero_stage={plan.zero_stage}, dp={plan.dp}); use zero_stage=3 "
                    "or optimizer_offload=none")
-    if spec.tied_embeddings and plan.pp > 1:
-        out.append("plan.pp: tied embeddings span the first and last pipeline stage, which the harness does not "
-                   "sync; use pp=1 or model.tied_embeddings=false")
     if plan.precision == "fp8" and device_type != "cuda":
         out.append(f"plan.precision (fp8): needs a GPU with FP8 tensor cores (sm89+); this run is on "
                    f"{device_type}: use bf16")

@@ -40,7 +40,7 @@ from stratagem.launch.support import DEFAULT_LR
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["Job", "build_job", "set_aux_rows", "train_step", "loss_fn", "full_parameters", "as_dtensor", "mechanisms",
+__all__ = ["Job", "build_job", "set_aux_rows", "tied_embedding_group", "sync_tied_embedding", "train_step", "loss_fn", "full_parameters", "as_dtensor", "mechanisms",
            "DEFAULT_LR"]
 
 
@@ -71,6 +71,8 @@ class Job:
     """Whether this rank adds its loss to the global mean (last stage, tp rank 0)."""
     edp_group: Any = None
     """Expert parallelism: the group of ranks holding the same experts (None: ep = dp or no ep)."""
+    tied_group: Any = None
+    """Tied embeddings with pp > 1: this rank and its peer on the other end of the pipeline (None: no copy)."""
 
 
 def _coord(mesh: Any, dim: str) -> int:
@@ -110,8 +112,37 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
         optimizer=optimizer, schedule=schedule, dp_rank=_coord(mesh, "dp"), microbatches=micro,
         is_first=0 in stage_ids, is_last=is_last,
         edp_group=experts["edp"].get_group() if experts is not None and plan.dp > plan.ep else None,
+        tied_group=tied_embedding_group(mesh) if spec.tied_embeddings and plan.pp > 1 else None,
         loss_owner=is_last and _coord(mesh, "tp") == 0 and _coord(mesh, "cp") == 0,
     )
+
+
+def tied_embedding_group(mesh: Any) -> Any:
+    """Tied embeddings across the pipeline: for every (dp, cp, tp) coordinate a process group of the first
+    and the last pipeline rank (they hold the embedding and its output-projection copy, sharded alike); this
+    rank's group, or None for a middle rank. Every rank creates every group (torch's new_group rule)."""
+    import torch.distributed as dist
+
+    ranks = mesh.mesh  # [pp, dp_replicate, dp_shard, cp, tp] global ranks
+    mine = None
+    for a, b in zip(ranks[0].flatten().tolist(), ranks[-1].flatten().tolist(), strict=True):
+        group = dist.new_group([a, b])
+        if dist.get_rank() in (a, b):
+            mine = group
+    return mine
+
+
+def sync_tied_embedding(job: Job) -> None:
+    """Sum the tied embedding's gradient over its two copies (first stage: as the embedding, last stage: as the
+    output projection): each then holds the gradient of the single tied weight and takes the same step
+    (Megatron's _allreduce_word_embedding_grads over its embedding group)."""
+    from stratagem.launch.memtrack import local
+
+    if job.tied_group is None:
+        return
+    for name, p in named_parameters(job.parts):
+        if name == "tok_embeddings.weight" and p.grad is not None:
+            dist.all_reduce(local(p.grad), group=job.tied_group)
 
 
 def set_aux_rows(modules: Sequence[nn.Module], plan: Plan, global_batch: int) -> None:
@@ -176,6 +207,7 @@ def train_step(job: Job, step: int, seed: int, after_backward: Callable[[], None
         from stratagem.launch.moe import sync_expert_grads
 
         sync_expert_grads(job.parts, job.edp_group, job.plan.dp)
+    sync_tied_embedding(job)
     if after_backward is not None:
         after_backward()
     job.optimizer.step()

@@ -54,6 +54,16 @@ _OFFLOAD_GAP = ("memory.py moves only the optimizer block to the host under offl
 ANALYTIC_GAPS: dict[tuple[str, str], str] = {
     (t, b): _OFFLOAD_GAP for t in ("dp=2,zero=3,offload=cpu", "dp=4,dp_replicate=2,zero=3,offload=cpu")
     for b in ("weights", "gradients")}
+# The same checks on the tiny MoE model (examples/tiny-moe-cpu.yaml) against its own single-process reference.
+MOE_CORRECT: dict[int, list[str]] = {
+    2: ["dp=2,ep=2", "dp=2,ep=2,zero=3,ac=op", "dp=2,zero=2,ac=full", "pp=2,schedule=gpipe"],
+    4: ["dp=4,ep=2", "dp=4,ep=4,zero=3", "dp=4,ep=2,dp_replicate=2,zero=3", "pp=2,dp=2,ep=2,schedule=gpipe"],
+}
+MOE_SHARDING: dict[int, list[str]] = {2: ["dp=2,ep=2", "dp=2,ep=2,zero=3"], 4: ["dp=4,ep=4,zero=3", "dp=4,ep=2,zero=3"]}
+_EDP_GAP = ("the harness keeps expert-parallel experts whole within the expert-data-parallel group (FSDP2 skips "
+            "them); memory.py shards them over dp/ep under ZeRO")
+MOE_GAPS: dict[tuple[str, str], str] = {("dp=4,ep=2,zero=3", b): _EDP_GAP for b in ("weights", "gradients", "optimizer")}
+EXAMPLES = {"dense": "tiny-cpu", "moe": "tiny-moe-cpu"}
 TIMEOUT_S = 300.0
 
 
@@ -62,78 +72,92 @@ def _plan(text: str) -> Plan:
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Scenario:
-    return load_scenario(ROOT / "examples" / "tiny-cpu.yaml")
+def scenarios() -> dict[str, Scenario]:
+    return {k: load_scenario(ROOT / "examples" / f"{v}.yaml") for k, v in EXAMPLES.items()}
 
 
 @pytest.fixture(scope="module")
-def ref(tiny: Scenario) -> dict[str, Any]:
-    return reference(tiny, STEPS)
+def tiny(scenarios: dict[str, Scenario]) -> Scenario:
+    return scenarios["dense"]
 
 
 @pytest.fixture(scope="module")
-def launches(tiny: Scenario) -> dict[Any, Any]:
-    """Every case, one launch per world size; results keyed by (kind, plan text); launch errors kept."""
-    jobs: dict[int, list[tuple[tuple[str, str], Plan, dict[str, Any]]]] = {}
-    for world, texts in CORRECT.items():
-        jobs.setdefault(world, []).extend((("correct", t), _plan(t), {}) for t in texts)
-    for world, texts in SHARDING.items():
-        jobs.setdefault(world, []).extend((("sharding", t), _plan(t), {"measure": True, "steps": 1})
-                                          for t in texts)
+def refs(scenarios: dict[str, Scenario]) -> dict[str, dict[str, Any]]:
+    return {k: reference(scn, STEPS) for k, scn in scenarios.items()}
+
+
+@pytest.fixture(scope="module")
+def launches(scenarios: dict[str, Scenario]) -> dict[Any, Any]:
+    """Every case, one launch per (model, world size); results keyed by (model, kind, plan text); launch
+    errors kept and re-raised by the tests of that launch."""
+    jobs: dict[tuple[str, int], list[tuple[tuple[str, str, str], Plan, dict[str, Any]]]] = {}
+    lists = (("dense", "correct", CORRECT, {}), ("dense", "sharding", SHARDING, {"measure": True, "steps": 1}),
+             ("moe", "correct", MOE_CORRECT, {}), ("moe", "sharding", MOE_SHARDING, {"measure": True, "steps": 1}))
+    for model, kind, cases, action in lists:
+        for world, texts in cases.items():
+            jobs.setdefault((model, world), []).extend(((model, kind, t), _plan(t), dict(action)) for t in texts)
     out: dict[Any, Any] = {"errors": {}}
-    for world, entries in sorted(jobs.items()):
+    for (model, world), entries in sorted(jobs.items()):
         start = time.perf_counter()
         try:
-            runs = run_plans_local(tiny, [p for _, p, _ in entries], STEPS, actions=[a for _, _, a in entries],
-                                   timeout_s=TIMEOUT_S)
-        except Exception as e:  # noqa: BLE001 - re-raised by every test of this world
-            out["errors"][world] = e
+            runs = run_plans_local(scenarios[model], [p for _, p, _ in entries], STEPS,
+                                   actions=[a for _, _, a in entries], timeout_s=TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - re-raised by every test of this launch
+            out["errors"][(model, world)] = e
             continue
         finally:
-            print(f"launch of {len(entries)} plans at world {world}: {time.perf_counter() - start:.1f} s")
+            print(f"launch of {len(entries)} {model} plans at world {world}: {time.perf_counter() - start:.1f} s")
         for (key, _, _), run in zip(entries, runs, strict=True):
             out[key] = run
     return out
 
 
-def _result(launches: dict[Any, Any], kind: str, text: str) -> dict[str, Any]:
+def _result(launches: dict[Any, Any], kind: str, text: str, model: str = "dense") -> dict[str, Any]:
     world = _plan(text).world_size
-    if world in launches["errors"]:
-        raise launches["errors"][world]
-    return launches[(kind, text)]  # type: ignore[no-any-return]
+    if (model, world) in launches["errors"]:
+        raise launches["errors"][(model, world)]
+    return launches[(model, kind, text)]  # type: ignore[no-any-return]
 
 
-CORRECT_CASES = [t for texts in CORRECT.values() for t in texts]
+CORRECT_CASES = [("dense", t) for texts in CORRECT.values() for t in texts] + \
+    [("moe", t) for texts in MOE_CORRECT.values() for t in texts]
 
 
-@pytest.mark.parametrize("text", CORRECT_CASES)
-def test_matches_single_process_reference(launches: dict[Any, Any], ref: dict[str, Any], text: str) -> None:
-    diff = compare(_result(launches, "correct", text), ref)
+@pytest.mark.parametrize("model,text", CORRECT_CASES, ids=[f"{m}-{t}" for m, t in CORRECT_CASES])
+def test_matches_single_process_reference(launches: dict[Any, Any], refs: dict[str, dict[str, Any]], model: str,
+                                          text: str) -> None:
+    ref = refs[model]
+    diff = compare(_result(launches, "correct", text, model), ref)
     assert diff["loss_rel"] <= TOL, f"losses {diff['losses']} vs reference {diff['reference']}"
     assert diff["param_rel"] <= TOL, f"{diff['worst_param']} differs by {diff['param_rel']:.2e} (relative)"
     assert ref["losses"][0] != ref["losses"][-1]
 
 
-def _analytic(tiny: Scenario, plan: Plan) -> Any:
-    cluster = tiny.cluster.model_copy(update={"num_nodes": 1, "gpus_per_node": plan.world_size})
-    training = tiny.training.model_copy(update={"stack": "torch"})
-    mem = evaluate(tiny.model_copy(update={"cluster": cluster, "training": training}), plan).memory
+BLOCKS = ("weights", "gradients", "optimizer")
+
+
+def _analytic(scn: Scenario, plan: Plan) -> Any:
+    cluster = scn.cluster.model_copy(update={"num_nodes": 1, "gpus_per_node": plan.world_size})
+    training = scn.training.model_copy(update={"stack": "torch"})
+    mem = evaluate(scn.model_copy(update={"cluster": cluster, "training": training}), plan).memory
     assert mem is not None
     return mem
 
 
-SHARDING_CASES = [(t, b) for texts in SHARDING.values() for t in texts for b in ("weights", "gradients", "optimizer")]
+SHARDING_CASES = [("dense", t, b) for texts in SHARDING.values() for t in texts for b in BLOCKS] + \
+    [("moe", t, b) for texts in MOE_SHARDING.values() for t in texts for b in BLOCKS]
+GAPS = {("dense", *k): v for k, v in ANALYTIC_GAPS.items()} | {("moe", *k): v for k, v in MOE_GAPS.items()}
 
 
-@pytest.mark.parametrize("text,block", [
-    pytest.param(t, b, marks=pytest.mark.xfail(reason=ANALYTIC_GAPS[(t, b)], strict=True))
-    if (t, b) in ANALYTIC_GAPS else (t, b) for t, b in SHARDING_CASES
-], ids=[f"{t}-{b}" for t, b in SHARDING_CASES])
-def test_sharded_state_bytes_match_analytic_model(launches: dict[Any, Any], tiny: Scenario, text: str,
-                                                   block: str) -> None:
-    plan = _plan(text)
-    ranks = _result(launches, "sharding", text)["ranks"]
-    mem = _analytic(tiny, plan)
+@pytest.mark.parametrize("model,text,block", [
+    pytest.param(*c, marks=pytest.mark.xfail(reason=GAPS[c], strict=True)) if c in GAPS else c
+    for c in SHARDING_CASES
+], ids=[f"{m}-{t}-{b}" for m, t, b in SHARDING_CASES])
+def test_sharded_state_bytes_match_analytic_model(launches: dict[Any, Any], scenarios: dict[str, Scenario],
+                                                   model: str, text: str, block: str) -> None:
+    plan, scn = _plan(text), scenarios[model]
+    ranks = _result(launches, "sharding", text, model)["ranks"]
+    mem = _analytic(scn, plan)
     expected = getattr(mem, f"{block}_gib") * GIB
     worst = [r for r in ranks if r["stage_ids"][0] == mem.worst_stage]
     key = {"weights": "param_bytes", "gradients": "grad_bytes", "optimizer": "optimizer_bytes"}[block]
@@ -142,7 +166,7 @@ def test_sharded_state_bytes_match_analytic_model(launches: dict[Any, Any], tiny
         # ZeroRedundancyOptimizer partitions whole parameters over dp / dp_replicate ranks (greedily): each
         # rank holds its share to within one parameter's states; each replica holds all of them once.
         shard = plan.dp // plan.dp_replicate
-        largest = max(tiny.model.vocab_size * tiny.model.hidden_size, tiny.model.hidden_size ** 2) * 8
+        largest = max(scn.model.vocab_size * scn.model.hidden_size, scn.model.hidden_size ** 2) * 8
         assert sum(measured) == pytest.approx(expected * shard * plan.dp_replicate, abs=0.5)
         assert all(abs(m - expected) <= largest for m in measured), (measured, expected)
     else:

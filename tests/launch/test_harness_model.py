@@ -103,9 +103,8 @@ def test_unsupported_models_name_the_field(tiny: Scenario) -> None:
                                                                       "capacity_factor": 1.25}}))
     with pytest.raises(StratagemError, match=r"model\.mlp/norm"):
         build_model(tiny.model.model_copy(update={"mlp": "gelu"}))
-    with pytest.raises(StratagemError, match=r"plan\.pp"):
-        check_applicable(parse_plan("pp=2"), tiny.model.model_copy(update={"tied_embeddings": True}),
-                         torch.device("cpu"))
+    with pytest.raises(StratagemError, match=r"model\.qk_norm"):
+        build_model(tiny.model.model_copy(update={"qk_norm": True}))
 
 
 def test_live_bytes_counts_storages_until_freed() -> None:
