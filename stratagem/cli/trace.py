@@ -68,7 +68,8 @@ def trace_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = Fa
     console.print(f"worst rank: {worst.role} stage, traced peak {worst.peak_bytes / GIB:.2f} GiB (+ analytic "
                   f"overhead {worst.analytic['overhead'] / GIB:.2f} GiB) against {scn.cluster.gpu.hbm_gib:g} GiB HBM",
                   markup=False)
-    console.print(f"traced in {wall:.1f} s wall, {cpu.ru_utime + cpu.ru_stime:.1f} s CPU", markup=False)
+    console.print(f"traced in {wall:.1f} s wall, {cpu.ru_utime + cpu.ru_stime:.1f} s CPU (roles: "
+                  + ", ".join(f"{r.role} {r.cpu_seconds:.1f} s" for r in roles) + ")", markup=False)
 
 
 def traced_phase(scn: Scenario, url: str, name: str, mode: Mode, traced: int, calibration: Calibration | None,

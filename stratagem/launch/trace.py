@@ -81,6 +81,8 @@ class TracedRole:
     no overhead) and `overhead` (fragmentation + context: not traced)."""
     seconds: float = 0.0
     """Wall time of this role's trace (build + step)."""
+    cpu_seconds: float = 0.0
+    """CPU time of this role's trace (what it takes on an idle core; wall time grows with the machine's load)."""
     top_ops: list[tuple[str, str, int]] = field(default_factory=list)
     """The largest (block, op that made the storage, bytes alive at the peak): where the bytes come from."""
     microbatches: tuple[int, int] = (1, 1)
@@ -98,7 +100,7 @@ class TracedRole:
             "blocks_gib": traced, "analytic_blocks_gib": predicted,
             "difference_gib": {b: traced[b] - predicted[b] for b in BLOCKS},
             "states_gib": {k: v / GIB for k, v in self.states.items()},
-            "seconds": self.seconds, "microbatches": self.microbatches[0], "microbatches_traced": self.microbatches[1],
+            "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "microbatches": self.microbatches[0], "microbatches_traced": self.microbatches[1],
             "top_ops_gib": [[b, op, n / GIB] for b, op, n in self.top_ops],
         }
 
@@ -136,12 +138,13 @@ def _ddp_without_shape_check() -> Iterator[None]:
     """DDP's constructor compares parameter shapes across ranks by reading data; fake tensors have none."""
     import torch.nn.parallel.distributed as ddp
 
-    original = ddp._verify_param_shape_across_processes
-    ddp._verify_param_shape_across_processes = lambda *a, **k: None
+    name = "_verify_param_shape_across_processes"
+    original = getattr(ddp, name)
+    setattr(ddp, name, lambda *a, **k: None)
     try:
         yield
     finally:
-        ddp._verify_param_shape_across_processes = original
+        setattr(ddp, name, original)
 
 
 def _in_place_allreduce(part: nn.Module) -> None:
@@ -171,7 +174,7 @@ def _static_stages(schedule: Any, scenario: Scenario, plan: Plan) -> list[tuple[
     group cannot answer). Returns (module, shape, dtype) of each non-last stage's output, checked after the
     step against what the stage really produced."""
     from torch.distributed.pipelining._utils import _StageMeta, extract_tensor_metas
-    from torch.distributed.pipelining.stage import InferenceMode
+    from torch.distributed.pipelining._utils import InferenceMode
 
     spec, tr = scenario.model, scenario.training
     mbs, s = plan.micro_batch_size, tr.seq_len
@@ -228,7 +231,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     # adds DDP's in-place all-reduce. So the first and the last are traced; a pipeline schedule runs all m
     # (its in-flight micro-batches and receive buffers depend on m).
     traced = micro if plan.pp > 1 else min(micro, 2)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with fake_world(plan.world_size, rank):
         mesh: Any = build_mesh(plan, "cpu") if plan.world_size > 1 else None
         pp_rank = 0 if mesh is None else int(mesh["pp"].get_local_rank())
@@ -298,7 +301,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     by_op = sorted(((b, op, n) for (b, op), n in tracker.ops_at_peak(classify).items()), key=lambda r: -r[2])
     return TracedRole(role=role, rank=rank, stage_ids=stage_ids, peak_bytes=tracker.peak, blocks=blocks,
                       states=states, analytic=analytic_blocks(scenario, plan, role),
-                      seconds=time.perf_counter() - start, microbatches=(micro, traced),
+                      seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu_start, microbatches=(micro, traced),
                       top_ops=[(b, op, n) for b, op, n in by_op[:12]])
 
 

@@ -21,7 +21,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import optuna
@@ -135,7 +135,7 @@ def refit_logits_bytes(scenario: Scenario, traced: Sequence[tuple[Plan, Sequence
             if role.role not in ("last", "only"):
                 continue
             pc = PlanColumns.from_plans([plan])
-            stage = "last" if role.role == "last" else "first"
+            stage: Literal["first", "last"] = "last" if role.role == "last" else "first"
             without = float(rank_memory_columns(scenario, pc, no_logits, stage)["activations"][0])
             elements = scenario.training.seq_len * plan.micro_batch_size * scenario.model.vocab_size / plan.tp
             values.append((role.blocks["activations"] - without) / elements)  # memory.py: logits term

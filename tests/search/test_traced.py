@@ -82,6 +82,7 @@ def test_traced_trials_stand_beside_analytic(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_search_traced_resumes_after_sigkill(tmp_path: Path) -> None:
     scn = tiny()
     path = tmp_path / "tiny.yaml"
@@ -99,7 +100,7 @@ def test_search_traced_resumes_after_sigkill(tmp_path: Path) -> None:
         return [t.user_attrs["plan"] for t in study.get_trials(deepcopy=False) if trial_fidelity(t) == "traced"]
 
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 1200
     try:
         while p.poll() is None and time.monotonic() < deadline and not traced_keys():
             time.sleep(0.2)
@@ -111,7 +112,7 @@ def test_search_traced_resumes_after_sigkill(tmp_path: Path) -> None:
         p.wait(30)
     first = traced_keys()
     assert 1 <= len(first) < 3
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200)
     assert done.returncode == 0, done.stderr
     keys = traced_keys()
     assert len(keys) == 3 and len(set(keys)) == 3, keys  # nothing lost, nothing traced twice
