@@ -4,8 +4,7 @@
 # plan: dp=4,tp=2,pp=2,dp_replicate=2,zero_stage=3,sequence_parallel=true,activation_checkpointing=selective,pp_schedule=interleaved,virtual_stages=2
 # launch: 2 node(s) x 8 processes = world 16; 16 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case llama8b-5d
-# Not applied by the harness (passed on as given; the run stops with the harness's error):
-#   - plan.dp_replicate: 2: the harness does not apply HSDP: the harness stops with an error
+# Every plan field is expressed exactly in the harness.
 # Run this script on each of the 2 node(s); it writes result.json next to it.
 set -euo pipefail
 cd "$(dirname "$0")"
