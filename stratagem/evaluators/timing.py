@@ -289,8 +289,11 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     tp_link = group_link(cl, cal, t, 1.0)
     activation = tokens * m.hidden_size * act_bytes
     tp_layer = 4.0 * all_reduce_s(tp_link, activation)
+    ep_layer = np.zeros(len(pc))
     if m.moe is not None:  # dispatch/combine over ep, all-gather over etp, per MoE layer (experts.py)
-        tp_layer = tp_layer + moe_layer_fraction(scn) * dispatch_s(scn, pc, cal, m.hidden_size * act_bytes)
+        # the token exchange sits between the router and the experts: TP comm overlap does not hide it
+        # (Megatron's separate EP all-to-all overlap, --overlap-moe-expert-parallel-comm, is not modelled)
+        ep_layer = moe_layer_fraction(scn) * dispatch_s(scn, pc, cal, m.hidden_size * act_bytes)
 
     # Context parallel: per layer, K and V of the local chunk gathered forward, again backward, and their
     # gradients reduce-scattered: 3 ring passes of c x local KV.
@@ -302,7 +305,7 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     # the other stacks run them in line. Hidden traffic is bounded by the compute it hides behind.
     hides = tr.tp_overlap
     layer_compute = fwd_bwd_layer + recompute_mb / layers
-    tp_exposed = np.maximum(0.0, tp_layer - cal.overlap * layer_compute) if hides else tp_layer
+    tp_exposed = (np.maximum(0.0, tp_layer - cal.overlap * layer_compute) if hides else tp_layer) + ep_layer
 
     # A layer takes at least the host time to launch its kernels (layer_floor_ms; a third more with full
     # recompute); the GPU idles for the difference.
@@ -417,5 +420,5 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
         "pp_comm_s": pp_s, "cp_comm_s": cp_s, "bubble_s": bubble, "optimizer_s": optimizer,
         "overhead_s": overhead, "exposed_comm_s": exposed, "step_s": step, "micro_batches": micro,
         "model_flops": np.full(len(pc), model_flops_per_token(m, tr.seq_len)),
-        "tp_hidden_s": micro * layers * (tp_layer - tp_exposed),  # TP traffic overlapped with GEMMs (not in step)
+        "tp_hidden_s": micro * layers * (tp_layer + ep_layer - tp_exposed),  # TP traffic overlapped with GEMMs (not in step)
     }
