@@ -55,7 +55,8 @@ def front_table(result: SearchResult, top: int) -> Table:
     table.box = box.SIMPLE_HEAD
     table.add_column("#", justify="right", no_wrap=True, min_width=2)
     table.add_column("plan", min_width=22)
-    for col in ("tok/s/GPU", "MFU", "peak/HBM", "free GiB", "ckpt loss", "bottleneck"):
+    unit = _unit(result.screening.space.scenario.cluster.gpu.hbm_gib)
+    for col in ("tok/s/GPU", "MFU", f"peak/HBM {unit}", f"free {unit}", "ckpt loss", "bottleneck"):
         table.add_column(col, justify="left" if col == "bottleneck" else "right", no_wrap=True, min_width=len(col))
     for t in result.front[:top]:
         ev = trial_evaluation(t)
@@ -64,9 +65,19 @@ def front_table(result: SearchResult, top: int) -> Table:
             continue
         m = ev.memory
         table.add_row(str(t.number), plan.short(), f"{ev.throughput.tokens_per_s_per_gpu:,.0f}",
-                      f"{ev.throughput.mfu:.1%}", f"{m.peak_gib:.1f}/{m.hbm_gib:.0f}", f"{m.headroom_gib:.1f}",
-                      f"{ev.checkpoint.goodput_loss:.2%}", bottleneck_label(ev.zones) if ev.zones else "-")
+                      f"{ev.throughput.mfu:.1%}", f"{_mem(m.peak_gib, unit)}/{_mem(m.hbm_gib, unit)}",
+                      _mem(m.headroom_gib, unit), f"{ev.checkpoint.goodput_loss:.3g}",
+                      bottleneck_label(ev.zones) if ev.zones else "-")
     return table
+
+
+def _unit(hbm_gib: float) -> str:
+    """MiB for devices under 1 GiB per worker (the CPU demo's 10 MiB), else GiB."""
+    return "MiB" if hbm_gib < 1.0 else "GiB"
+
+
+def _mem(gib: float, unit: str) -> str:
+    return f"{gib * 1024:.1f}" if unit == "MiB" else f"{gib:.1f}"
 
 
 def print_result(console: Console, result: SearchResult, top: int) -> None:
@@ -164,8 +175,8 @@ def print_measured(console: Console, mf: Any) -> None:
     scenario = study_scenario(study)
     for col in ("#", "plan", "role", "status", "tok/s meas", "pred", "calibrated", "peak MiB meas", "pred",
                 "calibrated"):
-        table.add_column(col, justify="left" if col in ("plan", "role", "status") else "right", no_wrap=True,
-                         min_width=len(col))
+        table.add_column(col, justify="left" if col in ("plan", "role", "status") else "right",
+                         no_wrap=col != "plan", min_width=max(len(col), {"#": 3, "plan": 16, "role": 9}.get(col, 0)))
     for t in sorted(measured_trials(study).values(), key=lambda t: t.number):
         ev = trial_evaluation(t)
         if ev is None:
@@ -176,6 +187,8 @@ def print_measured(console: Console, mf: Any) -> None:
         meas_mem = f"{ev.memory.peak_gib * 1024:,.1f}" if ev.memory else "-"
         pred_mem = f"{pred.memory.peak_gib * 1024:,.1f}" if pred and pred.memory else "-"
         status = ev.status if ev.status == "ok" else f"{ev.status}: {ev.reason.splitlines()[0][:60]}"
+        if len(status) > 34:  # the full reason is in the report and the run's log
+            status = status[:33] + "…"
         cal = evaluate(scenario, ev.plan, mf.calibration)
         cal_tok = f"{cal.throughput.tokens_per_s:,.0f}" if cal.throughput else "-"
         cal_mem = f"{cal.memory.peak_gib * 1024:,.1f}" if cal.memory else "-"
