@@ -61,7 +61,9 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x [n, h] sorted by (local) expert, counts[e] rows for local expert e -> [n, h]. Under expert
         parallelism the weights are DTensors sharded over the ep group (Shard(0)): this rank's experts."""
-        w1, w3, w2 = (_local(w) for w in (self.w1, self.w3, self.w2))  # [E/ep, f, h], [E/ep, f, h], [E/ep, h, f]
+        # [E/ep, f, h], [E/ep, f, h], [E/ep, h, f]; in the compute dtype (bf16 under FSDP2's MixedPrecisionPolicy,
+        # which does not manage expert-parallel experts; a no-op cast otherwise)
+        w1, w3, w2 = (_local(w).to(x.dtype) for w in (self.w1, self.w3, self.w2))
         outs = []
         for e, rows in enumerate(torch.split(x, counts)):  # rows [n_e, h]
             outs.append((F.silu(rows @ w1[e].T) * (rows @ w3[e].T)) @ w2[e].T)
