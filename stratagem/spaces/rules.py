@@ -71,7 +71,12 @@ def _cp_seq(s: Scenario, p: Plan) -> str | None:
 
 def _ep(s: Scenario, p: Plan) -> str | None:
     # spaces/expert_grid.py: the expert grid ep x etp x edp folds over tp x dp x cp (Megatron parallel folding)
-    return expert_grid_problem(s.model, p.tp, p.dp, p.cp, p.ep, p.etp)  # the stack's own limits: _stack
+    grid = expert_grid_problem(s.model, p.tp, p.dp, p.cp, p.ep, p.etp)  # the stack's own limits: _stack
+    rec = stack_record(s.training.stack)
+    if grid is None and s.model.moe is not None and p.tp > 1 and not p.sequence_parallel and rec.moe_tp_requires_sp:
+        return (f"{rec.name}: MoE with tp ({p.tp}) > 1 needs sequence_parallel ({rec.cite('moe_tp_requires_sp')}); "
+                "set sequence_parallel=true")
+    return grid
 
 
 def _replicate(s: Scenario, p: Plan) -> str | None:

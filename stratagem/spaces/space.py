@@ -311,6 +311,8 @@ class SearchSpace:
                         continue
                     pipe = self._pipe(p, gbs // d, schedules)
                     sp = tuple(sps) if t > 1 else (0,)
+                    if t > 1 and m.moe is not None and rec.moe_tp_requires_sp:  # stacks.py: MoE + TP needs SP
+                        sp = tuple(x for x in sp if x)
                     if not pipe or not sp:
                         continue
                     zs = zeros if p == 1 else [z for z in zeros if z <= rec.max_zero_with_pp]

@@ -140,6 +140,8 @@ class StackRecord(BaseModel):
     """Explicit first/last stage layer counts (Plan.first_stage_layers / last_stage_layers)."""
     fp8_recipes: tuple[str, ...]
     """fp8 recipes the stack ships (empty: no fp8 training)."""
+    moe_tp_requires_sp: bool = False
+    """True when MoE layers with tp > 1 train only with sequence parallelism (Megatron-Core raises otherwise)."""
     recompute_modes: tuple[str, ...]
     """Activation checkpointing modes (Plan.activation_checkpointing values)."""
     sources: dict[str, str]
@@ -277,6 +279,7 @@ _MEGATRON = StackRecord(
     pp_splits=("layers", "embedding_loss"),
     uneven_stages=True,
     fp8_recipes=("tensorwise", "blockwise", "mxfp8"),
+    moe_tp_requires_sp=True,
     recompute_modes=("none", "selective", "full"),
     sources={
         "schedules": "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: "
@@ -296,6 +299,8 @@ _MEGATRON = StackRecord(
         "pp_splits": "megatron/training/arguments.py --account-for-embedding-in-pipeline-split / "
                      "--account-for-loss-in-pipeline-split",
         "uneven_stages": "megatron/training/arguments.py --decoder-first-pipeline-num-layers / "
+        "moe_tp_requires_sp": "megatron/core/transformer/moe/moe_layer.py MoELayer.forward: raises ValueError in "
+                              "training when the attention TP group > 1 without sequence_parallel",
                          "--decoder-last-pipeline-num-layers",
         "fp8_recipes": "megatron/core/fp8_utils.py --fp8-recipe delayed|tensorwise|blockwise|mxfp8 "
                        "(Transformer Engine recipes)",

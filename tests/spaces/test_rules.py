@@ -105,3 +105,12 @@ def test_check_plan_raises_first_broken_rule_as_one_line() -> None:
 def test_divisors() -> None:
     assert divisors(12) == [1, 2, 3, 4, 6, 12]
     assert divisors(1) == [1]
+
+
+def test_megatron_moe_with_tp_needs_sequence_parallel() -> None:
+    # megatron/core/transformer/moe/moe_layer.py MoELayer.forward raises in training without SP when tp > 1
+    s = scn(model="mixtral-8x7b", stack="megatron")
+    msg = broken(s, Plan(dp=4, tp=2, ep=4), "ep_valid")
+    assert "needs sequence_parallel" in msg and "moe_layer.py" in msg and "sequence_parallel=true" in msg
+    assert violations(s, Plan(dp=4, tp=2, ep=4, sequence_parallel=True)) == []
+    assert violations(scn(model="mixtral-8x7b", stack="torch"), Plan(dp=4, tp=2, ep=4)) == []
