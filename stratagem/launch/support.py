@@ -63,6 +63,9 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     if plan.cp > 1:  # torch's context_parallel shards the CUDA SDPA kernels only: on CPU it raises (torch 2.13)
         out.append(f"plan.cp ({plan.cp}): the harness does not apply context parallelism (torch's context_parallel "
                    "has no CPU attention kernel and the GPU path is not built); use cp=1")
+    if plan.ep > 1 and plan.pp > 1 and plan.zero_stage == 0:  # measured: reducer.cpp INTERNAL ASSERT (torch 2.13)
+        out.append(f"plan.ep ({plan.ep}): DDP with its expert parameters ignored fails under a pipeline schedule "
+                   "(its reducer rebuilds buckets over twice the parameters); use zero_stage 2 or 3 with pp > 1")
     if plan.ep > 1 and plan.zero_stage == 1:
         out.append(f"plan.ep ({plan.ep}): ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, "
                    "which hold different experts under expert parallelism; use zero_stage 0, 2 or 3")

@@ -32,6 +32,7 @@ REFUSED = [
     ("dp=2,cp=2", "plan.cp"),
     ("pp=2,dp=2,mbs=4,schedule=1f1b", "plan.micro_batch_size"),
     ("dp=4,precision=fp8", "plan.precision"),
+    ("dp=2,zero=1,offload=cpu", "plan.optimizer_offload"),
 ]
 
 
