@@ -162,6 +162,8 @@ def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple
     t, sp = pc.tp, pc.sequence_parallel
     sbh = s * b * m.hidden_size
     replicated = 4 * sbh / np.where(sp > 0, t, 1.0)
+    if stack_record(scn.training.stack).sp_saves_gathered_inputs:  # QKV and MLP inputs saved all-gathered
+        replicated = np.where(sp > 0, 2 * sbh / t + 2 * sbh, replicated)
     split, replicated_attn = m.attention_saved_per_token()  # q, k, v, output (/ t); MLA latents (replicated)
     attention = s * b * split / t + s * b * replicated_attn
     if stack_record(scn.training.stack).mha_packed_qkv and m.kv_heads == m.num_attention_heads:

@@ -93,6 +93,10 @@ class StackRecord(BaseModel):
     compute cost (nanotron build_model)."""
     mha_packed_qkv: bool
     """True when multi-head attention keeps a packed [3, b, s, a, d] QKV copy alive (nanotron models/llama.py)."""
+    sp_saves_gathered_inputs: bool = False
+    """With sequence parallelism, the column-parallel linears save the all-gathered full-sequence input (sbh per
+    TP rank) rather than their sequence shard: DTensor SP's PrepareModuleInput(desired Replicate) before attention
+    and MLP (torch.distributed.tensor.parallel; torchtitan parallelize_llama), seen by `stratagem trace`."""
     reshard_after_forward_with_pp: bool
     """ZeRO-3 with pipeline parallelism: does the stack reshard parameters after forward? torchtitan does not
     (`reshard_after_forward = not pp_enabled`); without PP every FSDP stack reshards at ZeRO-3."""
@@ -136,12 +140,12 @@ class StackRecord(BaseModel):
     """How ep x etp may cover the tp x dp x cp ranks (spaces/expert_grid.py): folding = any ep*etp dividing
     tp*dp*cp (Megatron-Core MoE parallel folding); etp_1_or_tp = etp is 1 or tp, ep takes cp whole (and tp whole
     when etp = 1) plus part of dp (torchtitan ParallelDims); data_parallel = ep divides dp*cp, etp is 1 or tp."""
+    moe_tp_requires_sp: bool = False
+    """True when MoE layers with tp > 1 train only with sequence parallelism (Megatron-Core raises otherwise)."""
     uneven_stages: bool
     """Explicit first/last stage layer counts (Plan.first_stage_layers / last_stage_layers)."""
     fp8_recipes: tuple[str, ...]
     """fp8 recipes the stack ships (empty: no fp8 training)."""
-    moe_tp_requires_sp: bool = False
-    """True when MoE layers with tp > 1 train only with sequence parallelism (Megatron-Core raises otherwise)."""
     recompute_modes: tuple[str, ...]
     """Activation checkpointing modes (Plan.activation_checkpointing values)."""
     sources: dict[str, str]
@@ -191,6 +195,7 @@ _TORCH = StackRecord(
     zero3_gather="fsdp_units",
     pipeline_split="even",
     mha_packed_qkv=False,
+    sp_saves_gathered_inputs=True,
     reshard_after_forward_with_pp=False,
     kernels="eager",
     kernel_efficiency=0.70,
@@ -274,12 +279,12 @@ _MEGATRON = StackRecord(
     context_parallel=True,
     expert_parallel=True,
     expert_tensor_parallel=True,
+    moe_tp_requires_sp=True,
     optimizer_offload=True,
     hsdp=False,
     pp_splits=("layers", "embedding_loss"),
     uneven_stages=True,
     fp8_recipes=("tensorwise", "blockwise", "mxfp8"),
-    moe_tp_requires_sp=True,
     recompute_modes=("none", "selective", "full"),
     sources={
         "schedules": "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: "
@@ -294,13 +299,13 @@ _MEGATRON = StackRecord(
         "expert_tensor_parallel": "megatron/core/parallel_state.py expert_tensor_parallel_size (MoE folding)",
         "expert_grid": "megatron/core/parallel_state.py initialize_model_parallel: tp*cp*dp % (etp*ep) == 0 "
                        "(expert grid order tp-ep-dp-pp)",
+        "moe_tp_requires_sp": "megatron/core/transformer/moe/moe_layer.py MoELayer.forward: raises ValueError in "
+                              "training when the attention TP group > 1 without sequence_parallel",
         "optimizer_offload": "megatron/core/optimizer/cpu_offloading (--optimizer-cpu-offload)",
         "hsdp": "Megatron-Core's distributed optimizer shards over the whole dp x cp group (no replicate dim)",
         "pp_splits": "megatron/training/arguments.py --account-for-embedding-in-pipeline-split / "
                      "--account-for-loss-in-pipeline-split",
         "uneven_stages": "megatron/training/arguments.py --decoder-first-pipeline-num-layers / "
-        "moe_tp_requires_sp": "megatron/core/transformer/moe/moe_layer.py MoELayer.forward: raises ValueError in "
-                              "training when the attention TP group > 1 without sequence_parallel",
                          "--decoder-last-pipeline-num-layers",
         "fp8_recipes": "megatron/core/fp8_utils.py --fp8-recipe delayed|tensorwise|blockwise|mxfp8 "
                        "(Transformer Engine recipes)",

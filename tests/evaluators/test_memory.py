@@ -168,9 +168,10 @@ def _tiny(mlp: str = "swiglu", kv: int = 2) -> ModelSpec:
 
 @pytest.mark.parametrize("sp,expected", [
     # s b = 16 tokens, t = 2.
-    # SP:    norm/linear inputs 4*16*64/2 = 2048; q,k,v,out 16*(2*64 + 2*32)/2 = 1536; SwiGLU 4*16*128/2 = 4096
+    # SP:    norm inputs 2*16*64/2 = 1024, QKV/MLP linear inputs saved all-gathered (torch stack's DTensor SP)
+    #        2*16*64 = 2048; q,k,v,out 16*(2*64 + 2*32)/2 = 1536; SwiGLU 4*16*128/2 = 4096
     #        selective keeps g, u: 2*16*128/2 = 2048; full keeps the input 16*64/2 = 512.
-    (True, (2048 + 1536 + 4096, 2048 + 1536 + 2048, 512)),
+    (True, (3072 + 1536 + 4096, 3072 + 1536 + 2048, 512)),
     # no SP: the four sbh inputs are replicated on each TP rank (4*16*64 = 4096) and so is the layer input.
     (False, (4096 + 1536 + 4096, 4096 + 1536 + 2048, 1024)),
 ])
