@@ -40,13 +40,13 @@ def main() -> None:
               f"active {act / 1e9:6.2f}B ({act / active - 1:+.2%})")
     s = Scenario(model=MODEL_PRESETS["llama3-405b"], cluster=cluster_preset("h100-sxm-80g", 1024, 8),
                  training={"seq_len": 8192, "global_batch_size": 1024, "stack": "megatron"})
-    base = dict(dp=8, tp=8, pp=16, zero_stage=1, sequence_parallel=True, activation_checkpointing="full")
+    base = Plan(dp=8, tp=8, pp=16, zero_stage=1, sequence_parallel=True, activation_checkpointing="full")
     for label, p in [
-        ("pp16 x vpp8, embedding+loss", Plan(**base, pp_schedule="interleaved", virtual_stages=8,
-                                             pp_split="embedding_loss")),
-        ("pp16 x vpp7, layers", Plan(**base, pp_schedule="interleaved", virtual_stages=7)),
-        ("pp16 1f1b, layers", Plan(**base)),
-        ("pp16 1f1b, first/last 7", Plan(**base, first_stage_layers=7, last_stage_layers=7)),
+        ("pp16 x vpp8, embedding+loss", base.model_copy(update={
+            "pp_schedule": "interleaved", "virtual_stages": 8, "pp_split": "embedding_loss"})),
+        ("pp16 x vpp7, layers", base.model_copy(update={"pp_schedule": "interleaved", "virtual_stages": 7})),
+        ("pp16 1f1b, layers", base),
+        ("pp16 1f1b, first/last 7", base.model_copy(update={"first_stage_layers": 7, "last_stage_layers": 7})),
     ]:
         assert not violations(s, p), violations(s, p)
         ev = evaluate(s, p)
