@@ -270,8 +270,10 @@ def run_multifidelity(
     result = run_search(scenario, storage, study_name, sampler=sampler, progress=progress, calibration=study_cal)
     spec = parse_storage(storage)
     with storage_lock(spec):
-        backend = open_storage(spec)
-        study = optuna.load_study(study_name=study_name, storage=backend)
+        # continue in the study run_search opened: one search opens its storage once (issue 11 item 1)
+        backend = result.backend if result.backend is not None else open_storage(spec)
+        study = result.study if result.study is not None else optuna.load_study(study_name=study_name,
+                                                                               storage=backend)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "experimental"
             study.set_metric_names(list(OBJECTIVES))  # named for optuna-dashboard

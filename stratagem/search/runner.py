@@ -52,6 +52,8 @@ class SearchResult:
     screening: Screening = field(repr=False)
     study: optuna.Study | None = field(default=None, repr=False, compare=False)
     """The study, open (callers reuse it rather than opening the storage again)."""
+    backend: optuna.storages.BaseStorage | None = field(default=None, repr=False, compare=False)
+    """The storage the study lives in, open (with `study`, what run_multifidelity continues in)."""
 
 
 def select_plans(screening: Screening, sample: int, seed: int) -> list[tuple[int, str]]:
@@ -133,4 +135,5 @@ def run_search(
             study.set_user_attr("search_state", {**state, "finished": True})
     return SearchResult(study_name=study_name, storage=spec, counts=screening.counts, mode=screening.mode,
                         stored=stored, already=already, front=front_trials(study), trials=len(study.trials),
-                        seconds=time.perf_counter() - t0, screening=screening, study=study)
+                        seconds=time.perf_counter() - t0, screening=screening, study=study,
+                        backend=backend)

@@ -365,3 +365,31 @@ def test_the_demo_shows_the_mission() -> None:
     # the checkpoint objective splits ties only: every plan writes the same state, only the async staging
     # stall of each rank's shard differs (evaluators/checkpoint.py)
     assert np.ptp(front[:, 2]) > 0
+
+
+def test_a_real_run_search_opens_its_storage_once(tmp_path, monkeypatch) -> None:
+    """Issue 11 item 1: screening, the real-run loop, the run table and the report share one open study (it
+    was opened four times)."""
+    from standin import SCENARIO, KnownConstants
+
+    from stratagem.search import multifidelity, runner, storage
+    from stratagem.spaces import Plan
+    from stratagem.spaces.columns import PlanColumns
+
+    opened: list[str] = []
+
+    def counting(spec, **kw):
+        opened.append(spec.url)
+        return storage.open_storage(spec, **kw)
+
+    monkeypatch.setattr(runner, "open_storage", counting)
+    monkeypatch.setattr(multifidelity, "open_storage", counting)
+    loads: list[str] = []
+    real_load = optuna.load_study
+    monkeypatch.setattr(multifidelity.optuna, "load_study", lambda **kw: loads.append(kw["study_name"])
+                        or real_load(**kw))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    mf = multifidelity.run_multifidelity(load_scenario(SCENARIO), url, "once", KnownConstants(), real_runs=1,
+                                         candidates=PlanColumns.from_plans([Plan(dp=4)]))
+    assert mf.measured == 1 and opened == [url] and loads == []
+    assert mf.search.study is not None and mf.search.study.study_name == "once"
