@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from stratagem.evaluators.table import OutcomeTable, TableOutcome  # noqa: E402
 from stratagem.launch.tabulate import measure_plans  # noqa: E402
-from stratagem.spaces import SearchSpace, load_scenario, parse_plan  # noqa: E402
+from stratagem.spaces import SearchSpace, format_plan, load_scenario, parse_plan  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per plan (memory is tracked in the last)")
     ap.add_argument("--limit", type=int, default=None, help="measure only the first N plans (a trial run)")
     ap.add_argument("--plans", default=None, help="';'-separated plans instead of the whole space")
+    ap.add_argument("--chunk", type=int, default=6, help="plans per local launch (and per resumable save)")
     args = ap.parse_args(argv)
     import torch
 
@@ -52,12 +53,30 @@ def main(argv: list[str] | None = None) -> int:
     plans = plans[: args.limit] if args.limit else plans
     cap = scenario.cluster.gpu.hbm_gib if scenario.cluster.gpu.kind == "cpu" else None
     t0, load0 = time.time(), os.getloadavg()
-    outcomes = []
-    for world in sorted({p.world_size for p in plans}):
-        group = [p for p in plans if p.world_size == world]
-        outcomes += measure_plans(scenario, group, args.steps, args.warmup, cap)
-        print(f"world {world}: {len(group)} plans measured ({time.time() - t0:.0f} s so far)", file=sys.stderr)
-    seconds = time.time() - t0
+    # Outcomes are appended to OUT.partial.jsonl as each chunk finishes, so an interrupted measurement resumes
+    # where it stopped (rerun the same command); the table is written when every plan has its outcome.
+    partial = args.out.with_suffix(".partial.jsonl")
+    done = {}
+    if partial.exists():
+        for line in partial.read_text().splitlines():
+            if line.strip():
+                o = json.loads(line)
+                done[o["plan"]] = o
+    spent = sum(float(o.get("wall_s", 0.0)) for o in done.values())
+    todo = [p for p in plans if format_plan(p) not in done]
+    for world in sorted({p.world_size for p in todo}):
+        group = [p for p in todo if p.world_size == world]
+        for i in range(0, len(group), args.chunk):
+            c0 = time.time()
+            part = measure_plans(scenario, group[i:i + args.chunk], args.steps, args.warmup, cap, chunk=args.chunk)
+            wall = (time.time() - c0) / max(1, len(part))
+            with partial.open("a") as f:
+                for o in part:
+                    done[o["plan"]] = {**o, "wall_s": wall}
+                    f.write(json.dumps(done[o["plan"]]) + "\n")
+            print(f"world {world}: {len(done)}/{len(plans)} plans measured ({time.time() - t0:.0f} s)", file=sys.stderr)
+    outcomes = [done[format_plan(p)] for p in plans]
+    seconds = spent + time.time() - t0
     first_ok = next((o for o in outcomes if o["status"] == "ok"), {})
     table = OutcomeTable(
         name=f"cpu table ({args.scenario.name})",
@@ -80,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(table.model_dump(mode="json"), indent=1) + "\n")
     tmp.replace(args.out)
+    partial.unlink(missing_ok=True)
     counts = {s: sum(o["status"] == s for o in outcomes) for s in ("ok", "oom", "failed")}
     print(f"wrote {args.out}")
     print(f"config: {args.scenario}, steps {args.steps}, warmup {args.warmup}, cap {cap} GiB; torch "

@@ -58,11 +58,11 @@ _coupled, _median_error = coupled, median_error
 
 
 def fields_to_fit(fields: Sequence[str], runs: int) -> tuple[str, ...]:
-    """No more constants than measured runs: the first `runs` of `fields` (ordered global scale first:
-    matmul efficiency, fragmentation). With one run only the scale moves, so every prediction shifts together
-    and the model's ranking of the remaining plans is kept; bench/search_regret.py measured that refitting all
-    four time constants on 1-3 runs of a published sweep ranks the rest worse than not refitting at all."""
-    return tuple(fields[: max(1, min(len(fields), runs))])
+    """Fewer constants than measured runs: the first `runs - 1` of `fields` (ordered global scale first: matmul
+    efficiency, fragmentation), so a fit never interpolates its runs exactly. One run refits nothing (it cannot
+    tell a model error from noise); two move only the scale. bench/search_regret.py measured on the published
+    sweep that refitting all four time constants on 1-3 runs ranks the remaining plans worse than no refit."""
+    return tuple(fields[: max(0, min(len(fields), runs - 1))])
 
 
 def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],

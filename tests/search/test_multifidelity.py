@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from standin import SCENARIO, TRUTH, KnownConstants
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import Calibration
+from stratagem.evaluators.calibration import default_calibration
 from stratagem.search.claims import live_claims
 from stratagem.search.multifidelity import measured_trials, run_multifidelity
 from stratagem.search.records import plan_key
@@ -59,8 +59,8 @@ def test_refit_starts_from_the_given_calibration_and_can_be_off(tmp_path: Path) 
     assert all(h["step_error_before"] < 1e-6 and h["step_error_after"] < 1e-6 for h in fixed.history)
     off = run_multifidelity(scn, f"sqlite:///{tmp_path / 'b.db'}", "b", KnownConstants(), real_runs=2,
                             candidates=plans, recalibrate=False)
-    assert off.calibration == Calibration()
-    assert off.history[-1]["step_error_after"] == off.history[-1]["step_error_before"] > 0.5
+    assert off.calibration == default_calibration(scn.cluster.gpu.name)  # the device's defaults, unchanged
+    assert off.history[-1]["step_error_after"] == off.history[-1]["step_error_before"] > 0.2  # TRUTH is elsewhere
     refit = run_multifidelity(scn, f"sqlite:///{tmp_path / 'c.db'}", "c", KnownConstants(), real_runs=4,
                               candidates=plans)
     assert refit.history[-1]["step_error_after"] < 0.5 * refit.history[-1]["step_error_before"]
