@@ -88,7 +88,7 @@ def test_torchrun(tmp_path: Path) -> None:
     (done,) = _run([cmd], [ENV])
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert r["world_size"] == 2 and r["mechanisms"]["tensor_parallel"].endswith("+ SequenceParallel)")
+    assert r["world_size"] == 2 and "+ SequenceParallel) + loss_parallel" in r["mechanisms"]["tensor_parallel"]
 
 
 def test_memory_cap_fails_every_rank_with_an_oom_line(tmp_path: Path) -> None:
@@ -113,5 +113,6 @@ def test_plan_for_another_world_size_is_one_line_error(tmp_path: Path) -> None:
 
 def test_package_import_does_not_load_torch() -> None:
     code = ("import sys, stratagem.launch, stratagem.launch.export; assert 'torch' not in sys.modules; "
-            "from stratagem.launch import run_harness; assert 'torch' in sys.modules")
+            "from stratagem.launch import run_harness, unsupported; assert 'torch' not in sys.modules; "
+            "from stratagem.launch import build_job; assert 'torch' in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, check=False).returncode == 0
