@@ -23,6 +23,7 @@ from stratagem.evaluators.calibration import default_calibration
 from stratagem.search.claims import live_claims
 from stratagem.search.multifidelity import measured_trials, run_multifidelity
 from stratagem.search.records import plan_key
+from stratagem.search.storage import open_storage, parse_storage
 from stratagem.spaces import Plan, load_scenario
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import format_plan
@@ -136,6 +137,7 @@ def test_workers_on_one_study_measure_each_plan_once(shared_url: str) -> None:
 def test_a_killed_workers_claim_is_taken_over(shared_url: str) -> None:
     url = shared_url
     plans = [Plan(dp=4), Plan(dp=2, tp=2)]
+    open_storage(parse_storage(url))  # Optuna's tables first: the polling below must not create them racing the worker
     victim = _worker(url, "k", 1, 120.0, plans)  # claims one plan, then sleeps in its "run"
     deadline = time.monotonic() + 120
     claimed: dict = {}
