@@ -23,13 +23,13 @@ PLANS = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=4, micro_batch_
 def test_status_counts_measured_claimed_infra_and_budget(tmp_path: Path) -> None:
     scn = load_scenario(SCENARIO)
     url = f"sqlite:///{tmp_path / 's.db'}"
-    run_multifidelity(scn, url, "s", KnownConstants(infra={Plan(dp=4).short()}), real_runs=2, budget_minutes=30,
+    run_multifidelity(scn, url, "s", KnownConstants(infra={p.short() for p in PLANS}), real_runs=2, budget_minutes=30,
                       candidates=PlanColumns.from_plans(PLANS))
     backend = open_storage(parse_storage(url))
     study = optuna.load_study(study_name="s", storage=backend)
     claim(backend, study, SearchSpace(scn), Plan(dp=2, pp=2), "front")  # a worker (this process) measuring
     s = study_status(study)
-    assert s.measured == {"ok": 2} and s.claimed == 1 and s.infra == 1 and s.expired == 0
+    assert s.measured == {"ok": 2} and s.claimed == 1 and s.infra >= 1 and s.expired == 0  # each plan fails once
     assert len(s.workers) == 1 and s.workers[0].endswith(f":{__import__('os').getpid()}")
     assert s.best_measured and "tok/s" in s.best_measured and s.best_predicted
     assert s.analytic > 0 and len(s.calibration_trend) >= 1
@@ -38,6 +38,6 @@ def test_status_counts_measured_claimed_infra_and_budget(tmp_path: Path) -> None
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["measured"] == {"ok": 2}
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
-    assert res.exit_code == 0 and "1 running (claimed); 1 infra failure(s)" in res.output, res.output
+    assert res.exit_code == 0 and f"1 running (claimed); {s.infra} infra failure(s)" in res.output, res.output
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "nope"])
     assert res.exit_code != 0
