@@ -127,8 +127,8 @@ def test_cases_are_valid_and_cover_every_plan_field() -> None:
             assert seen == set(get_args(info.annotation)), field
         elif info.annotation is bool:
             assert seen == {True, False}, field
-        else:
-            assert 1 in seen and max(seen) > 1, field
+        else:  # the default and a value above 1 (degrees default to 1, recompute_layers to 0)
+            assert info.default in seen and max(seen) > 1, field
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -243,7 +243,13 @@ def test_torchtitan(name: str) -> None:
     else:
         assert tr["local_batch_size"] == plan.micro_batch_size
         assert accum == plan.grad_accumulation(scn.training.global_batch_size)
-    assert doc["activation_checkpoint"]["mode"] == plan.activation_checkpointing
+    mode = {"op": "selective"}.get(plan.activation_checkpointing, plan.activation_checkpointing)
+    if plan.recompute_layers and plan.activation_checkpointing == "full":  # full AC on every k-th layer
+        mode = "selective"
+        assert doc["activation_checkpoint"]["selective_ac_option"].isdigit()
+    assert doc["activation_checkpoint"]["mode"] == mode
+    if plan.activation_checkpointing == "op":
+        assert doc["activation_checkpoint"]["selective_ac_option"] == "op"
     assert tr["mixed_precision_param"] == ("float32" if plan.precision == "fp32" else "bfloat16")
     assert ("quantize.linear.float8" in doc["model"].get("converters", [])) == (plan.precision == "fp8")
     if plan.zero_stage == 3:
@@ -388,8 +394,10 @@ def test_megatron(name: str) -> None:
     assert ns.optimizer_cpu_offload == (plan.optimizer_offload == "cpu")
     if ns.optimizer_cpu_offload:
         assert ns.use_precision_aware_optimizer
-    assert ns.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[
+    assert ns.recompute_granularity == {"none": None, "selective": "selective", "full": "full", "op": "selective"}[
         plan.activation_checkpointing]
+    if plan.recompute_layers and plan.activation_checkpointing == "full":
+        assert (ns.recompute_method, ns.recompute_num_layers) == ("block", plan.recompute_layers)
     if plan.pp > 1:
         chunks = plan.pp * plan.virtual_stages
         if ns.pipeline_model_parallel_layout:

@@ -80,6 +80,12 @@ def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldN
             "selective: DeepSpeed's config cannot choose what to recompute; in the model code wrap the MLP "
             "activation (act(gate) * up, the down projection's input) in deepspeed.checkpointing.checkpoint",
         ))
+    elif p.activation_checkpointing == "op":
+        un.append(FieldNote(
+            "plan.activation_checkpointing",
+            "op: DeepSpeed's config has no per-op recompute policy; in the model code wrap each layer with "
+            "torch.utils.checkpoint and a selective checkpoint policy that saves matmul and attention outputs",
+        ))
     elif p.activation_checkpointing == "full" and p.pp == 1:
         un.append(FieldNote(
             "plan.activation_checkpointing",
@@ -88,6 +94,13 @@ def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldN
             "section configures that function)",
         ))
 
+    if p.recompute_layers:
+        un.append(FieldNote(
+            "plan.recompute_layers",
+            f"{p.recompute_layers}: DeepSpeed's config recomputes every wrapped layer (PipelineModule's "
+            "activation_checkpoint_interval spaces them evenly); wrap only the first "
+            f"{p.recompute_layers} layers of each stage in the model code",
+        ))
     if p.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": p.tp}
         ap.append(FieldNote(
@@ -108,6 +121,16 @@ def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldN
             f"{p.pp}: DeepSpeed's pipeline is built in code: PipelineModule(layers, num_stages={p.pp}, "
             "partition_method='uniform'); the config holds only its activation_checkpoint_interval",
         ))
+        # PipelineModule partitions in code (partition_method 'uniform', 'parameters' or 'type:...'): explicit
+        # first/last stage sizes and counting the embedding/loss as layers are not config keys
+        for field, value, default in (("first_stage_layers", p.first_stage_layers, 0),
+                                      ("last_stage_layers", p.last_stage_layers, 0), ("pp_split", p.pp_split, "layers")):
+            if value != default:
+                un.append(FieldNote(
+                    f"plan.{field}",
+                    f"{value}: DeepSpeed's PipelineModule partitions in code (partition_method 'uniform', "
+                    "'parameters' or 'type:...'); give it explicit layer boundaries to get this split",
+                ))
         if p.pp_schedule != "1f1b":
             un.append(FieldNote(
                 "plan.pp_schedule",

@@ -201,8 +201,21 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
         train.append("--bf16")
     if p.precision == "fp8":
         train += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
-    if p.activation_checkpointing == "full":
+    if p.activation_checkpointing == "full" and p.recompute_layers:
+        # arguments.py / transformer_block.py _checkpointed_forward: method block recomputes the first N layers of
+        # each pipeline stage (of each virtual chunk) in full and keeps the rest: stratagem's partial recompute
+        train += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                  str(p.recompute_layers)]
+    elif p.activation_checkpointing == "full":
         train += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif p.activation_checkpointing == "op":
+        train += ["--recompute-granularity", "selective"]
+        ap.append(FieldNote(
+            "plan.activation_checkpointing",
+            "op (torchtitan's op-level policy: keep matmul and attention outputs, recompute the elementwise ops): "
+            "Megatron has no per-op policy; written as its default selective recompute (core attention "
+            "recomputed, every other activation kept): more activation memory, less recompute than planned",
+        ))
     elif p.activation_checkpointing == "selective":
         if m.moe is not None:
             train += ["--recompute-granularity", "selective", "--recompute-modules", "moe_act"]
@@ -215,6 +228,12 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
                 "this dense model --recompute-modules mlp recomputes the whole MLP from its input, freeing the "
                 "gate/up outputs too and re-running their matmuls: less memory, more recompute than planned",
             ))
+    if p.recompute_layers and p.activation_checkpointing != "full":
+        un.append(FieldNote(
+            "plan.recompute_layers",
+            f"{p.recompute_layers}: Megatron limits recompute to some layers only with full granularity "
+            "(--recompute-method block); selective recompute applies to every layer",
+        ))
     if tr.optimizer in ("adamw", "sgd"):
         train += ["--optimizer", "adam" if tr.optimizer == "adamw" else "sgd"]
     else:

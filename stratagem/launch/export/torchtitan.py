@@ -317,6 +317,26 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
 
     # activation checkpointing
     ac: dict[str, Any] = {"mode": p.activation_checkpointing}
+    if p.activation_checkpointing == "op":  # stratagem's op policy is torchtitan's: mode selective, option op
+        ac = {"mode": "selective", "selective_ac_option": "op"}
+    if p.recompute_layers and p.activation_checkpointing == "full":
+        # torchtitan/distributed/activation_checkpoint.py: selective_ac_option "k" wraps every k-th block in full
+        # AC; stratagem recomputes the first N layers of each stage: the same count, other layers.
+        per_stage = max(1, m.num_layers // max(1, p.pp))
+        every = max(1, round(per_stage / p.recompute_layers))
+        ac = {"mode": "selective", "selective_ac_option": str(every)}
+        ap.append(FieldNote(
+            "plan.recompute_layers",
+            f"{p.recompute_layers}: torchtitan recomputes every {every}-th layer in full (selective_ac_option "
+            f"\"{every}\"), not the first {p.recompute_layers} of each stage: about the same recompute, spread "
+            "over the stage",
+        ))
+    elif p.recompute_layers:
+        un.append(FieldNote(
+            "plan.recompute_layers",
+            f"{p.recompute_layers}: torchtitan applies {p.activation_checkpointing} recompute to every layer; it "
+            "cannot limit it to some layers (only full recompute of every k-th layer)",
+        ))
     if p.activation_checkpointing == "selective":
         ac["selective_ac_option"] = "op"
         ap.append(FieldNote(
