@@ -261,7 +261,10 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any, ep_mesh: Any = None) -
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
         from stratagem.launch.moe import expert_parameters
 
-        apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3, plan.precision,
+        # torchtitan/models/llama3/infra/parallelize.py apply_fsdp: reshard_after_forward = not pp_enabled (a
+        # pipeline stage runs every micro-batch's forward before their backwards: resharding would re-gather the
+        # stage's parameters for each one); the analytic model (evaluators/memory.py) follows the same rule
+        apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3 and plan.pp == 1, plan.precision,
                    offload=plan.optimizer_offload == "cpu",
                    ignored=set(expert_parameters(part)) if ep_mesh is not None else None)
     elif plan.precision != "fp32":  # bf16 without FSDP: autocast in the model's forward

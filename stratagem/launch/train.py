@@ -253,7 +253,7 @@ def mechanisms(job: Job) -> dict[str, str]:
     if plan.dp == 1:
         dp = "none"
     elif uses_fsdp(plan):
-        dp = f"FSDP2 fully_shard(reshard_after_forward={plan.zero_stage == 3})"
+        dp = f"FSDP2 fully_shard(reshard_after_forward={plan.zero_stage == 3 and plan.pp == 1})"
         if plan.dp_replicate > 1:
             dp += f" on a 2-D (replicate {plan.dp_replicate}, shard {plan.dp // plan.dp_replicate}) mesh (HSDP)"
     else:

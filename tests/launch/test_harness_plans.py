@@ -55,7 +55,11 @@ RESUME_INTO = ["dp=2,tp=2,zero=1,sp=true", "pp=2,dp=2,zero=2"]
 TIMEOUT_S = {2: 300.0, 4: 300.0, 8: 300.0}
 
 # Where the analytic model (stratagem/evaluators/memory.py) is known to differ from FSDP2/TP as run here.
-ANALYTIC_GAPS: dict[tuple[str, str], str] = {}  # (plan, block) -> why memory.py disagrees; none now
+ANALYTIC_GAPS: dict[tuple[str, str], str] = {  # (plan, block) -> why memory.py disagrees
+    ("dp=2,pp=2,zero=3", "gradients"): (
+        "memory.py counts FSDP2's unsharded gradient accumulation between micro-batches under PP (its peak); "
+        "the harness measures gradient bytes after the step's last reduce-scatter, when only the shards remain"),
+}
 
 
 def _plan(text: str, precision: str = "fp32") -> Plan:
