@@ -173,8 +173,7 @@ def _static_stages(schedule: Any, scenario: Scenario, plan: Plan) -> list[tuple[
     """Give each pipeline stage its input/output metadata and skip the vote (point-to-point messages a fake
     group cannot answer). Returns (module, shape, dtype) of each non-last stage's output, checked after the
     step against what the stage really produced."""
-    from torch.distributed.pipelining._utils import _StageMeta, extract_tensor_metas
-    from torch.distributed.pipelining._utils import InferenceMode
+    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas
 
     spec, tr = scenario.model, scenario.training
     mbs, s = plan.micro_batch_size, tr.seq_len
