@@ -148,7 +148,8 @@ def run_traced(scenario: Scenario, storage: str, study_name: str, tracer: Tracer
                sampler: Mode = "auto", progress: Progress | None = None,
                on_trace: Callable[[str, Evaluation | None, str], None] | None = None,
                calibration: Calibration | None = None) -> TracedResult:
-    """Analytic search (stored as usual), then up to `traced` traced trials, the refit, and a re-screen."""
+    """Analytic search (stored as usual), then traced trials until the study holds `traced` of them (a rerun
+    after a kill traces only the missing ones, as `--real-runs` counts measured trials), the refit, a re-screen."""
     from stratagem.errors import StratagemError
 
     t0 = time.perf_counter()
@@ -162,7 +163,7 @@ def run_traced(scenario: Scenario, storage: str, study_name: str, tracer: Tracer
     done = {k for k, t in prior.items() if t is not None}
     skipped: dict[str, str] = {}
     count = 0
-    for plan, role in traced_order(result.screening, done, traced):
+    for plan, role in traced_order(result.screening, done, max(0, traced - len(done))):
         key = plan_key(plan)
         try:
             roles = tracer(scenario, plan)
