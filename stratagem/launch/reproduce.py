@@ -23,6 +23,8 @@ from stratagem.launch.result import HarnessResult, parse_result, read_result
 if TYPE_CHECKING:
     import optuna
 
+    from stratagem.spaces.model import ModelSpec
+
 __all__ = ["Comparison", "Reproduction", "environment_differences", "compare_results", "reproduce_trial"]
 
 
@@ -68,11 +70,18 @@ class Reproduction:
         return not self.environment and not any(r.flagged for r in self.rows) and self.losses_match is not False
 
 
-def _memory_granularity(result: HarnessResult) -> float:
-    """GiB: CUDA's caching allocator reserves 2 MiB blocks; on CPU the tracked live bytes of a step move by
-    a few small buffers (gloo work tensors, Python-side scratch) between runs: 64 KiB."""
+def _memory_granularity(result: HarnessResult, model: ModelSpec | None = None) -> float:
+    """GiB: CUDA's caching allocator reserves 2 MiB blocks. On CPU the tracked live bytes move by what gloo's
+    worker thread still holds when the step peaks: one collective's tensor (at most the largest parameter, in
+    fp32: FSDP2's reduce-scatter / DDP's bucket of it) released a moment earlier or later, plus 64 KiB of small
+    buffers. Measured: the same dp4 ZeRO-2 plan under torchrun four times moved one rank's peak by 16 KiB + 64 B
+    and by 64 KiB + 256 B (a 64x64 and the 256x64 embedding fp32 tensor)."""
     cuda = "cuda" in str(result.device or "").lower() or result.worst_rank.peak_reserved_bytes is not None
-    return (2.0 if cuda else 1 / 16) / 1024
+    if cuda:
+        return 2.0 / 1024
+    largest = 0 if model is None else model.hidden_size * max(
+        model.vocab_size, model.ffn_hidden_size, model.q_size, model.moe.expert_ffn_hidden_size if model.moe else 0)
+    return (64 * 1024 + 4 * largest) / 2**30
 
 
 def _major_minor(version: str | None) -> str:
@@ -92,15 +101,17 @@ def environment_differences(recorded: HarnessResult, now: HarnessResult) -> list
     return out
 
 
-def compare_results(recorded: HarnessResult, now: HarnessResult) -> tuple[list[Comparison], bool]:
-    """Rows for tokens/s, step time and peak memory, and whether the losses match."""
+def compare_results(recorded: HarnessResult, now: HarnessResult,
+                    model: ModelSpec | None = None) -> tuple[list[Comparison], bool]:
+    """Rows for tokens/s, step time and peak memory, and whether the losses match (`model`: the run's model,
+    whose largest tensor bounds the CPU memory noise)."""
     timed = recorded.step_times_s[recorded.warmup or 0:] or [recorded.step_s]
     spread = statistics.pstdev(timed) / statistics.median(timed) if len(timed) > 1 else 0.0
     time_noise = max(0.02, 3.0 * spread)
     rows = [
         Comparison("tokens/s", recorded.tokens_per_s, now.tokens_per_s, time_noise),
         Comparison("step time (s)", recorded.step_s, now.step_s, time_noise),
-        Comparison("peak memory (GiB)", recorded.peak_gib, now.peak_gib, 0.01, _memory_granularity(recorded)),
+        Comparison("peak memory (GiB)", recorded.peak_gib, now.peak_gib, 0.01, _memory_granularity(recorded, model)),
     ]
     a, b = recorded.losses, now.losses
     match = len(a) == len(b) and all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b, strict=True))
@@ -154,5 +165,5 @@ def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | 
     env = environment_differences(recorded, now)
     if env:
         return Reproduction(number, format_plan(plan), env, log_dir=log_dir)
-    rows, match = compare_results(recorded, now)
+    rows, match = compare_results(recorded, now, study_scenario(study).model)
     return Reproduction(number, format_plan(plan), [], rows, match, log_dir)

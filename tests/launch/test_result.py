@@ -74,3 +74,22 @@ def test_not_a_result_is_one_line(tmp_path: Path) -> None:
         read_result(bad)
     with pytest.raises(StratagemError, match="surprise: Extra inputs"):
         parse_result({"step_s": 1.0, "tokens_per_s": 1.0, "ranks": [], "surprise": 1}, "x")
+
+
+def test_cpu_memory_noise_is_one_collective_tensor(result_file: Path) -> None:
+    """On CPU, gloo's thread may still hold one collective's tensor when the step peaks: a shift of the largest
+    parameter's fp32 bytes (the embedding here) is noise; twice that is a change."""
+    run = read_result(result_file)
+    model = load_scenario(EXAMPLE).model
+    embedding = 4 * model.vocab_size * model.hidden_size
+
+    def shifted(by: int):
+        ranks = [r.model_copy(update={"peak_bytes": r.peak_bytes + by}) for r in run.ranks]
+        return run.model_copy(update={"ranks": ranks})
+
+    def memory_row(now):
+        rows, _ = compare_results(run, now, model)
+        return [r for r in rows if r.metric.startswith("peak memory")][0]
+
+    assert not memory_row(shifted(embedding + 256)).flagged
+    assert memory_row(shifted(2 * embedding + 128 * 1024)).flagged
