@@ -4,7 +4,7 @@
         [--steps 4] [--warmup 1] [--limit N] [--plans "dp=4,zero=3;tp=4"]
 
 Plans come from the scenario's own search space (`SearchSpace(scenario).enumerate()`); each runs through the
-harness (`stratagem.launch.tabulate.measure_plans`: local gloo launches on CPU, or NCCL on a GPU node) with the
+harness (`stratagem.launch.runners.tabulate.measure_plans`: local gloo launches on CPU, or NCCL on a GPU node) with the
 scenario's per-device memory as the harness's memory cap on CPU workers, so plans that exceed it end "oom" as
 they would on a device. The table keeps, per plan, the status, tokens/s per GPU and the peak tracked memory of
 the worst rank, with provenance (versions, machine, CPU count, load average before and after, date, wall time).
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stratagem.evaluators.table import OutcomeTable, TableOutcome  # noqa: E402
-from stratagem.launch.tabulate import measure_plans  # noqa: E402
+from stratagem.launch.runners.tabulate import measure_plans  # noqa: E402
 from stratagem.spaces import SearchSpace, format_plan, load_scenario, parse_plan  # noqa: E402
 
 

@@ -52,8 +52,8 @@ def sample_plans(n: int, seed: int) -> list[tuple[str, Scenario, Plan]]:
     """n distinct valid plans the harness applies, drawn uniformly per axis (seeded), presets in turn."""
     import torch
 
-    from stratagem.launch.parallelize import check_applicable
-    from stratagem.launch.pipeline import check_microbatches
+    from stratagem.launch.harness.parallelize import check_applicable
+    from stratagem.launch.harness.pipeline import check_microbatches
 
     rng = random.Random(seed)
     scenarios = {p: scenario(p) for p in PRESETS}
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from stratagem.launch.trace import ANALYTIC_BLOCKS, trace_plan
+    from stratagem.launch.trace.run import ANALYTIC_BLOCKS, trace_plan
 
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []

@@ -29,7 +29,7 @@ LAYER: dict[str, int] = {
 
 KNOWN: set[tuple[str, str]] = set()
 """(importing module, imported module) edges tolerated, each with its reason; none today (the real-run
-evaluator moved from evaluators/ to launch/real.py, issue 11 item 5)."""
+evaluator moved from evaluators/ to launch/runners/real.py, issue 11 item 5)."""
 
 LIGHT = ("spaces", "evaluators", "search")
 """Parts that must not import torch or ray at module level."""

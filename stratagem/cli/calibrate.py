@@ -60,7 +60,7 @@ def calibrate_cmd(
     """Measure this node (the scenario's GPU preset): single-device runs across micro-batch, recompute and
     precision, then node runs across dp/zero/tp; fit the model's constants and write them with provenance.
     Prints predicted vs measured for every run before and after the fit."""
-    from stratagem.launch.calibrate import default_gpus, run_calibration
+    from stratagem.launch.runners.calibrate import default_gpus, run_calibration
 
     scn = load_scenario(scenario)
     check_device(scn)

@@ -115,7 +115,7 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
     """The multi-fidelity search: screening, real runs through Ray, calibration; prints the measured runs.
     SIGINT/SIGTERM: the in-flight runs are killed and released, exit 130/143; every run of this call failed:
     exit 1 with the first reason."""
-    from stratagem.launch.real import RayRunEvaluator
+    from stratagem.launch.runners.real import RayRunEvaluator
     from stratagem.reports import terminal as view
     from stratagem.search.multifidelity import Stopped, run_multifidelity
 

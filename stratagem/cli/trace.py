@@ -13,7 +13,7 @@ from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scena
 
 if TYPE_CHECKING:
     from stratagem.evaluators import Calibration, Evaluation
-    from stratagem.launch.trace import TracedRole
+    from stratagem.launch.trace.run import TracedRole
     from stratagem.search.screening import Mode
     from stratagem.search.traced import TracedResult
     from stratagem.spaces import Scenario
@@ -28,8 +28,8 @@ _NAMES = {"weights": "weights", "gradients": "gradients", "optimizer": "optimize
 
 def trace_table(role: TracedRole) -> Table:
     """Traced vs analytic memory per block for one rank role (GiB, or MiB below 1 GiB)."""
-    from stratagem.launch.fake import BLOCKS
-    from stratagem.launch.trace import ANALYTIC_BLOCKS
+    from stratagem.launch.trace.fake import BLOCKS
+    from stratagem.launch.trace.run import ANALYTIC_BLOCKS
 
     table = Table(title=f"{role.role} stage (rank {role.rank}, chunks {role.stage_ids})", title_justify="left")
     unit, scale = ("GiB", GIB) if role.peak_bytes >= GIB else ("MiB", float(2**20))
@@ -51,7 +51,7 @@ def trace_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = Fa
     tensors (the harness's own model, parallelism and optimizer; a fake process group of the plan's world
     size): the peak bytes split into weights, gradients, optimizer states, activations and the rest, beside
     the analytic prediction. Plans the harness cannot run are refused with its reason."""
-    from stratagem.launch.trace import trace_plan
+    from stratagem.launch.trace.run import trace_plan
 
     scn, pl = scenario_and_plan(scenario, plan)
     start = time.perf_counter()
@@ -77,7 +77,7 @@ def traced_phase(scn: Scenario, url: str, name: str, mode: Mode, traced: int, ca
     """`stratagem search --traced K`: the analytic search, then up to K traced trials (one line each)."""
     from rich.console import Console
 
-    from stratagem.launch.trace import trace_plan
+    from stratagem.launch.trace.run import trace_plan
     from stratagem.search.traced import run_traced
 
     out = Console(stderr=True) if quiet else console

@@ -189,7 +189,7 @@ def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple
 
 def op_layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> Array:
     """Saved elements per layer per micro-batch under torchtitan's op-level selective recompute (what the
-    harness's policy saves: stratagem.launch.parallelize `op_sac_context`, after torchtitan
+    harness's policy saves: stratagem.launch.harness.parallelize `op_sac_context`, after torchtitan
     torchtitan/distributed/activation_checkpoint.py `_save_list`: every mm output but every second one, the
     attention output, reduce-scatter outputs).
 

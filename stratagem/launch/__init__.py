@@ -1,4 +1,10 @@
-"""launch: a plan becomes a job. The training harness (torch), the Ray runner, exporters.
+"""launch: a plan becomes a job. Four parts, each its own package or module:
+
+    harness/    the training harness (torch): model, parallelize, pipeline, train, memory, checkpoint
+    runners/    where it runs: local gloo ranks, a Ray cluster, the real-run evaluator, node calibration
+    trace/      the harness's step on fake tensors at full size (the traced fidelity)
+    export/     a plan as a torchrun / torchtitan / Megatron-LM / DeepSpeed job
+    reproduce   a stored measured trial rerun and compared
 
 Importing this package imports nothing heavy: each public name loads its module (and torch or ray) on first
 use, so `stratagem.launch.export` and the analytic path stay free of torch.
@@ -9,38 +15,17 @@ use, so `stratagem.launch.export` and the analytic path stay free of torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from stratagem.launch._lazy import lazy_exports
 
 _LAZY = {
-    # training harness (torch)
-    "run_harness": "harness", "run_plan": "harness", "validate_plan": "harness",
-    "unsupported": "support",  # torch-free: what the harness cannot run, and why
-    "MemoryCapExceeded": "memtrack",
-    "Job": "train", "build_job": "train", "train_step": "train",
-    "Transformer": "model", "build_model": "model", "synthetic_batch": "model",
-    "parallelize": "parallelize", "build_mesh": "parallelize",
-    "run_local": "local", "LocalRunError": "local",
-    "reference": "verify", "run_plans_local": "verify", "compare": "verify",
-    # Ray runner (ray)
-    "RayRunner": "ray_runner", "RunResult": "ray_runner", "harness_command": "ray_runner",
-    "RayRunEvaluator": "real", "measured_evaluation": "real",
-    # the harness result file (no torch)
-    "HarnessResult": "result", "RankFigures": "result", "read_result": "result", "parse_result": "result",
+    "run_harness": "harness.run", "run_plan": "harness.run", "validate_plan": "harness.run",
+    "unsupported": "harness.support",  # torch-free: what the harness cannot run, and why
+    "HarnessResult": "harness.result", "read_result": "harness.result", "parse_result": "harness.result",
+    "run_local": "runners.local", "RayRunner": "runners.ray_runner", "RunResult": "runners.ray_runner",
+    "RayRunEvaluator": "runners.real", "measured_evaluation": "runners.real",
+    "trace_plan": "trace.run", "TracedRole": "trace.run",
     "reproduce_trial": "reproduce",
 }
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stratagem.launch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"stratagem.launch.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratagem.errors import StratagemError
-from stratagem.launch.result import HarnessResult, parse_result, read_result
+from stratagem.launch.harness.result import HarnessResult, parse_result, read_result
 
 if TYPE_CHECKING:
     import optuna
@@ -145,7 +145,7 @@ def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | 
         now = read_result(result_file)
         log_dir = str(Path(result_file).parent)
     else:
-        from stratagem.launch.ray_runner import RayRunner
+        from stratagem.launch.runners.ray_runner import RayRunner
 
         scenario = study_scenario(study)
         runner = RayRunner(run_dir or Path("runs") / study.study_name / "reproduce", address=address,

@@ -286,7 +286,7 @@ class SearchSpace:
             raise StratagemError(f"search.precision (fp8): {rec.name} has no fp8 training recipe "
                                  f"({rec.cite('fp8_recipes')}); use bf16")
         # "op" (op-level selective recompute) is in the default axis where the stack has it: the harness runs it
-        # (stratagem/launch/parallelize.py op_sac_context) and memory.py/timing.py model it (op_layer_elements).
+        # (stratagem/launch/harness/parallelize.py op_sac_context) and memory.py/timing.py model it (op_layer_elements).
         recomputes = _choices(cfg.activation_checkpointing, RECOMPUTES,
                               [r for r in RECOMPUTES if r in rec.recompute_modes],
                               "activation_checkpointing")

@@ -17,7 +17,7 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration, evaluate
 from stratagem.evaluators.calibration_file import load_calibration, resolve_calibration
 from stratagem.evaluators.fit_hardware import HardwareRun, predict_runs
-from stratagem.launch.calibrate import run_calibration
+from stratagem.launch.runners.calibrate import run_calibration
 from stratagem.spaces import Plan, Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -55,8 +55,8 @@ def torchrun_command(bundle: ExportBundle) -> list[str]:
 
 
 def harness_parser() -> argparse.ArgumentParser:
-    """The harness's own command-line parser (stratagem/launch/harness.py; importing it imports torch)."""
-    from stratagem.launch.harness import _parser
+    """The harness's own command-line parser (stratagem/launch/harness/run.py; importing it imports torch)."""
+    from stratagem.launch.harness.run import _parser
 
     return _parser()
 
@@ -153,8 +153,8 @@ def _harness_refusal(scn: Scenario, plan: Plan) -> str | None:
     """The harness's own checks, without running it: the message it would stop with, or None."""
     import torch
 
-    from stratagem.launch.model import check_supported
-    from stratagem.launch.parallelize import build_optimizer, check_applicable
+    from stratagem.launch.harness.model import check_supported
+    from stratagem.launch.harness.parallelize import build_optimizer, check_applicable
 
     try:
         check_supported(scn.model)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from stratagem.launch.local import free_port
+from stratagem.launch.runners.local import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = str(ROOT / "examples" / "tiny-cpu.yaml")
@@ -114,5 +114,5 @@ def test_plan_for_another_world_size_is_one_line_error(tmp_path: Path) -> None:
 def test_package_import_does_not_load_torch() -> None:
     code = ("import sys, stratagem.launch, stratagem.launch.export; assert 'torch' not in sys.modules; "
             "from stratagem.launch import run_harness, unsupported; assert 'torch' not in sys.modules; "
-            "from stratagem.launch import build_job; assert 'torch' in sys.modules")
+            "from stratagem.launch.harness import build_job; assert 'torch' in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, check=False).returncode == 0

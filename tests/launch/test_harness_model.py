@@ -10,12 +10,12 @@ import torch
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.memory import _layer_elements, op_layer_elements, recomputed_layers
-from stratagem.launch.harness import validate_plan
-from stratagem.launch.memtrack import LiveBytes
-from stratagem.launch.model import build_model, materialize, named_parameters, synthetic_batch
-from stratagem.launch.parallelize import apply_ac, check_applicable
-from stratagem.launch.parallelize import recomputed_layers as harness_recomputed_layers
-from stratagem.launch.pipeline import build_stage_model, check_microbatches, chunk_layers, rank_chunks
+from stratagem.launch.harness.memtrack import LiveBytes
+from stratagem.launch.harness.model import build_model, materialize, named_parameters, synthetic_batch
+from stratagem.launch.harness.parallelize import apply_ac, check_applicable
+from stratagem.launch.harness.parallelize import recomputed_layers as harness_recomputed_layers
+from stratagem.launch.harness.pipeline import build_stage_model, check_microbatches, chunk_layers, rank_chunks
+from stratagem.launch.harness.run import validate_plan
 from stratagem.spaces import ModelSpec, Scenario, load_scenario, parse_plan
 from stratagem.spaces.columns import PlanColumns
 

@@ -21,7 +21,7 @@ import pytest
 
 from stratagem import evaluate
 from stratagem.evaluators.memory import GIB
-from stratagem.launch.verify import compare, reference, run_plans_local
+from stratagem.launch.harness.verify import compare, reference, run_plans_local
 from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]

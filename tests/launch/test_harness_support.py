@@ -1,4 +1,4 @@
-"""`stratagem.launch.support.unsupported`: the harness's refusals, decided without torch, agree with its checks."""
+"""`stratagem.launch.harness.support.unsupported`: the harness's refusals, decided without torch, agree with its checks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stratagem.errors import StratagemError
-from stratagem.launch.support import refusals, unsupported
+from stratagem.launch.harness.support import refusals, unsupported
 from stratagem.spaces import Scenario, load_scenario, parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ def tiny() -> Scenario:
 
 
 def test_importing_unsupported_imports_no_torch() -> None:
-    code = ("import sys; from stratagem.launch.harness import unsupported; "
+    code = ("import sys; from stratagem.launch.harness.run import unsupported; "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
@@ -40,7 +40,7 @@ REFUSED = [
 def test_unsupported_names_the_field_the_harness_stops_on(tiny: Scenario, text: str, field: str) -> None:
     import torch
 
-    from stratagem.launch.train import build_job
+    from stratagem.launch.harness.train import build_job
 
     plan = parse_plan(text if "precision" in text else f"{text},precision=fp32")
     reason = unsupported(tiny, plan)

@@ -58,7 +58,7 @@ def _ray_processes() -> list[str]:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory):
     """One multi-fidelity search with 4 real runs: crash, hang, OOM (memory cap), then a good run."""
-    from stratagem.launch.real import RayRunEvaluator
+    from stratagem.launch.runners.real import RayRunEvaluator
 
     tmp = tmp_path_factory.mktemp("ray")
     scn = scenario_from_dict(SCENARIO)
@@ -167,7 +167,7 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     assert _harness_processes() == []
     # Ray's agents exit on their own some seconds after their raylet; the runner's reaping (at start and after
     # shutdown) removes those whose raylet is gone. Give them that time, then nothing may be left.
-    from stratagem.launch.ray_runner import _ray_helpers, reap_orphans
+    from stratagem.launch.runners.ray_runner import _ray_helpers, reap_orphans
     from stratagem.procfs import alive
 
     deadline = time.monotonic() + 30
@@ -179,7 +179,7 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
 
 
 def test_local_rank_and_visible_devices_are_per_node() -> None:
-    from stratagem.launch.ray_runner import local_layout
+    from stratagem.launch.runners.ray_runner import local_layout
 
     # ranks 0, 2 on node a; 1, 3 on node b; Ray gave each rank one GPU id on its node
     env = local_layout(["a", "b", "a", "b"], [["3"], ["0"], ["5"], ["1"]])
@@ -240,7 +240,7 @@ def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Pat
 def test_only_old_unnamed_session_dirs_are_removed() -> None:
     import tempfile
 
-    from stratagem.launch.ray_runner import _remove_stale_temp_dirs
+    from stratagem.launch.runners.ray_runner import _remove_stale_temp_dirs
 
     old = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
     fresh = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")

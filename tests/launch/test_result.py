@@ -1,4 +1,4 @@
-"""The harness result as a model (stratagem.launch.result): a real harness run's file reads back, the part a
+"""The harness result as a model (stratagem.launch.harness.result): a real harness run's file reads back, the part a
 measured trial stores reads back too, the readers (real-run evaluation, reproduce, export) agree on it, and a
 file that is not a result is one line naming the field."""
 
@@ -14,9 +14,9 @@ import pytest
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
-from stratagem.launch.real import measured_evaluation
+from stratagem.launch.harness.result import GIB, parse_result, read_result
 from stratagem.launch.reproduce import compare_results, environment_differences
-from stratagem.launch.result import GIB, parse_result, read_result
+from stratagem.launch.runners.real import measured_evaluation
 from stratagem.spaces import load_scenario, parse_plan
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"

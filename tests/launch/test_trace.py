@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from stratagem.launch.trace import TracedRole, role_ranks, trace_plan
+from stratagem.launch.trace.run import TracedRole, role_ranks, trace_plan
 from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,14 +36,14 @@ def _scenario(gpus: int, batch: int) -> Scenario:
 def _measure(rank: int, scenario: Scenario, plans: list[Plan]) -> list[dict[str, Any]]:
     """Run each plan through the harness's run_plan: 2 warm-up steps (the memory is traced in the second,
     after the optimizer states exist), 1 timed step; every rank's figures."""
-    from stratagem.launch.harness import run_plan
+    from stratagem.launch.harness.run import run_plan
 
     return [run_plan(scenario, plan, 1, warmup=2, checkpoint=False)["ranks"] for plan in plans]
 
 
 @pytest.fixture(scope="module")
 def measured() -> dict[str, list[dict[str, Any]]]:
-    from stratagem.launch.local import run_local
+    from stratagem.launch.runners.local import run_local
 
     scn = load_scenario(TINY)
     plans = [parse_plan(p) for p in MEASURED]

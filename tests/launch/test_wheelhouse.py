@@ -91,7 +91,7 @@ def test_wheelhouse_installs_offline_into_a_venv_that_has_torch(wheelhouse: Path
                    timeout=600, env=ENV, cwd=tmp_path)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
     assert "torch" not in " ".join(os.listdir(wheelhouse))
-    check = _run([str(py), "-c", "import stratagem, stratagem.cli, stratagem.launch.calibrate, optuna, ray, torch; "
+    check = _run([str(py), "-c", "import stratagem, stratagem.cli, stratagem.launch.runners.calibrate, optuna, ray, torch; "
                   "print(stratagem.__file__)"], timeout=120, env=ENV, cwd=tmp_path)
     assert check.returncode == 0, check.stderr[-2000:]
     assert str(venv) in check.stdout  # the installed package, not this checkout

@@ -20,7 +20,7 @@ import optuna
 import pytest
 import yaml
 
-from stratagem.launch.trace import trace_plan
+from stratagem.launch.trace.run import trace_plan
 from stratagem.search.records import plan_key, standings, trial_fidelity
 from stratagem.search.screening import screen
 from stratagem.search.storage import open_storage, parse_storage

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
-from stratagem.launch.result import HarnessResult, parse_result
+from stratagem.launch.harness.result import HarnessResult, parse_result
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 

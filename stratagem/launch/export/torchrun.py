@@ -4,8 +4,8 @@ scenario + plan YAML file it reads.
 The harness entry point is `python -m stratagem.launch.harness --scenario S.yaml --plan "k=v,..." --steps N
 --out result.json [--seed S]`. Every scenario and plan field is passed verbatim (the YAML file carries the
 scenario and the plan; --plan repeats every plan field explicitly, defaults included). What the harness itself
-does not apply (its checks: stratagem.launch.parallelize.check_applicable, stratagem.launch.model.check_supported,
-stratagem.launch.parallelize.build_optimizer) is listed as unexpressed: that run stops with the harness's error.
+does not apply (its checks: stratagem.launch.harness.parallelize.check_applicable, stratagem.launch.harness.model.check_supported,
+stratagem.launch.harness.parallelize.build_optimizer) is listed as unexpressed: that run stops with the harness's error.
 test_export_parsers.py keeps `harness_limits` in step with those checks.
 """
 
@@ -74,7 +74,7 @@ def scenario_document(lay: Layout) -> dict[str, Any]:
 
 def harness_limits(lay: Layout) -> list[FieldNote]:
     """Fields of this scenario and plan that stratagem's harness does not apply (it stops with an error)."""
-    from stratagem.launch.support import model_refusal, optimizer_refusal, plan_refusals
+    from stratagem.launch.harness.support import model_refusal, optimizer_refusal, plan_refusals
 
     s, p = lay.scenario, lay.plan
     device = "cpu" if s.cluster.gpu.kind == "cpu" else "cuda"

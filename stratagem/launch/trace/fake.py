@@ -5,7 +5,7 @@ returns at once, nothing is sent), so one process can be rank `rank` of `world_s
 DeviceMesh, DTensor shards and FSDP2 units of that rank.
 
 `BlockBytes`: a TorchDispatchMode that follows every storage an op returns, real or fake (FakeTensors carry
-exact sizes without data), like `stratagem.launch.memtrack.LiveBytes`, plus a log of allocations and frees so
+exact sizes without data), like `stratagem.launch.harness.memtrack.LiveBytes`, plus a log of allocations and frees so
 that the storages alive at the peak can be named afterwards: each storage gets a serial number and a block
 (weights, gradients, optimizer, activations, rest), decided when the step is over by what it turned out to be.
 """

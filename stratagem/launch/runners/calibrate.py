@@ -47,7 +47,7 @@ from stratagem.evaluators.calibration_file import (
     write_calibration,
 )
 from stratagem.evaluators.fit_hardware import HardwareFit, HardwareRun, fit_hardware
-from stratagem.launch.support import unsupported
+from stratagem.launch.harness.support import unsupported
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.scenario import Scenario
@@ -187,7 +187,7 @@ def _rank_runs(rank: int, scenario: Scenario, plans: Sequence[Plan], steps: int,
     import torch
     import torch.distributed as dist
 
-    from stratagem.launch.harness import pick_device, run_plan
+    from stratagem.launch.harness.run import pick_device, run_plan
 
     pick_device()
     out: list[dict[str, Any]] = []
@@ -223,7 +223,7 @@ def local_runner(timeout_s: float = 900.0) -> Runner:
     """A Runner over launch.local.run_local: one launch of plan.world_size ranks per call."""
 
     def run(scenario: Scenario, plans: Sequence[Plan], steps: int, warmup: int, deadline: float) -> list[HardwareRun]:
-        from stratagem.launch.local import LocalRunError, run_local
+        from stratagem.launch.runners.local import LocalRunError, run_local
 
         world = plans[0].world_size
         try:

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from stratagem.errors import StratagemError
-from stratagem.launch.model import Transformer, build_model
-from stratagem.launch.support import microbatch_refusal
+from stratagem.launch.harness.model import Transformer, build_model
+from stratagem.launch.harness.support import microbatch_refusal
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.pipeline_split import chunk_layers as split_chunk_layers
 from stratagem.spaces.plan import Plan

@@ -1,7 +1,7 @@
 """The harness model: a Llama-style decoder built from any `ModelSpec`, seeded init, synthetic batches.
 
 RMSNorm, rotary embeddings, GQA attention through `scaled_dot_product_attention`, SwiGLU MLP (or, in the MoE
-layers of an MoE spec, stratagem.launch.moe.MoE: router + grouped experts), optional tied embeddings. Layers live in a `ModuleDict` keyed "0".."L-1" so that a pipeline stage that keeps only some of
+layers of an MoE spec, stratagem.launch.harness.moe.MoE: router + grouped experts), optional tied embeddings. Layers live in a `ModuleDict` keyed "0".."L-1" so that a pipeline stage that keeps only some of
 them (and drops the embedding or the head, set to None) has the same parameter names as the whole model:
 checkpoints and parameter comparisons work across plans.
 
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratagem.errors import StratagemError
-from stratagem.launch.support import model_refusal
+from stratagem.launch.harness.support import model_refusal
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.training import TrainingSpec
 
@@ -40,7 +40,7 @@ _WRAPPER_TOKENS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_ori
 
 
 def check_supported(spec: ModelSpec) -> None:
-    """Raise StratagemError for model features the harness does not build (see stratagem.launch.support)."""
+    """Raise StratagemError for model features the harness does not build (see stratagem.launch.harness.support)."""
     reason = model_refusal(spec)
     if reason:
         raise StratagemError(reason)
@@ -128,8 +128,8 @@ class Block(nn.Module):
         self.attention = Attention(spec)
         self.ffn_norm = RMSNorm(spec.hidden_size)
         self.feed_forward: nn.Module = FeedForward(spec)
-        if moe:  # router + grouped experts (stratagem.launch.moe)
-            from stratagem.launch.moe import MoE
+        if moe:  # router + grouped experts (stratagem.launch.harness.moe)
+            from stratagem.launch.harness.moe import MoE
 
             self.feed_forward = MoE(spec)
 

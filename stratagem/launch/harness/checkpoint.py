@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stratagem.launch.model import named_parameters
-from stratagem.launch.train import Job, as_dtensor
+from stratagem.launch.harness.model import named_parameters
+from stratagem.launch.harness.train import Job, as_dtensor
 
 __all__ = ["state_dict", "init_optimizer_state", "save", "load", "save_load_times"]
 

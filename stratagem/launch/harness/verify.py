@@ -38,7 +38,7 @@ def single_process_plan(scenario: Scenario) -> Plan:
 
 
 def _params_numpy(job: Any) -> dict[str, np.ndarray]:
-    from stratagem.launch.train import full_parameters
+    from stratagem.launch.harness.train import full_parameters
 
     return {k: v.numpy() for k, v in full_parameters(job).items()}
 
@@ -48,8 +48,8 @@ def reference(scenario: Scenario, steps: int, seed: int = 0, start_step: int = 0
     """Losses and final parameters of the single-process reference (in this process, no process group)."""
     import torch
 
-    from stratagem.launch.checkpoint import load
-    from stratagem.launch.train import build_job, train_step
+    from stratagem.launch.harness.checkpoint import load
+    from stratagem.launch.harness.train import build_job, train_step
 
     plan = single_process_plan(scenario)
     job = build_job(scenario, plan, torch.device("cpu"), seed, lr, VERIFY_EPS)
@@ -70,9 +70,9 @@ def rank_run_plans(rank: int, scenario: Scenario, plans: list[Plan], steps: int,
     """
     import torch
 
-    from stratagem.launch.checkpoint import load, save
-    from stratagem.launch.harness import run_plan, validate_plan
-    from stratagem.launch.train import build_job, train_step
+    from stratagem.launch.harness.checkpoint import load, save
+    from stratagem.launch.harness.run import run_plan, validate_plan
+    from stratagem.launch.harness.train import build_job, train_step
 
     out = []
     for i, plan in enumerate(plans):
@@ -99,7 +99,7 @@ def run_plans_local(scenario: Scenario, plans: list[Plan], steps: int, seed: int
                     actions: list[dict[str, Any]] | None = None, timeout_s: float = 300.0) -> list[dict[str, Any]]:
     """Run `plans` (all of one world size) in one local launch; per plan the losses and the parameters
     merged over ranks (each pipeline stage contributes its own)."""
-    from stratagem.launch.local import run_local
+    from stratagem.launch.runners.local import run_local
 
     worlds = {p.world_size for p in plans}
     if len(worlds) != 1:

@@ -23,8 +23,8 @@ GIB = float(2**30)
 def rank_measure(rank: int, scenario: Scenario, plans: Sequence[Plan], steps: int, warmup: int,
                  cap_gib: float | None) -> list[dict[str, Any]]:
     """On one rank: run each plan; its outcome (identical on every rank for ok and oom)."""
-    from stratagem.launch.harness import run_plan
-    from stratagem.launch.memtrack import MemoryCapExceeded
+    from stratagem.launch.harness.memtrack import MemoryCapExceeded
+    from stratagem.launch.harness.run import run_plan
 
     out: list[dict[str, Any]] = []
     for plan in plans:
@@ -43,7 +43,7 @@ def rank_measure(rank: int, scenario: Scenario, plans: Sequence[Plan], steps: in
 def measure_plans(scenario: Scenario, plans: Sequence[Plan], steps: int = 4, warmup: int = 1,
                   cap_gib: float | None = None, chunk: int = 12, timeout_s: float = 600.0) -> list[dict[str, Any]]:
     """Outcomes of `plans` (one world size), in order; see the module docstring."""
-    from stratagem.launch.local import LocalRunError, run_local
+    from stratagem.launch.runners.local import LocalRunError, run_local
 
     worlds = {p.world_size for p in plans}
     if len(worlds) != 1:

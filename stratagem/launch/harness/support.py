@@ -2,7 +2,7 @@
 
     reason = unsupported(scenario, plan)   # None, or one line "plan.cp (2): ... ; use cp=1"
 
-The harness's own checks (stratagem.launch.model.check_supported, parallelize.check_applicable,
+The harness's own checks (stratagem.launch.harness.model.check_supported, parallelize.check_applicable,
 pipeline.check_microbatches, parallelize.build_optimizer) raise StratagemError with these same lines, so a search
 that skips a plan for `unsupported`'s reason skips exactly the plans the harness would stop on. This module
 imports neither torch nor ray: the multi-fidelity loop and the exporters call it on the analytic path.
@@ -23,7 +23,7 @@ __all__ = ["DEFAULT_LR", "HARNESS_OPTIMIZERS", "model_refusal", "plan_refusals",
            "refusals", "unsupported"]
 
 DEFAULT_LR = 1e-3
-"""The harness's learning rate for real runs (tests use stratagem.launch.verify.VERIFY_LR)."""
+"""The harness's learning rate for real runs (tests use stratagem.launch.harness.verify.VERIFY_LR)."""
 
 HARNESS_OPTIMIZERS = ("adamw", "sgd", "adafactor")
 """training.optimizer values the harness builds (torch.optim.AdamW, SGD(momentum=0.9), Adafactor)."""

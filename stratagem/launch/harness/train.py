@@ -18,14 +18,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.launch.model import (
+from stratagem.launch.harness.model import (
     build_model,
     check_supported,
     materialize,
     named_parameters,
     synthetic_batch,
 )
-from stratagem.launch.parallelize import (
+from stratagem.launch.harness.parallelize import (
     build_mesh,
     build_optimizer,
     check_applicable,
@@ -35,8 +35,13 @@ from stratagem.launch.parallelize import (
     uses_loss_parallel,
     wrap_ddp,
 )
-from stratagem.launch.pipeline import build_schedule, build_stage_model, check_microbatches, rank_chunks
-from stratagem.launch.support import DEFAULT_LR
+from stratagem.launch.harness.pipeline import (
+    build_schedule,
+    build_stage_model,
+    check_microbatches,
+    rank_chunks,
+)
+from stratagem.launch.harness.support import DEFAULT_LR
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -136,7 +141,7 @@ def sync_tied_embedding(job: Job) -> None:
     """Sum the tied embedding's gradient over its two copies (first stage: as the embedding, last stage: as the
     output projection): each then holds the gradient of the single tied weight and takes the same step
     (Megatron's _allreduce_word_embedding_grads over its embedding group)."""
-    from stratagem.launch.memtrack import local
+    from stratagem.launch.harness.memtrack import local
 
     if job.tied_group is None:
         return
@@ -149,7 +154,7 @@ def set_aux_rows(modules: Sequence[nn.Module], plan: Plan, global_batch: int) ->
     """Tell each MoE layer how many rows the loss of one backward averages over (its balance loss is scaled
     alike): a micro-batch under a pipeline schedule (which then divides by the micro-batch count), else this
     data-parallel rank's rows (the micro-batch losses are divided by their count before backward)."""
-    from stratagem.launch.moe import MoE
+    from stratagem.launch.harness.moe import MoE
 
     rows = plan.micro_batch_size if plan.pp > 1 else global_batch // plan.dp
     for module in modules:
@@ -204,7 +209,7 @@ def train_step(job: Job, step: int, seed: int, after_backward: Callable[[], None
     sl = slice(job.dp_rank * rows, (job.dp_rank + 1) * rows)
     local_loss = _forward_backward(job, inputs[sl], targets[sl])
     if job.plan.ep > 1:
-        from stratagem.launch.moe import sync_expert_grads
+        from stratagem.launch.harness.moe import sync_expert_grads
 
         sync_expert_grads(job.parts, job.edp_group, job.plan.dp)
     sync_tied_embedding(job)

@@ -26,7 +26,7 @@ unsharded_param_bytes, grad_bytes, optimizer_bytes (on the compute device), host
 and optimizer states), peak_bytes and its source figures, rss_bytes,
 rss_peak_bytes), checkpoint (save_s, async_save_blocking_s, async_save_total_s, load_s), versions.
 
-`unsupported(scenario, plan) -> str | None` (from stratagem.launch.support; importing this module imports no
+`unsupported(scenario, plan) -> str | None` (from stratagem.launch.harness.support; importing this module imports no
 torch) is the one-line reason the harness would stop on a plan, or None: the multi-fidelity loop skips such plans.
 
 Exit codes of the command: 0 ok; 2 a plan or scenario error (one line); 3 OOM (a line starting "OOM:");
@@ -52,8 +52,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stratagem.errors import StratagemError
-from stratagem.launch.result import HarnessResult
-from stratagem.launch.support import DEFAULT_LR, unsupported
+from stratagem.launch.harness._faults import injected_fault
+from stratagem.launch.harness.result import HarnessResult
+from stratagem.launch.harness.support import DEFAULT_LR, unsupported
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario, load_scenario
@@ -61,9 +62,9 @@ from stratagem.spaces.scenario import Scenario, load_scenario
 if TYPE_CHECKING:  # torch is imported by the functions that run: `unsupported` must stay torch-free
     import torch
 
-    from stratagem.launch.train import Job
+    from stratagem.launch.harness.train import Job
 
-__all__ = ["validate_plan", "injected_fault", "run_plan", "run_harness", "main", "GIB", "unsupported"]
+__all__ = ["validate_plan", "run_plan", "run_harness", "main", "GIB", "unsupported"]
 
 # Our model never modifies a module's output in place, which is what this FSDP2 warning is about.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -121,7 +122,7 @@ def _max_over_ranks(value: float) -> float:
 
 def _check_cap(peak_bytes: float, cap_gib: float | None) -> None:
     """Collective: every rank raises together when any rank's peak passed the cap."""
-    from stratagem.launch.memtrack import MemoryCapExceeded
+    from stratagem.launch.harness.memtrack import MemoryCapExceeded
 
     if cap_gib is None:
         return
@@ -159,16 +160,6 @@ def manual_gc() -> Iterator[None]:
             gc.enable()
 
 
-def injected_fault(plan: Plan) -> str:
-    """Fault injection for testing launchers: STRATAGEM_FAULTS is a JSON object mapping a plan's
-    `format_plan` text to "crash" (the last rank raises after the first step), "hang" (it sleeps) or
-    "cap=GiB" (a memory cap for that plan alone, so a real tracked peak trips it). Empty when unset."""
-    raw = os.environ.get("STRATAGEM_FAULTS")
-    if not raw:
-        return ""
-    return str(json.loads(raw).get(format_plan(plan), ""))
-
-
 def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: int = 0, *,
              memory_cap_gib: float | None = None, checkpoint_dir: str | Path | None = None,
              checkpoint: bool = True, lr: float = DEFAULT_LR, job: Job | None = None) -> dict[str, Any]:
@@ -179,8 +170,8 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     import torch
     import torch.distributed as dist
 
-    from stratagem.launch.memtrack import HeldParams, grad_bytes, peak_memory, rss_bytes, state_bytes
-    from stratagem.launch.train import build_job, mechanisms, train_step
+    from stratagem.launch.harness.memtrack import HeldParams, grad_bytes, peak_memory, rss_bytes, state_bytes
+    from stratagem.launch.harness.train import build_job, mechanisms, train_step
 
     world = dist.get_world_size() if dist.is_initialized() else 1
     validate_plan(scenario, plan, world)
@@ -245,7 +236,7 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     rank_figures["host_state_bytes"] += grads[1] if grads else 0
     ckpt: dict[str, Any] = {}
     if checkpoint:
-        from stratagem.launch.checkpoint import save_load_times
+        from stratagem.launch.harness.checkpoint import save_load_times
 
         base = checkpoint_dir or tempfile.gettempdir()
         name = f"stratagem-ckpt-{os.environ.get('MASTER_PORT', 'single')}-{os.getpid() if world == 1 else 0}"
@@ -303,7 +294,7 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int, w
             path = Path(out)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(path.suffix + ".tmp")
-            HarnessResult.model_validate(result)  # the schema every reader uses (stratagem.launch.result)
+            HarnessResult.model_validate(result)  # the schema every reader uses (stratagem.launch.harness.result)
             tmp.write_text(json.dumps(result, indent=1))
             tmp.replace(path)
         return result
@@ -331,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns its exit code (0 ok, 2 plan/scenario error, 3 OOM)."""
     import torch
 
-    from stratagem.launch.memtrack import MemoryCapExceeded
+    from stratagem.launch.harness.memtrack import MemoryCapExceeded
 
     args = _parser().parse_args(argv)
     try:

@@ -88,7 +88,7 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(moe.num_experts, spec.hidden_size, moe.expert_ffn_hidden_size)
         self.shared: nn.Module | None = None
         if moe.shared_experts:
-            from stratagem.launch.model import FeedForward
+            from stratagem.launch.harness.model import FeedForward
 
             self.shared = FeedForward(spec, moe.shared_experts * moe.shared_ffn)
         self.ep_group: Any = None

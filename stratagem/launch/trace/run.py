@@ -38,9 +38,8 @@ import torch
 from torch import nn
 
 from stratagem.errors import StratagemError
-from stratagem.launch.fake import BLOCKS, BlockBytes, fake_world
-from stratagem.launch.model import build_model, check_supported, named_parameters
-from stratagem.launch.parallelize import (
+from stratagem.launch.harness.model import build_model, check_supported, named_parameters
+from stratagem.launch.harness.parallelize import (
     build_mesh,
     build_optimizer,
     check_applicable,
@@ -48,8 +47,14 @@ from stratagem.launch.parallelize import (
     uses_fsdp,
     wrap_ddp,
 )
-from stratagem.launch.pipeline import build_schedule, build_stage_model, check_microbatches, rank_chunks
-from stratagem.launch.train import DEFAULT_LR, Job, _forward_backward, loss_fn
+from stratagem.launch.harness.pipeline import (
+    build_schedule,
+    build_stage_model,
+    check_microbatches,
+    rank_chunks,
+)
+from stratagem.launch.harness.train import DEFAULT_LR, Job, _forward_backward, loss_fn
+from stratagem.launch.trace.fake import BLOCKS, BlockBytes, fake_world
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -208,7 +213,7 @@ def _optimizer_states(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    from stratagem.launch.memtrack import local
+    from stratagem.launch.harness.memtrack import local
 
     lt = local(t)
     return lt.numel() * lt.element_size()

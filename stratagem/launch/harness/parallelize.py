@@ -12,7 +12,7 @@ Data parallel by zero stage (over the mesh's "dp" dim):
   2: FSDP2 fully_shard(reshard_after_forward=False): params and grads sharded at rest, unsharded params kept
      from forward to backward
   3: FSDP2 fully_shard(reshard_after_forward=True)
-Expert parallelism (MoE, ep > 1; stratagem.launch.moe): experts DTensor-sharded over the ep ranks of a second
+Expert parallelism (MoE, ep > 1; stratagem.launch.harness.moe): experts DTensor-sharded over the ep ranks of a second
 mesh (pp, edp, ep, cp, tp), all_to_all_single dispatch/combine; DDP ignores and FSDP2 skips the experts, whose
 gradients are summed over edp. Loss-parallel under TP (pp = 1): vocabulary-sharded logits and torch's
 loss_parallel cross-entropy. Offload: FSDP2 CPUOffloadPolicy (zero 2/3).
@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from stratagem.errors import StratagemError
-from stratagem.launch.model import Transformer
-from stratagem.launch.support import optimizer_refusal, plan_refusals
+from stratagem.launch.harness.model import Transformer
+from stratagem.launch.harness.support import optimizer_refusal, plan_refusals
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
@@ -49,7 +49,7 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 def check_applicable(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
     """Raise StratagemError naming the field for what the harness cannot apply to this plan here (the first
-    of stratagem.launch.support.plan_refusals; fp8 on CUDA also needs sm89+ and torchao)."""
+    of stratagem.launch.harness.support.plan_refusals; fp8 on CUDA also needs sm89+ and torchao)."""
     found = plan_refusals(plan, spec, device.type)
     if found:
         raise StratagemError(found[0])
@@ -254,12 +254,12 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any, ep_mesh: Any = None) -
     if plan.tp > 1:  # 1. tensor (+ sequence) parallel; loss-parallel where the loss is computed outside a schedule
         apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel=uses_loss_parallel(plan))
     if ep_mesh is not None:  # 1b. expert parallelism (MoE): experts sharded over the ep group
-        from stratagem.launch.moe import apply_ep
+        from stratagem.launch.harness.moe import apply_ep
 
         apply_ep(part, ep_mesh)
     apply_ac(part, plan.activation_checkpointing, plan.recompute_layers)  # 2. activation checkpointing
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
-        from stratagem.launch.moe import expert_parameters
+        from stratagem.launch.harness.moe import expert_parameters
 
         # torchtitan/models/llama3/infra/parallelize.py apply_fsdp: reshard_after_forward = not pp_enabled (a
         # pipeline stage runs every micro-batch's forward before their backwards: resharding would re-gather the
@@ -290,7 +290,7 @@ def wrap_ddp(part: nn.Module, plan: Plan, mesh: Any) -> nn.Module:
         return part
     from torch.nn.parallel import DistributedDataParallel
 
-    from stratagem.launch.moe import expert_parameters
+    from stratagem.launch.harness.moe import expert_parameters
 
     experts = {id(p) for p in expert_parameters(part)} if plan.ep > 1 else set()
     hold_tp_params_local(part, skip=experts)
@@ -311,7 +311,7 @@ def hold_tp_params_local(module: nn.Module, skip: set[int] | None = None) -> Non
     """Register each TP (DTensor) parameter as a plain parameter holding its local shard, for DDP.
 
     The local parameter shares the DTensor's storage and carries its DTensorSpec as `_st_info` (as torch's
-    own TP+DDP transform does; see `stratagem.launch.train.as_dtensor`). Every module that owns such a
+    own TP+DDP transform does; see `stratagem.launch.harness.train.as_dtensor`). Every module that owns such a
     parameter sees it as a DTensor during its own forward only: a pre-forward hook puts
     `DTensor.from_local(local)` in the module's instance dict, where attribute lookup finds it before the
     registered parameter, and a post-forward hook removes it. Because the swap is made per owning module,

@@ -23,7 +23,7 @@ from typing import Any
 
 __all__ = ["LocalRunError", "run_local", "free_port"]
 
-_PRELOAD = ["stratagem.launch.harness", "stratagem.launch.train"]  # train: torch (harness imports it lazily)
+_PRELOAD = ["stratagem.launch.harness.run", "stratagem.launch.harness.train"]  # train: torch (harness imports it lazily)
 
 
 class LocalRunError(RuntimeError):

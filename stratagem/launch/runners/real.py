@@ -79,7 +79,7 @@ def measured_evaluation(scenario: Scenario, plan: Plan, status: Status, reason: 
     if status != "ok" or result is None:
         return Evaluation(plan=plan, status=status, reason=reason, fidelity="measured", prediction=prediction,
                           provenance=prov)
-    from stratagem.launch.result import parse_result
+    from stratagem.launch.harness.result import parse_result
 
     run = parse_result(result, f"the harness result of {plan.short()}")
     worst = run.worst_rank
@@ -120,7 +120,7 @@ class RayRunEvaluator:
     def __init__(self, run_dir: str | Path, address: str | None = None, num_cpus: int | None = None,
                  steps: int = 6, warmup: int = 2, seed: int = 0, timeout_s: float = 180.0,
                  calibration: Calibration | None = None) -> None:
-        from stratagem.launch.ray_runner import RayRunner
+        from stratagem.launch.runners.ray_runner import RayRunner
 
         self.runner = RayRunner(run_dir, address=address, num_cpus=num_cpus)
         self.steps, self.warmup, self.seed, self.timeout_s = steps, warmup, seed, timeout_s
@@ -133,7 +133,7 @@ class RayRunEvaluator:
 
     def unsupported(self, scenario: Scenario, plan: Plan) -> str | None:
         """Why the harness cannot run `plan` (launch.support.unsupported), or None: the loop skips such plans."""
-        from stratagem.launch.support import unsupported
+        from stratagem.launch.harness.support import unsupported
 
         return unsupported(scenario, plan)
 

@@ -1,6 +1,6 @@
 """Single-device plans run one after the other in this process, each set beside the analytic prediction.
 
-    python -m stratagem.launch.sweep --scenario S.yaml --out DIR [--grid] [--plans "mbs=1;mbs=2,ac=full"]
+    python -m stratagem.launch.runners.sweep --scenario S.yaml --out DIR [--grid] [--plans "mbs=1;mbs=2,ac=full"]
         [--gpu auto|PRESET] [--steps 5] [--warmup 2]
 
 --grid runs precision {bf16, fp32} x micro-batch {1, 2, 4} x recompute {none, selective, full}. The scenario's
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from stratagem.evaluators.analytic import evaluate
-from stratagem.launch.harness import GIB, run_plan
+from stratagem.launch.harness.run import GIB, run_plan
 from stratagem.spaces.hardware import ClusterSpec, gpu_preset
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.scenario import Scenario, load_scenario
@@ -140,8 +140,8 @@ def table(entries: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line of `python -m stratagem.launch.sweep`; returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m stratagem.launch.sweep", description=__doc__.split("\n")[0])
+    """Command line of `python -m stratagem.launch.runners.sweep`; returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m stratagem.launch.runners.sweep", description=__doc__.split("\n")[0])
     p.add_argument("--scenario", required=True)
     p.add_argument("--out", required=True, help="directory for the JSON results")
     p.add_argument("--plans", default=None, help='";"-separated plans (default: --grid)')

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from stratagem import procfs
-from stratagem.launch.model import named_parameters
+from stratagem.launch.harness.model import named_parameters
 
 __all__ = ["MemoryCapExceeded", "local", "state_bytes", "grad_bytes", "host_resident", "HeldParams", "LiveBytes", "peak_memory",
            "rss_bytes"]
