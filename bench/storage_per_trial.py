@@ -3,16 +3,19 @@
   analytic: `study.add_trial(evaluation_trial(...))`, one finished trial per screened plan (search/runner.py);
   measured: claim (RUNNING trial) + finish (attributes, state, values) per real run (search/claims.py).
 
-    python bench/storage_per_trial.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/bench [--n 200]
+    nice -n -10 python bench/storage_per_trial.py --postgres postgresql+psycopg://postgres@127.0.0.1:5432/bench \
+        [--n 200] [--rounds 3]
 
-The PostgreSQL URL is optional (without it only the file storages are timed). Prints ms per trial, last line
-the figure with config and versions.
+The PostgreSQL URL is optional (without it only the file storages are timed). The storages take turns, round
+after round (a shared machine's load drifts: timing one storage after the other would bias the ratio), and the
+median round counts. Prints ms per trial per round, last line the medians' ratio with config and versions.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -58,21 +61,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--postgres", help="a PostgreSQL URL (an empty database)")
     ap.add_argument("--n", type=int, default=200, help="trials per storage and mode")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds; the storages take turns in each")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stratagem-bench-"))
     urls = {"sqlite": f"sqlite:///{tmp / 'b.db'}", "journal": f"journal:{tmp / 'b.log'}"}
     if args.postgres:
         urls["postgresql"] = args.postgres
-    got = {}
-    for kind, url in urls.items():
-        got[kind] = time_storage(url, args.n)
-        print(f"{kind:10s} analytic {got[kind][0]:7.1f} ms/trial   measured (claim+finish) {got[kind][1]:7.1f} "
-              "ms/trial")
+    rounds: dict[str, list[tuple[float, float]]] = {kind: [] for kind in urls}
+    for r in range(args.rounds):
+        for kind, url in urls.items():
+            rounds[kind].append(time_storage(url, args.n))
+            a, m = rounds[kind][-1]
+            print(f"round {r + 1} {kind:10s} analytic {a:7.1f} ms/trial   measured (claim+finish) {m:7.1f} ms/trial",
+                  flush=True)
+    got = {kind: (statistics.median(a for a, _ in v), statistics.median(m for _, m in v)) for kind, v in rounds.items()}
+    for kind, (a, m) in got.items():
+        print(f"median     {kind:10s} analytic {a:7.1f} ms/trial   measured (claim+finish) {m:7.1f} ms/trial")
     ratio = ""
     if "postgresql" in got:
         ratio = (f"; postgresql/sqlite: analytic {got['postgresql'][0] / got['sqlite'][0]:.2f}x, measured "
                  f"{got['postgresql'][1] / got['sqlite'][1]:.2f}x")
-    print(f"storage per trial, n={args.n}, tiny-cpu plans{ratio} (optuna {optuna.__version__}, sqlalchemy "
+    print(f"storage per trial, n={args.n}, {args.rounds} rounds, tiny-cpu plans{ratio} (optuna {optuna.__version__}, sqlalchemy "
           f"{sqlalchemy.__version__}, python {platform.python_version()})")
 
 
