@@ -199,6 +199,9 @@ def print_measured(console: Console, mf: Any) -> None:
     if getattr(mf, "skipped", 0):
         console.print(f"skipped {mf.skipped} plan(s) the harness cannot run, e.g. {mf.skipped_example}",
                       markup=False, soft_wrap=True)
+    if getattr(mf, "traced_out", 0):
+        console.print(f"not run: {mf.traced_out} plan(s) whose traced memory does not fit, e.g. "
+                      f"{mf.traced_out_example}", markup=False, soft_wrap=True)
     if mf.history:
         last = mf.history[-1]
         console.print(f"calibration on {last['runs_used']} measured runs: median step-time error "

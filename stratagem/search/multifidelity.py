@@ -50,7 +50,7 @@ from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
 
 __all__ = ["MultiFidelityResult", "run_multifidelity", "rank_candidates", "measured_trials", "screen_candidates",
-           "check_candidates", "Stopped", "INFRA_RETRIES"]
+           "check_candidates", "Stopped", "INFRA_RETRIES", "traced_over_limit"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,10 @@ class MultiFidelityResult:
     """Runs of this call that measured their plan (status ok)."""
     first_failure: str = ""
     """The first run of this call that did not end ok: "plan: status: reason" ('' when none)."""
+    traced_out: int = 0
+    """Plans never run because their traced memory does not fit (`traced_over_limit`)."""
+    traced_out_example: str = ""
+    """One such plan and its traced peak ('' when none)."""
 
 
 _MAX_RANK_ROUNDS = 50  # rounds of ranking per batch when the harness keeps refusing plans
@@ -134,6 +138,23 @@ def rank_candidates(screening: Screening, measured: set[str], limit: int, includ
             out.append((plan, str(role)))
             if len(out) >= limit:
                 return out
+    return out
+
+
+def traced_over_limit(study: optuna.Study, usable_gib: float) -> dict[str, str]:
+    """Plan key -> why not to run it, for each plan whose standing trial is traced and does not fit: the traced
+    step (the harness's own code at full size) is closer to a real run than the analytic prediction, so no real
+    run is spent on a plan whose traced memory is over the limit (issue 16 item 2). A measured trial stands above
+    a traced one, so a plan already run is judged by its run."""
+    from stratagem.search.records import standings, trial_evaluation, trial_plan
+
+    out: dict[str, str] = {}
+    for key, s in standings(study.get_trials(deepcopy=False)).items():
+        if s.fidelity != "traced" or s.feasible:
+            continue
+        ev = trial_evaluation(s.trial)
+        peak = ev.memory.peak_gib if ev is not None and ev.memory is not None else float("nan")
+        out[key] = f"{trial_plan(s.trial).short()}: traced peak {peak:.1f} GiB over the usable {usable_gib:.1f} GiB"
     return out
 
 
@@ -284,6 +305,10 @@ def run_multifidelity(
         if budget_minutes is not None:
             study.set_user_attr("real_runs_budget_minutes", budget_minutes)
         done = measured_trials(study)
+        traced_out = traced_over_limit(study, result.screening.usable_gib)
+    if traced_out:
+        say(f"not running {len(traced_out)} plan(s) whose traced memory does not fit, e.g. "
+            f"{next(iter(traced_out.values()))}")
     history: list[dict[str, Any]] = list(study.user_attrs.get("calibration_history", []))
     cal = _refit(scenario, study, done, study_cal, history=None, recalibrate=recalibrate)
     budget_end = None if budget_minutes is None else float(started) + 60.0 * budget_minutes
@@ -307,7 +332,7 @@ def run_multifidelity(
                     want = min(want, n_trials - runs)
                 batch: list[Claim] = []
                 if want > 0:
-                    excluded = set(done) | set(claimed) | set(skipped) | {
+                    excluded = set(done) | set(claimed) | set(skipped) | set(traced_out) | {
                         k for k, n in infra.items() if n > INFRA_RETRIES}
                     ranked = _rank(scenario, space, study, cal, candidates, excluded, want, len(done), unsupported,
                                    skipped)
@@ -364,7 +389,8 @@ def run_multifidelity(
     return MultiFidelityResult(search=final, runs=runs, measured=len(done), statuses=statuses,
                                calibration=cal, history=history, seconds=time.perf_counter() - t0,
                                skipped=len(skipped), skipped_example=next(iter(skipped.values()), ""),
-                               ok_runs=ok_runs, first_failure=first_failure)
+                               ok_runs=ok_runs, first_failure=first_failure, traced_out=len(traced_out),
+                               traced_out_example=next(iter(traced_out.values()), ""))
 
 
 def _rank(scenario: Scenario, space: SearchSpace, study: optuna.Study, cal: Calibration,

@@ -159,3 +159,41 @@ def test_a_killed_workers_claim_is_taken_over(shared_url: str) -> None:
                     and t.user_attrs.get("fidelity") == "measured")
     assert states == ["COMPLETE", "FAIL"]  # the dead claim expired, the plan was measured by the new worker
     assert not live_claims(st)
+
+
+class _Role:
+    """A traced rank role (launch.trace.TracedRole's fields) built from the analytic blocks, `extra_gib` added
+    to its activations: a trace that disagrees with the analytic model by that much."""
+
+    def __init__(self, scenario, plan: Plan, extra_gib: float) -> None:
+        from stratagem.evaluators import evaluate
+
+        mem = evaluate(scenario, plan).memory
+        gib = {"weights": mem.weights_gib, "gradients": mem.gradients_gib, "optimizer": mem.optimizer_gib,
+               "activations": mem.activations_gib + extra_gib, "rest": mem.transient_gib}
+        self.role, self.blocks = "only", {k: int(v * 2**30) for k, v in gib.items()}
+        self.peak_bytes = sum(self.blocks.values())
+
+    def to_json(self) -> dict:
+        return {"role": self.role, "peak_gib": self.peak_bytes / 2**30,
+                "blocks_gib": {k: v / 2**30 for k, v in self.blocks.items()}}
+
+
+def test_no_real_run_for_a_plan_whose_traced_memory_does_not_fit(tmp_path: Path) -> None:
+    from stratagem.search.traced import run_traced
+
+    scn = load_scenario(SCENARIO)
+    over = Plan(dp=4, micro_batch_size=2)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    hbm = scn.cluster.gpu.hbm_gib
+
+    def tracer(scenario, plan):
+        return [_Role(scenario, plan, extra_gib=2 * hbm if plan_key(plan) == plan_key(over) else 0.0)]
+
+    run_traced(scn, url, "mf", tracer, 1000)  # every plan of the space: the stand-in traces in no time
+    assert plan_key(over) in {plan_key(p) for p in PLANS}
+    ev = KnownConstants()
+    mf = run_multifidelity(scn, url, "mf", ev, real_runs=10, candidates=PlanColumns.from_plans(PLANS))
+    assert plan_key(over) not in {plan_key(p) for p in ev.ran}  # the analytic model says it fits; the trace not
+    assert mf.traced_out == 1 and mf.traced_out_example.startswith(over.short() + ": traced peak")
+    assert mf.runs == len(PLANS) - 1
