@@ -169,7 +169,9 @@ def _record_calibration(result: Any, label: str) -> None:
         import optuna
 
         study = optuna.load_study(study_name=result.study_name, storage=result.storage.url)
-    study.set_user_attr("calibration_source", label)
+    from stratagem.search.records import StudyKey
+
+    study.set_user_attr(StudyKey.CALIBRATION_SOURCE, label)
 
 
 def _remove_empty(dirs: list[Path]) -> None:

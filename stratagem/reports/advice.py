@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from stratagem.evaluators import Advice, Calibration, advise
 from stratagem.evaluators.evaluation import Evaluation
+from stratagem.search.records import StudyKey
 from stratagem.spaces.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def _view(item: Advice, own_label: str) -> AdviceView:
 
 def study_calibration(study: optuna.Study) -> Calibration | None:
     """The calibration a study's real runs refitted (its "calibration" attribute); None before any run."""
-    fitted = study.user_attrs.get("calibration")
+    fitted = study.user_attrs.get(StudyKey.CALIBRATION)
     return Calibration.model_validate(fitted) if fitted else None
 
 

@@ -25,6 +25,7 @@ from stratagem.search.records import (
     DIRECTIONS,
     OBJECTIVES,
     Standing,
+    TrialKey,
     objective_values,
     standings,
     study_scenario,
@@ -186,7 +187,7 @@ def pareto_front(values: NDArray[np.float64], directions: Sequence[str]) -> NDAr
 
 
 def _evaluation(trial: optuna.trial.FrozenTrial) -> Evaluation | None:
-    data = trial.user_attrs.get("evaluation")
+    data = trial.user_attrs.get(TrialKey.EVALUATION)
     if not data:
         return None
     try:
@@ -230,7 +231,7 @@ def _read_trial(trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
         plan = ev.plan if ev is not None else trial_plan(trial)
     except (ValidationError, TypeError):
         return None
-    reason = (ev.reason if ev is not None else "") or str(trial.user_attrs.get("pruned") or "")
+    reason = (ev.reason if ev is not None else "") or str(trial.user_attrs.get(TrialKey.PRUNED) or "")
     return TrialRecord(trial.number, plan, trial_fidelity(trial), trial_status(trial), reason, _values(trial, ev),
                        trial_constraint(trial), ev, trial_feasible(trial))
 

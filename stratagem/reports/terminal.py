@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from stratagem.evaluators.zones import bottleneck_label
-from stratagem.search.records import trial_evaluation, trial_plan
+from stratagem.search.records import TrialKey, trial_evaluation, trial_fidelity, trial_key, trial_plan
 from stratagem.search.runner import SearchResult
 
 __all__ = ["progress_bar", "front_table", "print_result", "summary_lines", "result_json", "print_measured",
@@ -48,7 +48,7 @@ def progress_bar(console: Console, enabled: bool = True) -> Iterator[Any]:
 
 def front_table(result: SearchResult, top: int) -> Table:
     """The study's Pareto front: plan, tokens/s/GPU, MFU, peak/HBM, headroom, checkpoint risk, bottleneck."""
-    fidelity = sorted({str(t.user_attrs.get("fidelity", "?")) for t in result.front[:top]})
+    fidelity = sorted({trial_fidelity(t) for t in result.front[:top]})
     table = Table(title=f"Pareto front of study {result.study_name!r}: {len(result.front)} plans"
                         + (f", top {top} by tokens/s" if len(result.front) > top else "")
                         + f" ({'/'.join(fidelity) or 'no'} figures)", title_justify="left")
@@ -146,8 +146,8 @@ def result_json(result: SearchResult) -> str:
     front = []
     for t in result.front:
         ev = trial_evaluation(t)
-        front.append({"number": t.number, "plan": t.user_attrs.get("plan"), "params": t.params,
-                      "values": t.values, "fidelity": t.user_attrs.get("fidelity"),
+        front.append({"number": t.number, "plan": trial_key(t), "params": t.params,
+                      "values": t.values, "fidelity": trial_fidelity(t),
                       "bottleneck": bottleneck_label(ev.zones) if ev is not None and ev.zones else None})
     return json.dumps({
         "study": result.study_name, "storage": result.storage.url, "mode": result.mode,
@@ -192,7 +192,7 @@ def print_measured(console: Console, mf: Any) -> None:
         cal = evaluate(scenario, ev.plan, mf.calibration)
         cal_tok = f"{cal.throughput.tokens_per_s:,.0f}" if cal.throughput else "-"
         cal_mem = f"{cal.memory.peak_gib * 1024:,.1f}" if cal.memory else "-"
-        table.add_row(str(t.number), ev.plan.short(), str(t.user_attrs.get("role", "")), status, meas_tok,
+        table.add_row(str(t.number), ev.plan.short(), str(t.user_attrs.get(TrialKey.ROLE, "")), status, meas_tok,
                       pred_tok, cal_tok, meas_mem, pred_mem, cal_mem)
     out = console if console.is_terminal else Console(width=max(console.width, 150))
     out.print(table)

@@ -18,6 +18,7 @@ from stratagem.reports.data import render_csv, render_json
 from stratagem.reports.html import render_html
 from stratagem.reports.info import DEFAULT_ADVICE_LIMIT, ParetoInfo, pareto_info
 from stratagem.reports.markdown import render_markdown
+from stratagem.search.records import StudyKey
 
 if TYPE_CHECKING:
     import optuna
@@ -171,7 +172,7 @@ _SCREENED_ROLES = ("front", "boundary", "sample")
 def unfinished_note(study: optuna.Study) -> str | None:
     """A one-line notice when the search that writes this study stopped before storing what it planned (killed,
     interrupted), from the study attribute "search_state" the search keeps: None when it finished."""
-    state = study.user_attrs.get("search_state")
+    state = study.user_attrs.get(StudyKey.SEARCH_STATE)
     if not isinstance(state, dict) or state.get("finished", True):
         return None
     planned = int(state.get("planned", 0))

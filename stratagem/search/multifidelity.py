@@ -39,7 +39,17 @@ from stratagem.evaluators import BatchEvaluator, Calibration, Evaluation, Evalua
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.search.calibrate import fit_calibration
 from stratagem.search.claims import Claim, claim, expire_claims, finish, live_claims, release, renewing
-from stratagem.search.records import DIRECTIONS, OBJECTIVES, front_trials, plan_key, trial_evaluation
+from stratagem.search.records import (
+    DIRECTIONS,
+    OBJECTIVES,
+    StudyKey,
+    TrialKey,
+    front_trials,
+    plan_key,
+    trial_evaluation,
+    trial_fidelity,
+    trial_status,
+)
 from stratagem.search.runner import SearchResult, run_search
 from stratagem.search.screening import Mode, Progress, Screening, screen
 from stratagem.search.storage import open_storage, parse_storage, storage_lock
@@ -161,7 +171,7 @@ def traced_over_limit(study: optuna.Study, usable_gib: float) -> dict[str, str]:
 def memory_band(study: optuna.Study) -> float:
     """The memory model's relative error on this study's measured peaks after the latest refit (the last
     calibration_history entry), at least 2 %; DEFAULT_MEMORY_BAND before any measured run."""
-    history = study.user_attrs.get("calibration_history") or []
+    history = study.user_attrs.get(StudyKey.CALIBRATION_HISTORY) or []
     if not history or not history[-1].get("runs_used"):
         return DEFAULT_MEMORY_BAND
     return max(0.02, float(history[-1].get("memory_error_after", DEFAULT_MEMORY_BAND)))
@@ -298,18 +308,18 @@ def run_multifidelity(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "experimental"
             study.set_metric_names(list(OBJECTIVES))  # named for optuna-dashboard
-        started = study.user_attrs.get("real_runs_started")
+        started = study.user_attrs.get(StudyKey.REAL_RUNS_STARTED)
         if started is None:
             started = time.time()
-            study.set_user_attr("real_runs_started", started)
+            study.set_user_attr(StudyKey.REAL_RUNS_STARTED, started)
         if budget_minutes is not None:
-            study.set_user_attr("real_runs_budget_minutes", budget_minutes)
+            study.set_user_attr(StudyKey.REAL_RUNS_BUDGET_MINUTES, budget_minutes)
         done = measured_trials(study)
         traced_out = traced_over_limit(study, result.screening.usable_gib)
     if traced_out:
         say(f"not running {len(traced_out)} plan(s) whose traced memory does not fit, e.g. "
             f"{next(iter(traced_out.values()))}")
-    history: list[dict[str, Any]] = list(study.user_attrs.get("calibration_history", []))
+    history: list[dict[str, Any]] = list(study.user_attrs.get(StudyKey.CALIBRATION_HISTORY, []))
     cal = _refit(scenario, study, done, study_cal, history=None, recalibrate=recalibrate)
     budget_end = None if budget_minutes is None else float(started) + 60.0 * budget_minutes
     call_end = None if timeout is None else time.monotonic() + timeout
@@ -380,7 +390,7 @@ def run_multifidelity(
         _store_recalibrated(study, scenario, space, cal, done, prov)
     statuses: dict[str, int] = {}
     for t in done.values():
-        s = str(t.user_attrs.get("status", "ok"))
+        s = trial_status(t)
         statuses[s] = statuses.get(s, 0) + 1
     if infra:
         statuses["infra"] = sum(infra.values())
@@ -469,13 +479,13 @@ def _store_recalibrated(study: optuna.Study, scenario: Scenario, space: SearchSp
     cid = _calibration_id(cal)
     latest: dict[str, optuna.trial.FrozenTrial] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        key = t.user_attrs.get("plan")
-        if key and key not in done and t.user_attrs.get("fidelity") == "analytic":
+        key = t.user_attrs.get(TrialKey.PLAN)
+        if key and key not in done and trial_fidelity(t) == "analytic":
             latest[key] = t
     usable = scenario.cluster.gpu.hbm_gib - space.config.memory_margin_gib
     added = 0
     for t in latest.values():
-        if t.user_attrs.get("provenance", {}).get("calibration") == cid:
+        if t.user_attrs.get(TrialKey.PROVENANCE, {}).get("calibration") == cid:
             continue
         ev = trial_evaluation(t)
         if ev is None:
@@ -497,6 +507,6 @@ def _refit(scenario: Scenario, study: optuna.Study, done: dict[str, optuna.trial
                         "step_error_before": fit.time_error_before, "step_error_after": fit.time_error_after,
                         "memory_error_before": fit.memory_error_before,
                         "memory_error_after": fit.memory_error_after})
-        study.set_user_attr("calibration", fit.calibration.model_dump(mode="json"))
-        study.set_user_attr("calibration_history", history)
+        study.set_user_attr(StudyKey.CALIBRATION, fit.calibration.model_dump(mode="json"))
+        study.set_user_attr(StudyKey.CALIBRATION_HISTORY, history)
     return fit.calibration

@@ -40,6 +40,10 @@ Study (added by search):
   user_attrs["search_state"]    {"finished": bool, ...}: whether the last analytic search ran to its end
   user_attrs["calibration"]     (real runs) the Calibration refitted on the study's measured trials
   user_attrs["calibration_history"]  one entry per batch of real runs
+  user_attrs["calibration_source"]   which calibration the predictions started from (defaults, a file, the study)
+  user_attrs["traced_calibration"]   (--traced) the Calibration refitted on the study's traced trials
+  user_attrs["real_runs_started"], ["real_runs_budget_minutes"]  when the first worker's real runs began (epoch
+                                seconds) and the --budget-minutes every worker counts against
 """
 
 from __future__ import annotations
@@ -128,6 +132,10 @@ class StudyKey:
     SEARCH_STATE = "search_state"
     CALIBRATION = "calibration"
     CALIBRATION_HISTORY = "calibration_history"
+    CALIBRATION_SOURCE = "calibration_source"
+    TRACED_CALIBRATION = "traced_calibration"
+    REAL_RUNS_STARTED = "real_runs_started"
+    REAL_RUNS_BUDGET_MINUTES = "real_runs_budget_minutes"
 
 
 def plan_distributions() -> dict[str, optuna.distributions.BaseDistribution]:

@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import AnalyticEvaluator, Calibration, Evaluator
-from stratagem.search.records import front_trials, plan_key
+from stratagem.search.records import StudyKey, front_trials, plan_key
 from stratagem.search.screening import Mode, Progress, ScreenCounts, Screening, screen
 from stratagem.search.storage import StorageSpec, check_storage, open_storage, parse_storage, storage_lock
 from stratagem.search.study import evaluation_trial, held_keys, open_study, provenance
@@ -119,7 +119,7 @@ def run_search(
         stored = 0
         state = {"what": "screened plans", "planned": len(keyed)}
         if todo:  # a search killed while storing leaves this unfinished: reports say so (reports.unfinished_note)
-            study.set_user_attr("search_state", {**state, "finished": False})
+            study.set_user_attr(StudyKey.SEARCH_STATE, {**state, "finished": False})
         for n, (i, role, plan) in enumerate(todo):
             ev = evaluator.evaluate(scenario, plan)
             study.add_trial(evaluation_trial(space, ev, screening.usable_gib, role, prov,
@@ -128,11 +128,11 @@ def run_search(
             if progress:
                 progress("store", n + 1, len(todo))
         c = screening.counts
-        study.set_user_attr("counts", {"valid": c.valid, "screened": c.screened, "pruned": c.pruned,
+        study.set_user_attr(StudyKey.COUNTS, {"valid": c.valid, "screened": c.screened, "pruned": c.pruned,
                                        "feasible": c.feasible, "front": c.front})
-        study.set_user_attr("screening", screening.mode)
-        if todo or not study.user_attrs.get("search_state", {}).get("finished", True):
-            study.set_user_attr("search_state", {**state, "finished": True})
+        study.set_user_attr(StudyKey.SCREENING, screening.mode)
+        if todo or not study.user_attrs.get(StudyKey.SEARCH_STATE, {}).get("finished", True):
+            study.set_user_attr(StudyKey.SEARCH_STATE, {**state, "finished": True})
     return SearchResult(study_name=study_name, storage=spec, counts=screening.counts, mode=screening.mode,
                         stored=stored, already=already, front=front_trials(study), trials=len(study.trials),
                         seconds=time.perf_counter() - t0, screening=screening, study=study,

@@ -28,7 +28,7 @@ import optuna
 
 from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.evaluators.evaluation import Evaluation, MemoryBreakdown
-from stratagem.search.records import plan_key, standings
+from stratagem.search.records import StudyKey, plan_key, standings
 from stratagem.search.runner import SearchResult, run_search
 from stratagem.search.screening import Mode, Progress, Screening
 from stratagem.search.study import evaluation_trial, provenance
@@ -40,7 +40,7 @@ __all__ = ["TracedRoleLike", "Tracer", "TracedResult", "traced_order", "traced_e
            "run_traced", "TRACED_CALIBRATION"]
 
 GIB = float(2**30)
-TRACED_CALIBRATION = "traced_calibration"
+TRACED_CALIBRATION = StudyKey.TRACED_CALIBRATION
 """Study attribute: the Calibration refitted on the study's traced trials (model_dump)."""
 _BLOCKS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer"),
            ("activations", "activations"), ("rest", "transient"))
