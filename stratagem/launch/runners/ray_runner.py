@@ -15,7 +15,9 @@ rank's own GPU (as under torchrun) and NCCL sees its node peers.
 Failures become statuses, never exceptions: `oom` (a rank printed "OOM:", CUDA OOM or the memory cap),
 `failed` (a rank exited non-zero: the last lines of its log), `timeout` (no result within timeout_s of the
 ranks starting: all ranks killed), `infra` (the cluster's fault, not the plan's: an actor or node lost, a Ray
-system error, the bundles not schedulable within resource_wait_s, or the runner stopped).
+system error, the bundles not schedulable within resource_wait_s, or the runner stopped). On a cluster it
+joined, a plan wider than the cluster's slots now waits up to resource_wait_s for nodes to join (a lost node
+restarted or replaced) before it is `infra`.
 
     runner = RayRunner(run_dir="runs/my-study", address=None, num_cpus=4)
     result = runner.run(scenario, plan, steps=6, warmup=2, seed=0, timeout_s=120)
@@ -275,9 +277,11 @@ class RayRunner:
             return RunResult(status, reason, None, str(log_dir), command, time.perf_counter() - start, ranks or [])
 
         unit = {"GPU": 1, "CPU": 1} if self.use_gpus else {"CPU": 1}
-        if world > self.slots:
-            return result("infra", f"plan needs {world} ranks but the cluster has {self.slots} "
-                          f"{'GPUs' if self.use_gpus else 'CPUs'} now")
+        if not self._wait_for_slots(world):
+            return result("infra", "stopped" if self._stop.is_set() else
+                          f"plan needs {world} ranks but the cluster has {self.slots} "
+                          f"{'GPUs' if self.use_gpus else 'CPUs'} now" + (
+                              "" if self._temp_dir is not None else f" (waited {self.resource_wait_s:.0f} s)"))
         pg = placement_group([dict(unit) for _ in range(world)], strategy="PACK")
         actors: list[Any] = []
         key = id(actors)
@@ -343,6 +347,18 @@ class RayRunner:
                 except Exception:  # noqa: BLE001 - cleanup must go on for the other actors (a dead one raises)
                     pass
             remove_placement_group(pg)
+
+    def _wait_for_slots(self, world: int) -> bool:
+        """Whether the cluster has `world` slots: at once on a local cluster we started (no node will join),
+        else within resource_wait_s (a lost node may come back, or be replaced: waiting, not failing)."""
+        deadline = time.monotonic() + self.resource_wait_s
+        while not self._stop.is_set():
+            if self.slots >= world:
+                return True
+            if self._temp_dir is not None or time.monotonic() >= deadline:
+                return False
+            time.sleep(1.0)
+        return False
 
     def _wait(self, refs: list[Any], timeout_s: float, all_of: bool = False,
               stream: tuple[list[Any], Path] | None = None) -> bool:

@@ -119,10 +119,10 @@ class RayRunEvaluator:
 
     def __init__(self, run_dir: str | Path, address: str | None = None, num_cpus: int | None = None,
                  steps: int = 6, warmup: int = 2, seed: int = 0, timeout_s: float = 180.0,
-                 calibration: Calibration | None = None) -> None:
+                 calibration: Calibration | None = None, resource_wait_s: float = 600.0) -> None:
         from stratagem.launch.runners.ray_runner import RayRunner
 
-        self.runner = RayRunner(run_dir, address=address, num_cpus=num_cpus)
+        self.runner = RayRunner(run_dir, address=address, num_cpus=num_cpus, resource_wait_s=resource_wait_s)
         self.steps, self.warmup, self.seed, self.timeout_s = steps, warmup, seed, timeout_s
         self.calibration = calibration
 
