@@ -36,7 +36,6 @@ Exit codes of the command: 0 ok; 2 a plan or scenario error (one line); 3 OOM (a
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -45,8 +44,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,25 +139,6 @@ def _gather(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-@contextmanager
-def manual_gc() -> Iterator[None]:
-    """Python's cyclic garbage collector runs only between steps, as in torchtitan
-    (torchtitan/tools/utils.py `GarbageCollection`: gc.disable() at start, gc.collect(1) every gc_freq steps).
-
-    An automatic collection fires after a count of Python allocations, so it lands at a different point of
-    the step in a Ray actor than under torchrun, and frees cycle-held tensors (autograd graphs, checkpoint
-    frames) at a different moment: the tracked peak would move between two runs of the same plan.
-    """
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: int = 0, *,
              memory_cap_gib: float | None = None, checkpoint_dir: str | Path | None = None,
              checkpoint: bool = True, lr: float = DEFAULT_LR, job: Job | None = None) -> dict[str, Any]:
@@ -194,31 +173,29 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     held = 0
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with manual_gc():
-        for step in range(warmup + steps):
-            gc.collect(1)  # between steps, never inside one (see manual_gc)
-            _sync(device)
-            t0 = time.perf_counter()
-            if step == tracked:  # CUDA keeps its own peak over all steps (reset once above)
-                meter: AbstractContextManager[dict[str, Any]] = (
-                    peak_memory(job.parts, job.optimizer, device) if device.type != "cuda" else nullcontext({}))
-                with HeldParams(job.parts) as hp, meter as memory:
-                    loss = train_step(job, step, seed, after_backward=lambda: grads.extend(
-                        (grad_bytes(job.parts), grad_bytes(job.parts, "host"))))
-                held = hp.peak
-            else:
-                loss = train_step(job, step, seed)
-            if step == 0 and fault in ("crash", "hang") and (dist.get_rank() if dist.is_initialized() else 0) == world - 1:
-                if fault == "crash":
-                    raise RuntimeError(f"fault injected by STRATAGEM_FAULTS for {format_plan(plan)}")
-                time.sleep(24 * 3600)
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-            losses.append(loss)
-            if device.type == "cuda":
-                _check_cap(torch.cuda.max_memory_allocated(device), memory_cap_gib)
-            elif step == tracked:
-                _check_cap(memory["peak_bytes"], memory_cap_gib)
+    for step in range(warmup + steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        if step == tracked:  # CUDA keeps its own peak over all steps (reset once above)
+            meter: AbstractContextManager[dict[str, Any]] = (
+                peak_memory(job.parts, job.optimizer, device) if device.type != "cuda" else nullcontext({}))
+            with HeldParams(job.parts) as hp, meter as memory:
+                loss = train_step(job, step, seed, after_backward=lambda: grads.extend(
+                    (grad_bytes(job.parts), grad_bytes(job.parts, "host"))))
+            held = hp.peak
+        else:
+            loss = train_step(job, step, seed)
+        if step == 0 and fault in ("crash", "hang") and (dist.get_rank() if dist.is_initialized() else 0) == world - 1:
+            if fault == "crash":
+                raise RuntimeError(f"fault injected by STRATAGEM_FAULTS for {format_plan(plan)}")
+            time.sleep(24 * 3600)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        if device.type == "cuda":
+            _check_cap(torch.cuda.max_memory_allocated(device), memory_cap_gib)
+        elif step == tracked:
+            _check_cap(memory["peak_bytes"], memory_cap_gib)
     if device.type == "cuda":
         memory = {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
                   "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
