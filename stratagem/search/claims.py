@@ -12,6 +12,9 @@ It ends as:
     free again and a later batch or rerun measures it;
   - FAIL with "expired" when its worker stopped renewing for CLAIM_TTL_S, or is known dead on this host -
     `expire_claims`, run by every worker before it picks plans.
+A plan whose run was lost (released or expired) and that nobody has measured or claimed since is `orphaned`:
+the search chose it, so it is the first to run again (before the ranking moves on with a newer calibration and
+the budget of real runs is spent elsewhere).
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from stratagem.search.records import plan_key
+from stratagem.search.records import plan_key, trial_plan
 from stratagem.search.study import worker_alive, worker_id
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.space import SearchSpace
 
 __all__ = ["Claim", "CLAIM_TTL_S", "CLAIM_RENEW_S", "claim", "live_claims", "expire_claims", "finish", "release",
-           "renewing"]
+           "renewing", "orphaned"]
 
 CLAIM_TTL_S = 90.0
 """A claim not renewed for this long is expired (its worker is gone or cut off)."""
@@ -90,6 +93,19 @@ def expire_claims(study: optuna.Study, storage: optuna.storages.BaseStorage, now
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             expired += 1
     return expired
+
+
+def orphaned(study: optuna.Study) -> list[tuple[Plan, str]]:
+    """(plan, role) of each plan whose latest measured-fidelity trial is a lost run (FAIL, released or expired):
+    not measured since, not claimed now; oldest loss first."""
+    latest: dict[str, FrozenTrial] = {}
+    for t in study.get_trials(deepcopy=False):
+        key = t.user_attrs.get("plan")
+        if key and t.user_attrs.get("fidelity") == "measured" and t.state != TrialState.WAITING:
+            latest[key] = t  # trials come in number order: the last one wins
+    lost = [t for t in latest.values() if t.state == TrialState.FAIL
+            and ("released" in t.user_attrs or "expired" in t.user_attrs)]
+    return [(trial_plan(t), str(t.user_attrs.get("role", "candidate"))) for t in sorted(lost, key=lambda t: t.number)]
 
 
 def finish(storage: optuna.storages.BaseStorage, c: Claim, measured: FrozenTrial) -> None:

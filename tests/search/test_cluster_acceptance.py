@@ -72,6 +72,17 @@ class Cluster:
         self.address = f"127.0.0.1:{self.port}"
         self.seen: dict[int, int | None] = {}
         """Every process of the cluster seen so far -> its start ticks (a reused pid is not killed)."""
+        self.drivers: list[subprocess.Popen] = []
+
+    def search(self, scenario: Path, url: str, study: str, real_runs: int, log: Path) -> subprocess.Popen:
+        """`stratagem search --real-runs` joined to this cluster, its output in `log` (a pipe nobody reads could
+        fill); killed by stop() if still running (a failed test)."""
+        cmd = [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--storage", url, "--study", study,
+               "--real-runs", str(real_runs), "--steps", "2", "--ray-address", self.address, "--no-report"]
+        with open(log, "w") as f:
+            self.drivers.append(subprocess.Popen(cmd, cwd=log.parent, env=ENV, stdout=f, stderr=subprocess.STDOUT,
+                                                 start_new_session=True))
+        return self.drivers[-1]
 
     def raylets(self) -> set[int]:
         needle = self.temp_dir.encode()
@@ -113,6 +124,10 @@ class Cluster:
         self._note()
 
     def stop(self) -> None:
+        for d in self.drivers:
+            if d.poll() is None:
+                d.kill()
+                d.wait(timeout=30)
         self._note()
         for pid, ticks in self.seen.items():
             if procfs.alive(pid) and procfs.start_ticks(pid) == ticks:
@@ -132,13 +147,6 @@ def cluster() -> Iterator[Cluster]:
         c.stop()
 
 
-def _search(scenario: Path, url: str, study: str, real_runs: int, address: str, log: Path) -> subprocess.Popen:
-    """`stratagem search --real-runs` joined to `address`, its output in `log` (a pipe nobody reads could fill)."""
-    cmd = [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--storage", url, "--study", study,
-           "--real-runs", str(real_runs), "--steps", "2", "--ray-address", address, "--no-report"]
-    with open(log, "w") as f:
-        return subprocess.Popen(cmd, cwd=log.parent, env=ENV, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
 
 
 def _scenario(tmp_path: Path, name: str) -> Path:
@@ -173,7 +181,7 @@ def test_two_workers_on_one_postgres_study_share_the_runs_and_take_over_a_killed
     scenario = _scenario(tmp_path, "two-workers")
     k = 3
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-    workers = [_search(scenario, fresh_postgres, "two", k, cluster.address, log) for log in logs]
+    workers = [cluster.search(scenario, fresh_postgres, "two", k, log) for log in logs]
     pids = {w.pid for w in workers}
     # Kill a worker that has measured a plan and holds a claim, while the cluster's ranks run (its own run, or the
     # other worker's while its run waits for the 2 slots: Ray does not schedule pending placement groups in order).
@@ -225,7 +233,7 @@ def test_a_node_lost_mid_run_is_infra_and_the_plan_is_retried(tmp_path: Path, cl
     scenario = _scenario(tmp_path, "node-lost")
     url = f"sqlite:///{tmp_path / 'node.db'}"
     log = tmp_path / "driver.log"
-    driver = _search(scenario, url, "node", 1, cluster.address, log)
+    driver = cluster.search(scenario, url, "node", 1, log)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and driver.poll() is None and \
             len(cluster.processes(b"stratagem.launch.harness")) < 2:

@@ -1,0 +1,38 @@
+"""Claims (search/claims.py): a lost run (released or expired) leaves its plan `orphaned` until it is measured or
+claimed again; oldest loss first, with the role the search gave it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from standin import SCENARIO
+
+from stratagem.search.claims import claim, expire_claims, finish, orphaned, release
+from stratagem.search.records import DIRECTIONS, plan_key
+from stratagem.search.storage import open_storage, parse_storage
+from stratagem.search.study import evaluation_trial
+from stratagem.spaces import Plan, SearchSpace, load_scenario
+
+
+def test_lost_runs_are_orphaned_until_measured_or_claimed(tmp_path: Path) -> None:
+    from stratagem.evaluators import evaluate
+
+    scn = load_scenario(SCENARIO)
+    space = SearchSpace(scn)
+    backend = open_storage(parse_storage(f"sqlite:///{tmp_path / 'c.db'}"))
+    study = optuna.create_study(storage=backend, study_name="c", directions=list(DIRECTIONS))
+    a, b, c = Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2)
+    claim(backend, study, space, a, "front")
+    cb = claim(backend, study, space, b, "boundary")
+    claim(backend, study, space, c, "candidate")
+    release(backend, cb, "infra: ActorDiedError")
+    assert orphaned(study) == [(b, "boundary")]
+    assert expire_claims(study, backend, now=1e12) == 2  # a and c: not renewed
+    assert orphaned(study) == [(a, "front"), (b, "boundary"), (c, "candidate")]
+    again = claim(backend, study, space, a, "front")  # another worker runs it again
+    ev = evaluate(scn, c).model_copy(update={"fidelity": "measured"})
+    finish(backend, claim(backend, study, space, c, "candidate"), evaluation_trial(space, ev, 100.0, "candidate", {}))
+    assert orphaned(study) == [(b, "boundary")]
+    release(backend, again, "stopped by signal 2")
+    assert [plan_key(p) for p, _ in orphaned(study)] == [plan_key(b), plan_key(a)]  # b was lost before a's rerun
