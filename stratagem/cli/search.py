@@ -138,7 +138,8 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
         def on_batch(entry: dict[str, Any]) -> None:
             out.print(f"measured {entry['measured']}/{real_runs}: step-time error {entry['step_error_before']:.0%}"
                       f" -> {entry['step_error_after']:.0%} after calibration, peak-memory error "
-                      f"{entry['memory_error_before']:.0%} -> {entry['memory_error_after']:.0%}", markup=False)
+                      f"{entry['memory_error_before']:.0%} -> {entry['memory_error_after']:.0%}", markup=False,
+                      soft_wrap=True)
 
         with view.progress_bar(Console(stderr=True), enabled=not quiet) as progress:
             mf = run_multifidelity(scn, url, name, evaluator, real_runs, budget_minutes, sampler=mode,
