@@ -112,6 +112,8 @@ def _counts(info: ParetoInfo) -> str:
     if info.n_unfinished:
         parts.append(f"{info.n_unfinished} unfinished trials not shown")
     out = f"<p>{_e(', '.join(parts))}.</p>"
+    if info.not_run:
+        out += "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in info.not_run) + "</ul>"
     causes = info.infeasible_summary
     if causes:
         items = "".join(f"<li>{_e(c)}: {n}</li>" for c, n in causes)

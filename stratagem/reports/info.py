@@ -25,6 +25,7 @@ from stratagem.search.records import (
     DIRECTIONS,
     OBJECTIVES,
     Standing,
+    StudyKey,
     TrialKey,
     objective_values,
     standings,
@@ -128,6 +129,9 @@ class ParetoInfo:
     plan_of_trial: dict[int, int]
     """Trial number -> index of its plan in plans."""
     advice_limit: int
+    not_run: tuple[str, ...] = ()
+    """Why the real runs left plans out, one line each (the harness cannot run them; their traced memory does
+    not fit), from the study attribute "not_run"."""
     calibration: str = ""
     """Which calibration the predictions used: the search's starting one (its `calibration_source`, e.g. a
     `stratagem calibrate` file) and whether real runs refitted it."""
@@ -321,8 +325,18 @@ def pareto_info(
         n_superseded=sum(len(v) - 1 for v in by_key.values()),
         trials=tuple(sorted((t for ts in by_key.values() for t in ts), key=lambda t: t.number)),
         plan_of_trial={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
-        calibration=_calibration_text(attrs),
+        calibration=_calibration_text(attrs), not_run=_not_run_lines(attrs),
     )
+
+
+_NOT_RUN_WHY = {"harness": "not runnable by the harness", "traced": "not run: traced memory does not fit"}
+
+
+def _not_run_lines(attrs: dict[str, Any]) -> tuple[str, ...]:
+    """One line per reason the real runs left plans out (study attribute "not_run")."""
+    found = attrs.get(StudyKey.NOT_RUN) or {}
+    return tuple(f"{_NOT_RUN_WHY.get(why, why)}: {entry.get('count', 0)} plan(s), e.g. {entry.get('example', '')}"
+                 for why, entry in found.items() if isinstance(entry, dict))
 
 
 def _calibration_text(attrs: dict[str, Any]) -> str:

@@ -121,6 +121,8 @@ def render_markdown(info: ParetoInfo, capacity: CapacityInfo | None = None) -> s
     out += _scenario(info.scenario) + [""]
     out += [f"{info.n_trials} trials, {len(info.plans)} distinct plans, {len(info.feasible)} feasible, "
             f"{len(info.front)} on the Pareto front, {len(info.measured)} measured.", ""]
+    if info.not_run:
+        out += [f"- {_md(line)}" for line in info.not_run] + [""]
     if info.infeasible_summary:
         out += ["Not feasible:"] + [f"- {_md(c)}: {n}" for c, n in info.infeasible_summary] + [""]
     out += ["## Best plan per objective", ""]

@@ -388,6 +388,9 @@ def run_multifidelity(
     with storage_lock(spec):
         done = measured_trials(study)
         _store_recalibrated(study, scenario, space, cal, done, prov)
+        study.set_user_attr(StudyKey.NOT_RUN, {
+            why: {"count": len(plans), "example": next(iter(plans.values()), "")}
+            for why, plans in (("harness", skipped), ("traced", traced_out)) if plans})
     statuses: dict[str, int] = {}
     for t in done.values():
         s = trial_status(t)

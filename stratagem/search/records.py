@@ -42,6 +42,8 @@ Study (added by search):
   user_attrs["calibration_history"]  one entry per batch of real runs
   user_attrs["calibration_source"]   which calibration the predictions started from (defaults, a file, the study)
   user_attrs["traced_calibration"]   (--traced) the Calibration refitted on the study's traced trials
+  user_attrs["not_run"]         (real runs) plans the last real-run phase did not run, by why: {"harness": {"count",
+                                "example"}: the harness cannot run them; "traced": their traced memory does not fit}
   user_attrs["real_runs_started"], ["real_runs_budget_minutes"]  when the first worker's real runs began (epoch
                                 seconds) and the --budget-minutes every worker counts against
 """
@@ -136,6 +138,7 @@ class StudyKey:
     TRACED_CALIBRATION = "traced_calibration"
     REAL_RUNS_STARTED = "real_runs_started"
     REAL_RUNS_BUDGET_MINUTES = "real_runs_budget_minutes"
+    NOT_RUN = "not_run"
 
 
 def plan_distributions() -> dict[str, optuna.distributions.BaseDistribution]:

@@ -49,6 +49,11 @@ def test_candidates_restrict_runs_and_unsupported_plans_are_skipped(tmp_path: Pa
     st = _study(url, "mf")
     assert plan_key(Plan(dp=4, zero_stage=3)) not in measured_trials(st)
     assert st.metric_names == ["tokens_per_s", "headroom_gib", "goodput_loss"]
+    from stratagem.reports import pareto_info, render_report
+
+    info = pareto_info(st)
+    assert info.not_run == (f"not runnable by the harness: 1 plan(s), e.g. {mf.skipped_example}",)
+    assert info.not_run[0] in render_report(info, "md")
 
 
 def test_refit_starts_from_the_given_calibration_and_can_be_off(tmp_path: Path) -> None:
@@ -197,3 +202,7 @@ def test_no_real_run_for_a_plan_whose_traced_memory_does_not_fit(tmp_path: Path)
     assert plan_key(over) not in {plan_key(p) for p in ev.ran}  # the analytic model says it fits; the trace not
     assert mf.traced_out == 1 and mf.traced_out_example.startswith(over.short() + ": traced peak")
     assert mf.runs == len(PLANS) - 1
+    from stratagem.reports import pareto_info
+
+    assert pareto_info(_study(url, "mf")).not_run == (
+        f"not run: traced memory does not fit: 1 plan(s), e.g. {mf.traced_out_example}",)
