@@ -3,8 +3,9 @@
 
   - two `stratagem search --real-runs K` workers started at once on one PostgreSQL study measure disjoint plans
     and together reach K; one is SIGKILLed while its run is in flight and the other runs its plan again;
-  - a node lost mid-run (its raylet SIGKILLed) yields an `infra` trial; the search waits for a node to join and
-    retries the plan, which then measures ok.
+  - a node lost mid-run (its raylet SIGKILLed) yields an `infra` trial; with no slots left the search waits for
+    a node to join (it neither fails the plan nor moves on through the others) and retries the plan, which then
+    measures ok.
 
 Tiny world-2 plans (2 layers, h=64), 2 timed steps, a space of three plans: each run is seconds; the cluster has
 2 CPU slots, so the runs of both workers take turns.
@@ -107,6 +108,18 @@ class Cluster:
         new = self.raylets() - before
         assert len(new) == 1, new
         return new.pop()
+
+    def cpus(self) -> float | None:
+        """CPU slots the cluster's GCS counts now (`ray status`; a dead node's go some 20 s after its raylet), or
+        None when `ray status` failed."""
+        done = subprocess.run([RAY, "status", "--address", self.address], env=ENV, capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode != 0 or "Total Usage" not in done.stdout:
+            return None
+        for row in done.stdout.splitlines():  # " 0.0/2.0 CPU" under "Total Usage"; no line without CPUs
+            if row.strip().endswith(" CPU") and "/" in row:
+                return float(row.split("/")[1].split()[0])
+        return 0.0
 
     def kill_raylet(self, pid: int) -> None:
         self._note()  # its agents and workers are orphaned when it dies: remember them for stop()
@@ -250,7 +263,12 @@ def test_a_node_lost_mid_run_is_infra_and_the_plan_is_retried(tmp_path: Path, cl
             break
         time.sleep(0.5)
     noticed = time.monotonic() - lost
-    cluster.add_node(2)  # the node is back (or replaced): the search waits for it, then retries the plan
+    while time.monotonic() < deadline and driver.poll() is None and cluster.cpus() != 0:
+        time.sleep(1.0)  # until the cluster knows the node is gone: the retry finds no slots and must wait
+    gone = time.monotonic() - lost
+    time.sleep(3.0)
+    assert driver.poll() is None, log.read_text()[-3000:]  # waiting for slots, not failing every plan at once
+    cluster.add_node(2)  # the node is back (or replaced): the search retries the plan on it
     driver.wait(timeout=240)
     assert driver.returncode == 0, log.read_text()[-3000:]
 
@@ -266,5 +284,36 @@ def test_a_node_lost_mid_run_is_infra_and_the_plan_is_retried(tmp_path: Path, cl
                              "--json"], capture_output=True, text=True, timeout=120)
     s = json.loads(status.stdout)
     assert s["infra"] == 1 and s["measured"] == {"ok": 1}, status.stdout
-    print(f"infra noticed {noticed:.0f} s after the raylet was killed: {infra[0].user_attrs['released']}")
+    print(f"infra noticed {noticed:.0f} s after the raylet was killed, the node gone from the cluster after "
+          f"{gone:.0f} s: {infra[0].user_attrs['released']}")
     assert cluster.processes(b"stratagem.launch.harness") == []
+
+
+def test_a_plan_wider_than_the_cluster_waits_for_a_node_to_join(tmp_path: Path, cluster: Cluster) -> None:
+    """Joined to a cluster without the slots a plan needs (its node lost and known gone), a run waits up to
+    resource_wait_s for a node to join instead of failing at once (a retry storm through every plan), then runs."""
+    import threading
+
+    from stratagem.launch.runners.ray_runner import RayRunner
+    from stratagem.spaces import Plan, scenario_from_dict
+
+    cluster.start(head_cpus=0)
+    scn = scenario_from_dict(SCENARIO)
+    plan = Plan(dp=2, micro_batch_size=4, precision="fp32")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    runner = RayRunner(tmp_path / "runs", address=cluster.address, resource_wait_s=2.0)
+    try:
+        t0 = time.monotonic()
+        lost = runner.run(scn, plan, steps=2, warmup=1, timeout_s=120)
+        assert lost.status == "infra" and "waited 2 s" in lost.reason and time.monotonic() - t0 >= 2.0, lost.reason
+        runner.resource_wait_s = 180.0
+        got = []
+        waiting = threading.Thread(target=lambda: got.append(runner.run(scn, plan, steps=2, warmup=1, timeout_s=120)))
+        waiting.start()
+        time.sleep(3.0)
+        assert waiting.is_alive() and not got  # waiting for slots, not failed
+        cluster.add_node(2)
+        waiting.join(timeout=240)
+        assert got and got[0].status == "ok", got[0].reason if got else "no result"
+    finally:
+        runner.shutdown()
