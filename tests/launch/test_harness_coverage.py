@@ -4,9 +4,10 @@ tests/launch/test_harness_plans.py: the cases are data, one launch per world siz
   CORRECT    5-step fp32 losses and final parameters equal the reference within 1e-5 relative
   SHARDING   measured per-rank parameter / gradient / optimizer bytes equal the analytic memory model's
   OFFLOAD    FSDP2 CPUOffloadPolicy keeps every model state in host memory
-for the dense tiny-cpu model, the tiny MoE model (examples/tiny-moe-cpu.yaml) and tiny-cpu with tied embeddings,
-each against its own single-process reference. Five launches (model x world size, worlds 2 and 4), about 2 min
-on an idle 2-core machine (12 min with the machine shared by eight test runs).
+for the dense tiny-cpu model, the tiny MoE model (examples/tiny-moe-cpu.yaml; also under TP, with etp = 1 and
+etp = tp), the same with a shared expert and tiny-cpu with tied embeddings, each against its own single-process
+reference. Six launches (model x world size, worlds 2 and 4), about 2 min 45 s on a 2-core machine shared with
+three other engineers (the MoE-under-TP cases add about 35 s of it).
 """
 
 from __future__ import annotations
@@ -63,15 +64,24 @@ ANALYTIC_GAPS: dict[tuple[str, str], str] = {
     for b in ("weights", "gradients")}
 # The same checks on the tiny MoE model (examples/tiny-moe-cpu.yaml) against its own single-process reference.
 MOE_CORRECT: dict[int, list[str]] = {
-    2: ["dp=2,ep=2", "dp=2,ep=2,zero=3,ac=op", "dp=2,zero=2,ac=full", "pp=2,schedule=gpipe"],
-    4: ["dp=4,ep=2", "dp=4,ep=4,zero=3", "dp=4,ep=2,dp_replicate=2,zero=3", "pp=2,dp=2,ep=2,zero=2,schedule=gpipe"],
+    2: ["dp=2,ep=2", "dp=2,ep=2,zero=3,ac=op", "dp=2,zero=2,ac=full", "pp=2,schedule=gpipe",
+        # MoE under TP (torchtitan apply_moe_ep_tp): etp=1 splits the tokens over tp, etp=tp the experts' f dim
+        "tp=2", "tp=2,etp=2,sp=true"],
+    4: ["dp=4,ep=2", "dp=4,ep=4,zero=3", "dp=4,ep=2,dp_replicate=2,zero=3", "pp=2,dp=2,ep=2,zero=2,schedule=gpipe",
+        # ep borrows tp (etp=1) under DDP; ep x etp (torchtitan ExpertTensorParallel) under FSDP2
+        "dp=2,tp=2,ep=2,sp=true", "dp=2,tp=2,ep=2,etp=2,sp=true,zero=3"],
 }
 MOE_SHARDING: dict[int, list[str]] = {2: ["dp=2,ep=2", "dp=2,ep=2,zero=3"], 4: ["dp=4,ep=4,zero=3", "dp=4,ep=2,zero=3"]}
+# MoE under TP, against the analytic model plus ROUTER_TP: the router is replicated over TP in the harness, as in
+# torchtitan (NoParallel) and Megatron-Core, while memory.py divides it by tp with the other non-expert weights.
+MOE_TP_SHARDING: dict[int, list[str]] = {4: ["dp=2,tp=2,ep=2,etp=2,sp=true,zero=3", "dp=2,tp=2,ep=4,sp=true,zero=3"]}
 _EDP_GAP = ("the harness keeps expert-parallel experts whole within the expert-data-parallel group (FSDP2 skips "
             "them); memory.py shards them over dp/ep under ZeRO")
 MOE_GAPS: dict[tuple[str, str], str] = {("dp=4,ep=2,zero=3", b): _EDP_GAP for b in ("weights", "gradients", "optimizer")}
 # Tied embeddings (tiny-cpu with tied_embeddings: true): with pp > 1 the two copies' gradients are summed.
 TIED_CORRECT: dict[int, list[str]] = {2: ["pp=2,schedule=gpipe", "dp=2,zero=3", "tp=2"]}
+# The tiny MoE model with one shared expert: under TP its w1/w3 are column and w2 row shards (a partial sum).
+SHARED_CORRECT: dict[int, list[str]] = {2: ["tp=2,ep=2,sp=true,ac=op"]}
 EXAMPLES = {"dense": "tiny-cpu", "moe": "tiny-moe-cpu"}
 TIMEOUT_S = 600.0
 
@@ -83,8 +93,11 @@ def _plan(text: str) -> Plan:
 @pytest.fixture(scope="module")
 def scenarios() -> dict[str, Scenario]:
     out = {k: load_scenario(ROOT / "examples" / f"{v}.yaml") for k, v in EXAMPLES.items()}
-    dense = out["dense"]
+    dense, moe = out["dense"], out["moe"]
     out["tied"] = dense.model_copy(update={"model": dense.model.model_copy(update={"tied_embeddings": True})})
+    assert moe.model.moe is not None
+    shared = moe.model.moe.model_copy(update={"shared_experts": 1})
+    out["shared"] = moe.model_copy(update={"model": moe.model.model_copy(update={"moe": shared})})
     return out
 
 
@@ -105,7 +118,8 @@ def launches(scenarios: dict[str, Scenario]) -> dict[Any, Any]:
     jobs: dict[tuple[str, int], list[tuple[tuple[str, str, str], Plan, dict[str, Any]]]] = {}
     lists = (("dense", "correct", CORRECT, {}), ("dense", "sharding", SHARDING, {"measure": True, "steps": 1}),
              ("moe", "correct", MOE_CORRECT, {}), ("moe", "sharding", MOE_SHARDING, {"measure": True, "steps": 1}),
-             ("tied", "correct", TIED_CORRECT, {}))
+             ("moe", "sharding", MOE_TP_SHARDING, {"measure": True, "steps": 1}),
+             ("tied", "correct", TIED_CORRECT, {}), ("shared", "correct", SHARED_CORRECT, {}))
     for model, kind, cases, action in lists:
         for world, texts in cases.items():
             jobs.setdefault((model, world), []).extend(((model, kind, t), _plan(t), dict(action)) for t in texts)
@@ -134,7 +148,8 @@ def _result(launches: dict[Any, Any], kind: str, text: str, model: str = "dense"
 
 CORRECT_CASES = [("dense", t) for texts in CORRECT.values() for t in texts] + \
     [("moe", t) for texts in MOE_CORRECT.values() for t in texts] + \
-    [("tied", t) for texts in TIED_CORRECT.values() for t in texts]
+    [("tied", t) for texts in TIED_CORRECT.values() for t in texts] + \
+    [("shared", t) for texts in SHARED_CORRECT.values() for t in texts]
 
 
 @pytest.mark.parametrize("model,text", CORRECT_CASES, ids=[f"{m}-{t}" for m, t in CORRECT_CASES])
@@ -185,6 +200,29 @@ def test_sharded_state_bytes_match_analytic_model(launches: dict[Any, Any], scen
         assert all(abs(m - expected) <= largest for m in measured), (measured, expected)
     else:
         assert measured == [pytest.approx(expected, abs=0.5)] * len(worst), (measured, expected)
+
+
+MOE_TP_CASES = [(t, b) for texts in MOE_TP_SHARDING.values() for t in texts for b in BLOCKS]
+
+
+@pytest.mark.parametrize("text,block", MOE_TP_CASES, ids=[f"{t}-{b}" for t, b in MOE_TP_CASES])
+def test_moe_tp_state_bytes_match_analytic_model_but_the_router(launches: dict[Any, Any], scenarios: dict[str, Scenario],
+                                                                text: str, block: str) -> None:
+    """Under TP the experts are split over ep x etp as memory.py splits them (so edp = 1 here, where ZeRO-3's
+    expert sharding agrees too); the router, replicated over TP by the harness (torchtitan NoParallel), is
+    counted 1/tp by memory.py: ROUTER_TP is that difference, sharded like the weights' block."""
+    plan, scn = _plan(text), scenarios["moe"]
+    moe = scn.model.moe
+    assert moe is not None
+    ranks = _result(launches, "sharding", text, "moe")["ranks"]
+    mem = _analytic(scn, plan)
+    router = scn.model.num_moe_layers() * moe.num_experts * scn.model.hidden_size * (1 - 1 / plan.tp) * 4  # fp32
+    shard = plan.dp if plan.zero_stage >= (3 if block == "weights" else 2 if block == "gradients" else 1) else 1
+    router_tp = router / shard * (2 if block == "optimizer" else 1)  # AdamW: exp_avg + exp_avg_sq
+    expected = getattr(mem, f"{block}_gib") * GIB + router_tp
+    key = {"weights": "param_bytes", "gradients": "grad_bytes", "optimizer": "optimizer_bytes"}[block]
+    measured = [r[key] + (r["unsharded_param_bytes"] if block == "weights" else 0) for r in ranks]
+    assert measured == [pytest.approx(expected, abs=0.5)] * len(ranks), (measured, expected)
 
 
 OFFLOAD_CASES = [t for texts in SHARDING.values() for t in texts if "offload" in t]

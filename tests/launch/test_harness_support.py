@@ -55,6 +55,47 @@ def test_runnable_plans_have_no_reason(tiny: Scenario, text: str) -> None:
     assert unsupported(tiny, parse_plan(f"{text},precision=fp32")) is None
 
 
+# The tiny MoE model: TP and etp = tp run; etp must be 1 or tp, ZeRO-1 and DDP under pp cannot hold the experts.
+MOE_REFUSED = [
+    ("dp=2,tp=2,etp=4", "plan.etp"),
+    ("dp=2,tp=2,zero=1,sp=true", "plan.tp"),
+    ("pp=2,dp=2,ep=2,zero=0,schedule=gpipe", "plan.ep"),
+]
+
+
+@pytest.mark.parametrize("text,field", MOE_REFUSED)
+def test_moe_refusals_name_the_field_the_harness_stops_on(text: str, field: str) -> None:
+    import torch
+
+    from stratagem.launch.harness.train import build_job
+
+    moe = load_scenario(ROOT / "examples" / "tiny-moe-cpu.yaml")
+    plan = parse_plan(f"{text},precision=fp32")
+    reason = unsupported(moe, plan)
+    assert reason is not None and reason.startswith(field), reason
+    with pytest.raises(StratagemError) as err:
+        build_job(moe, plan, torch.device("cpu"), seed=0)
+    assert str(err.value) == reason
+
+
+def test_moe_token_split_needs_tp_to_divide_the_tokens() -> None:
+    import torch
+
+    from stratagem.launch.harness.train import build_job
+
+    moe = load_scenario(ROOT / "examples" / "tiny-moe-cpu.yaml")
+    odd = moe.model_copy(update={"training": moe.training.model_copy(update={"seq_len": 31})})
+    for text in ("dp=2,tp=2,ep=2,sp=true", "dp=2,tp=2,ep=2,etp=2,sp=true,zero=3"):
+        assert unsupported(moe, parse_plan(f"{text},precision=fp32")) is None
+    plan = parse_plan("dp=2,tp=2,ep=2,precision=fp32")
+    reason = unsupported(odd, plan)
+    assert reason is not None and reason.startswith("plan.micro_batch_size") and "etp=tp" in reason, reason
+    assert unsupported(odd, parse_plan("dp=2,tp=2,ep=2,etp=2,precision=fp32")) is None  # no split with etp = tp
+    with pytest.raises(StratagemError) as err:
+        build_job(odd, plan, torch.device("cpu"), seed=0)
+    assert str(err.value) == reason
+
+
 def test_model_and_optimizer_refusals(tiny: Scenario) -> None:
     gelu = tiny.model_copy(update={"model": tiny.model.model_copy(update={"mlp": "gelu"})})
     assert (unsupported(gelu, parse_plan("dp=4")) or "").startswith("model.mlp/norm")

@@ -27,7 +27,7 @@ from torch import nn
 
 from stratagem.spaces.model import ModelSpec
 
-__all__ = ["AUX_LOSS_COEF", "AuxLoss", "GroupedExperts", "MoE", "apply_ep", "expert_parameters", "sync_expert_grads"]
+__all__ = ["AUX_LOSS_COEF", "AuxLoss", "GroupedExperts", "MoE", "apply_experts", "expert_parameters", "sync_expert_grads"]
 
 AUX_LOSS_COEF = 1e-3
 """alpha of the sequence-wise balance loss (DeepSeek-V3 uses 1e-4; larger here so 5 steps move the router)."""
@@ -76,6 +76,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _tp_replicated(w: torch.Tensor, tp_mesh: Any) -> torch.Tensor:
+    """`w` (identical on every TP rank) for local use: forward unchanged, backward the sum over TP of the
+    partial gradients (DTensor from_local(Replicate) / to_local(grad_placements=Partial))."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    return DTensor.from_local(_local(w), tp_mesh, (Replicate(),), run_check=False).to_local(
+        grad_placements=(Partial(),))
+
+
 class MoE(nn.Module):
     """Router + grouped routed experts (+ shared experts) for one MoE layer."""
 
@@ -92,35 +101,83 @@ class MoE(nn.Module):
 
             self.shared = FeedForward(spec, moe.shared_experts * moe.shared_ffn)
         self.ep_group: Any = None
-        """The expert-parallel process group (set by `apply_ep`); None: every expert is local."""
+        """The expert-parallel process group (set by `apply_experts`); None: every expert is local."""
         self.ep = 1
+        self.tp_mesh: Any = None
+        """The TP mesh when the layer runs under tensor parallelism (set by parallelize.apply_tp): its input
+        arrives replicated over it and its output leaves as a partial sum (Partial) over it."""
+        self.split_tokens = False
+        """etp = 1 under TP: each TP rank routes its 1/tp of the tokens (torchtitan ReordererSequenceParallel)."""
         self.aux_rows = 1
         """Rows (sequences) the loss of one backward averages over: the balance loss is summed over its
         sequences and divided by this, as the cross-entropy is (set by the harness per plan)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s, h]
-        """Route each token to its top-k experts and combine their outputs by the gate weights."""
+        """Route each token to its top-k experts and combine their outputs by the gate weights.
+
+        Under TP (`tp_mesh`) x arrives as a replicated DTensor and is used locally with a Partial gradient, and
+        the output is this rank's partial sum [torchtitan MoE.forward: x.to_local(grad_placements=(Partial(),))]:
+        with etp = tp every rank computes its f/etp slice of every expert and shared expert; with etp = 1 it
+        computes its 1/tp of the tokens (`split_tokens`) with whole experts, and its slice of the shared experts.
+        The router runs whole on every TP rank; its weight's gradient (partial, as every gradient inside the
+        layer) is summed over TP in backward, and the balance loss enters 1/tp per rank."""
+        from torch.distributed.tensor import DTensor, Partial
+
+        if isinstance(x, DTensor):
+            x = x.to_local(grad_placements=(Partial(),))
         b, s, h = x.shape
         tokens = x.reshape(-1, h)  # [T, h], T = b s
-        probs = F.softmax(self.gate(tokens).float(), dim=-1)  # [T, E]
+        probs = F.softmax(self._router(tokens).float(), dim=-1)  # [T, E]
         weights, chosen = probs.topk(self.top_k, dim=-1)  # [T, k]
         weights = (weights / weights.sum(-1, keepdim=True)).type_as(x)
-        flat = chosen.flatten()  # [T k]
+        mine, first = weights, 0
+        if self.split_tokens:  # [T/tp, k]: this TP rank's tokens [r T/tp, (r+1) T/tp)
+            share = tokens.shape[0] // self.tp_mesh.size()
+            first = self.tp_mesh.get_local_rank() * share
+            mine, chosen_mine = weights[first:first + share], chosen[first:first + share]
+        else:
+            chosen_mine = chosen
+        flat = chosen_mine.flatten()  # [T' k]
         order = flat.argsort(stable=True)
-        source = order // self.top_k  # token of each routed copy, sorted by expert
+        source = order // self.top_k + first  # token of each routed copy, sorted by expert
         counts = torch.bincount(flat, minlength=self.num_experts)  # [E]
         if self.ep_group is None:
-            routed = self.experts(tokens[source], counts.tolist())  # [T k, h]
+            routed = self.experts(tokens[source], counts.tolist())  # [T' k, h]
         else:
-            routed = self._dispatch_combine(tokens[source], counts)  # [T k, h]
-        routed = routed * weights.flatten()[order, None]
+            routed = self._dispatch_combine(tokens[source], counts)  # [T' k, h]
+        routed = routed * mine.flatten()[order, None]
         out = torch.zeros_like(tokens).index_add_(0, source, routed)  # [T, h]
         if self.shared is not None:
-            out = out + self.shared(tokens)
+            out = out + self._shared(tokens)
         out = out.view(b, s, h)
         if self.training and torch.is_grad_enabled():
-            out = AuxLoss.apply(out, self.balance_loss(probs.view(b, s, -1), chosen.view(b, s, -1)))  # type: ignore[no-untyped-call]
+            aux = self.balance_loss(probs.view(b, s, -1), chosen.view(b, s, -1))
+            if self.tp_mesh is not None:  # every TP rank computes it whole; their gradients are summed
+                aux = aux / self.tp_mesh.size()
+            out = AuxLoss.apply(out, aux)  # type: ignore[no-untyped-call]
         return out
+
+    def _router(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Router logits [T, E]. Under TP the gate is replicated and its gradient, partial on each rank, is
+        summed over TP by DTensor (a Replicate weight used locally with a Partial gradient: all-reduce in
+        backward; torchtitan's NoParallel router with local_output_grad_placements=(Partial(),))."""
+        if self.tp_mesh is None:
+            return self.gate(tokens)  # type: ignore[no-any-return]
+        w, bias = self.gate.weight, self.gate.bias
+        return F.linear(tokens, _tp_replicated(w, self.tp_mesh),
+                        None if bias is None else _tp_replicated(bias, self.tp_mesh))
+
+    def _shared(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Shared experts [T, h]; under TP on this rank's column (w1, w3) / row (w2) shards: a partial sum
+        (torchtitan: ColwiseParallel w1/w3, RowwiseParallel(output_layouts=Partial()) w2)."""
+        assert self.shared is not None
+        if self.tp_mesh is None:
+            return self.shared(tokens)  # type: ignore[no-any-return]
+        ff = self.shared
+        w1, w3, w2 = (_local(w).to(tokens.dtype) for w in (ff.get_parameter("w1.weight"),
+                                                          ff.get_parameter("w3.weight"),
+                                                          ff.get_parameter("down.w2.weight")))
+        return (F.silu(tokens @ w1.T) * (tokens @ w3.T)) @ w2.T  # [T, f/t] -> [T, h] partial
 
     def _dispatch_combine(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Expert parallelism: the routed copies x [n, h] (sorted by expert, counts [E]) go to the ep rank that
@@ -160,25 +217,32 @@ def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
     return [p for sub in module.modules() if isinstance(sub, GroupedExperts) for p in sub.parameters()]
 
 
-def apply_ep(part: nn.Module, ep_mesh: Any) -> None:
-    """Expert parallelism over the 1-D `ep_mesh`: each GroupedExperts weight becomes a DTensor sharded on the
-    expert dim (Shard(0): this rank's E/ep experts; materialise fills it with its slice of the seeded full
-    value), and each MoE layer dispatches over the ep group. Call on the meta-device model, before FSDP."""
+def apply_experts(part: nn.Module, experts_mesh: Any) -> None:
+    """Expert parallelism over `experts_mesh` (dims pp, edp, ep, etp; see parallelize.expert_mesh): each
+    GroupedExperts weight becomes a DTensor sharded on the expert dim over ep (Shard(0): this rank's E/ep
+    experts) and, with etp > 1, on its f dim over etp (w1, w3 Shard(1), w2 Shard(2): torchtitan
+    ExpertTensorParallel on the [ep, etp] mesh); materialise fills it with its slice of the seeded full value.
+    Each MoE layer dispatches over the ep group. Call on the meta-device model, before FSDP."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
+    ep_mesh, etp = experts_mesh["ep"], experts_mesh["etp"].size()
+    mesh = experts_mesh["ep", "etp"] if etp > 1 else ep_mesh
     for sub in part.modules():
         if isinstance(sub, MoE):
-            sub.ep_group, sub.ep = ep_mesh.get_group(), ep_mesh.size()
+            sub.ep = ep_mesh.size()
+            sub.ep_group = ep_mesh.get_group() if sub.ep > 1 else None
         if isinstance(sub, GroupedExperts):
             for name, p in list(sub.named_parameters(recurse=False)):
-                sharded = distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None)
+                placements = [Shard(0)] + ([Shard(2 if name == "w2" else 1)] if etp > 1 else [])
+                sharded = distribute_tensor(p.data, mesh, placements, src_data_rank=None)
                 sub.register_parameter(name, nn.Parameter(sharded, requires_grad=p.requires_grad))
 
 
 def sync_expert_grads(parts: list[nn.Module], edp_group: Any, dp: int) -> None:
     """Expert gradients after backward: summed over the expert-data-parallel group (the ranks holding the same
-    experts), then divided by dp, so they equal the dp-mean gradient that DDP/FSDP give the dense weights (an
-    expert's local gradient already sums what every rank of its ep group sent it)."""
+    expert shard), then divided by dp, so they equal the dp-mean gradient that DDP/FSDP give the dense weights
+    (an expert's local gradient already sums what every rank of its ep group sent it; under TP with etp = 1 the
+    TP ranks of a replica, which routed disjoint tokens, are in its edp group too)."""
     import torch.distributed as dist
 
     for part in parts:

@@ -12,9 +12,9 @@ Data parallel by zero stage (over the mesh's "dp" dim):
   2: FSDP2 fully_shard(reshard_after_forward=False): params and grads sharded at rest, unsharded params kept
      from forward to backward
   3: FSDP2 fully_shard(reshard_after_forward=True)
-Expert parallelism (MoE, ep > 1; stratagem.launch.harness.moe): experts DTensor-sharded over the ep ranks of a second
-mesh (pp, edp, ep, cp, tp), all_to_all_single dispatch/combine; DDP ignores and FSDP2 skips the experts, whose
-gradients are summed over edp. Loss-parallel under TP (pp = 1): vocabulary-sharded logits and torch's
+Expert parallelism (MoE, ep > 1 or tp > 1; stratagem.launch.harness.moe): experts DTensor-sharded over the ep (and
+etp) ranks of a second mesh (pp, edp, ep, etp), all_to_all_single dispatch/combine; DDP ignores and FSDP2 skips the
+experts, whose gradients are summed over edp. MoE under TP: torchtitan's apply_moe_ep_tp (see `apply_tp`). Loss-parallel under TP (pp = 1): vocabulary-sharded logits and torch's
 loss_parallel cross-entropy. Offload: FSDP2 CPUOffloadPolicy (zero 2/3).
 HSDP (dp_replicate > 1): FSDP2 on the 2-D (dp_replicate, dp_shard) mesh (shard within a replica, all-reduce
 across replicas); zero 1 partitions optimizer states over dp_shard. ZeRO's divisor is dp / dp_replicate.
@@ -33,6 +33,7 @@ from torch import nn
 
 from stratagem.errors import StratagemError
 from stratagem.launch.harness.model import Transformer
+from stratagem.launch.harness.moe import MoE
 from stratagem.launch.harness.support import optimizer_refusal, plan_refusals
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
@@ -42,7 +43,8 @@ from stratagem.spaces.plan import Plan
 warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
 __all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
-           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "expert_mesh", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
+           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "expert_mesh",
+           "uses_expert_mesh", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -99,16 +101,25 @@ def _blocks(part: Transformer) -> list[tuple[str, nn.Module]]:
     return list(part.layers.items())
 
 
-def apply_tp(part: Transformer, tp_mesh: Any, sequence_parallel: bool, loss_parallel: bool = False) -> None:
+def apply_tp(part: Transformer, tp_mesh: Any, sequence_parallel: bool, loss_parallel: bool = False,
+             expert_tp: bool = False) -> None:
     """Megatron-style TP with DTensor: column-parallel QKV / gate / up, row-parallel O / down; with SP the
     norms run on sequence shards and the blocks exchange [b, s/t, h] activations (all-gather before attention
     and MLP, reduce-scatter after). With `loss_parallel` the output projection leaves the logits sharded over
     the vocabulary ([b, s, V/t] DTensor, Shard(-1)) for torch's loss_parallel cross-entropy; otherwise it
-    all-gathers them ([b, s, V] on every TP rank)."""
-    from torch.distributed.tensor import Replicate, Shard
+    all-gathers them ([b, s, V] on every TP rank).
+
+    MoE layers [torchtitan apply_moe_ep_tp]: the layer's input is made Replicate (all-gathered under SP) and
+    its output is a Partial sum over TP, reduce-scattered (SP) or all-reduced back to the residual layout
+    (PrepareModuleInputOutput); inside, stratagem.launch.harness.moe.MoE computes locally: the router whole
+    on every rank, the shared experts on Colwise (w1, w3) / Rowwise (w2) shards, the routed experts on their
+    f/etp slice (`expert_tp`, etp = tp; weights placed by moe.apply_experts) or, with etp = 1, on 1/tp of the
+    tokens."""
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
+        PrepareModuleInputOutput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
@@ -133,15 +144,29 @@ def apply_tp(part: Transformer, tp_mesh: Any, sequence_parallel: bool, loss_para
         plan: dict[str, Any] = {
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=between),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.down.w2": RowwiseParallel(output_layouts=between),
         }
+        moe = block.get_submodule("feed_forward")
+        if isinstance(moe, MoE):
+            plan["feed_forward"] = PrepareModuleInputOutput(
+                input_layouts=(between,), desired_input_layouts=(Replicate(),), use_local_input=False,
+                output_layouts=(Partial(),), desired_output_layouts=(between,), use_local_output=True)
+            moe.tp_mesh, moe.split_tokens = tp_mesh, not expert_tp
+            if moe.shared is not None:  # column shards of w1, w3 [f/t, h], row shards of w2 [h, f/t]
+                for name, dim in (("w1", 0), ("w3", 0), ("down.w2", 1)):
+                    owner = moe.shared.get_submodule(name)
+                    full = owner.get_parameter("weight").data
+                    owner.register_parameter("weight", nn.Parameter(
+                        distribute_tensor(full, tp_mesh, [Shard(dim)], src_data_rank=None)))
+        else:
+            plan.update({"feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+                         "feed_forward.down.w2": RowwiseParallel(output_layouts=between)})
         if sequence_parallel:
             gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
             plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-                         "attention": gather,
-                         "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
-                                                            desired_input_layouts=(Replicate(),))})
+                         "attention": gather})
+            if not isinstance(moe, MoE):
+                plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                          desired_input_layouts=(Replicate(),))
         parallelize_module(block, tp_mesh, plan)
 
 
@@ -237,26 +262,36 @@ def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, pre
     fully_shard(part, **kw)
 
 
+def uses_expert_mesh(plan: Plan, spec: ModelSpec) -> bool:
+    """Whether the routed experts live on the expert mesh (DTensors outside DDP/FSDP, gradients summed over edp
+    by moe.sync_expert_grads): an MoE model under expert parallelism or TP."""
+    return spec.moe is not None and (plan.ep > 1 or plan.tp > 1)
+
+
 def expert_mesh(plan: Plan, device_type: str) -> Any:
-    """A second DeviceMesh over all ranks for expert parallelism, dims (pp, edp, ep, cp, tp): the dp ranks
-    folded as (edp, ep) with ep fastest, in the same rank order as the main mesh's dp (so an ep group is ep
-    consecutive dp ranks, and edp links the ranks holding the same experts)."""
+    """A second DeviceMesh over all ranks for the experts, dims (pp, edp, ep, etp): each pipeline stage's
+    dp x cp x tp ranks, in the main mesh's order (tp fastest), re-partitioned as edp x ep x etp with etp fastest
+    (Megatron-Core parallel folding, order tp-ep-dp; torchtitan's ParallelDims gives the same groups for
+    etp = 1 or tp). So with etp = tp the etp groups are the TP groups and an ep group takes ep consecutive
+    dp ranks; with etp = 1 an ep group takes consecutive (dp, tp) ranks (ep borrows tp); edp links the ranks
+    holding the same expert shard."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape = (plan.pp, plan.dp // plan.ep, plan.ep, plan.cp, plan.tp)
-    return init_device_mesh(device_type, shape, mesh_dim_names=("pp", "edp", "ep", "cp", "tp"))
+    shape = (plan.pp, plan.dp * plan.cp * plan.tp // (plan.ep * plan.etp), plan.ep, plan.etp)
+    return init_device_mesh(device_type, shape, mesh_dim_names=("pp", "edp", "ep", "etp"))
 
 
-def parallelize(part: Transformer, plan: Plan, mesh: Any, ep_mesh: Any = None) -> Transformer:
+def parallelize(part: Transformer, plan: Plan, mesh: Any, experts_mesh: Any = None) -> Transformer:
     """TP/SP, then activation checkpointing, then FSDP2 for zero 2/3 (order matters: FSDP must see the
     DTensor parameters TP made and the wrappers AC inserted). DDP for zero 0/1 comes after
     materialisation (`wrap_ddp`): it broadcasts real weights at construction."""
     if plan.tp > 1:  # 1. tensor (+ sequence) parallel; loss-parallel where the loss is computed outside a schedule
-        apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel=uses_loss_parallel(plan))
-    if ep_mesh is not None:  # 1b. expert parallelism (MoE): experts sharded over the ep group
-        from stratagem.launch.harness.moe import apply_ep
+        apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel=uses_loss_parallel(plan),
+                 expert_tp=plan.etp > 1)
+    if experts_mesh is not None:  # 1b. MoE experts on the expert mesh: sharded over ep (and etp)
+        from stratagem.launch.harness.moe import apply_experts
 
-        apply_ep(part, ep_mesh)
+        apply_experts(part, experts_mesh)
     apply_ac(part, plan.activation_checkpointing, plan.recompute_layers)  # 2. activation checkpointing
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
         from stratagem.launch.harness.moe import expert_parameters
@@ -266,7 +301,7 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any, ep_mesh: Any = None) -
         # stage's parameters for each one); the analytic model (evaluators/memory.py) follows the same rule
         apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3 and plan.pp == 1, plan.precision,
                    offload=plan.optimizer_offload == "cpu",
-                   ignored=set(expert_parameters(part)) if ep_mesh is not None else None)
+                   ignored=set(expert_parameters(part)) if experts_mesh is not None else None)
     elif plan.precision != "fp32":  # bf16 without FSDP: autocast in the model's forward
         part.autocast_dtype = torch.bfloat16
     if plan.precision == "fp8":
@@ -292,7 +327,8 @@ def wrap_ddp(part: nn.Module, plan: Plan, mesh: Any) -> nn.Module:
 
     from stratagem.launch.harness.moe import expert_parameters
 
-    experts = {id(p) for p in expert_parameters(part)} if plan.ep > 1 else set()
+    spec = getattr(part, "spec", None)
+    experts = {id(p) for p in expert_parameters(part)} if spec is not None and uses_expert_mesh(plan, spec) else set()
     hold_tp_params_local(part, skip=experts)
     if experts:  # expert-parallel experts are not replicated over dp: moe.sync_expert_grads reduces them
         names = [n for n, p in part.named_parameters() if id(p) in experts]

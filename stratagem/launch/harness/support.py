@@ -20,7 +20,7 @@ from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.training import TrainingSpec
 
 __all__ = ["DEFAULT_LR", "HARNESS_OPTIMIZERS", "model_refusal", "plan_refusals", "microbatch_refusal", "optimizer_refusal",
-           "refusals", "unsupported"]
+           "refusals", "token_split_refusal", "unsupported"]
 
 DEFAULT_LR = 1e-3
 """The harness's learning rate for real runs (tests use stratagem.launch.harness.verify.VERIFY_LR)."""
@@ -63,16 +63,18 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     if plan.cp > 1:  # torch's context_parallel shards the CUDA SDPA kernels only: on CPU it raises (torch 2.13)
         out.append(f"plan.cp ({plan.cp}): the harness does not apply context parallelism (torch's context_parallel "
                    "has no CPU attention kernel and the GPU path is not built); use cp=1")
-    if plan.ep > 1 and plan.pp > 1 and plan.zero_stage == 0:  # measured: reducer.cpp INTERNAL ASSERT (torch 2.13)
-        out.append(f"plan.ep ({plan.ep}): DDP with its expert parameters ignored fails under a pipeline schedule "
+    # MoE under ep or tp: the experts live on the expert mesh, outside DDP / ZeRO-1 (parallelize.uses_expert_mesh)
+    apart = spec.moe is not None and (plan.ep > 1 or plan.tp > 1)
+    what = f"plan.ep ({plan.ep})" if plan.ep > 1 else f"plan.tp ({plan.tp})"
+    if apart and plan.dp > 1 and plan.pp > 1 and plan.zero_stage == 0:  # measured: reducer.cpp INTERNAL ASSERT (torch 2.13)
+        out.append(f"{what}: DDP with its expert parameters ignored fails under a pipeline schedule "
                    "(its reducer rebuilds buckets over twice the parameters); use zero_stage 2 or 3 with pp > 1")
-    if plan.ep > 1 and plan.zero_stage == 1:
-        out.append(f"plan.ep ({plan.ep}): ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, "
-                   "which hold different experts under expert parallelism; use zero_stage 0, 2 or 3")
-    if plan.etp > 1:
-        out.append(f"plan.etp ({plan.etp}): the harness does not split experts' matmuls; use etp=1")
-    if spec.moe is not None and plan.tp > 1:
-        out.append(f"plan.tp ({plan.tp}): the harness does not apply tensor parallelism to MoE models; use tp=1")
+    if apart and plan.dp > 1 and plan.zero_stage == 1:
+        out.append(f"{what}: ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, "
+                   "but the experts are sharded on the expert mesh (ep x etp); use zero_stage 0, 2 or 3")
+    if plan.etp > 1 and plan.etp != plan.tp:
+        out.append(f"plan.etp ({plan.etp}): the harness splits experts' matmuls over the TP ranks only "
+                   f"(torchtitan ExpertTensorParallel: etp = tp = {plan.tp}); use etp=1 or etp=tp")
     if spec.moe is not None and plan.activation_checkpointing == "selective":
         out.append("plan.activation_checkpointing (selective): the harness's selective region is the dense MLP's "
                    "down(silu(g) * u), which MoE layers lack; use op or full")
@@ -110,7 +112,21 @@ def refusals(scenario: Scenario, plan: Plan, device_type: str | None = None) -> 
     micro = microbatch_refusal(plan, _microbatches(plan, scenario.training))
     if micro:
         out.append(micro)
+    split = token_split_refusal(plan, scenario.model, scenario.training.seq_len)
+    if split:
+        out.append(split)
     return out
+
+
+def token_split_refusal(plan: Plan, spec: ModelSpec, seq_len: int) -> str | None:
+    """MoE under TP with etp = 1: each TP rank routes 1/tp of a micro-batch's tokens, which must divide evenly
+    (torchtitan ReordererSequenceParallel raises on an uneven split too)."""
+    tokens = plan.micro_batch_size * seq_len
+    if spec.moe is not None and plan.tp > 1 and plan.etp == 1 and tokens % plan.tp:
+        return (f"plan.micro_batch_size ({plan.micro_batch_size}): with etp=1 each TP rank routes 1/tp of a "
+                f"micro-batch's tokens (torchtitan ReordererSequenceParallel), so tp ({plan.tp}) must divide "
+                f"micro_batch_size * seq_len ({tokens}); change micro_batch_size or use etp=tp")
+    return None
 
 
 def _microbatches(plan: Plan, training: TrainingSpec) -> int:

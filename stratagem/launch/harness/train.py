@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from stratagem.errors import StratagemError
 from stratagem.launch.harness.model import (
     build_model,
     check_supported,
@@ -31,6 +32,7 @@ from stratagem.launch.harness.parallelize import (
     check_applicable,
     expert_mesh,
     parallelize,
+    uses_expert_mesh,
     uses_fsdp,
     uses_loss_parallel,
     wrap_ddp,
@@ -41,7 +43,7 @@ from stratagem.launch.harness.pipeline import (
     check_microbatches,
     rank_chunks,
 )
-from stratagem.launch.harness.support import DEFAULT_LR
+from stratagem.launch.harness.support import DEFAULT_LR, token_split_refusal
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -75,7 +77,9 @@ class Job:
     loss_owner: bool = True
     """Whether this rank adds its loss to the global mean (last stage, tp rank 0)."""
     edp_group: Any = None
-    """Expert parallelism: the group of ranks holding the same experts (None: ep = dp or no ep)."""
+    """Expert parallelism: the group of ranks holding the same expert shard (None: edp = 1 or no ep)."""
+    experts_apart: bool = False
+    """The experts live on the expert mesh, outside DDP/FSDP (parallelize.uses_expert_mesh)."""
     tied_group: Any = None
     """Tied embeddings with pp > 1: this rank and its peer on the other end of the pipeline (None: no copy)."""
 
@@ -95,14 +99,17 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
     check_applicable(plan, spec, device)
     micro = plan.grad_accumulation(training.global_batch_size)
     check_microbatches(plan, micro)
+    split = token_split_refusal(plan, spec, training.seq_len)
+    if split:
+        raise StratagemError(split)
     mesh: Any = build_mesh(plan, device.type) if plan.world_size > 1 else None
-    experts: Any = expert_mesh(plan, device.type) if plan.ep > 1 else None
+    experts: Any = expert_mesh(plan, device.type) if uses_expert_mesh(plan, spec) else None
     pp_rank = _coord(mesh, "pp")
     stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
     chunks = plan.pp * plan.virtual_stages
     modules = [build_stage_model(spec, plan, s) for s in stage_ids] if plan.pp > 1 else [build_model(spec)]
     for module in modules:
-        parallelize(module, plan, mesh, experts["ep"] if experts is not None else None)
+        parallelize(module, plan, mesh, experts)
     materialize(modules, device, seed)
     set_aux_rows(modules, plan, training.global_batch_size)
     parts = [wrap_ddp(m, plan, mesh) for m in modules]
@@ -116,7 +123,8 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
         scenario=scenario, plan=plan, device=device, mesh=mesh, parts=parts, stage_ids=stage_ids,
         optimizer=optimizer, schedule=schedule, dp_rank=_coord(mesh, "dp"), microbatches=micro,
         is_first=0 in stage_ids, is_last=is_last,
-        edp_group=experts["edp"].get_group() if experts is not None and plan.dp > plan.ep else None,
+        edp_group=experts["edp"].get_group() if experts is not None and experts["edp"].size() > 1 else None,
+        experts_apart=experts is not None,
         tied_group=tied_embedding_group(mesh) if spec.tied_embeddings and plan.pp > 1 else None,
         loss_owner=is_last and _coord(mesh, "tp") == 0 and _coord(mesh, "cp") == 0,
     )
@@ -208,7 +216,7 @@ def train_step(job: Job, step: int, seed: int, after_backward: Callable[[], None
     rows = training.global_batch_size // job.plan.dp
     sl = slice(job.dp_rank * rows, (job.dp_rank + 1) * rows)
     local_loss = _forward_backward(job, inputs[sl], targets[sl])
-    if job.plan.ep > 1:
+    if job.experts_apart:
         from stratagem.launch.harness.moe import sync_expert_grads
 
         sync_expert_grads(job.parts, job.edp_group, job.plan.dp)
@@ -271,8 +279,12 @@ def mechanisms(job: Job) -> dict[str, str]:
     if uses_loss_parallel(plan):
         tp += " + loss_parallel (vocabulary-sharded logits)"
     pp = "none" if job.schedule is None else type(job.schedule).__name__
-    ep = "none" if plan.ep == 1 else (f"experts sharded over ep={plan.ep} (DTensor Shard(0)), all_to_all_single "
-                                      f"dispatch/combine, gradients summed over edp={plan.dp // plan.ep}")
+    edp = plan.dp * plan.cp * plan.tp // (plan.ep * plan.etp)
+    ep = "none" if not job.experts_apart else (
+        f"experts sharded over ep={plan.ep} (DTensor Shard(0))" + (" and etp (Shard on f)" if plan.etp > 1 else "")
+        + (", all_to_all_single dispatch/combine" if plan.ep > 1 else "") + f", gradients summed over edp={edp}")
+    if plan.tp > 1 and job.scenario.model.moe is not None:
+        ep += f"; MoE under TP: router replicated, {'expert f dim over etp' if plan.etp > 1 else 'tokens split over tp'}"
     ac = {"none": "none", "full": "checkpoint_wrapper(block)",
           "selective": "checkpoint_wrapper(mlp down(silu(g) * u))",
           "op": "checkpoint_wrapper(block, torchtitan op-level selective policy)"}[plan.activation_checkpointing]
