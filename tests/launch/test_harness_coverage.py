@@ -116,10 +116,12 @@ def launches(scenarios: dict[str, Scenario]) -> dict[Any, Any]:
     """Every case, one launch per (model, world size); results keyed by (model, kind, plan text); launch
     errors kept and re-raised by the tests of that launch."""
     jobs: dict[tuple[str, int], list[tuple[tuple[str, str, str], Plan, dict[str, Any]]]] = {}
-    lists = (("dense", "correct", CORRECT, {}), ("dense", "sharding", SHARDING, {"measure": True, "steps": 1}),
-             ("moe", "correct", MOE_CORRECT, {}), ("moe", "sharding", MOE_SHARDING, {"measure": True, "steps": 1}),
-             ("moe", "sharding", MOE_TP_SHARDING, {"measure": True, "steps": 1}),
-             ("tied", "correct", TIED_CORRECT, {}), ("shared", "correct", SHARED_CORRECT, {}))
+    measure = {"measure": True, "steps": 1}
+    lists: tuple[tuple[str, str, dict[int, list[str]], dict[str, Any]], ...] = (
+        ("dense", "correct", CORRECT, {}), ("dense", "sharding", SHARDING, measure),
+        ("moe", "correct", MOE_CORRECT, {}), ("moe", "sharding", MOE_SHARDING, measure),
+        ("moe", "sharding", MOE_TP_SHARDING, measure),
+        ("tied", "correct", TIED_CORRECT, {}), ("shared", "correct", SHARED_CORRECT, {}))
     for model, kind, cases, action in lists:
         for world, texts in cases.items():
             jobs.setdefault((model, world), []).extend(((model, kind, t), _plan(t), dict(action)) for t in texts)
