@@ -68,6 +68,7 @@ MOE_CORRECT: dict[int, list[str]] = {
         # MoE under TP (torchtitan apply_moe_ep_tp): etp=1 splits the tokens over tp, etp=tp the experts' f dim
         "tp=2", "tp=2,etp=2,sp=true"],
     4: ["dp=4,ep=2", "dp=4,ep=4,zero=3", "dp=4,ep=2,dp_replicate=2,zero=3", "pp=2,dp=2,ep=2,zero=2,schedule=gpipe",
+        "pp=2,dp=2,ep=2,zero=0,schedule=gpipe",  # DDP (experts ignored) under a pipeline schedule
         # ep borrows tp (etp=1) under DDP; ep x etp (torchtitan ExpertTensorParallel) under FSDP2
         "dp=2,tp=2,ep=2,sp=true", "dp=2,tp=2,ep=2,etp=2,sp=true,zero=3"],
 }

@@ -42,6 +42,8 @@ CORRECT: dict[int, list[str]] = {
         # DDP x TP with recompute: the re-run forward must see the DTensor weights the first one used
         "dp=2,tp=2,zero=1,sp=true,mbs=4,ac=selective", "dp=2,tp=2,zero=0,ac=selective",
         "dp=2,tp=2,zero=0,sp=true,ac=full", "dp=2,tp=2,zero=1,mbs=1,ac=full",
+        # DDP under a pipeline schedule with no forward between the first and the last backward (m = pp, 1F1B)
+        "pp=2,dp=2,zero=0,mbs=2,schedule=1f1b,ac=full",
     ],
     8: [
         "pp=2,dp=2,tp=2,zero=3,sp=true,schedule=interleaved,v=2", "pp=2,dp=2,tp=2,zero=1,schedule=1f1b",

@@ -55,11 +55,10 @@ def test_runnable_plans_have_no_reason(tiny: Scenario, text: str) -> None:
     assert unsupported(tiny, parse_plan(f"{text},precision=fp32")) is None
 
 
-# The tiny MoE model: TP and etp = tp run; etp must be 1 or tp, ZeRO-1 and DDP under pp cannot hold the experts.
+# The tiny MoE model: TP and etp = tp run; etp must be 1 or tp, ZeRO-1 cannot hold the sharded experts.
 MOE_REFUSED = [
     ("dp=2,tp=2,etp=4", "plan.etp"),
     ("dp=2,tp=2,zero=1,sp=true", "plan.tp"),
-    ("pp=2,dp=2,ep=2,zero=0,schedule=gpipe", "plan.ep"),
 ]
 
 

@@ -333,7 +333,18 @@ def wrap_ddp(part: nn.Module, plan: Plan, mesh: Any) -> nn.Module:
     if experts:  # expert-parallel experts are not replicated over dp: moe.sync_expert_grads reduces them
         names = [n for n, p in part.named_parameters() if id(p) in experts]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(part, names)  # type: ignore[no-untyped-call]
-    return DistributedDataParallel(part, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True)
+    ddp = DistributedDataParallel(part, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True)
+    if plan.pp > 1:
+        # torch.distributed.pipelining runs each micro-batch's forward under ddp.no_sync() and reduces on the last
+        # backward only (PipelineStage.backward_maybe_with_nosync calls reducer.prepare_for_backward itself); but
+        # its first step's shape inference (_forward_metadata_inference, torch 2.13) calls the module directly,
+        # outside no_sync, so DDP armed its reducer for a backward that never came: the next no_sync backward
+        # then marked every parameter ready (an extra all-reduce) and, with no forward before the last backward
+        # (m = pp under 1F1B, any m under GPipe), the bucket rebuild saw each parameter twice (reducer.cpp
+        # INTERNAL ASSERT "rebuilt parameter indices size is not same as original model parameters size").
+        # Every forward of a pipeline stage is meant to be a no_sync one: make it so for that one too.
+        ddp.require_backward_grad_sync = False
+    return ddp
 
 
 def _wait_grad(grad: torch.Tensor) -> torch.Tensor:

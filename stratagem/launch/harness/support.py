@@ -66,9 +66,6 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     # MoE under ep or tp: the experts live on the expert mesh, outside DDP / ZeRO-1 (parallelize.uses_expert_mesh)
     apart = spec.moe is not None and (plan.ep > 1 or plan.tp > 1)
     what = f"plan.ep ({plan.ep})" if plan.ep > 1 else f"plan.tp ({plan.tp})"
-    if apart and plan.dp > 1 and plan.pp > 1 and plan.zero_stage == 0:  # measured: reducer.cpp INTERNAL ASSERT (torch 2.13)
-        out.append(f"{what}: DDP with its expert parameters ignored fails under a pipeline schedule "
-                   "(its reducer rebuilds buckets over twice the parameters); use zero_stage 2 or 3 with pp > 1")
     if apart and plan.dp > 1 and plan.zero_stage == 1:
         out.append(f"{what}: ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, "
                    "but the experts are sharded on the expert mesh (ep x etp); use zero_stage 0, 2 or 3")
