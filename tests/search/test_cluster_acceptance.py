@@ -86,14 +86,15 @@ class Cluster:
         return self.drivers[-1]
 
     def raylets(self) -> set[int]:
+        return {pid for pid in self._daemons() if procfs.comm(pid) == "raylet"}
+
+    def _daemons(self) -> set[int]:
+        """The cluster's node processes (GCS, raylets, monitors: their command lines name the temp dir)."""
         needle = self.temp_dir.encode()
-        return {pid for pid in procfs.user_pids()
-                if procfs.comm(pid) == "raylet" and needle in (procfs.cmdline(pid) or b"")}
+        return {pid for pid in procfs.user_pids() if needle in (procfs.cmdline(pid) or b"")}
 
     def _note(self) -> None:
-        needle = self.temp_dir.encode()
-        own = {pid for pid in procfs.user_pids() if needle in (procfs.cmdline(pid) or b"")}
-        for pid in _descendants(own | self.raylets()):
+        for pid in _descendants(self._daemons()):
             self.seen.setdefault(pid, procfs.start_ticks(pid))
 
     def start(self, head_cpus: int) -> None:
@@ -131,10 +132,21 @@ class Cluster:
                 if marker in (procfs.cmdline(pid) or b"") and procfs.alive(pid)]
 
     def _ray(self, *args: str) -> None:
-        done = subprocess.run([RAY, *args, "--temp-dir", self.temp_dir, "--disable-usage-stats"], env=ENV,
-                              capture_output=True, text=True, timeout=180)
-        assert done.returncode == 0, done.stderr[-2000:]
-        self._note()
+        """Run `ray ARGS` for this cluster; once more if it failed (a loaded host can miss Ray's registration
+        deadlines), after killing what the failed try started."""
+        for _ in range(2):
+            before = self._daemons()
+            done = subprocess.run([RAY, *args, "--temp-dir", self.temp_dir, "--disable-usage-stats"], env=ENV,
+                                  capture_output=True, text=True, timeout=180)
+            self._note()
+            if done.returncode == 0:
+                return
+            started = self._daemons() - before  # the failed node's GCS/raylet/monitors, and below its raylet
+            for pid in _descendants(started):
+                if procfs.alive(pid) and procfs.start_ticks(pid) == self.seen.get(pid):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(2.0)
+        raise AssertionError(f"ray {' '.join(args)} failed twice: {done.stderr[-2000:]}")
 
     def stop(self) -> None:
         for d in self.drivers:
