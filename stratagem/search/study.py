@@ -12,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
-from stratagem.procfs import alive, start_ticks
+from stratagem.procfs import start_ticks, state
 from stratagem.search.records import (
     CONSTRAINT,
     DIRECTIONS,
@@ -54,7 +54,15 @@ def worker_alive(worker: dict[str, Any]) -> bool | None:
     if worker.get("host") != socket.gethostname():
         return None
     pid = int(worker.get("pid", -1))
-    if pid <= 0 or not alive(pid):  # gone, or a zombie (killed, not yet reaped by its parent)
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process (its /proc entry may be hidden too)
+    if state(pid) in ("Z", "X"):  # killed, not yet reaped by its parent
         return False
     started = worker.get("started")
     return started is None or start_ticks(pid) == started

@@ -36,3 +36,23 @@ def test_lost_runs_are_orphaned_until_measured_or_claimed(tmp_path: Path) -> Non
     assert orphaned(study) == [(b, "boundary")]
     release(backend, again, "stopped by signal 2")
     assert [plan_key(p) for p, _ in orphaned(study)] == [plan_key(b), plan_key(a)]  # b was lost before a's rerun
+
+
+def test_a_killed_worker_not_yet_reaped_is_dead() -> None:
+    """A SIGKILLed worker whose parent has not reaped it yet (a zombie) holds no claim: its plan can be taken over
+    at once rather than after CLAIM_TTL_S."""
+    import subprocess
+    import time
+
+    from stratagem.procfs import start_ticks
+    from stratagem.search.study import worker_alive, worker_id
+
+    child = subprocess.Popen(["sleep", "60"])
+    worker = {"host": worker_id()["host"], "pid": child.pid, "started": start_ticks(child.pid)}
+    assert worker_alive(worker) is True
+    child.kill()
+    time.sleep(0.5)  # a zombie now: killed, not reaped
+    assert worker_alive(worker) is False
+    child.wait()
+    assert worker_alive(worker) is False
+    assert worker_alive({**worker, "host": "elsewhere"}) is None  # another host: unknown
