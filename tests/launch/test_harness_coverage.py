@@ -41,6 +41,8 @@ CORRECT: dict[int, list[str]] = {
         "tp=2,mbs=2",
         # uneven pipeline splits: Megatron's first/last stage counts and embedding+loss as layers
         "pp=2,first_stage_layers=1,last_stage_layers=3", "pp=2,pp_split=embedding_loss,schedule=gpipe",
+        # context parallelism: torch's context_parallel ring attention (load-balanced shards), DDP / FSDP2 over cp
+        "cp=2", "cp=2,zero=3,mbs=2,ac=full",
     ],
     4: [
         # HSDP: FSDP2 on the 2-D (replicate 2, shard 2) mesh; zero 1 partitions states within a replica
@@ -49,12 +51,14 @@ CORRECT: dict[int, list[str]] = {
         "dp=2,tp=2,zero=1,sp=true,ac=op", "pp=2,tp=2,sp=true,ac=op,recompute_layers=1",
         # HSDP with offload; loss-parallel with FSDP x TP x SP and op recompute
         "dp=4,dp_replicate=2,zero=3,offload=cpu", "dp=2,tp=2,zero=3,sp=true,ac=op",
+        # cp x tp (with SP; with loss-parallel), cp x dp under ZeRO-1 over dp x cp and op recompute
+        "cp=2,tp=2,sp=true", "cp=2,tp=2", "dp=2,cp=2,zero=1,ac=op",
     ],
 }
 SHARDING: dict[int, list[str]] = {
     2: ["dp=2,zero=3,offload=cpu"],
     4: ["dp=4,dp_replicate=2,zero=3", "dp=4,dp_replicate=2,zero=2", "dp=4,dp_replicate=2,zero=1",
-        "dp=4,dp_replicate=2,zero=3,offload=cpu"],
+        "dp=4,dp_replicate=2,zero=3,offload=cpu", "dp=2,cp=2,zero=3"],
 }
 # Where the analytic model (stratagem/evaluators/memory.py) differs from what the harness measures.
 _OFFLOAD_GAP = ("memory.py moves only the optimizer block to the host under offload; FSDP2's CPUOffloadPolicy also "

@@ -1,7 +1,8 @@
 """The training harness: one plan trains for a few steps on torch (FSDP2, DTensor TP, pipelining, DCP).
 
 Modules: `run` (the entry point, `python -m stratagem.launch.harness`), `model` and `moe` (the seeded
-transformer), `parallelize` and `pipeline` (the plan applied to it), `train` (the job and its step),
+transformer), `parallelize`, `pipeline` and `context` (the plan applied to it; `context`: context parallelism),
+`train` (the job and its step),
 `memtrack` (per-rank memory), `checkpoint` (DCP timing), `support` (what it can run, torch-free), `result`
 (its result file, torch-free), `verify` (plans against the single-process reference).
 Importing the package imports no torch: each name below loads its module on first use.

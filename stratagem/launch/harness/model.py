@@ -59,11 +59,13 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def _rotary(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding on x [b, s, heads, d] (half-split convention), computed on the fly."""
+def _rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary position embedding on x [b, s, heads, d] (half-split convention), computed on the fly for
+    `positions` [s] (default 0..s-1; under context parallelism this rank's positions of the sequence)."""
     s, d = x.shape[1], x.shape[-1]
     inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)  # [s, d/2]
+    pos = torch.arange(s, device=x.device) if positions is None else positions
+    angles = torch.outer(pos.to(torch.float32), inv)  # [s, d/2]
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
     x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
@@ -80,12 +82,13 @@ class Attention(nn.Module):
         self.wv = nn.Linear(spec.hidden_size, spec.kv_size, bias=False)
         self.wo = nn.Linear(spec.q_size, spec.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s, h] (replicated over TP)
-        """Attention output projected back to the hidden size (a TP rank holds its heads' share)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:  # x [b, s, h]
+        """Attention output projected back to the hidden size (a TP rank holds its heads' share). Under
+        context parallelism x holds this rank's positions of the sequence and SDPA runs as ring attention."""
         b, s, _ = x.shape
         d = self.head_dim
-        q = _rotary(self.wq(x).view(b, s, -1, d))  # [b, s, a/t, d]
-        k = _rotary(self.wk(x).view(b, s, -1, d))  # [b, s, k/t, d]
+        q = _rotary(self.wq(x).view(b, s, -1, d), positions)  # [b, s, a/t, d]
+        k = _rotary(self.wk(x).view(b, s, -1, d), positions)  # [b, s, k/t, d]
         v = self.wv(x).view(b, s, -1, d)  # [b, s, k/t, d]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              is_causal=True, enable_gqa=True)  # [b, a/t, s, d]
@@ -133,9 +136,9 @@ class Block(nn.Module):
 
             self.feed_forward = MoE(spec)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s(/t with SP), h]
-        """x plus attention, then plus the MLP, each on the normalised input."""
-        x = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x [b, s(/t with SP), h] plus attention, then plus the MLP, each on the normalised input."""
+        x = x + self.attention(self.attention_norm(x), positions=positions)
         return x + self.feed_forward(self.ffn_norm(x))  # type: ignore[no-any-return]
 
 
@@ -157,14 +160,15 @@ class Transformer(nn.Module):
         if spec.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids (or a previous stage's hidden states) -> logits (or hidden states), under autocast."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (or a previous stage's hidden states) -> logits (or hidden states), under autocast.
+        `positions` [s]: the sequence positions x holds (context parallelism); None: 0..s-1."""
         device_type = x.device.type
         with torch.autocast(device_type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
             h = self.tok_embeddings(x) if self.tok_embeddings is not None else x  # [b, s, h]
             for layer in self.layers.values():
-                h = layer(h)
+                h = layer(h, positions=positions) if positions is not None else layer(h)
             if self.norm is not None:
                 h = self.norm(h)
             return self.output(h) if self.output is not None else h  # [b, s, V] or [b, s, h]

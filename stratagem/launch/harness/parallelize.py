@@ -44,7 +44,8 @@ warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mes
 
 __all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
            "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "expert_mesh",
-           "uses_expert_mesh", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh"]
+           "uses_expert_mesh", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh",
+           "grad_mesh"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -74,6 +75,8 @@ def build_mesh(plan: Plan, device_type: str) -> Any:
     shape = (plan.pp, plan.dp_replicate, plan.dp // plan.dp_replicate, plan.cp, plan.tp)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
     mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    if plan.cp > 1:  # torchtitan's dp_shard_cp: gradients are reduced over the dp and cp ranks together
+        mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
     return mesh
 
 
@@ -82,7 +85,13 @@ def shard_mesh(plan: Plan, mesh: Any) -> Any:
     mesh, on which FSDP2 shards over dp_shard and all-reduces gradients over dp_replicate."""
     if plan.dp_replicate > 1:
         return mesh["dp_replicate", "dp_shard"]
-    return mesh["dp"]
+    return grad_mesh(plan, mesh)
+
+
+def grad_mesh(plan: Plan, mesh: Any) -> Any:
+    """The ranks whose gradients are averaged: dp, or dp x cp under context parallelism (each cp rank's loss is
+    the mean over its share of the sequence; torchtitan shards FSDP over dp_shard_cp)."""
+    return mesh["dp_cp"] if plan.cp > 1 else mesh["dp"]
 
 
 def uses_loss_parallel(plan: Plan) -> bool:
@@ -93,8 +102,8 @@ def uses_loss_parallel(plan: Plan) -> bool:
 
 
 def uses_fsdp(plan: Plan) -> bool:
-    """Whether the plan shards parameters with FSDP2: dp > 1 and ZeRO stage 2 or 3."""
-    return plan.dp > 1 and plan.zero_stage >= 2
+    """Whether the plan shards parameters with FSDP2: dp x cp > 1 and ZeRO stage 2 or 3."""
+    return plan.dp * plan.cp > 1 and plan.zero_stage >= 2
 
 
 def _blocks(part: Transformer) -> list[tuple[str, nn.Module]]:
@@ -321,7 +330,7 @@ def wrap_ddp(part: nn.Module, plan: Plan, mesh: Any) -> nn.Module:
     has put the local shards back, so the recompute ran on the local shard ([h, f/t]) instead of the DTensor
     ([h, f]) the forward saved, and torch.utils.checkpoint rejected it (CheckpointError: different metadata).
     """
-    if plan.dp == 1 or plan.zero_stage >= 2:
+    if plan.dp * plan.cp == 1 or plan.zero_stage >= 2:
         return part
     from torch.nn.parallel import DistributedDataParallel
 
@@ -333,7 +342,7 @@ def wrap_ddp(part: nn.Module, plan: Plan, mesh: Any) -> nn.Module:
     if experts:  # expert-parallel experts are not replicated over dp: moe.sync_expert_grads reduces them
         names = [n for n, p in part.named_parameters() if id(p) in experts]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(part, names)  # type: ignore[no-untyped-call]
-    ddp = DistributedDataParallel(part, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True)
+    ddp = DistributedDataParallel(part, process_group=grad_mesh(plan, mesh).get_group(), gradient_as_bucket_view=True)
     if plan.pp > 1:
         # torch.distributed.pipelining runs each micro-batch's forward under ddp.no_sync() and reduces on the last
         # backward only (PipelineStage.backward_maybe_with_nosync calls reducer.prepare_for_backward itself); but
@@ -415,10 +424,11 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, optimizer: str, mesh
     if reason:
         raise StratagemError(reason)
     cls, kwargs = kinds[optimizer]
-    if plan.zero_stage == 1 and plan.dp > 1:
+    if plan.zero_stage == 1 and plan.dp * plan.cp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        group = mesh["dp_shard"].get_group()  # HSDP: states partitioned within a replica; else all of dp
+        # HSDP: states partitioned within a replica; else over all of dp (x cp)
+        group = (mesh["dp_shard"] if plan.dp_replicate > 1 else grad_mesh(plan, mesh)).get_group()
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group,
                                        **kwargs)
     return cls(params, **kwargs)

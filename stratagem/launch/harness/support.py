@@ -60,9 +60,15 @@ def optimizer_refusal(optimizer: str) -> str | None:
 def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     """Every plan field value the harness does not apply to this model on `device_type` ("cpu"/"cuda")."""
     out: list[str] = []
-    if plan.cp > 1:  # torch's context_parallel shards the CUDA SDPA kernels only: on CPU it raises (torch 2.13)
-        out.append(f"plan.cp ({plan.cp}): the harness does not apply context parallelism (torch's context_parallel "
-                   "has no CPU attention kernel and the GPU path is not built); use cp=1")
+    if plan.cp > 1 and plan.pp > 1:
+        out.append(f"plan.cp ({plan.cp}): the harness shards the sequence around a whole-model step; under a "
+                   "pipeline schedule the rotary positions do not reach the stages; use cp=1 or pp=1")
+    if plan.cp > 1 and spec.moe is not None:
+        out.append(f"plan.cp ({plan.cp}): the MoE balance loss is sequence-wise (it needs each whole sequence) and the "
+                   "harness's expert grid folds over dp and tp only; use cp=1 for MoE models")
+    if plan.cp > 1 and plan.dp_replicate > 1:
+        out.append(f"plan.cp ({plan.cp}): the harness reduces over dp x cp flattened, not HSDP's (replicate, shard x "
+                   "cp) mesh; use dp_replicate=1 with cp > 1")
     # MoE under ep or tp: the experts live on the expert mesh, outside DDP / ZeRO-1 (parallelize.uses_expert_mesh)
     apart = spec.moe is not None and (plan.ep > 1 or plan.tp > 1)
     what = f"plan.ep ({plan.ep})" if plan.ep > 1 else f"plan.tp ({plan.tp})"

@@ -75,7 +75,7 @@ class Job:
     is_first: bool = True
     is_last: bool = True
     loss_owner: bool = True
-    """Whether this rank adds its loss to the global mean (last stage, tp rank 0)."""
+    """Whether this rank adds its loss to the global mean (last stage, tp rank 0; every cp rank)."""
     edp_group: Any = None
     """Expert parallelism: the group of ranks holding the same expert shard (None: edp = 1 or no ep)."""
     experts_apart: bool = False
@@ -126,7 +126,7 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
         edp_group=experts["edp"].get_group() if experts is not None and experts["edp"].size() > 1 else None,
         experts_apart=experts is not None,
         tied_group=tied_embedding_group(mesh) if spec.tied_embeddings and plan.pp > 1 else None,
-        loss_owner=is_last and _coord(mesh, "tp") == 0 and _coord(mesh, "cp") == 0,
+        loss_owner=is_last and _coord(mesh, "tp") == 0,
     )
 
 
@@ -186,11 +186,24 @@ def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
         last = i == job.microbatches - 1
         no_sync = getattr(model, "no_sync", None)
         sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
-        with sync, _loss_context(job):  # DDP: all-reduce the accumulated gradients once, on the last micro-batch
-            loss = loss_fn(model(x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs])  # [mbs, s, V(/t)] -> []
+        xb, yb = x[i * mbs:(i + 1) * mbs].clone(), y[i * mbs:(i + 1) * mbs].clone()  # [mbs, s]
+        with sync, _loss_context(job), _cp_context(job, [xb, yb]) as positions:
+            # DDP: all-reduce the accumulated gradients once, on the last micro-batch; CP: this rank's s/cp tokens
+            logits = model(xb) if positions is None else model(xb, positions=positions)  # [mbs, s(/cp), V(/t)]
+            loss = loss_fn(logits, yb)
             (loss / job.microbatches).backward()  # type: ignore[no-untyped-call]
         total += _replicated(loss.detach()) / job.microbatches
     return total
+
+
+def _cp_context(job: Job, buffers: list[torch.Tensor]) -> contextlib.AbstractContextManager[Any]:
+    """torch's context_parallel over the cp ranks (stratagem.launch.harness.context), yielding positions; or
+    nothing to do (yielding None) when cp = 1."""
+    if job.plan.cp == 1:
+        return contextlib.nullcontext()
+    from stratagem.launch.harness.context import cp_context
+
+    return cp_context(job.mesh["cp"], buffers)
 
 
 def _loss_context(job: Job) -> contextlib.AbstractContextManager[Any]:
@@ -227,7 +240,8 @@ def train_step(job: Job, step: int, seed: int, after_backward: Callable[[], None
     job.optimizer.zero_grad(set_to_none=True)
     if job.mesh is None:
         return float(local_loss)
-    share = local_loss / job.plan.dp if job.loss_owner else torch.zeros_like(local_loss)
+    # each cp rank's loss is the mean over its equal share of the tokens: the global mean averages over dp x cp
+    share = local_loss / (job.plan.dp * job.plan.cp) if job.loss_owner else torch.zeros_like(local_loss)
     dist.all_reduce(share)
     return float(share)
 
@@ -263,7 +277,7 @@ def full_parameters(job: Job) -> dict[str, torch.Tensor]:
 def mechanisms(job: Job) -> dict[str, str]:
     """Which PyTorch mechanism applied each part of the plan (recorded in the result)."""
     plan = job.plan
-    if plan.dp == 1:
+    if plan.dp * plan.cp == 1:
         dp = "none"
     elif uses_fsdp(plan):
         dp = f"FSDP2 fully_shard(reshard_after_forward={plan.zero_stage == 3 and plan.pp == 1})"
@@ -294,6 +308,12 @@ def mechanisms(job: Job) -> dict[str, str]:
         "FSDP2 MixedPrecisionPolicy(bf16, reduce fp32)" if uses_fsdp(plan) else "torch.autocast(bf16)")
     if plan.precision == "fp8":
         prec = "torchao Float8Linear + " + prec
-    return {"data_parallel": dp, "tensor_parallel": tp, "pipeline": pp, "expert_parallel": ep,
+    if plan.cp > 1:
+        dp += f", gradients averaged over dp x cp ({plan.dp * plan.cp})"
+    cp = "none" if plan.cp == 1 else (
+        f"torch context_parallel over cp={plan.cp} (ring attention, load-balanced sequence shards)"
+        + ("; CPU flash kernel through torch's templated ring (harness.context)" if job.device.type == "cpu" else ""))
+    return {"data_parallel": dp, "tensor_parallel": tp, "context_parallel": cp, "pipeline": pp,
+            "expert_parallel": ep,
             "activation_checkpointing": ac,
             "precision": prec}
