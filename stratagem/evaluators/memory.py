@@ -28,8 +28,10 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from stratagem.evaluators import memory_engine as eng
 from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.experts import expert_data_parallel, load_imbalance
+from stratagem.evaluators.memory_pipeline import cost_split_layers, pipeline_layers, stage_layers
 from stratagem.evaluators.stages import stage_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
@@ -103,13 +105,16 @@ def training_optimizer_bytes(scn: Scenario) -> float:
 def model_state_bytes(
     terms: tuple[StateTerm, ...], params: Array | float, zero_stage: Array | float, shard: Array | float,
     opt_bytes: float, offload: Array | float = 0.0, dp: Array | float = 2.0, grad_bytes: float | None = None,
+    host_shards: Array | float = 0.0,
 ) -> dict[str, Array]:
     """Bytes per block for `params` parameters: each term's bytes, divided by `shard` once its stage is on.
 
     [ZeRO] sec. 5: stage 1 shards optimizer states, stage 2 also gradients, stage 3 also parameters.
     Offload moves the optimizer block to host memory (ZeRO-Offload, Ren et al. 2021). `dp` (data-parallel
     degree) only decides whether terms that need data parallelism exist. `grad_bytes` (training.grad_dtype)
-    replaces the width of the terms marked `grad` (None: the stack's default width).
+    replaces the width of the terms marked `grad` (None: the stack's default width). `host_shards` (0/1) also
+    moves the sharded weights and gradients to the host (FSDP2's CPUOffloadPolicy: torch/distributed/fsdp/
+    _fully_shard/_fsdp_api.py keeps the sharded parameters and their gradients on CPU).
     """
     z = np.asarray(zero_stage, dtype=np.float64)
     out: dict[str, Array] = {b: np.zeros_like(z) for b in ("weights", "gradients", "optimizer")}
@@ -122,6 +127,8 @@ def model_state_bytes(
         value = np.where(exists, per * np.asarray(params) / divisor, 0.0)
         if t.block == "optimizer":
             value = value * (1.0 - np.asarray(offload))
+        elif t.sharded_from <= 3:  # a sharded weight / gradient buffer
+            value = np.where(z >= t.sharded_from, value * (1.0 - np.asarray(host_shards)), value)
         out[t.block] = out[t.block] + value
     return out
 
@@ -233,48 +240,10 @@ def _in_flight(pc: PlanColumns, m: Array, last: bool) -> Array:
     return np.where(p > 1, held, 1.0)
 
 
-# ---- pipeline split ----------------------------------------------------------------------------------------
-def stage_layers(num_layers: int, pp: Array, virtual: Array) -> Array:
-    """Layers on the most loaded pipeline rank: ceil(L / (p v)) per chunk x v chunks (uneven splits put
-    the extra layers on the first ranks, as Megatron's and torch.distributed.pipelining's splits do)."""
-    return np.ceil(num_layers / (pp * virtual)) * virtual
-
-
-def cost_split_layers(num_layers: int, layer_cost: float, head_cost: float, pp: Array) -> tuple[Array, Array]:
-    """(first, last) stage layers under nanotron's split [NT models/base.py build_model].
-
-    Blocks (embedding: cost 0, L layers: c each, LM head: V h) go in order to the current rank, which moves
-    on once the cumulative cost exceeds its share C (r + 1)/p, C = L c + V h. Rank 0 thus takes the layer
-    that crosses C/p: floor(C/(p c)) + 1 layers; the last rank keeps what follows the crossing of
-    C (p - 1)/p (rules keep p <= L, so each block crosses at most one share).
-    """
-    total = num_layers * layer_cost + head_cost
-    share = total / (pp * layer_cost)  # one rank's share, in layers
-    first = np.minimum(float(num_layers), np.floor(share) + 1)
-    before_last = np.minimum(float(num_layers), np.floor(share * (pp - 1)) + 1)
-    last = np.maximum(0.0, num_layers - before_last)
-    one = pp <= 1
-    return np.where(one, float(num_layers), first), np.where(one, float(num_layers), last)
-
-
-def pipeline_layers(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
-    """(first, last) stage layers for the stack's split: nanotron by compute cost (non-interleaved),
-    the others evenly with the remainder on the first ranks (`stage_layers`) [MLM, torch pipelining]."""
-    m = scn.model
-    even = stage_layers(m.num_layers, pc.pp, pc.virtual_stages)
-    if stack_record(scn.training.stack).pipeline_split != "cost":
-        st = stage_columns(m, pc)  # evaluators/stages.py: even, embedding+loss as layers, or uneven first/last
-        return st.first_layers, st.last_layers
-    # nanotron's costs [NT models/llama.py get_block_compute_costs]: 4 a d h + 3 f h per layer, V h the head.
-    layer_cost = float(4 * m.num_attention_heads * m.dim_head * m.hidden_size + 3 * m.ffn_hidden_size * m.hidden_size)
-    first, last = cost_split_layers(m.num_layers, layer_cost, float(m.vocab_size * m.hidden_size), pc.pp)
-    interleaved = pc.virtual_stages > 1  # nanotron has no interleaved schedule: fall back to the even split
-    return np.where(interleaved, even, first), np.where(interleaved, even, last)
-
-
 # ---- the whole rank ----------------------------------------------------------------------------------------
-def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> tuple[Array, Array, Array]:
-    """(dense params, expert params, largest FSDP unit) held by one rank of the first or last stage."""
+def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> tuple[Array, Array, Array, Array]:
+    """(dense params, expert params, largest FSDP unit, one layer's linear weights) held by one rank of the
+    first or last stage."""
     m = scn.model
     t, p, ep = pc.tp, pc.pp, pc.ep
     norms = 2 * m.norm_params()  # replicated across TP
@@ -297,7 +266,7 @@ def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> 
                          (m.moe_layer_dense_params() - norms) / t + norms
                          + m.layer_params(m.num_layers - 1)[1] / (ep * pc.etp))
     unit = np.maximum(largest, np.maximum(emb, head + tied_copy))
-    return dense, expert, unit
+    return dense, expert, unit, layer_dense - norms + layer_expert
 
 
 def memory_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, Array]:
@@ -321,32 +290,76 @@ def rank_memory_columns(
     fp32 = pc.precision == 0
     first_layers, last_layers = pipeline_layers(scn, pc)
     layers = last_layers if last else first_layers
-    dense, expert, unit = _stage_params(scn, pc, layers, last)
+    dense, expert, unit, layer_lin = _stage_params(scn, pc, layers, last)
     shard = pc.dp * pc.cp / pc.dp_replicate  # ZeRO/FSDP shard group (torchtitan: dp_shard x cp)
     expert_shard = np.maximum(1.0, expert_data_parallel(pc) / pc.dp_replicate)  # edp = tp*dp*cp / (ep*etp)
     opt = training_optimizer_bytes(scn)
 
+    masters = eng.fp32_masters(scn)  # torch's DDP / FSDP2: the engine terms of evaluators/memory_engine.py
+    host: Array | float = ((pc.optimizer_offload > 0) & eng.uses_fsdp(pc)).astype(np.float64) if masters else 0.0
+
     def states(terms: tuple[StateTerm, ...], grad_bytes: float | None) -> dict[str, Array]:
-        d = model_state_bytes(terms, dense, pc.zero_stage, shard, opt, pc.optimizer_offload, pc.dp, grad_bytes)
+        d = model_state_bytes(terms, dense, pc.zero_stage, shard, opt, pc.optimizer_offload, pc.dp, grad_bytes,
+                              host)
         e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload, pc.dp,
-                              grad_bytes)
+                              grad_bytes, host)
         return {k: d[k] + e[k] for k in d}
 
     rec = stack_record(tr.stack)
-    mixed = states(rec.states, tr.grad_bytes)  # training.grad_dtype, else the stack's default
+    m_steps = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
+    redone = recomputed_layers(pc, layers)  # partial recompute: the other layers keep everything
+    copies = tuple(t for t in rec.states if t.block == "weights" and t.sharded_from > 3)  # held compute copies
+    mixed = states(tuple(t for t in rec.states if not (masters and t in copies)), tr.grad_bytes)
     full32 = states(rec.fp32_states, None)
     blocks = {k: np.where(fp32, full32[k], mixed[k]) for k in mixed}
+    if masters:
+        # bf16 compute copies kept for backward: FSDP2 zero 2 keeps the unsharded units (reshard_after_forward=
+        # False), autocast the casts backward saved (memory_engine.autocast_copy_params); zero 3 gathers per unit
+        has_head = last | (pc.pp == 1)  # the output projection (the tied copy with pp > 1) is cast, not the embedding
+        cast = eng.autocast_copy_params(scn, pc, layers, redone, layer_lin,
+                                        np.where(has_head, m.vocab_size * m.hidden_size / pc.tp, 0.0))
+        # autocast's cache holds every cast until each micro-batch's forward leaves its autocast region
+        # (torch/amp/autocast_mode.py __exit__: clear_autocast_cache): each in-flight micro-batch keeps its own saved
+        # casts, and the one in forward all the stage's casts at its end
+        every = eng.autocast_copy_params(scn, pc, layers, 0.0 * redone, layer_lin,
+                                         np.where(has_head, m.vocab_size * m.hidden_size / pc.tp, 0.0))
+        held_casts = cast * (_in_flight(pc, m_steps, last) - 1) + np.maximum(cast, every)
+        copy = np.where(eng.uses_autocast(scn, pc), held_casts,
+                        np.where(eng.uses_fsdp(pc) & (pc.zero_stage == 2), dense + expert, 0.0))
+        blocks["weights"] = blocks["weights"] + np.where(fp32, 0.0, 2.0 * copy)
+        # DDP + gradient accumulation: the accumulated .grad tensors beside the buckets (param dtype, fp32)
+        blocks["gradients"] = blocks["gradients"] + np.where(eng.ddp_accumulates(pc, m_steps),
+                                                             4.0 * (dense + expert), 0.0)
+        # without data parallelism the TP embedding's gradient stays the whole [V, h] Partial DTensor that its
+        # backward makes (no row-sharded strategy: tensor/_ops/_embedding_ops.py embedding_dense_backward_strategy)
+        whole_emb = (pc.dp == 1) & (pc.tp > 1) & ((not last) | (pc.pp == 1))
+        blocks["gradients"] = blocks["gradients"] + np.where(
+            whole_emb, (1.0 - 1.0 / pc.tp) * m.vocab_size * m.hidden_size * 4.0, 0.0)
+        # ZeroRedundancyOptimizer: whole parameters, greedily: the fullest rank's share, not 1/shard
+        frac = eng.zero1_worst_fraction(scn, pc, layers, not last, last)
+        z1 = (pc.zero_stage == 1) & (pc.dp > 1)
+        blocks["optimizer"] = np.where(z1, opt * (dense + expert) * frac * (1.0 - pc.optimizer_offload),
+                                       blocks["optimizer"])
     # ZeRO-3 with PP on a stack that keeps parameters gathered (torchtitan parallelize_llama: reshard_after_forward
     # = not pp_enabled): the stage's unsharded parameters (compute dtype) stay through the step, and with gradient
     # sync on the last micro-batch only, FSDP2 accumulates unsharded gradients in the reduce dtype between
     # micro-batches (torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed).
     if not rec.reshard_after_forward_with_pp:
         kept = (pc.zero_stage == 3) & (pc.pp > 1) & (pc.dp * pc.cp > 1)
-        m_steps_ = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
         held = dense + expert
         blocks["weights"] = blocks["weights"] + np.where(kept, held * np.where(fp32, 4.0, 2.0), 0.0)
         reduce_b = np.where(fp32, 4.0, tr.grad_reduce_bytes)
-        blocks["gradients"] = blocks["gradients"] + np.where(kept & (m_steps_ > 1), held * reduce_b, 0.0)
+        accumulated = np.where(kept & (m_steps > 1), held * reduce_b, 0.0)
+        if masters:
+            # torch pipelining runs every backward without gradient sync (stage.py backward_maybe_with_nosync:
+            # set_requires_gradient_sync(False)) and reduce-scatters once after the last (perform_reduce_grad):
+            # FSDP2 (zero 2 or 3) holds the stage's unsharded gradients in the reduce dtype until then, and the
+            # sharded ones only after them (_fsdp_param_group.py post_backward): one or the other
+            synced_late = eng.uses_fsdp(pc) & (pc.pp > 1)
+            accumulated = np.where(synced_late, held * reduce_b, 0.0)
+            blocks["gradients"] = np.maximum(blocks["gradients"], accumulated)
+        else:
+            blocks["gradients"] = blocks["gradients"] + accumulated
 
     # Activations: elements per layer x layers of this stage x in-flight micro-batches x bytes per element.
     act_bytes = np.where(fp32, 4.0, 2.0)
@@ -355,16 +368,43 @@ def rank_memory_columns(
     none, selective, full = _layer_elements(scn, pc, s, b)
     per_layer = np.select([pc.recompute_is("none"), pc.recompute_is("selective"), pc.recompute_is("op")],
                           [none, selective, op_layer_elements(scn, pc, s, b)], full)
-    m_steps = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
     in_flight = _in_flight(pc, m_steps, last)
-    redone = recomputed_layers(pc, layers)  # partial recompute: the other layers keep everything
-    activations = (per_layer * redone + none * (layers - redone)) * in_flight * act_bytes
+    per_mb = (per_layer * redone + none * (layers - redone)) * act_bytes
     sp_div = np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
+    sbh = s * b * m.hidden_size
     # The last stage (or the only one) also holds the final norm input and LM-head input (sbh each) and
     # the logits at the loss (vocab-parallel: / t).
-    head_acts = 2 * s * b * m.hidden_size / sp_div * act_bytes
+    head_acts = 2 * sbh / sp_div * act_bytes
     logits = s * b * m.vocab_size / pc.tp * cal.logits_bytes
-    activations = activations + np.where(last or (pc.pp == 1), head_acts + logits, 0.0)
+    p2p = np.where(pc.pp > 1, 2 * 2 * sbh / sp_div * act_bytes, 0.0)
+    logits_el = s * b * m.vocab_size / pc.tp
+    if masters:
+        per_mb = per_mb + eng.engine_layer_bytes(scn, pc, s, b, layers, redone)
+        ac = eng.uses_autocast(scn, pc)
+        gathered = np.where(pc.sequence_parallel > 0, sbh, sbh / sp_div)  # LM-head input (SP all-gathers it)
+        head_acts = sbh / sp_div * np.where(ac, 4.0, act_bytes) + gathered * act_bytes
+        # harness parallelize.uses_loss_parallel: vocabulary-parallel logits only without PP (pipelining's stages
+        # return plain tensors); the last stage keeps each in-flight micro-batch's logits (stage output) and
+        # fp32 log-softmax output until its backward (torch/distributed/pipelining/stage.py fwd_cache)
+        v_split = np.where(pc.pp == 1, pc.tp, 1.0)
+        logits_el = s * b * m.vocab_size / v_split
+        logits = logits_el * (cal.logits_bytes + (_in_flight(pc, m_steps, True) - 1) * (act_bytes + 4.0))
+        # [PIPE] receive buffers: the stage input [b, s(/t), h] in the residual dtype (fp32 unless FSDP2's bf16)
+        io_bytes = np.where(eng.uses_fsdp(pc) & ~fp32, 2.0, 4.0)
+        per_rank = eng.pipeline_recv_buffers(pc, m_steps, not last, last) * sbh / sp_div * io_bytes
+        # a non-last stage also keeps each in-flight micro-batch's output until its backward (fwd_cache)
+        per_rank = per_rank + np.where((pc.pp > 1) & (not last), in_flight * sbh / sp_div * io_bytes, 0.0)
+        p2p = np.zeros_like(p2p)
+    activations = per_mb * in_flight + np.where(last | (pc.pp == 1), head_acts + logits, 0.0)
+    if masters:
+        activations = activations + per_rank
+        # The gradients made in backward (all but DDP's buckets) appear as the first backward frees its micro-batch:
+        # with one micro-batch, or GPipe (every forward before the first backward), they coexist with m - 1
+        # micro-batches' activations only, so the peak is m A + max(0, G - A) (1F1B and accumulation: A + G)
+        buckets = np.where((pc.dp > 1) & (pc.zero_stage <= 1), 4.0 * (dense + expert), 0.0)
+        dynamic = np.maximum(blocks["gradients"] - buckets, 0.0)
+        overlap = ((pc.pp_schedule == 0) & (pc.pp > 1)) | (m_steps <= 1)
+        blocks["gradients"] = blocks["gradients"] - np.where(overlap, np.minimum(dynamic, per_mb), 0.0)
 
     # Transients: backward working set = one layer's activations re-materialised (full recompute) or the
     # gradient of one layer's largest activations; FSDP gathers (current + prefetched unit, compute dtype)
@@ -375,15 +415,25 @@ def rank_memory_columns(
     rematerialised = pc.recompute_is("full") | pc.recompute_is("op")  # the whole layer is re-run in backward
     working = np.where(rematerialised, none * act_bytes, per_layer * act_bytes)
     gather = np.where(pc.zero_stage == 3, 2 * unit * compute_bytes, 0.0)
+    if not rec.reshard_after_forward_with_pp:  # units kept gathered through the step (weights block above)
+        gather = np.where((pc.pp > 1) & (pc.dp * pc.cp > 1), 0.0, gather)
+    if masters and not last:
+        # DTensor has no row-sharded strategy for the embedding's backward (torch/distributed/tensor/_ops/
+        # _embedding_ops.py embedding_dense_backward_strategy): under TP it makes the whole [V, h] gradient (param
+        # dtype) before reduce-scattering it; with pp > 1 other micro-batches' activations are still held then
+        emb_grad = m.vocab_size * m.hidden_size * np.where(eng.uses_fsdp(pc) & ~fp32, 2.0, 4.0)
+        working = np.where((pc.tp > 1) & (pc.pp > 1), np.maximum(working, emb_grad), working)
     # the unsharded unit's gradient is in the parameter dtype: fp32 params without a master copy, else bf16
     grad_bytes = np.where(fp32, 4.0, 2.0 if rec.master_weights else 4.0)
     scatter = np.where(pc.zero_stage >= 2, unit * grad_bytes, 0.0)
     if rec.zero3_gather == "largest_layer":
         gather = np.where(pc.zero_stage == 3, DEEPSPEED_ZERO3_LAYER_BYTES * unit, 0.0)
         scatter = np.zeros_like(gather)
-    p2p = np.where(pc.pp > 1, 2 * 2 * s * b * m.hidden_size / sp_div * act_bytes, 0.0)
     sp_gather = np.where(pc.sequence_parallel > 0, s * b * m.hidden_size * act_bytes, 0.0)
     transient = working + gather + scatter + p2p + sp_gather
+    if masters:  # the loss's buffers are freed once the LM head's backward is done, before the layers' backward
+        loss_peak = np.where(last | (pc.pp == 1), logits_el * cal.logits_bytes, 0.0)
+        transient = np.maximum(transient - loss_peak, 0.0)
 
     allocated = blocks["weights"] + blocks["gradients"] + blocks["optimizer"] + activations + transient
     overhead = cal.fragmentation * allocated + cal.context_gib * GIB

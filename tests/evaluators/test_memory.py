@@ -256,12 +256,14 @@ def test_calibration_constants_enter_linearly() -> None:
     pc = PlanColumns.from_plans([Plan(dp=8, zero_stage=1)])
     bare = Calibration(fragmentation=0.0, context_gib=0.0, logits_bytes=0.0)
     cal = Calibration(fragmentation=0.1, context_gib=1.5, logits_bytes=4.0)
-    a = rank_memory_columns(scn, pc, bare, "first")["peak"][0]
+    bare_cols = rank_memory_columns(scn, pc, bare, "first")
+    a = bare_cols["peak"][0]
     with_logits = rank_memory_columns(scn, pc, bare.model_copy(update={"logits_bytes": 4.0}), "first")["peak"][0]
     logits = 4096 * 1 * 128256 * 4.0  # s b V x bytes (tp 1)
-    assert with_logits - a == pytest.approx(logits)
+    # the loss's buffers and the layers' backward transients do not coexist (memory.py): the peak holds the larger
+    assert with_logits - a == pytest.approx(logits - min(bare_cols["transient"][0], logits))
     full = rank_memory_columns(scn, pc, cal, "first")["peak"][0]
-    assert full == pytest.approx(1.1 * (a + logits) + 1.5 * GIB)
+    assert full == pytest.approx(1.1 * with_logits + 1.5 * GIB)
 
 
 def test_fsdp_states_llama3_8b() -> None:

@@ -123,7 +123,10 @@ def test_memory_never_falls_as_micro_batch_grows(case: tuple[Scenario, Plan], fa
     # evaluators/experts.py load_imbalance): the held activations may fall by at most that ratio.
     imb = load_imbalance(scn, PlanColumns.from_plans([plan, bigger]))
     allowed = min(1.0, float(imb[1] / imb[0])) * (1 - 1e-12)
-    assert cols["peak"][1] >= cols["peak"][0] * allowed, cols["peak"]
+    # GPipe (pp > 1): the gradients made in backward overlap the last micro-batch's activations (memory.py: peak
+    # m A + max(0, G - A)), so a larger micro-batch (A) with the same m A may lower the peak: activations only
+    if not (plan.pp > 1 and plan.pp_schedule == "gpipe"):
+        assert cols["peak"][1] >= cols["peak"][0] * allowed, cols["peak"]
     assert cols["activations"][1] >= cols["activations"][0] * allowed
 
 

@@ -61,11 +61,10 @@ SHARDING: dict[int, list[str]] = {
         "dp=4,dp_replicate=2,zero=3,offload=cpu", "dp=2,cp=2,zero=3"],
 }
 # Where the analytic model (stratagem/evaluators/memory.py) differs from what the harness measures.
-_OFFLOAD_GAP = ("memory.py moves only the optimizer block to the host under offload; FSDP2's CPUOffloadPolicy also "
-                "keeps the sharded parameters and gradients there")
-ANALYTIC_GAPS: dict[tuple[str, str], str] = {
-    (t, b): _OFFLOAD_GAP for t in ("dp=2,zero=3,offload=cpu", "dp=4,dp_replicate=2,zero=3,offload=cpu")
-    for b in ("weights", "gradients")}
+_DDP_GAP = ("memory.py counts, at the peak, DDP's accumulated .grad tensors beside its buckets under no_sync (m > 1: "
+            "memory_engine.ddp_accumulates); the harness measures gradient bytes after the synced backward, when the "
+            "buckets alone hold them")
+ANALYTIC_GAPS: dict[tuple[str, str], str] = {("dp=4,dp_replicate=2,zero=1", "gradients"): _DDP_GAP}
 # The same checks on the tiny MoE model (examples/tiny-moe-cpu.yaml) against its own single-process reference.
 MOE_CORRECT: dict[int, list[str]] = {
     2: ["dp=2,ep=2", "dp=2,ep=2,zero=3,ac=op", "dp=2,zero=2,ac=full", "pp=2,schedule=gpipe",
@@ -81,8 +80,10 @@ MOE_SHARDING: dict[int, list[str]] = {2: ["dp=2,ep=2", "dp=2,ep=2,zero=3"], 4: [
 # torchtitan (NoParallel) and Megatron-Core, while memory.py divides it by tp with the other non-expert weights.
 MOE_TP_SHARDING: dict[int, list[str]] = {4: ["dp=2,tp=2,ep=2,etp=2,sp=true,zero=3", "dp=2,tp=2,ep=4,sp=true,zero=3"]}
 _EDP_GAP = ("the harness keeps expert-parallel experts whole within the expert-data-parallel group (FSDP2 skips "
-            "them); memory.py shards them over dp/ep under ZeRO")
+            "them); memory.py shards them over edp = dp/ep as torchtitan does (models/llama4/infra/parallelize.py "
+            "apply_fsdp: fully_shard(experts, mesh=dp_mod_ep_mesh)): a harness gap, not the model's")
 MOE_GAPS: dict[tuple[str, str], str] = {("dp=4,ep=2,zero=3", b): _EDP_GAP for b in ("weights", "gradients", "optimizer")}
+MOE_GAPS[("dp=2,ep=2", "gradients")] = _DDP_GAP
 # Tied embeddings (tiny-cpu with tied_embeddings: true): with pp > 1 the two copies' gradients are summed.
 TIED_CORRECT: dict[int, list[str]] = {2: ["pp=2,schedule=gpipe", "dp=2,zero=3", "tp=2"]}
 # The tiny MoE model with one shared expert: under TP its w1/w3 are column and w2 row shards (a partial sum).
@@ -200,10 +201,9 @@ def test_sharded_state_bytes_match_analytic_model(launches: dict[Any, Any], scen
     measured = [r[key] + (r["unsharded_param_bytes"] if block == "weights" else 0) for r in worst]
     if block == "optimizer" and plan.zero_stage == 1:
         # ZeroRedundancyOptimizer partitions whole parameters over dp / dp_replicate ranks (greedily): each
-        # rank holds its share to within one parameter's states; each replica holds all of them once.
-        shard = plan.dp // plan.dp_replicate
+        # rank holds its share to within one parameter's states; the model gives the fullest rank's.
         largest = max(scn.model.vocab_size * scn.model.hidden_size, scn.model.hidden_size ** 2) * 8
-        assert sum(measured) == pytest.approx(expected * shard * plan.dp_replicate, abs=0.5)
+        assert max(measured) == pytest.approx(expected, abs=0.5)
         assert all(abs(m - expected) <= largest for m in measured), (measured, expected)
     else:
         assert measured == [pytest.approx(expected, abs=0.5)] * len(worst), (measured, expected)

@@ -61,6 +61,10 @@ ANALYTIC_GAPS: dict[tuple[str, str], str] = {  # (plan, block) -> why memory.py 
     ("dp=2,pp=2,zero=3", "gradients"): (
         "memory.py counts FSDP2's unsharded gradient accumulation between micro-batches under PP (its peak); "
         "the harness measures gradient bytes after the step's last reduce-scatter, when only the shards remain"),
+    **{(t, "gradients"): (
+        "memory.py counts, at the peak, DDP's accumulated .grad tensors beside its buckets under no_sync (m > 1: "
+        "memory_engine.ddp_accumulates); the harness measures gradient bytes after the synced backward, when the "
+        "buckets alone hold them") for t in ("dp=4,zero=0", "dp=4,zero=1")},
 }
 
 
@@ -164,9 +168,9 @@ def test_sharded_state_bytes_match_analytic_model(launches: dict[str, Any], tiny
     measured = [r[key] + (r["unsharded_param_bytes"] if block == "weights" else 0) for r in worst]
     if block == "optimizer" and plan.zero_stage == 1:
         # ZeroRedundancyOptimizer partitions whole parameters (greedily, largest first): each rank holds 1/dp
-        # of the states to within one parameter's states, and the ranks together hold exactly all of them.
+        # of the states to within one parameter's states; the model gives the fullest rank's (memory_engine.py).
         largest = max(tiny.model.vocab_size * tiny.model.hidden_size, tiny.model.hidden_size ** 2) * 8
-        assert sum(measured) == pytest.approx(expected * plan.dp, abs=0.5)
+        assert max(measured) == pytest.approx(expected, abs=0.5)
         assert all(abs(m - expected) <= largest for m in measured), (measured, expected)
     else:
         assert measured == [pytest.approx(expected, abs=0.5)] * len(worst), (measured, expected)

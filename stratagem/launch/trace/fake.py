@@ -75,6 +75,7 @@ Integer storages (token batches, indices) are marked as made in phase "integer".
         self.peak = 0
         self._peak_at = 0  # log length at the peak
         self.phase = "build"
+        self.ignoring = 0  # > 0: storages made now are not tracked (shape inference on fake tensors)
         self._resize: Callable[..., Any] | None = None
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------
@@ -101,7 +102,7 @@ Integer storages (token batches, indices) are marked as made in phase "integer".
         st = t.untyped_storage()
         key = id(st)
         serial = self._serial_of.get(key)
-        if serial is None and make:
+        if serial is None and make and not self.ignoring:
             serial = self._next
             self._next += 1
             self._serial_of[key] = serial

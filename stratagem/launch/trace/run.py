@@ -55,6 +55,7 @@ from stratagem.launch.harness.pipeline import (
 )
 from stratagem.launch.harness.train import DEFAULT_LR, Job, _forward_backward, loss_fn
 from stratagem.launch.trace.fake import BLOCKS, BlockBytes, fake_world
+from stratagem.launch.trace.kernels import gpu_step
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -219,9 +220,11 @@ def _nbytes(t: torch.Tensor) -> int:
     return lt.numel() * lt.element_size()
 
 
-def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int = 0) -> TracedRole:
+def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int = 0,
+               kernels: str = "cuda") -> TracedRole:
     """Trace one rank's training step (see the module docstring); raises StratagemError for plans the harness
-    cannot apply, with its one-line reason."""
+    cannot apply, with its one-line reason. `kernels`: "cuda" saves what the GPU kernels save (fused RMSNorm;
+    stratagem.launch.trace.kernels), "cpu" what this CPU's do (to compare with a CPU run)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     spec, training = scenario.model, scenario.training
@@ -283,7 +286,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
             rows = traced * plan.micro_batch_size  # this data-parallel rank's rows (all of them with pp > 1)
             x = torch.zeros((rows, training.seq_len), dtype=torch.int64, device=device)
             y = torch.zeros((rows, training.seq_len), dtype=torch.int64, device=device)
-            with _saved_tensor_labels(tracker):  # train_step without its batch draw and float(loss)
+            with _saved_tensor_labels(tracker), gpu_step(tracker, params, kernels):  # train_step without its batch draw and float(loss)
                 _forward_backward(job, x, y)
                 after_backward()
                 optimizer.step()
@@ -291,7 +294,9 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
             tracker.phase = "done"
             states["grad_bytes"] = grads[0] if grads else 0
         _check_outputs(saved_outputs, produced)
-    copies_to_rest = uses_fsdp(plan) and plan.zero_stage == 3
+    # zero 3 gathers each unit for its forward and backward (a transient); with pp > 1 the harness keeps the
+    # stage's units gathered through the step (reshard_after_forward = not pp, as torchtitan): weights then
+    copies_to_rest = uses_fsdp(plan) and plan.zero_stage == 3 and plan.pp == 1
 
     def classify(serial: int) -> str:
         label = tracker.labels.get(serial)
@@ -355,7 +360,7 @@ def _saved_tensor_labels(tracker: BlockBytes) -> Iterator[None]:
         yield
 
 
-def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0) -> list[TracedRole]:
+def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0, kernels: str = "cuda") -> list[TracedRole]:
     """Trace every distinct rank role of `plan` (see `role_ranks`), each in a forked child process: a rank's
     fake process group, meshes and the groups DTensor caches by name belong to that rank alone. A plan that
     breaks the scenario's rules is refused first (StratagemError naming the rule)."""
@@ -365,7 +370,7 @@ def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0) -> list[TracedRole
     if broken:
         raise StratagemError(f"plan: {broken[0]}")
     _warm_imports()
-    return [_forked(trace_role, scenario, plan, role, rank, seed) for role, rank in role_ranks(plan)]
+    return [_forked(trace_role, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
 
 
 def _warm_imports() -> None:

@@ -1,0 +1,58 @@
+"""Pipeline split for the memory model: layers on the first and last pipeline rank, per stack.
+
+Sources: [NT] huggingface/nanotron src/nanotron/models/base.py build_model (pipeline blocks assigned by cumulative
+compute cost), models/llama.py get_block_compute_costs; [MLM] Megatron-LM and torch.distributed.pipelining split
+layers evenly with the remainder on the first ranks (evaluators/stages.py, spaces/pipeline_split.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators.stages import stage_columns
+from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import stack_record
+
+__all__ = ["stage_layers", "cost_split_layers", "pipeline_layers"]
+
+Array = NDArray[np.float64]
+
+
+def stage_layers(num_layers: int, pp: Array, virtual: Array) -> Array:
+    """Layers on the most loaded pipeline rank: ceil(L / (p v)) per chunk x v chunks (uneven splits put
+    the extra layers on the first ranks, as Megatron's and torch.distributed.pipelining's splits do)."""
+    return np.ceil(num_layers / (pp * virtual)) * virtual
+
+
+def cost_split_layers(num_layers: int, layer_cost: float, head_cost: float, pp: Array) -> tuple[Array, Array]:
+    """(first, last) stage layers under nanotron's split [NT models/base.py build_model].
+
+    Blocks (embedding: cost 0, L layers: c each, LM head: V h) go in order to the current rank, which moves
+    on once the cumulative cost exceeds its share C (r + 1)/p, C = L c + V h. Rank 0 thus takes the layer
+    that crosses C/p: floor(C/(p c)) + 1 layers; the last rank keeps what follows the crossing of
+    C (p - 1)/p (rules keep p <= L, so each block crosses at most one share).
+    """
+    total = num_layers * layer_cost + head_cost
+    share = total / (pp * layer_cost)  # one rank's share, in layers
+    first = np.minimum(float(num_layers), np.floor(share) + 1)
+    before_last = np.minimum(float(num_layers), np.floor(share * (pp - 1)) + 1)
+    last = np.maximum(0.0, num_layers - before_last)
+    one = pp <= 1
+    return np.where(one, float(num_layers), first), np.where(one, float(num_layers), last)
+
+
+def pipeline_layers(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
+    """(first, last) stage layers for the stack's split: nanotron by compute cost (non-interleaved),
+    the others evenly with the remainder on the first ranks (`stage_layers`) [MLM, torch pipelining]."""
+    m = scn.model
+    even = stage_layers(m.num_layers, pc.pp, pc.virtual_stages)
+    if stack_record(scn.training.stack).pipeline_split != "cost":
+        st = stage_columns(m, pc)  # evaluators/stages.py: even, embedding+loss as layers, or uneven first/last
+        return st.first_layers, st.last_layers
+    # nanotron's costs [NT models/llama.py get_block_compute_costs]: 4 a d h + 3 f h per layer, V h the head.
+    layer_cost = float(4 * m.num_attention_heads * m.dim_head * m.hidden_size + 3 * m.ffn_hidden_size * m.hidden_size)
+    first, last = cost_split_layers(m.num_layers, layer_cost, float(m.vocab_size * m.hidden_size), pc.pp)
+    interleaved = pc.virtual_stages > 1  # nanotron has no interleaved schedule: fall back to the even split
+    return np.where(interleaved, even, first), np.where(interleaved, even, last)
