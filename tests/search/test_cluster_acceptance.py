@@ -247,6 +247,10 @@ def test_two_workers_on_one_postgres_study_share_the_runs_and_take_over_a_killed
     assert [t.user_attrs["plan"] for t in expired] == [killed_plan]
     assert expired[0].state == TrialState.FAIL and _pid(expired[0]) == victim.pid
     assert not _claims(st)
+    from stratagem.search.status import study_status
+
+    s = study_status(st)  # what `stratagem status` shows for the PostgreSQL study
+    assert sum(s.measured.values()) == k and s.claimed == 0 and s.expired == 1 and s.workers == []
     print(f"killed worker {victim.pid} holding {killed_plan}; {len(done)} measured: {by}")
     time.sleep(2)
     assert cluster.processes(b"stratagem.launch.harness") == []  # the killed driver's ranks died with it
