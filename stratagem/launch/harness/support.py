@@ -73,8 +73,9 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     apart = spec.moe is not None and (plan.ep > 1 or plan.tp > 1)
     what = f"plan.ep ({plan.ep})" if plan.ep > 1 else f"plan.tp ({plan.tp})"
     if apart and plan.dp > 1 and plan.zero_stage == 1:
-        out.append(f"{what}: ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, "
-                   "but the experts are sharded on the expert mesh (ep x etp); use zero_stage 0, 2 or 3")
+        out.append(f"{what}: ZeroRedundancyOptimizer broadcasts whole parameters over the dp ranks, and the MoE "
+                   "experts are DTensors on the expert mesh (measured: c10d.broadcast_ has no DTensor sharding "
+                   "strategy); use zero_stage 0, 2 or 3")
     if plan.etp > 1 and plan.etp != plan.tp:
         out.append(f"plan.etp ({plan.etp}): the harness splits experts' matmuls over the TP ranks only "
                    f"(torchtitan ExpertTensorParallel: etp = tp = {plan.tp}); use etp=1 or etp=tp")
