@@ -53,6 +53,8 @@ CORRECT: dict[int, list[str]] = {
         "dp=4,dp_replicate=2,zero=3,offload=cpu", "dp=2,tp=2,zero=3,sp=true,ac=op",
         # cp x tp (with SP; with loss-parallel), cp x dp under ZeRO-1 over dp x cp and op recompute
         "cp=2,tp=2,sp=true", "cp=2,tp=2", "dp=2,cp=2,zero=1,ac=op",
+        # cp under a pipeline schedule (positions split into micro-batches with the inputs): DDP, FSDP2 over cp
+        "pp=2,cp=2,schedule=1f1b,ac=full", "pp=2,cp=2,zero=2,schedule=interleaved,v=2",
     ],
 }
 SHARDING: dict[int, list[str]] = {

@@ -88,7 +88,7 @@ def test_validate_plan_uses_launched_world(tiny: Scenario) -> None:
 
 
 @pytest.mark.parametrize("plan,field", [
-    ("pp=2,cp=2", "plan.cp"),
+    ("pp=2,cp=2,schedule=zero_bubble", "plan.cp"),
     ("dp=2,zero=1,offload=cpu", "plan.optimizer_offload"), ("precision=fp8", "plan.precision"),
 ])
 def test_unapplicable_plans_name_the_field(tiny: Scenario, plan: str, field: str) -> None:

@@ -29,7 +29,7 @@ def test_importing_unsupported_imports_no_torch() -> None:
 
 # Plans the harness stops on and the field its line names (the same line the harness raises).
 REFUSED = [
-    ("pp=2,cp=2", "plan.cp"),
+    ("pp=2,cp=2,schedule=zero_bubble", "plan.cp"),
     ("dp=2,dp_replicate=2,cp=2", "plan.cp"),
     ("pp=2,dp=2,mbs=4,schedule=1f1b", "plan.micro_batch_size"),
     ("dp=4,precision=fp8", "plan.precision"),
@@ -52,7 +52,7 @@ def test_unsupported_names_the_field_the_harness_stops_on(tiny: Scenario, text: 
 
 
 @pytest.mark.parametrize("text", ["dp=4", "dp=2,tp=2,zero=3,sp=true", "pp=2,dp=2,schedule=1f1b", "dp=2,cp=2",
-                                  "cp=2,tp=2,sp=true"])
+                                  "pp=2,cp=2", "cp=2,tp=2,sp=true"])
 def test_runnable_plans_have_no_reason(tiny: Scenario, text: str) -> None:
     assert unsupported(tiny, parse_plan(f"{text},precision=fp32")) is None
 
@@ -103,7 +103,7 @@ def test_model_and_optimizer_refusals(tiny: Scenario) -> None:
     assert (unsupported(gelu, parse_plan("dp=4")) or "").startswith("model.mlp/norm")
     adam8 = tiny.model_copy(update={"training": tiny.training.model_copy(update={"optimizer": "adamw8bit"})})
     assert (unsupported(adam8, parse_plan("dp=4")) or "").startswith("training.optimizer")
-    assert len(refusals(adam8, parse_plan("pp=2,cp=2"))) == 2
+    assert len(refusals(adam8, parse_plan("pp=2,cp=2,schedule=zero_bubble"))) == 2
 
 
 def test_fp8_depends_on_the_device(tiny: Scenario) -> None:

@@ -5,8 +5,9 @@
         loss.backward()
 
 Each cp rank keeps 2 of the 2 x cp chunks of every sequence (chunks r and 2 cp - 1 - r: torch's round-robin load
-balancing for causal attention), `positions` [s/cp] says which (the rotary embedding needs them, as torchtitan
-shards freqs_cis among its CP buffers), and every F.scaled_dot_product_attention inside runs as torch's ring
+balancing for causal attention), `positions` [b, s/cp] says which (the rotary embedding needs them, as
+torchtitan shards freqs_cis among its CP buffers; one row per sequence so that a pipeline schedule splits them into
+micro-batches with the inputs), and every F.scaled_dot_product_attention inside runs as torch's ring
 attention over the cp group (`_templated_ring_attention`: K/V passed round the ring, partial outputs merged by
 their log-sum-exp).
 
@@ -94,14 +95,14 @@ CPU_RING_HANDLERS: dict[Any, Any] = {
 @contextlib.contextmanager
 def cp_context(cp_mesh: Any, buffers: list[torch.Tensor]) -> Iterator[torch.Tensor]:
     """Shard `buffers` ([b, s] each, in place, not restored) over `cp_mesh` and run the body's SDPA calls, forward
-    and backward, as ring attention; yields this rank's sequence positions [s/cp]."""
+    and backward, as ring attention; yields this rank's sequence positions [b, s/cp]."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental import context_parallel
 
-    seq = buffers[0].shape[1]
-    positions = torch.arange(seq, device=buffers[0].device)
+    rows, seq = buffers[0].shape
+    positions = torch.arange(seq, device=buffers[0].device).expand(rows, seq).contiguous()
     every = [*buffers, positions]
-    with context_parallel(cp_mesh, buffers=every, buffer_seq_dims=[1] * len(buffers) + [0],
+    with context_parallel(cp_mesh, buffers=every, buffer_seq_dims=[1] * len(every),
                           no_restore_buffers=set(every)):
         if buffers[0].device.type == "cpu":  # context_parallel installed a fresh handler dict: extend it
             DTensor._op_dispatcher._custom_op_handlers.update(CPU_RING_HANDLERS)

@@ -162,8 +162,11 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids (or a previous stage's hidden states) -> logits (or hidden states), under autocast.
-        `positions` [s]: the sequence positions x holds (context parallelism); None: 0..s-1."""
+        `positions` [b, s]: the sequence positions x holds, the same in every row (context parallelism);
+        None: 0..s-1."""
         device_type = x.device.type
+        if positions is not None:
+            positions = positions[0]  # [s]
         with torch.autocast(device_type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
             h = self.tok_embeddings(x) if self.tok_embeddings is not None else x  # [b, s, h]

@@ -176,9 +176,13 @@ def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     mbs = job.plan.micro_batch_size
     if job.schedule is not None:
         losses: list[torch.Tensor] = []
-        args = (x,) if job.is_first else ()
-        kwargs: dict[str, Any] = {"target": y, "losses": losses} if job.is_last else {}
-        job.schedule.step(*args, **kwargs)
+        x, y = x.clone(), y.clone()  # [B/dp, s]; context parallelism shards them in place
+        with _cp_context(job, [x, y]) as positions:  # torchtitan: the CP context around the whole pp step
+            args = (x,) if job.is_first else ()
+            kwargs: dict[str, Any] = {"target": y, "losses": losses} if job.is_last else {}
+            if positions is not None:  # [B/dp, s/cp], split into micro-batches with the inputs for every stage
+                kwargs["positions"] = positions
+            job.schedule.step(*args, **kwargs)
         return torch.stack(losses).mean().detach() if job.is_last else torch.zeros((), device=job.device)
     model = job.parts[0]
     total = torch.zeros((), device=job.device)
