@@ -1,7 +1,8 @@
 """Multi-fidelity search: screen analytically, then spend a budget of real runs on the most informative
 survivors, recalibrating the analytic model after each batch.
 
-Order of real runs (re-ranked after every batch with the refitted calibration; `rank_candidates`):
+Order of real runs (re-ranked after every batch with the refitted calibration; `rank_candidates`), after the plans
+whose run was lost (an infra failure, a dead or stopped worker: claims.orphaned), which run again first:
   1. plans that may fit by predicted tokens/s, fastest first: predicted to fit, or predicted over the limit by
      less than the memory model's error on this study's runs (a boundary run only where it can pay);
   2. what an Optuna NSGA-II sampler proposes, given the measured trials so far.
@@ -38,7 +39,16 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators import BatchEvaluator, Calibration, Evaluation, Evaluator
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.search.calibrate import fit_calibration
-from stratagem.search.claims import Claim, claim, expire_claims, finish, live_claims, release, renewing
+from stratagem.search.claims import (
+    Claim,
+    claim,
+    expire_claims,
+    finish,
+    live_claims,
+    orphaned,
+    release,
+    renewing,
+)
 from stratagem.search.records import (
     DIRECTIONS,
     OBJECTIVES,
@@ -344,8 +354,12 @@ def run_multifidelity(
                 if want > 0:
                     excluded = set(done) | set(claimed) | set(skipped) | set(traced_out) | {
                         k for k, n in infra.items() if n > INFRA_RETRIES}
-                    ranked = _rank(scenario, space, study, cal, candidates, excluded, want, len(done), unsupported,
-                                   skipped)
+                    # a plan whose run was lost (infra, a dead or stopped worker) runs again first (claims.orphaned)
+                    ranked = [(p, r) for p, r in orphaned(study) if plan_key(p) not in excluded][:want]
+                    if len(ranked) < want:
+                        ranked += _rank(scenario, space, study, cal, candidates,
+                                        excluded | {plan_key(p) for p, _ in ranked}, want - len(ranked), len(done),
+                                        unsupported, skipped)
                     if ranked:
                         widest = max(p.world_size for p, _ in ranked)
                         slots = int(getattr(evaluator, "slots", 1) or 1)  # re-read: the cluster may have changed

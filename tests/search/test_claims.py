@@ -56,3 +56,31 @@ def test_a_killed_worker_not_yet_reaped_is_dead() -> None:
     child.wait()
     assert worker_alive(worker) is False
     assert worker_alive({**worker, "host": "elsewhere"}) is None  # another host: unknown
+
+
+def test_a_lost_plan_runs_again_before_the_ranking_moves_on(tmp_path: Path) -> None:
+    """A worker's run was lost (it died; its claim expired): the next worker measures that plan first, though the
+    ranking now puts another plan ahead, so a budget of K runs never leaves a chosen plan unmeasured."""
+    from standin import KnownConstants
+
+    from stratagem.search.multifidelity import measured_trials, run_multifidelity
+    from stratagem.spaces.columns import PlanColumns
+
+    scn = load_scenario(SCENARIO)
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    plans = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2)]
+    cols = PlanColumns.from_plans(plans)
+    first = run_multifidelity(scn, url, "o", KnownConstants(), real_runs=1, candidates=cols, n_trials=0)
+    backend = open_storage(parse_storage(url))
+    study = optuna.load_study(study_name="o", storage=backend)
+    top = run_multifidelity(scn, f"sqlite:///{tmp_path / 'p.db'}", "p", KnownConstants(), real_runs=1,
+                            candidates=cols)  # what the ranking runs first, in a study of its own
+    ranked_first = next(iter(measured_trials(optuna.load_study(study_name="p", storage=f"sqlite:///{tmp_path / 'p.db'}"))))
+    lost = next(p for p in plans if plan_key(p) != ranked_first)
+    claim(backend, study, SearchSpace(scn), lost, "candidate")
+    assert expire_claims(study, backend, now=1e12) == 1  # its worker stopped renewing
+    ran = KnownConstants()
+    run_multifidelity(scn, url, "o", ran, real_runs=1, candidates=cols)
+    assert [plan_key(p) for p in ran.ran] == [plan_key(lost)]
+    assert list(measured_trials(optuna.load_study(study_name="o", storage=url))) == [plan_key(lost)]
+    assert first.runs == 0 and top.runs == 1
