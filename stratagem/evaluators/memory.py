@@ -316,14 +316,16 @@ def rank_memory_columns(
         # bf16 compute copies kept for backward: FSDP2 zero 2 keeps the unsharded units (reshard_after_forward=
         # False), autocast the casts backward saved (memory_engine.autocast_copy_params); zero 3 gathers per unit
         has_head = last | (pc.pp == 1)  # the output projection (the tied copy with pp > 1) is cast, not the embedding
-        cast = eng.autocast_copy_params(scn, pc, layers, redone, layer_lin,
-                                        np.where(has_head, m.vocab_size * m.hidden_size / pc.tp, 0.0))
+        head_w = np.where(has_head, m.vocab_size * m.hidden_size / pc.tp, 0.0)
+        cast = eng.autocast_copy_params(scn, pc, layers, redone, layer_lin, 0.0)
         # autocast's cache holds every cast until each micro-batch's forward leaves its autocast region
         # (torch/amp/autocast_mode.py __exit__: clear_autocast_cache): each in-flight micro-batch keeps its own saved
-        # casts, and the one in forward all the stage's casts at its end
-        every = eng.autocast_copy_params(scn, pc, layers, 0.0 * redone, layer_lin,
-                                         np.where(has_head, m.vocab_size * m.hidden_size / pc.tp, 0.0))
-        held_casts = cast * (_in_flight(pc, m_steps, last) - 1) + np.maximum(cast, every)
+        # layer casts, and the one in forward all the stage's casts at its end (the head's: the last chunk's one).
+        # Only leaf weights are cached (aten/src/ATen/autocast_mode.cpp cached_cast: is_leaf): DDP with TP holds
+        # local shards and makes DTensor views of them per forward (harness hold_tp_params_local), never cached
+        cached = (pc.tp == 1) | (pc.dp == 1)
+        every = np.where(cached, eng.autocast_copy_params(scn, pc, layers, 0.0 * redone, layer_lin, 0.0), 0.0)
+        held_casts = cast * (_in_flight(pc, m_steps, last) - 1) + np.maximum(cast, every) + head_w
         copy = np.where(eng.uses_autocast(scn, pc), held_casts,
                         np.where(eng.uses_fsdp(pc) & (pc.zero_stage == 2), dense + expert, 0.0))
         blocks["weights"] = blocks["weights"] + np.where(fp32, 0.0, 2.0 * copy)
@@ -384,11 +386,12 @@ def rank_memory_columns(
         gathered = np.where(pc.sequence_parallel > 0, sbh, sbh / sp_div)  # LM-head input (SP all-gathers it)
         head_acts = sbh / sp_div * np.where(ac, 4.0, act_bytes) + gathered * act_bytes
         # harness parallelize.uses_loss_parallel: vocabulary-parallel logits only without PP (pipelining's stages
-        # return plain tensors); the last stage keeps each in-flight micro-batch's logits (stage output) and
+        # return plain tensors); under GPipe the last stage keeps every micro-batch's logits (stage output) and
         # fp32 log-softmax output until its backward (torch/distributed/pipelining/stage.py fwd_cache)
         v_split = np.where(pc.pp == 1, pc.tp, 1.0)
         logits_el = s * b * m.vocab_size / v_split
-        logits = logits_el * (cal.logits_bytes + (_in_flight(pc, m_steps, True) - 1) * (act_bytes + 4.0))
+        gpipe_m = np.where((pc.pp > 1) & (pc.pp_schedule == 0), m_steps, 1.0)  # 1F1B: each loss's backward next
+        logits = logits_el * (cal.logits_bytes + (gpipe_m - 1) * (act_bytes + 4.0))
         # [PIPE] receive buffers: the stage input [b, s(/t), h] in the residual dtype (fp32 unless FSDP2's bf16)
         io_bytes = np.where(eng.uses_fsdp(pc) & ~fp32, 2.0, 4.0)
         per_rank = eng.pipeline_recv_buffers(pc, m_steps, not last, last) * sbh / sp_div * io_bytes
@@ -399,11 +402,13 @@ def rank_memory_columns(
     if masters:
         activations = activations + per_rank
         # The gradients made in backward (all but DDP's buckets) appear as the first backward frees its micro-batch:
-        # with one micro-batch, or GPipe (every forward before the first backward), they coexist with m - 1
-        # micro-batches' activations only, so the peak is m A + max(0, G - A) (1F1B and accumulation: A + G)
+        # with one micro-batch, GPipe (every forward before the first backward) or 1F1B's first stage with m = pp (no
+        # forward after its first backward: torch/distributed/pipelining/schedules.py Schedule1F1B warmup), they
+        # coexist with m - 1 micro-batches' activations only: peak m A + max(0, G - A) (else A + G)
         buckets = np.where((pc.dp > 1) & (pc.zero_stage <= 1), 4.0 * (dense + expert), 0.0)
         dynamic = np.maximum(blocks["gradients"] - buckets, 0.0)
-        overlap = ((pc.pp_schedule == 0) & (pc.pp > 1)) | (m_steps <= 1)
+        filled = (pc.pp_schedule == 1) & (m_steps <= pc.pp) & (not last)
+        overlap = (((pc.pp_schedule == 0) | filled) & (pc.pp > 1)) | (m_steps <= 1)
         blocks["gradients"] = blocks["gradients"] - np.where(overlap, np.minimum(dynamic, per_mb), 0.0)
 
     # Transients: backward working set = one layer's activations re-materialised (full recompute) or the

@@ -96,3 +96,13 @@ def test_autocast_saves_fp32_residuals_and_one_cast_per_linear() -> None:
     # per layer: two fp32 norm inputs (+2 B each) and three more bf16 casts (wk, wv, w3); the final norm in fp32
     extra = M.num_layers * (2 * 2 * sbh + 3 * 2 * sbh) + 2 * sbh
     assert autocast["activations"] - fsdp["activations"] == pytest.approx(extra, rel=1e-9)
+
+
+def test_gradients_made_in_backward_overlap_the_freed_micro_batch() -> None:
+    # 1F1B stage 0 with m = pp runs no forward after its first backward (as GPipe): the unsharded gradients FSDP2
+    # accumulates appear while one micro-batch's activations are freed; with m = 2 pp a forward follows
+    plan = Plan(dp=2, pp=2, zero_stage=2, precision="bf16")
+    filled, steady = (_cols(_scn(4, gbs=gbs), plan) for gbs in (4, 8))  # m = 2 = pp, m = 4
+    assert filled["gradients"] < steady["gradients"]
+    last_filled, last_steady = (_cols(_scn(4, gbs=gbs), plan, "last") for gbs in (4, 8))
+    assert last_filled["gradients"] == last_steady["gradients"]  # the last stage runs F B F B

@@ -107,6 +107,6 @@ def test_cli_json_and_refusal(tmp_path: Path) -> None:
         assert r["peak_gib"] > 0 and r["analytic_peak_gib"] > 0
         assert set(r["blocks_gib"]) == {"weights", "gradients", "optimizer", "activations", "rest"}
         assert abs(sum(r["blocks_gib"].values()) - r["peak_gib"]) < 1e-9
-    bad = subprocess.run(cmd[:5] + ["--plan", "dp=2,cp=2"], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(cmd[:5] + ["--plan", "pp=2,cp=2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "plan.cp" in bad.stderr

@@ -369,6 +369,9 @@ def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0, kernels: str = "cu
     broken = violations(scenario, plan)
     if broken:
         raise StratagemError(f"plan: {broken[0]}")
+    if plan.cp > 1 and plan.pp > 1:  # `_static_stages` gives stages [b, s, h] inputs, not cp's shards + positions
+        raise StratagemError(f"plan.cp ({plan.cp}): tracing a pipeline with context parallelism is not supported yet "
+                             "(its stages' inputs are sequence shards with their positions); trace cp=1 or pp=1")
     _warm_imports()
     return [_forked(trace_role, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
 
