@@ -214,7 +214,9 @@ def _connect_args(url: str) -> dict[str, int]:
 
 def open_storage(spec: StorageSpec, *, write: bool = True) -> optuna.storages.BaseStorage:
     """The Optuna storage for `spec` (creates the file / tables if needed, never a study), after `check_storage`:
-    a file that is not Optuna's is never touched. `write=False` (reports) skips the writable-directory check."""
+    a file that is not Optuna's is never touched. `write=False` (reports) skips the writable-directory check. A
+    fresh database opened by several processes at once (workers, `stratagem status`, a dashboard): the collisions
+    of their table creation are retried."""
     import optuna
 
     check_storage(spec, write=write)
@@ -228,16 +230,36 @@ def open_storage(spec: StorageSpec, *, write: bool = True) -> optuna.storages.Ba
             return JournalStorage(JournalFileBackend(str(spec.path), lock_obj=FlockJournalLock(spec.path)))
         import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
-            return RDBStorage(spec.url, engine_kwargs={"connect_args": _connect_args(spec.url)},
-                              heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        for attempt in range(_SCHEMA_TRIES):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
+                    return RDBStorage(spec.url, engine_kwargs={"connect_args": _connect_args(spec.url)},
+                                      heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+            except Exception as e:
+                if attempt == _SCHEMA_TRIES - 1 or not _schema_race(e):
+                    raise
+                time.sleep(0.1 * (attempt + 1))  # the other opener has created the tables (or soon will)
+        raise AssertionError("unreachable")
     except (ImportError, OSError) as e:
         raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
     except Exception as e:  # sqlalchemy OperationalError and friends: unreachable server, bad file
         if type(e).__module__.startswith(("sqlalchemy", "optuna")):
             raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
         raise
+
+
+_SCHEMA_TRIES = 5
+"""Tries to open an RDB storage whose schema another process is creating at the same moment."""
+_SCHEMA_RACE = ("duplicate key", "already exists", "duplicate entry")
+
+
+def _schema_race(e: BaseException) -> bool:
+    """Whether `e` is a collision with a concurrent creation of Optuna's tables (or its version row): several
+    processes (workers, `stratagem status`, optuna-dashboard) opening a fresh database at once; retrying finds
+    the tables made."""
+    text = " ".join(str(x).lower() for x in (e, getattr(e, "orig", None), e.__cause__, e.__context__) if x)
+    return type(e).__module__.startswith(("sqlalchemy", "optuna")) and any(m in text for m in _SCHEMA_RACE)
 
 
 class FlockJournalLock(BaseJournalFileLock):

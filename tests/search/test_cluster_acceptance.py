@@ -181,8 +181,11 @@ def _scenario(tmp_path: Path, name: str) -> Path:
 
 
 def _load(url: str, study: str) -> optuna.Study | None:
+    """The study as `stratagem status` opens it (while the workers may be creating the database's tables)."""
+    from stratagem.search.storage import open_storage, parse_storage
+
     try:
-        return optuna.load_study(study_name=study, storage=url)
+        return optuna.load_study(study_name=study, storage=open_storage(parse_storage(url), write=False))
     except KeyError:
         return None
 

@@ -194,3 +194,25 @@ def test_wrong_credentials_are_one_line_before_any_work(postgres_url) -> None:
         msg = str(e.value)
         assert "cannot connect" in msg and words in msg and "\n" not in msg, msg
         assert time.monotonic() - t0 < 15
+
+
+def test_opening_a_fresh_postgres_database_at_once_from_many_places(fresh_postgres) -> None:
+    """Workers, `stratagem status` and dashboards may open a fresh database at the same moment: each creates
+    Optuna's tables if missing, and concurrent CREATEs collide (duplicate key in pg_type); open_storage retries."""
+    n = 8
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        barrier.wait()
+        try:
+            open_storage(parse_storage(fresh_postgres), write=False)
+        except BaseException as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
