@@ -180,12 +180,18 @@ def _scenario(tmp_path: Path, name: str) -> Path:
     return path
 
 
+_OPENED: dict[str, optuna.storages.BaseStorage] = {}
+
+
 def _load(url: str, study: str) -> optuna.Study | None:
-    """The study as `stratagem status` opens it (while the workers may be creating the database's tables)."""
+    """The study as `stratagem status` opens it (while the workers may be creating the database's tables); the
+    storage opened once per URL (each opening is a connection pool)."""
     from stratagem.search.storage import open_storage, parse_storage
 
+    if url not in _OPENED:
+        _OPENED[url] = open_storage(parse_storage(url), write=False)
     try:
-        return optuna.load_study(study_name=study, storage=open_storage(parse_storage(url), write=False))
+        return optuna.load_study(study_name=study, storage=_OPENED[url])
     except KeyError:
         return None
 
