@@ -318,8 +318,8 @@ def pareto_info(
     attrs: dict[str, Any] = study.user_attrs
     return ParetoInfo(
         study_name=study.study_name, scenario=scn,
-        scenario_hash=str(attrs.get("scenario_hash") or scn.problem_hash()),
-        stratagem_version=str(attrs.get("stratagem_version") or ""),
+        scenario_hash=str(attrs.get(StudyKey.SCENARIO_HASH) or scn.problem_hash()),
+        stratagem_version=str(attrs.get(StudyKey.STRATAGEM_VERSION) or ""),
         objectives=OBJECTIVES, directions=directions, plans=tuple(rows), front=tuple(front),
         best=_best(rows, OBJECTIVES, directions), n_trials=len(all_trials), n_unfinished=n_unfinished,
         n_superseded=sum(len(v) - 1 for v in by_key.values()),
@@ -341,9 +341,9 @@ def _not_run_lines(attrs: dict[str, Any]) -> tuple[str, ...]:
 
 def _calibration_text(attrs: dict[str, Any]) -> str:
     """The study's calibration in words (study attributes calibration_source, calibration_history)."""
-    source = str(attrs.get("calibration_source") or "published defaults")
-    history = attrs.get("calibration_history") or []
-    if attrs.get("calibration") is not None and history:
+    source = str(attrs.get(StudyKey.CALIBRATION_SOURCE) or "published defaults")
+    history = attrs.get(StudyKey.CALIBRATION_HISTORY) or []
+    if attrs.get(StudyKey.CALIBRATION) is not None and history:
         runs = history[-1].get("runs_used", "?") if isinstance(history[-1], dict) else "?"
         return f"{source}, then refitted on this study's {runs} measured runs"
     return source

@@ -100,13 +100,13 @@ def trial_kinds(trials: list[FrozenTrial]) -> dict[str, int]:
         attrs = t.user_attrs
         if not t.state.is_finished() or t.state == optuna.trial.TrialState.FAIL:
             counts["unfinished"] += 1
-        elif attrs.get("fidelity") == "measured":
+        elif attrs.get(TrialKey.FIDELITY) == "measured":
             counts["measured"] += 1
-        elif attrs.get("fidelity") == "traced":
+        elif attrs.get(TrialKey.FIDELITY) == "traced":
             counts["traced"] += 1
-        elif attrs.get("role") == "recalibrated":
+        elif attrs.get(TrialKey.ROLE) == "recalibrated":
             counts["recalibrated"] += 1
-        elif attrs.get("fidelity") == "analytic":
+        elif attrs.get(TrialKey.FIDELITY) == "analytic":
             counts["screened"] += 1
         else:
             counts["other"] += 1

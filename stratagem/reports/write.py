@@ -18,7 +18,7 @@ from stratagem.reports.data import render_csv, render_json
 from stratagem.reports.html import render_html
 from stratagem.reports.info import DEFAULT_ADVICE_LIMIT, ParetoInfo, pareto_info
 from stratagem.reports.markdown import render_markdown
-from stratagem.search.records import StudyKey
+from stratagem.search.records import StudyKey, TrialKey
 
 if TYPE_CHECKING:
     import optuna
@@ -182,9 +182,9 @@ def unfinished_note(study: optuna.Study) -> str | None:
         attrs = t.user_attrs
         if not t.state.is_finished() or "plan" not in attrs:
             continue
-        if what == "measured runs" and attrs.get("fidelity") == "measured":
-            keys.add(attrs["plan"])
-        elif what != "measured runs" and attrs.get("fidelity") == "analytic" and attrs.get("role") in _SCREENED_ROLES:
-            keys.add(attrs["plan"])
+        if what == "measured runs" and attrs.get(TrialKey.FIDELITY) == "measured":
+            keys.add(attrs[TrialKey.PLAN])
+        elif what != "measured runs" and attrs.get(TrialKey.FIDELITY) == "analytic" and attrs.get(TrialKey.ROLE) in _SCREENED_ROLES:
+            keys.add(attrs[TrialKey.PLAN])
     return (f"the search of this study did not finish: {len(keys)} of {planned} planned {what} stored; rerun the "
             "search to complete it")

@@ -30,7 +30,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from stratagem.search.records import plan_key, trial_plan
+from stratagem.search.records import TrialKey, plan_key, trial_plan
 from stratagem.search.study import worker_alive, worker_id
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.space import SearchSpace
@@ -64,8 +64,8 @@ def claim(storage: optuna.storages.BaseStorage, study: optuna.Study, space: Sear
     params, dists = space.params(plan)
     template = optuna.trial.create_trial(
         state=TrialState.RUNNING, params=params, distributions=dists,
-        user_attrs={"plan": plan_key(plan), "role": role, "fidelity": "measured",
-                    "claim": _claim_attr(time.time())})
+        user_attrs={TrialKey.PLAN: plan_key(plan), TrialKey.ROLE: role, TrialKey.FIDELITY: "measured",
+                    TrialKey.CLAIM: _claim_attr(time.time())})
     study_id = storage.get_study_id_from_name(study.study_name)
     trial_id = storage.create_new_trial(study_id, template_trial=template)
     return Claim(trial_id=trial_id, number=storage.get_trial_number_from_id(trial_id), plan=plan, role=role)
@@ -75,8 +75,8 @@ def live_claims(study: optuna.Study) -> dict[str, FrozenTrial]:
     """Plan key -> the RUNNING trial claiming it (any worker)."""
     out: dict[str, FrozenTrial] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if "claim" in t.user_attrs and "plan" in t.user_attrs:
-            out[t.user_attrs["plan"]] = t
+        if TrialKey.CLAIM in t.user_attrs and TrialKey.PLAN in t.user_attrs:
+            out[t.user_attrs[TrialKey.PLAN]] = t
     return out
 
 
@@ -85,11 +85,11 @@ def expire_claims(study: optuna.Study, storage: optuna.storages.BaseStorage, now
     now = time.time() if now is None else now
     expired = 0
     for t in live_claims(study).values():
-        info = t.user_attrs["claim"]
+        info = t.user_attrs[TrialKey.CLAIM]
         dead = worker_alive(info.get("worker", {})) is False
         if dead or float(info.get("expires", 0.0)) < now:
             why = "its worker is gone" if dead else f"not renewed for {CLAIM_TTL_S:.0f} s"
-            storage.set_trial_user_attr(t._trial_id, "expired", why)
+            storage.set_trial_user_attr(t._trial_id, TrialKey.EXPIRED, why)
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             expired += 1
     return expired
@@ -100,12 +100,12 @@ def orphaned(study: optuna.Study) -> list[tuple[Plan, str]]:
     not measured since, not claimed now; oldest loss first."""
     latest: dict[str, FrozenTrial] = {}
     for t in study.get_trials(deepcopy=False):
-        key = t.user_attrs.get("plan")
-        if key and t.user_attrs.get("fidelity") == "measured" and t.state != TrialState.WAITING:
+        key = t.user_attrs.get(TrialKey.PLAN)
+        if key and t.user_attrs.get(TrialKey.FIDELITY) == "measured" and t.state != TrialState.WAITING:
             latest[key] = t  # trials come in number order: the last one wins
     lost = [t for t in latest.values() if t.state == TrialState.FAIL
-            and ("released" in t.user_attrs or "expired" in t.user_attrs)]
-    return [(trial_plan(t), str(t.user_attrs.get("role", "candidate"))) for t in sorted(lost, key=lambda t: t.number)]
+            and (TrialKey.RELEASED in t.user_attrs or TrialKey.EXPIRED in t.user_attrs)]
+    return [(trial_plan(t), str(t.user_attrs.get(TrialKey.ROLE, "candidate"))) for t in sorted(lost, key=lambda t: t.number)]
 
 
 def finish(storage: optuna.storages.BaseStorage, c: Claim, measured: FrozenTrial) -> None:
@@ -120,7 +120,7 @@ def finish(storage: optuna.storages.BaseStorage, c: Claim, measured: FrozenTrial
 
 def release(storage: optuna.storages.BaseStorage, c: Claim, reason: str) -> None:
     """Give the plan back (FAIL with "released": reason): an infrastructure failure or a stopped worker."""
-    storage.set_trial_user_attr(c.trial_id, "released", reason)
+    storage.set_trial_user_attr(c.trial_id, TrialKey.RELEASED, reason)
     storage.set_trial_state_values(c.trial_id, TrialState.FAIL)
 
 
@@ -135,7 +135,7 @@ def renewing(storage: optuna.storages.BaseStorage, claims: Sequence[Claim]) -> I
             now = time.time()
             for c in claims:
                 try:
-                    storage.set_trial_user_attr(c.trial_id, "claim", _claim_attr(now))
+                    storage.set_trial_user_attr(c.trial_id, TrialKey.CLAIM, _claim_attr(now))
                     if heartbeat:
                         with warnings.catch_warnings():
                             warnings.simplefilter("ignore")  # "experimental"

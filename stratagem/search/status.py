@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from stratagem.search.claims import live_claims
-from stratagem.search.records import front_trials, trial_evaluation
+from stratagem.search.records import StudyKey, TrialKey, front_trials, trial_evaluation, trial_status
 
 __all__ = ["StudyStatus", "study_status"]
 
@@ -62,32 +62,32 @@ def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
     """Read the study once and summarise it."""
     now = time.time() if now is None else now
     trials = study.get_trials(deepcopy=False)
-    analytic = sum(t.user_attrs.get("fidelity") == "analytic" for t in trials)
+    analytic = sum(t.user_attrs.get(TrialKey.FIDELITY) == "analytic" for t in trials)
     measured: dict[str, int] = {}
     best: optuna.trial.FrozenTrial | None = None
     infra = expired = 0
     for t in trials:
-        if t.user_attrs.get("fidelity") != "measured":
+        if t.user_attrs.get(TrialKey.FIDELITY) != "measured":
             continue
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
-            status = str(t.user_attrs.get("status", "ok"))
+            status = trial_status(t)
             measured[status] = measured.get(status, 0) + 1
             if t.state == TrialState.COMPLETE and (best is None or _tokens(t) > _tokens(best)):
                 best = t
         elif t.state == TrialState.FAIL:
-            infra += str(t.user_attrs.get("released", "")).startswith("infra")
-            expired += "expired" in t.user_attrs
+            infra += str(t.user_attrs.get(TrialKey.RELEASED, "")).startswith("infra")
+            expired += TrialKey.EXPIRED in t.user_attrs
     claims = live_claims(study)
     workers = sorted({f"{c['worker'].get('host')}:{c['worker'].get('pid')}"
-                      for t in claims.values() if float((c := t.user_attrs["claim"]).get("expires", 0)) >= now})
-    predicted = [t for t in front_trials(study) if t.user_attrs.get("fidelity") != "measured"]
+                      for t in claims.values() if float((c := t.user_attrs[TrialKey.CLAIM]).get("expires", 0)) >= now})
+    predicted = [t for t in front_trials(study) if t.user_attrs.get(TrialKey.FIDELITY) != "measured"]
     attrs = study.user_attrs
-    started = attrs.get("real_runs_started")
-    budget = attrs.get("real_runs_budget_minutes")
+    started = attrs.get(StudyKey.REAL_RUNS_STARTED)
+    budget = attrs.get(StudyKey.REAL_RUNS_BUDGET_MINUTES)
     elapsed = None if started is None else now - float(started)
     left = None if budget is None or elapsed is None else max(0.0, 60.0 * float(budget) - elapsed)
     trend = [(int(h["measured"]), float(h["step_error_after"]), float(h["memory_error_after"]))
-             for h in attrs.get("calibration_history", [])]
+             for h in attrs.get(StudyKey.CALIBRATION_HISTORY, [])]
     return StudyStatus(study=study.study_name, analytic=analytic, measured=measured, claimed=len(claims),
                        infra=infra, expired=expired, workers=workers, best_measured=_describe(best),
                        best_predicted=_describe(max(predicted, key=_tokens) if predicted else None),
@@ -98,5 +98,5 @@ def _describe(t: optuna.trial.FrozenTrial | None) -> str:
     if t is None:
         return ""
     ev = trial_evaluation(t)
-    name = ev.plan.short() if ev is not None else str(t.user_attrs.get("plan", t.number))
+    name = ev.plan.short() if ev is not None else str(t.user_attrs.get(TrialKey.PLAN, t.number))
     return f"{name} ({_tokens(t):,.0f} tok/s, trial {t.number})"

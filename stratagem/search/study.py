@@ -96,7 +96,7 @@ def open_study(storage: optuna.storages.BaseStorage, spec: StorageSpec, study_na
         what = "another search section" if same_problem else "another scenario"
         raise StratagemError(
             f"--study ({study_name!r}): that study in {spec.url} was made for {what} "
-            f"(space {attrs.get('space_digest')}, this one {space.digest()}); use a new --study name")
+            f"(space {attrs.get(StudyKey.SPACE_DIGEST)}, this one {space.digest()}); use a new --study name")
     return study
 
 

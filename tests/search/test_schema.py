@@ -168,3 +168,19 @@ def test_a_plan_without_trials_has_no_standing() -> None:
     with pytest.raises(ValueError):
         standing([])
     assert standings([]) == {}
+
+
+def test_attribute_keys_are_spelled_once() -> None:
+    """Study and trial attribute keys come from records.StudyKey / TrialKey: no module but records.py spells a
+    key as a string literal where it reads or writes user attributes (a renamed key cannot be missed)."""
+    import re
+
+    import stratagem
+
+    literal = re.compile(r"""attrs\[["']|attrs\.get\(["']|set_user_attr\(["']|"""
+                         r"""set_trial_user_attr\([^,]+,\s*["']|["'][a-z_]+["'] (not )?in [\w.]*user_attrs""")
+    package = Path(stratagem.__file__).parent
+    found = [f"{p.relative_to(package)}:{n}: {line.strip()}" for p in sorted(package.rglob("*.py"))
+             if p.name != "records.py" for n, line in enumerate(p.read_text().splitlines(), 1)
+             if literal.search(line)]
+    assert found == []
