@@ -12,7 +12,8 @@ p90 per block and per axis value, the worst ten with their breakdown, then the f
 Each plan takes seconds to a minute of CPU (fake tensors; pipelined plans run every micro-batch). Traced roles
 are appended to the cache (JSON lines, one per role or refusal) as they finish, and a rerun skips what the cache
 holds: a killed run resumes, a larger --n extends the same seeded sample (a prefix of it is the smaller sample),
-and the analytic side is recomputed from the current model at every report (--report-only: no tracing).
+and the analytic side is recomputed from the current model at every report (--report-only: no tracing). The
+traced side depends on the harness and stratagem/launch/trace: after a change there, trace into a new cache.
 """
 
 from __future__ import annotations

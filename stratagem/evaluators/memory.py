@@ -323,8 +323,9 @@ def rank_memory_columns(
         # layer casts, and the one in forward all the stage's casts at its end (the head's: the last chunk's one).
         # Only leaf weights are cached (aten/src/ATen/autocast_mode.cpp cached_cast: is_leaf): DDP with TP holds
         # local shards and makes DTensor views of them per forward (harness hold_tp_params_local), never cached
-        cached = (pc.tp == 1) | (pc.dp == 1)
+        cached = (pc.tp == 1) | (pc.dp == 1)  # one chunk's forward is one autocast region (harness model.forward)
         every = np.where(cached, eng.autocast_copy_params(scn, pc, layers, 0.0 * redone, layer_lin, 0.0), 0.0)
+        every = every / pc.virtual_stages
         held_casts = cast * (_in_flight(pc, m_steps, last) - 1) + np.maximum(cast, every) + head_w
         copy = np.where(eng.uses_autocast(scn, pc), held_casts,
                         np.where(eng.uses_fsdp(pc) & (pc.zero_stage == 2), dense + expert, 0.0))
@@ -410,6 +411,14 @@ def rank_memory_columns(
         filled = (pc.pp_schedule == 1) & (m_steps <= pc.pp) & (not last)
         overlap = (((pc.pp_schedule == 0) | filled) & (pc.pp > 1)) | (m_steps <= 1)
         blocks["gradients"] = blocks["gradients"] - np.where(overlap, np.minimum(dynamic, per_mb), 0.0)
+        # interleaved 1F1B whose warmup, (v - 1) p + 2 (p - 1 - rank) forwards (schedules.py
+        # ScheduleInterleaved1F1B), covers all v m of them: backwards then run chunk by chunk in rounds of p, the
+        # last chunk's first; its gradients (G/v) appear as A/v is freed, all of them once p A/v is
+        v, p = pc.virtual_stages, pc.pp
+        warm = (v - 1) * p + 2 * (p - 1 - np.where(last, p - 1, 0.0))
+        filled_v = (pc.pp_schedule == 2) & (p > 1) & (warm >= v * m_steps)
+        extra = np.maximum(0.0, np.maximum(dynamic / v - per_mb / v, dynamic - p * per_mb / v))
+        blocks["gradients"] = blocks["gradients"] - np.where(filled_v, dynamic - extra, 0.0)
 
     # Transients: backward working set = one layer's activations re-materialised (full recompute) or the
     # gradient of one layer's largest activations; FSDP gathers (current + prefetched unit, compute dtype)

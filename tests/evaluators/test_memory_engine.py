@@ -106,3 +106,11 @@ def test_gradients_made_in_backward_overlap_the_freed_micro_batch() -> None:
     assert filled["gradients"] < steady["gradients"]
     last_filled, last_steady = (_cols(_scn(4, gbs=gbs), plan, "last") for gbs in (4, 8))
     assert last_filled["gradients"] == last_steady["gradients"]  # the last stage runs F B F B
+
+
+def test_interleaved_warmup_covering_every_forward_holds_the_last_chunks_gradients_first() -> None:
+    # pp 4, v 2: rank 0's warmup of (v - 1) p + 2 (p - 1) = 10 forwards covers all v m = 8 when m = 4, not when m = 8
+    plan = Plan(dp=2, pp=4, zero_stage=0, precision="bf16", pp_schedule="interleaved", virtual_stages=2)
+    filled, steady = (_cols(_scn(8, gbs=gbs), plan) for gbs in (8, 16))
+    buckets = filled["optimizer"] / 2  # DDP buckets: fp32 (4 B) per parameter; AdamW states 8 B
+    assert buckets < filled["gradients"] < steady["gradients"] == pytest.approx(2 * buckets, rel=1e-9)
