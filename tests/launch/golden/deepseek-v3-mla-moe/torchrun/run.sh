@@ -6,8 +6,7 @@
 # source: golden case deepseek-v3-mla-moe
 # Not applied by the harness (passed on as given; the run stops with the harness's error):
 #   - model.mla: True: the harness builds plain GQA attention over the whole sequence, without mla; remove it for a real run: the harness stops with an error
-#   - plan.ep: 8: ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, which hold different experts under expert parallelism; use zero_stage 0, 2 or 3: the harness stops with an error
-#   - plan.tp: 2: the harness does not apply tensor parallelism to MoE models; use tp=1: the harness stops with an error
+#   - plan.ep: 8: ZeroRedundancyOptimizer broadcasts whole parameters over the dp ranks, and the MoE experts are DTensors on the expert mesh (measured: c10d.broadcast_ has no DTensor sharding strategy); use zero_stage 0, 2 or 3: the harness stops with an error
 # Run this script on each of the 32 node(s); it writes result.json next to it.
 set -euo pipefail
 cd "$(dirname "$0")"

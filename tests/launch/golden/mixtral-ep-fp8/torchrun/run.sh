@@ -5,8 +5,6 @@
 # launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case mixtral-ep-fp8
 # Not applied by the harness (passed on as given; the run stops with the harness's error):
-#   - plan.etp: 2: the harness does not split experts' matmuls; use etp=1: the harness stops with an error
-#   - plan.tp: 2: the harness does not apply tensor parallelism to MoE models; use tp=1: the harness stops with an error
 #   - plan.activation_checkpointing: selective: the harness's selective region is the dense MLP's down(silu(g) * u), which MoE layers lack; use op or full: the harness stops with an error
 # Run this script on each of the 2 node(s); it writes result.json next to it.
 set -euo pipefail

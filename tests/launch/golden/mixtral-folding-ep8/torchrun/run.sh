@@ -5,8 +5,7 @@
 # launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case mixtral-folding-ep8
 # Not applied by the harness (passed on as given; the run stops with the harness's error):
-#   - plan.ep: 8: ZeroRedundancyOptimizer partitions whole parameters over all dp ranks, which hold different experts under expert parallelism; use zero_stage 0, 2 or 3: the harness stops with an error
-#   - plan.tp: 2: the harness does not apply tensor parallelism to MoE models; use tp=1: the harness stops with an error
+#   - plan.ep: 8: ZeroRedundancyOptimizer broadcasts whole parameters over the dp ranks, and the MoE experts are DTensors on the expert mesh (measured: c10d.broadcast_ has no DTensor sharding strategy); use zero_stage 0, 2 or 3: the harness stops with an error
 # Run this script on each of the 2 node(s); it writes result.json next to it.
 set -euo pipefail
 cd "$(dirname "$0")"
