@@ -125,7 +125,10 @@ def _search_with_real_runs(scn: Scenario, scenario_path: Path, url: str, name: s
     out.print(f"starting Ray ({ray_address or 'local cluster'}); run logs under {run_dir}", markup=False)
     fresh = [d for d in (run_dir, run_dir.parent) if not d.exists()]  # created by this call
     try:
-        evaluator = RayRunEvaluator(run_dir, address=ray_address, num_cpus=num_cpus, steps=steps, warmup=2)
+        # its predictions ('pred' beside each run) use the calibration the search starts from (a calibration file,
+        # the traced refit), as the screening did, not the device's defaults
+        evaluator = RayRunEvaluator(run_dir, address=ray_address, num_cpus=num_cpus, steps=steps, warmup=2,
+                                    calibration=calibration)
     except BaseException as e:
         _remove_empty(fresh)
         if isinstance(e, Exception) and _raised_by_ray(e):  # e.g. "node timed out during startup" on a busy host

@@ -205,8 +205,9 @@ def print_measured(console: Console, mf: Any) -> None:
     if mf.history:
         last = mf.history[-1]
         console.print(f"calibration on {last['runs_used']} measured runs: median step-time error "
-                      f"{last['step_error_before']:.0%} (defaults) -> {last['step_error_after']:.0%}, peak memory "
-                      f"{last['memory_error_before']:.0%} -> {last['memory_error_after']:.0%} ('pred': the default "
-                      "constants at run time; 'calibrated': refitted on this study's runs); the front below uses "
+                      f"{last['step_error_before']:.0%} (starting calibration) -> {last['step_error_after']:.0%}, peak "
+                      f"memory {last['memory_error_before']:.0%} -> {last['memory_error_after']:.0%} ('pred': the "
+                      "calibration the search started from; 'calibrated': refitted on this study's runs); the front "
+                      "below uses "
                       "measured figures where they exist and calibrated predictions elsewhere",
                       markup=False, soft_wrap=True)

@@ -182,7 +182,9 @@ def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
             kwargs: dict[str, Any] = {"target": y, "losses": losses} if job.is_last else {}
             if positions is not None:  # [B/dp, s/cp], split into micro-batches with the inputs for every stage
                 kwargs["positions"] = positions
-            job.schedule.step(*args, **kwargs)
+            # return_outputs=False as torchtitan's train.py: else the last stage keeps every micro-batch's
+            # output (logits [mbs, s, V]) in output_chunks until the step ends and concatenates them
+            job.schedule.step(*args, return_outputs=False, **kwargs)
         return torch.stack(losses).mean().detach() if job.is_last else torch.zeros((), device=job.device)
     model = job.parts[0]
     total = torch.zeros((), device=job.device)
