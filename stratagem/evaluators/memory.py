@@ -34,6 +34,7 @@ from stratagem.evaluators.experts import expert_data_parallel, load_imbalance
 from stratagem.evaluators.memory_pipeline import cost_split_layers, pipeline_layers, stage_layers
 from stratagem.evaluators.stages import stage_columns
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import OPTIMIZER, STACKS, StateTerm, stack_record
 
@@ -241,6 +242,18 @@ def _in_flight(pc: PlanColumns, m: Array, last: bool) -> Array:
 
 
 # ---- the whole rank ----------------------------------------------------------------------------------------
+def _router_params(m: ModelSpec) -> float:
+    """Parameters of one MoE layer's router: the gate [E, h] and its bias (0 for a dense model)."""
+    if m.moe is None:
+        return 0.0
+    return float(m.hidden_size * m.moe.num_experts + (m.moe.num_experts if m.moe.router_bias else 0))
+
+
+def _first_moe_layer(m: ModelSpec) -> int:
+    """Index of the first MoE layer (every MoE layer has the same routed parameters)."""
+    return next(i for i in range(m.num_layers) if m.is_moe_layer(i))
+
+
 def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> tuple[Array, Array, Array, Array]:
     """(dense params, expert params, largest FSDP unit, one layer's linear weights) held by one rank of the
     first or last stage."""
@@ -251,7 +264,12 @@ def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> 
     # on the first stage); routed experts split over ep x etp (evaluators/experts.py, Megatron MoE folding)
     st = stage_columns(m, pc)
     n_st = np.maximum(st.last_layers if last else st.first_layers, 1.0)
-    layer_dense = ((st.last_dense if last else st.first_dense) / n_st - norms) / t + norms
+    # the router [E, h] (+ bias) is whole on every TP rank (torchtitan apply_moe_ep_tp: router NoParallel;
+    # Megatron TopKRouter is not TP-split): per-layer mean of the routers of this stage's MoE layers
+    routed = st.last_expert if last else st.first_expert
+    router = _router_params(m)
+    routers = 0.0 if m.moe is None else routed / max(1.0, float(m.layer_params(_first_moe_layer(m))[1])) * router
+    layer_dense = (((st.last_dense if last else st.first_dense) - routers) / n_st - norms) / t + norms + routers / n_st
     layer_expert = (st.last_expert if last else st.first_expert) / n_st / (ep * pc.etp)
     emb = m.embedding_params() / t
     head = (m.head_params() - m.norm_params()) / t + m.norm_params()  # the final norm is replicated by TP
@@ -263,7 +281,7 @@ def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> 
     dense = layers * layer_dense + extra
     expert = layers * layer_expert
     largest = np.maximum((m.dense_layer_params() - norms) / t + norms,
-                         (m.moe_layer_dense_params() - norms) / t + norms
+                         (m.moe_layer_dense_params() - norms - router) / t + norms + router
                          + m.layer_params(m.num_layers - 1)[1] / (ep * pc.etp))
     unit = np.maximum(largest, np.maximum(emb, head + tied_copy))
     return dense, expert, unit, layer_dense - norms + layer_expert

@@ -215,20 +215,13 @@ MOE_TP_CASES = [(t, b) for texts in MOE_TP_SHARDING.values() for t in texts for 
 
 
 @pytest.mark.parametrize("text,block", MOE_TP_CASES, ids=[f"{t}-{b}" for t, b in MOE_TP_CASES])
-def test_moe_tp_state_bytes_match_analytic_model_but_the_router(launches: dict[Any, Any], scenarios: dict[str, Scenario],
-                                                                text: str, block: str) -> None:
+def test_moe_tp_state_bytes_match_analytic_model(launches: dict[Any, Any], scenarios: dict[str, Scenario],
+                                                 text: str, block: str) -> None:
     """Under TP the experts are split over ep x etp as memory.py splits them (so edp = 1 here, where ZeRO-3's
-    expert sharding agrees too); the router, replicated over TP by the harness (torchtitan NoParallel), is
-    counted 1/tp by memory.py: ROUTER_TP is that difference, sharded like the weights' block."""
+    expert sharding agrees too), and the router is whole on every TP rank in both (torchtitan NoParallel)."""
     plan, scn = _plan(text), scenarios["moe"]
-    moe = scn.model.moe
-    assert moe is not None
     ranks = _result(launches, "sharding", text, "moe")["ranks"]
-    mem = _analytic(scn, plan)
-    router = scn.model.num_moe_layers() * moe.num_experts * scn.model.hidden_size * (1 - 1 / plan.tp) * 4  # fp32
-    shard = plan.dp if plan.zero_stage >= (3 if block == "weights" else 2 if block == "gradients" else 1) else 1
-    router_tp = router / shard * (2 if block == "optimizer" else 1)  # AdamW: exp_avg + exp_avg_sq
-    expected = getattr(mem, f"{block}_gib") * GIB + router_tp
+    expected = getattr(_analytic(scn, plan), f"{block}_gib") * GIB
     key = {"weights": "param_bytes", "gradients": "grad_bytes", "optimizer": "optimizer_bytes"}[block]
     measured = [r[key] + (r["unsharded_param_bytes"] if block == "weights" else 0) for r in ranks]
     assert measured == [pytest.approx(expected, abs=0.5)] * len(ranks), (measured, expected)
