@@ -128,11 +128,17 @@ def test_memory_never_falls_as_micro_batch_grows(case: tuple[Scenario, Plan], fa
     # the peak: activations only
     def overlaps(p: Plan) -> bool:
         m = scn.training.global_batch_size // (p.dp * p.micro_batch_size)
-        return m <= 1 or (p.pp > 1 and (p.pp_schedule == "gpipe" or (p.pp_schedule == "1f1b" and m <= p.pp)))
+        # any schedule with m <= pp: every micro-batch is in flight, and each holds its own bf16 weight casts
+        # under autocast (memory_engine: one saved cast per in-flight micro-batch), so halving m halves them
+        return m <= 1 or (p.pp > 1 and (p.pp_schedule == "gpipe" or m <= p.pp))
 
     if not (overlaps(plan) or overlaps(bigger)):
         assert cols["peak"][1] >= cols["peak"][0] * allowed, cols["peak"]
-    assert cols["activations"][1] >= cols["activations"][0] * allowed
+    # per stage: the worst rank may switch between the first and the last stage as the micro-batch grows
+    pc = PlanColumns.from_plans([plan, bigger])
+    for stage in ("first", "last"):
+        act = rank_memory_columns(scn, pc, DEFAULT_CALIBRATION, stage)["activations"]  # type: ignore[arg-type]
+        assert act[1] >= act[0] * allowed, (stage, act)
 
 
 @SETTINGS
