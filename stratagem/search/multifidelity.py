@@ -56,8 +56,10 @@ from stratagem.search.records import (
     TrialKey,
     front_trials,
     plan_key,
+    standings,
     trial_evaluation,
     trial_fidelity,
+    trial_plan,
     trial_status,
 )
 from stratagem.search.runner import SearchResult, run_search
@@ -110,8 +112,6 @@ _POLL_S = 5.0  # while other workers hold the remaining plans
 
 def measured_trials(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
     """Plan key -> the finished measured trial that stands for the plan (records.standings: the latest)."""
-    from stratagem.search.records import standings
-
     return {k: s.trial for k, s in standings(study.get_trials(deepcopy=False)).items() if s.fidelity == "measured"}
 
 
@@ -166,8 +166,6 @@ def traced_over_limit(study: optuna.Study, usable_gib: float) -> dict[str, str]:
     step (the harness's own code at full size) is closer to a real run than the analytic prediction, so no real
     run is spent on a plan whose traced memory is over the limit (issue 16 item 2). A measured trial stands above
     a traced one, so a plan already run is judged by its run."""
-    from stratagem.search.records import standings, trial_evaluation, trial_plan
-
     out: dict[str, str] = {}
     for key, s in standings(study.get_trials(deepcopy=False)).items():
         if s.fidelity != "traced" or s.feasible:
