@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "stratagem"
 LAYER: dict[str, int] = {
     "stratagem": 0,  # the root package (__version__, re-exports): importing any submodule runs it anyway
     "errors": 0,
+    "units": 0,
     "procfs": 0,
     "spaces": 1,
     "evaluators": 2,

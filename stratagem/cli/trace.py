@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scenario_and_plan
+from stratagem.units import GIB
 
 if TYPE_CHECKING:
     from stratagem.evaluators import Calibration, Evaluation
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = ["trace_table", "traced_phase"]
 
-GIB = float(2**30)
 
 _NAMES = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer", "activations": "activations",
           "rest": "rest / transient"}

@@ -20,11 +20,11 @@ from stratagem.evaluators.timing import rank_params
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import stack_record
+from stratagem.units import GIB
 
 __all__ = ["CHECKPOINT_KEYS", "STAGING_BYTES_S", "young_interval", "daly_interval", "checkpoint_columns"]
 
 Array = NDArray[np.float64]
-GIB = float(2**30)
 GB = 1e9
 
 CHECKPOINT_KEYS: tuple[str, ...] = (

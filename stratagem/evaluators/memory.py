@@ -37,6 +37,7 @@ from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import OPTIMIZER, STACKS, StateTerm, stack_record
+from stratagem.units import GIB
 
 __all__ = [
     "GIB",
@@ -59,7 +60,6 @@ __all__ = [
 ]
 
 Array = NDArray[np.float64]
-GIB = float(2**30)
 # [DS] estimate_zero3_model_states_mem_needs: 4 bytes x the largest layer's parameters stay gathered on the GPU.
 DEEPSPEED_ZERO3_LAYER_BYTES = 4.0
 

@@ -35,11 +35,11 @@ from stratagem.search.study import evaluation_trial, provenance
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
+from stratagem.units import GIB
 
 __all__ = ["TracedRoleLike", "Tracer", "TracedResult", "traced_order", "traced_evaluation", "refit_logits_bytes",
            "run_traced", "TRACED_CALIBRATION"]
 
-GIB = float(2**30)
 TRACED_CALIBRATION = StudyKey.TRACED_CALIBRATION
 """Study attribute: the Calibration refitted on the study's traced trials (model_dump)."""
 _BLOCKS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer"),

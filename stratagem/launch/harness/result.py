@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from stratagem.errors import StratagemError
 from stratagem.spaces.plan import Plan
+from stratagem.units import GIB
 
 __all__ = ["RankFigures", "CheckpointTimes", "HarnessResult", "STORED", "read_result", "parse_result"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-GIB = float(1 << 30)
 
 
 class RankFigures(BaseModel):

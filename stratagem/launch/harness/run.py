@@ -56,6 +56,7 @@ from stratagem.launch.harness.support import DEFAULT_LR, unsupported
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario, load_scenario
+from stratagem.units import GIB
 
 if TYPE_CHECKING:  # torch is imported by the functions that run: `unsupported` must stay torch-free
     import torch
@@ -67,7 +68,6 @@ __all__ = ["validate_plan", "run_plan", "run_harness", "main", "GIB", "unsupport
 # Our model never modifies a module's output in place, which is what this FSDP2 warning is about.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
-GIB = float(2**30)
 PG_TIMEOUT_S = float(os.environ.get("STRATAGEM_PG_TIMEOUT_S", "300"))
 
 

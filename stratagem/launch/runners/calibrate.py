@@ -52,11 +52,11 @@ from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.training import TrainingSpec
+from stratagem.units import GIB
 
 __all__ = ["LADDER", "TINY", "SizedModel", "Runner", "CalibrationOutcome", "size_model", "calibration_plans",
            "node_scenario", "local_runner", "run_calibration", "run_table", "device_facts"]
 
-GIB = float(2**30)
 MEMORY_SHARE = 0.45
 """A sized model's predicted peak stays under this share of device memory (the published constants can be
 off by tens of percent on new hardware; a run that OOMs calibrates nothing)."""

@@ -25,10 +25,10 @@ from stratagem.evaluators.zones import measured_zones
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario
+from stratagem.units import GIB
 
 __all__ = ["RayRunEvaluator", "measured_evaluation", "provenance"]
 
-GIB = float(2**30)
 _ENV_FLAGS = ("OMP_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_DISABLE", "CUDA_DEVICE_MAX_CONNECTIONS",
               "PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario
+from stratagem.units import GIB
 
 __all__ = ["measure_plans", "rank_measure"]
 
-GIB = float(2**30)
 
 
 def rank_measure(rank: int, scenario: Scenario, plans: Sequence[Plan], steps: int, warmup: int,

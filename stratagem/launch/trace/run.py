@@ -58,10 +58,10 @@ from stratagem.launch.trace.fake import BLOCKS, BlockBytes, fake_world
 from stratagem.launch.trace.kernels import gpu_step
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
+from stratagem.units import GIB
 
 __all__ = ["ANALYTIC_BLOCKS", "TracedRole", "role_ranks", "trace_role", "trace_plan", "analytic_blocks"]
 
-GIB = float(2**30)
 ANALYTIC_BLOCKS = ("weights", "gradients", "optimizer", "activations", "transient")
 """The analytic model's blocks in the order of `BLOCKS` (its transient is compared with the traced rest)."""
 
