@@ -16,11 +16,13 @@ from stratagem.evaluators.evaluation import (
     Zones,
 )
 from stratagem.evaluators.figures import PlanFigures
+from stratagem.evaluators.spread import StepSpread, distinct, spread_of, spread_of_samples
 from stratagem.evaluators.zones import THRESHOLDS, ZONE_NAMES
 
 __all__ = [
     "Advice", "NeighbourSummary", "advise", "THRESHOLDS", "ZONE_NAMES",
     "AnalyticEvaluator", "evaluate", "evaluate_many", "PlanFigures", "Evaluator", "BatchEvaluator",
     "DEFAULT_CALIBRATION", "Calibration",
+    "StepSpread", "distinct", "spread_of", "spread_of_samples",
     "BLOCKS", "CheckpointRisk", "Evaluation", "MemoryBreakdown", "Throughput", "TimeBreakdown", "Zone", "Zones",
 ]
