@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict
 
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
 from stratagem.evaluators.calibration import default_calibration
@@ -23,12 +25,48 @@ from stratagem.evaluators.fitting import FACTORS, candidates, coupled, descend, 
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["CalibrationFit", "fit_calibration", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS"]
+__all__ = ["CalibrationStep", "calibration_history", "CalibrationFit", "fit_calibration", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS"]
 
 Array = NDArray[np.float64]
 TIME_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s")
 MEMORY_FIELDS: tuple[str, ...] = ("fragmentation", "context_gib")
 _FACTORS = FACTORS
+
+
+class CalibrationStep(BaseModel):
+    """One refit of a study's calibration (one per batch of real runs): the study attribute
+    "calibration_history" is a list of these, written by the search and read by status and the reports."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    measured: int
+    """Measured trials in the study when the refit ran."""
+    runs_used: int
+    """Measured runs the fit used (ok runs with a step time / peak)."""
+    step_error_before: float
+    """Median relative step-time error of the calibration in force before this refit."""
+    step_error_after: float
+    """Median relative step-time error of the calibration in force after it."""
+    memory_error_before: float
+    """Median relative peak-memory error before."""
+    memory_error_after: float
+    """Median relative peak-memory error after."""
+    adopted: bool = True
+    """Whether the refitted constants replaced the previous ones (False: the refit did not earn its place)."""
+    note: str = ""
+    """Why a refit was refused, or how it was judged ('' when there is nothing to say)."""
+
+
+def calibration_history(raw: Any) -> list[CalibrationStep]:
+    """The typed history from the study attribute (entries that are not a CalibrationStep are skipped: a
+    study written by an older stratagem may hold other keys)."""
+    out: list[CalibrationStep] = []
+    for entry in raw or []:
+        try:
+            out.append(CalibrationStep.model_validate(entry))
+        except ValueError:
+            continue
+    return out
 
 
 @dataclass(frozen=True)
