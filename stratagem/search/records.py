@@ -16,7 +16,8 @@ Trial:
   values                        [tokens_per_s, headroom_gib, goodput_loss] of the evaluation (COMPLETE trials)
   constraints (set_constraint)  [peak_gib - usable_gib]: > 0 means predicted or measured not to fit
                                 (key CONSTRAINT = "memory"; usable_gib = HBM - search.memory_margin_gib)
-  user_attrs["plan"]            format_plan(plan) (compact key=value string, the identity used for dedup)
+  user_attrs["plan"]            plan_key(plan): format_plan of the canonical plan (compact key=value string, the identity
+                                used for dedup: one key per job)
   user_attrs["fidelity"]        "analytic" | "traced" | "measured" (FIDELITIES; measured beats traced beats analytic)
   user_attrs["status"]          Evaluation.status (STATUSES)
   user_attrs["evaluation"]      Evaluation.model_dump(mode="json")
@@ -25,7 +26,9 @@ Trial:
                                 the memory limit), "sample" (a bounded random sample of the rest), "sampler"
                                 (proposed by the Optuna sampler during measured runs), "candidate" (predicted not
                                 to fit, measured anyway: multifidelity's include_infeasible), "recalibrated" (the
-                                plan predicted again with the study's refitted calibration)
+                                plan predicted again with the study's refitted calibration), "remeasured" (a measured
+                                plan run again to settle a ranking within noise: its figures pool every run of the
+                                plan, search/noise.py)
   user_attrs["pruned"]          (PRUNED trials) the reason: predicted peak vs usable memory and the block that broke
   user_attrs["worker"], ["claim"], ["released"], ["expired"], ["retry_of"], ["duplicate_of"]
                                 who runs a measured trial and how a claim on it ended (search/claims.py)
@@ -45,7 +48,9 @@ Study (added by search):
   user_attrs["not_run"]         (real runs) plans the last real-run phase did not run, by why: {"harness": {"count",
                                 "example"}: the harness cannot run them; "traced": their traced memory does not fit}
   user_attrs["real_runs_started"], ["real_runs_budget_minutes"]  when the first worker's real runs began (epoch
-                                seconds) and the --budget-minutes every worker counts against
+                                seconds) and the --budget-minutes every worker counts against (the current window)
+  user_attrs["budget_windows"]  every --budget-minutes window: [{"started", "minutes", "ended"}] (search/budget.py)
+  user_attrs["run_timeout_s"]   the --run-timeout of the last real-run call (None: derived per plan)
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from stratagem.evaluators.evaluation import Evaluation, Fidelity, Status
+from stratagem.spaces.canonical import canonical_plan
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario, scenario_from_dict
 
@@ -93,7 +99,7 @@ __all__ = [
 OBJECTIVES: tuple[str, ...] = ("tokens_per_s", "headroom_gib", "goodput_loss")
 DIRECTIONS: tuple[Literal["maximize", "minimize"], ...] = ("maximize", "maximize", "minimize")
 CONSTRAINT = "memory"
-Role = Literal["front", "boundary", "sample", "sampler", "candidate", "recalibrated"]
+Role = Literal["front", "boundary", "sample", "sampler", "candidate", "recalibrated", "remeasured"]
 ROLES: tuple[Role, ...] = get_args(Role)
 """Why a trial was stored (user attribute "role")."""
 FIDELITIES: tuple[Fidelity, ...] = get_args(Fidelity)
@@ -138,6 +144,8 @@ class StudyKey:
     TRACED_CALIBRATION = "traced_calibration"
     REAL_RUNS_STARTED = "real_runs_started"
     REAL_RUNS_BUDGET_MINUTES = "real_runs_budget_minutes"
+    BUDGET_WINDOWS = "budget_windows"
+    RUN_TIMEOUT = "run_timeout_s"
     NOT_RUN = "not_run"
 
 
@@ -168,9 +176,15 @@ def plan_params(plan: Plan) -> dict[str, Any]:
     return plan.model_dump(mode="json")
 
 
-def plan_key(plan: Plan) -> str:
-    """The identity of a plan in a study (used to never evaluate a plan twice)."""
-    return format_plan(plan)
+def plan_key(plan: Plan, scenario: Scenario | None = None) -> str:
+    """The identity of a plan in a study (used to never evaluate a plan twice): the key=value form of its
+    canonical plan, so two plans that build one job have one key. With `scenario`, the full canonical form
+    (`spaces.canonical.canonical_plan`: pipeline splits giving the same chunks, ...); without, the part the plan
+    alone decides (`Plan.canonical()`), which is the same key for any plan the search space or a sampler made
+    (they are canonical already)."""
+    if scenario is not None:
+        return format_plan(canonical_plan(scenario, plan))
+    return format_plan(plan.canonical())
 
 
 def objective_values(ev: Evaluation) -> list[float]:

@@ -74,8 +74,10 @@ WRITES: list[tuple[str, Role, Evaluation, float]] = [
     ("dp=2,pp=2,zero=1", "front", _ev("dp=2,pp=2,zero=1", "measured", "timeout"), USABLE),     # 10
     # G: fits HBM but not the search's margin -> PRUNED, constraint > 0
     ("dp=2,tp=2,zero=1", "candidate", _ev("dp=2,tp=2,zero=1"), 1e-6),                                 # 11
+    # D again: re-measured (search/noise.py pools its runs) -> the latest measured stands
+    ("dp=1,pp=4", "remeasured", _ev("dp=1,pp=4", "measured", speed=0.6), USABLE),             # 12
 ]
-STANDS = {"dp=4": (1, False), "dp=2,tp=2": (3, True), "dp=4,zero=3": (5, True), "dp=1,pp=4": (7, True),
+STANDS = {"dp=4": (1, False), "dp=2,tp=2": (3, True), "dp=4,zero=3": (5, True), "dp=1,pp=4": (12, True),
           "dp=2,pp=2": (8, False), "dp=2,pp=2,zero=1": (10, False), "dp=2,tp=2,zero=1": (11, False)}
 """plan -> (number of the trial that stands for it, feasible)."""
 
@@ -139,7 +141,7 @@ def test_report_reader_agrees(study: optuna.Study) -> None:
 
 def test_export_reader_agrees(study: optuna.Study) -> None:
     chosen = choose_trial(study, best="tokens")
-    assert chosen.trial == 7 and chosen.plan == parse_plan("dp=1,pp=4")  # the one feasible measured plan
+    assert chosen.trial == 12 and chosen.plan == parse_plan("dp=1,pp=4")  # the one feasible measured plan (latest run)
     assert "measured" in chosen.source
 
 
@@ -158,7 +160,7 @@ def test_export_never_picks_a_superseded_prediction(tmp_path: Path) -> None:
 
 def test_multifidelity_reader_agrees(study: optuna.Study) -> None:
     got = measured_trials(study)
-    assert {k: t.number for k, t in got.items()} == {key("dp=4"): 1, key("dp=1,pp=4"): 7,
+    assert {k: t.number for k, t in got.items()} == {key("dp=4"): 1, key("dp=1,pp=4"): 12,
                                                      key("dp=2,pp=2,zero=1"): 10}
 
 
