@@ -18,7 +18,8 @@ try:  # typer >= 0.2x vendors its own click; older typer uses click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx  # type: ignore[no-redef]
 
-__all__ = ["app", "console", "main", "scenario_and_plan", "ScenarioArg", "PlanOpt", "JsonOpt"]
+__all__ = ["app", "console", "main", "scenario_and_plan", "ScenarioArg", "PlanOpt", "JsonOpt", "StorageOpt", "StudyOpt",
+           "RetryOpt", "SearchedScenarioArg", "study_location"]
 
 app = typer.Typer(
     add_completion=False,
@@ -33,6 +34,54 @@ PlanOpt = Annotated[
     str | None, typer.Option("--plan", "-p", help="Plan as key=value pairs, e.g. dp=8,tp=2,zero=1,mbs=2.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the Evaluation as JSON.")]
+
+
+def _check_study(value: str | None) -> str | None:
+    from stratagem.search.naming import check_study_name
+
+    return None if value is None else check_study_name(value)
+
+
+def _set_retry(value: float | None) -> float | None:
+    from stratagem.search.retry import set_retry_minutes
+
+    set_retry_minutes(value)  # this process's window for every storage call (None: env / default)
+    return value
+
+
+# The study options, declared once; every command that reads or writes a study takes them, with one default
+# rule (`study_location`): the storage beside the scenario, as `search` writes it.
+StorageOpt = Annotated[str | None, typer.Option(
+    "--storage", help="The study's Optuna storage: sqlite:///F.db, journal:F.log or an RDB URL such as "
+                      "postgresql://user@host/db (default: stratagem.db beside the scenario).")]
+StudyOpt = Annotated[str | None, typer.Option(
+    "--study", help="Study name (default: the scenario's, <scenario stem>-<space digest>; else the storage's only "
+                    "study).", callback=_check_study)]
+RetryOpt = Annotated[float | None, typer.Option(
+    "--storage-retry-minutes", min=0.0, callback=_set_retry,
+    help="Ride out a storage outage (database restart, failover) for this long, retrying with backoff; one line "
+         "when it starts and one when it ends (default: $STRATAGEM_STORAGE_RETRY_MINUTES, else 5).")]
+SearchedScenarioArg = Annotated[Path | None, typer.Argument(
+    help="The scenario YAML the search ran: its storage (stratagem.db beside it) and study, as `search` "
+         "defaults them.")]
+
+
+def study_location(command: str, scenario: Path | None, storage: str | None,
+                   study: str | None) -> tuple[str, str | None]:
+    """(storage URL, study name or None for the storage's only study), by the one rule every command uses:
+    --storage, else stratagem.db beside SCENARIO (where `search` writes it); --study, else SCENARIO's default
+    study name. One line naming the calls that work when neither a scenario nor a storage is given."""
+    from stratagem.search.naming import default_study_name
+    from stratagem.search.storage import default_storage
+
+    if scenario is not None:
+        storage = storage or default_storage(scenario)
+        study = study or default_study_name(scenario, load_scenario(scenario))
+    if storage is None:
+        raise StratagemError(f"stratagem {command}: give the scenario the search ran (stratagem {command} "
+                             f"SCENARIO.yaml) or its storage (stratagem {command} --storage "
+                             "sqlite:///DIR/stratagem.db [--study NAME])")
+    return storage, study
 
 
 def scenario_and_plan(path: Path, plan_text: str | None) -> tuple[Scenario, Plan]:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from stratagem.cli.app import app, console
-from stratagem.errors import StratagemError
+from stratagem.cli.app import (
+    RetryOpt,
+    SearchedScenarioArg,
+    StorageOpt,
+    StudyOpt,
+    app,
+    console,
+    study_location,
+)
 
 if TYPE_CHECKING:
     from stratagem.search.status import StudyStatus
@@ -18,39 +26,38 @@ if TYPE_CHECKING:
 
 @app.command("status")
 def status_cmd(
-    storage: Annotated[str, typer.Option("--storage", help="Optuna storage URL of the study (sqlite:///F.db, "
-                                         "postgresql://..., journal:F.log).")],
-    study: Annotated[str, typer.Option("--study", help="Study name.")],
-    watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C.")] = False,
+    scenario: SearchedScenarioArg = None,
+    storage: StorageOpt = None,
+    study: StudyOpt = None,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C; a storage outage is waited out "
+                                        "(one line when it starts and one when it ends).")] = False,
     interval: Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between refreshes with "
                                             "--watch.")] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+    retry: RetryOpt = None,
 ) -> None:
-    """Trials stored, measured runs done/claimed/failed by kind, workers alive, best plan so far (measured and
-    predicted), calibration error per batch, time spent and left of the real-run budget."""
-    import optuna
+    """Trials stored, measured runs done/claimed/failed by kind, workers alive (by heartbeat), K and how many
+    are done, retries pending and done, releases by a signal, best plan so far (measured and predicted),
+    calibration error per batch, time spent and left of the real-run budget. Never creates a storage."""
+    from stratagem.search.retry import set_retry_minutes
+    from stratagem.search.view import StudyView
 
-    from stratagem.search.status import study_status
-    from stratagem.search.storage import open_storage, parse_storage
-
-    backend = open_storage(parse_storage(storage), write=False)
+    url, name = study_location("status", scenario, storage, study)
+    view = StudyView.open(url, name)
+    if watch:
+        set_retry_minutes(math.inf if retry is None else retry)  # watching waits out an outage, however long
     try:
-        st = optuna.load_study(study_name=study, storage=backend)
-    except KeyError:
-        raise StratagemError(f"--study ({study!r}): no such study in {storage}; `optuna studies --storage "
-                             f"{storage}` lists them") from None
-    while True:
-        s = study_status(st)
-        if as_json:
-            print(json.dumps(s.as_dict()), flush=True)
-        else:
-            _render(console, s)
-        if not watch:
-            return
-        try:
+        while True:
+            s = view.status()
+            if as_json:
+                print(json.dumps(s.as_dict()), flush=True)
+            else:
+                _render(console, s)
+            if not watch:
+                return
             time.sleep(interval)
-        except KeyboardInterrupt:
-            raise typer.Exit(0) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
 
 
 def _minutes(seconds: float | None) -> str:

@@ -21,18 +21,18 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
-from optuna.storages.journal._file import BaseJournalFileLock  # the lock interface JournalFileBackend takes
-
 from stratagem.errors import StratagemError
+from stratagem.search.journal import FlockJournalLock, JournalDamaged, SafeJournalBackend, repair_journal
+from stratagem.search.retry import RetryingStorage, StorageUnavailable, check_minutes, outages_for, transient
 
 if TYPE_CHECKING:
     import optuna
 
 __all__ = ["FlockJournalLock", "StorageSpec", "parse_storage", "check_storage", "open_storage", "storage_lock",
-           "default_storage", "LOCK_TIMEOUT_S"]
+           "default_storage", "load_study", "study_names", "LOCK_TIMEOUT_S", "StorageUnavailable", "JournalDamaged"]
 
 LOCK_TIMEOUT_S = 600.0
 HEARTBEAT_S = 30  # RDB heartbeat of running (measured) trials; stale after GRACE_S without one
@@ -63,8 +63,14 @@ class StorageSpec:
 
 
 def default_storage(scenario_path: str | Path) -> str:
-    """sqlite:///<scenario's directory>/stratagem.db"""
-    return f"sqlite:///{Path(scenario_path).resolve().parent / 'stratagem.db'}"
+    """sqlite:///<scenario's directory>/stratagem.db: the one default every command uses (search writes the
+    study there, status/report/export/reproduce read it from there). '%' and '?' in the path are
+    percent-encoded, so the URL names that file (SQLAlchemy reads '?' as the start of a query)."""
+    return f"sqlite:///{_encode_path(Path(scenario_path).resolve().parent / 'stratagem.db')}"
+
+
+def _encode_path(path: Path) -> str:
+    return str(path).replace("%", "%25").replace("?", "%3F")
 
 
 def parse_storage(url: str) -> StorageSpec:
@@ -90,6 +96,9 @@ def parse_storage(url: str) -> StorageSpec:
     except NoSuchModuleError:
         raise StratagemError(f"storage ({url!r}): unknown database kind {parsed.drivername!r}; {_HINT}") from None
     if parsed.get_backend_name() == "sqlite":
+        if "?" in url:
+            raise StratagemError(f"storage ({url!r}): SQLAlchemy reads '?' as the start of URL options, so the "
+                                 "study would go to another file; write a '?' in the path as %3F (and '%' as %25)")
         if not parsed.database or parsed.database == ":memory:":
             raise StratagemError(f"storage ({url!r}): an in-memory SQLite database cannot be resumed; give a "
                                  "file, e.g. sqlite:///stratagem.db")
@@ -212,41 +221,139 @@ def _connect_args(url: str) -> dict[str, int]:
     return {}
 
 
-def open_storage(spec: StorageSpec, *, write: bool = True) -> optuna.storages.BaseStorage:
-    """The Optuna storage for `spec` (creates the file / tables if needed, never a study), after `check_storage`:
-    a file that is not Optuna's is never touched. `write=False` (reports) skips the writable-directory check. A
-    fresh database opened by several processes at once (workers, `stratagem status`, a dashboard): the collisions
-    of their table creation are retried."""
+def open_storage(spec: StorageSpec, *, write: bool = True,
+                 retry_minutes: float | None = None) -> optuna.storages.BaseStorage:
+    """The Optuna storage for `spec`, after `check_storage` (a file that is not Optuna's is never touched),
+    wrapped in `RetryingStorage`: every later call rides out an outage for `retry_minutes` (default: the
+    --storage-retry-minutes window, `stratagem.search.retry.retry_minutes`).
+
+    `write=True` (a search) creates the file / tables if needed (never a study); a fresh database opened by
+    several processes at once has the collisions of their table creation retried; a journal with torn records
+    is repaired. `write=False` (status, report, export, reproduce) creates nothing: the file must exist and
+    hold Optuna's tables / records, an RDB must hold Optuna's tables; one-line StratagemError otherwise."""
     import optuna
 
     check_storage(spec, write=write)
-    from optuna.storages import JournalStorage, RDBStorage
-    from optuna.storages.journal import JournalFileBackend
-
+    if not write:
+        _check_readable(spec)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    window_s = None if retry_minutes is None else 60.0 * check_minutes(retry_minutes)
+    outages = outages_for(spec.url, window_s)
     try:
-        if spec.kind == "journal":
-            assert spec.path is not None
-            return JournalStorage(JournalFileBackend(str(spec.path), lock_obj=FlockJournalLock(spec.path)))
-        import warnings
-
-        for attempt in range(_SCHEMA_TRIES):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
-                    return RDBStorage(spec.url, engine_kwargs={"connect_args": _connect_args(spec.url)},
-                                      heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
-            except Exception as e:
-                if attempt == _SCHEMA_TRIES - 1 or not _schema_race(e):
-                    raise
-                time.sleep(0.1 * (attempt + 1))  # the other opener has created the tables (or soon will)
-        raise AssertionError("unreachable")
+        inner = _open_journal(spec, write) if spec.kind == "journal" else _open_rdb(spec, outages)
+    except StratagemError:
+        raise
     except (ImportError, OSError) as e:
         raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
     except Exception as e:  # sqlalchemy OperationalError and friends: unreachable server, bad file
         if type(e).__module__.startswith(("sqlalchemy", "optuna")):
             raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
         raise
+    return RetryingStorage(inner, spec.kind, outages)
+
+
+def _open_journal(spec: StorageSpec, write: bool) -> optuna.storages.BaseStorage:
+    """Optuna's JournalStorage on the torn-write-safe backend; a journal an older version appended after a torn
+    record is repaired when opened to write (a one-line error when opened to read)."""
+    from optuna.storages import JournalStorage
+
+    assert spec.path is not None
+    backend = SafeJournalBackend(spec.path, spec.url)
+    try:
+        return JournalStorage(backend)
+    except ValueError:  # json.JSONDecodeError or Optuna's "Invalid log format.": a damaged record mid-file
+        if not write:
+            raise backend.damaged() from None
+    lock = FlockJournalLock(spec.path)
+    lock.acquire()
+    try:
+        repair_journal(spec.path, spec.url)
+    finally:
+        lock.release()
+    try:
+        return JournalStorage(SafeJournalBackend(spec.path, spec.url))
+    except ValueError:
+        raise backend.damaged() from None
+
+
+def _open_rdb(spec: StorageSpec, outages: Any) -> optuna.storages.BaseStorage:
+    """Optuna's RDBStorage (heartbeat on, stale pooled connections pre-pinged) behind its cache, as
+    `optuna.load_study(storage=URL)` builds it; the table creation race and an outage at this moment retried."""
+    import warnings
+
+    from optuna.storages import RDBStorage
+    from optuna.storages._cached_storage import _CachedStorage
+
+    def build() -> RDBStorage:
+        for attempt in range(_SCHEMA_TRIES):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
+                    return RDBStorage(spec.url, engine_kwargs={"connect_args": _connect_args(spec.url),
+                                                               "pool_pre_ping": True},
+                                      heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+            except Exception as e:
+                if attempt == _SCHEMA_TRIES - 1 or not _schema_race(e):
+                    raise
+                time.sleep(0.1 * (attempt + 1))  # the other opener has created the tables (or soon will)
+        raise AssertionError("unreachable")
+
+    return _CachedStorage(outages.run(spec.kind, build))
+
+
+def _check_readable(spec: StorageSpec) -> None:
+    """For a read-only open: the storage exists and holds Optuna's data; nothing is created (no SQLite file or
+    tables, no journal file, no RDB tables). One-line StratagemError naming what to give instead."""
+    hint = ("give the scenario the search ran (its storage is beside it) or the --storage it used, e.g. "
+            "sqlite:///path/stratagem.db or journal:path/study.log")
+    if spec.path is not None:
+        if not spec.path.is_file():
+            raise StratagemError(f"--storage ({spec.url}): file {spec.path} not found; {hint}")
+        if spec.kind == "sqlite" and not _OPTUNA_TABLES <= _sqlite_tables(spec.path):
+            raise StratagemError(f"--storage ({spec.url}): {spec.path} is not an Optuna storage (no studies "
+                                 f"table); {hint}")
+        return
+    from sqlalchemy import create_engine, inspect
+
+    engine = create_engine(spec.url, connect_args=_connect_args(spec.url))
+    try:
+        with _translated(spec.url):
+            tables = set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    if not _OPTUNA_TABLES <= tables:
+        raise StratagemError(f"--storage ({spec.url}): the database holds no Optuna storage (no studies table); "
+                             f"{hint}")
+
+
+def _sqlite_tables(path: Path) -> set[str]:
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=5)
+        try:
+            return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return set()
+
+
+def study_names(storage: optuna.storages.BaseStorage) -> list[str]:
+    """The names of the studies in an opened storage."""
+    return [s.study_name for s in storage.get_all_studies()]
+
+
+def load_study(storage: optuna.storages.BaseStorage, study_name: str, url: str = "") -> optuna.Study:
+    """The existing study `study_name` in an opened storage (never creates one): the package's one
+    `optuna.load_study`. One-line StratagemError listing the studies there when it does not exist."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        names = [s.study_name for s in storage.get_all_studies()]
+        where = url or "the storage"
+        raise StratagemError(f"--study ({study_name!r}): no such study in {where}; studies there: "
+                             f"{', '.join(names) or 'none'}") from None
 
 
 _SCHEMA_TRIES = 5
@@ -260,34 +367,6 @@ def _schema_race(e: BaseException) -> bool:
     the tables made."""
     text = " ".join(str(x).lower() for x in (e, getattr(e, "orig", None), e.__cause__, e.__context__) if x)
     return type(e).__module__.startswith(("sqlalchemy", "optuna")) and any(m in text for m in _SCHEMA_RACE)
-
-
-class FlockJournalLock(BaseJournalFileLock):
-    """The journal's append lock as an flock on `<journal>.flock`: the kernel drops it when its holder dies.
-    (Optuna's default symlink lock, left behind by a process killed while appending, stalls every later
-    writer for its 30 s grace period.)"""
-
-    def __init__(self, journal: Path) -> None:
-        self._path = f"{journal}.flock"
-        self._fd: int | None = None
-
-    def acquire(self) -> bool:
-        """Take the journal's lock (flock, blocking); True when held."""
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        """Release the journal's lock."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
 
 def _first_line(e: BaseException) -> str:
@@ -352,30 +431,60 @@ def _translated(url: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _db_lock(url: str, timeout: float) -> Iterator[None]:
-    from sqlalchemy import create_engine, text
+    """The advisory lock on its own connection, taken through an outage (retried like the storage's calls).
+    A lock whose connection died in the block died with it on the server: releasing it is then skipped."""
+    from sqlalchemy import create_engine
 
     try:
-        engine = create_engine(url, connect_args=_connect_args(url))
+        engine = create_engine(url, connect_args=_connect_args(url), pool_pre_ping=True)
     except ImportError as e:
         raise StratagemError(f"storage lock ({url}): database driver {getattr(e, 'name', '?')!r} is not "
                              "installed") from None
-    key = zlib.crc32(b"stratagem-search")
     try:
-        with _translated(url), engine.connect() as conn:
-            backend = engine.dialect.name
-            if backend == "postgresql":
-                conn.execute(text(f"SET lock_timeout = '{int(timeout * 1000)}ms'"))
-                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
-            elif backend in ("mysql", "mariadb"):
-                got = conn.execute(text("SELECT GET_LOCK('stratagem-search', :t)"), {"t": int(timeout)}).scalar()
-                if got != 1:
-                    raise StratagemError(f"storage lock ({url}): not acquired within {timeout:.0f} s")
+        with _translated(url):
+            conn = outages_for(url).run("rdb", lambda: _acquire_db_lock(engine, url, timeout))
+        try:
+            yield
+        finally:
             try:
-                yield
+                _release_db_lock(conn)
+            except Exception as e:
+                if not transient(e, "rdb"):
+                    raise
             finally:
-                if backend == "postgresql":
-                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                elif backend in ("mysql", "mariadb"):
-                    conn.execute(text("SELECT RELEASE_LOCK('stratagem-search')"))
+                with contextlib.suppress(Exception):
+                    conn.close()
     finally:
         engine.dispose()
+
+
+_DB_LOCK_KEY = zlib.crc32(b"stratagem-search")
+
+
+def _acquire_db_lock(engine: Any, url: str, timeout: float) -> Any:
+    from sqlalchemy import text
+
+    conn = engine.connect()
+    try:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"SET lock_timeout = '{int(timeout * 1000)}ms'"))
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _DB_LOCK_KEY})
+        elif engine.dialect.name in ("mysql", "mariadb"):
+            got = conn.execute(text("SELECT GET_LOCK('stratagem-search', :t)"), {"t": int(timeout)}).scalar()
+            if got != 1:
+                raise StratagemError(f"storage lock ({url}): not acquired within {timeout:.0f} s")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            conn.close()
+        raise
+    return conn
+
+
+def _release_db_lock(conn: Any) -> None:
+    from sqlalchemy import text
+
+    name = conn.engine.dialect.name
+    if name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _DB_LOCK_KEY})
+    elif name in ("mysql", "mariadb"):
+        conn.execute(text("SELECT RELEASE_LOCK('stratagem-search')"))

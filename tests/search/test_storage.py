@@ -197,8 +197,17 @@ def test_wrong_credentials_are_one_line_before_any_work(postgres_url) -> None:
 
 
 def test_opening_a_fresh_postgres_database_at_once_from_many_places(fresh_postgres) -> None:
-    """Workers, `stratagem status` and dashboards may open a fresh database at the same moment: each creates
-    Optuna's tables if missing, and concurrent CREATEs collide (duplicate key in pg_type); open_storage retries."""
+    """Workers and dashboards may open a fresh database at the same moment: each creates Optuna's tables if
+    missing, and concurrent CREATEs collide (duplicate key in pg_type); open_storage retries. A read-only open
+    (`stratagem status`) of the fresh database creates nothing and says so in one line."""
+    from sqlalchemy import create_engine, inspect
+
+    with pytest.raises(StratagemError, match="holds no Optuna storage") as e:
+        open_storage(parse_storage(fresh_postgres), write=False)
+    assert "\n" not in str(e.value)
+    engine = create_engine(fresh_postgres)
+    assert inspect(engine).get_table_names() == []
+    engine.dispose()
     n = 8
     barrier = threading.Barrier(n)
     errors: list[BaseException] = []
@@ -206,7 +215,7 @@ def test_opening_a_fresh_postgres_database_at_once_from_many_places(fresh_postgr
     def one() -> None:
         barrier.wait()
         try:
-            open_storage(parse_storage(fresh_postgres), write=False)
+            open_storage(parse_storage(fresh_postgres))
         except BaseException as e:  # noqa: BLE001 - collected for the assertion
             errors.append(e)
 
