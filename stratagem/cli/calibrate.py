@@ -24,8 +24,14 @@ CalibrationOpt = Annotated[Path | None, typer.Option(
 
 
 def scenario_calibration(scn: Scenario, override: Path | None) -> tuple[Calibration | None, str]:
-    """The calibration a command uses (--calibration over cluster.calibration over the defaults) and its label."""
-    return resolve_calibration(scn, override)
+    """The calibration a command uses (--calibration over cluster.calibration over the defaults) and its label;
+    one fitted on another device is refused unless the scenario allows it (then a warning on stderr)."""
+    from rich.console import Console
+
+    def warn(line: str) -> None:
+        Console(stderr=True).print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
+
+    return resolve_calibration(scn, override, warn=warn)
 
 _SHOWN = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s",
           "fragmentation", "context_gib", "overlap", "link_efficiency", "collective_step_us")
@@ -56,17 +62,22 @@ def calibrate_cmd(
                                                 "<name>-runs/.")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Timed steps per run.")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps per run.")] = 2,
+    force: Annotated[bool, typer.Option("--force", help="Replace -o (and its runs directory) even if stratagem "
+                                        "did not write them.")] = False,
 ) -> None:
     """Measure this node (the scenario's GPU preset): single-device runs across micro-batch, recompute and
     precision, then node runs across dp/zero/tp; fit the model's constants and write them with provenance.
     Prints predicted vs measured for every run before and after the fit."""
-    from stratagem.launch.runners.calibrate import default_gpus, run_calibration
+    from stratagem.evaluators.calibration_file import check_calibration_output
+    from stratagem.launch.runners.calibrate import check_options, default_gpus, run_calibration
 
     scn = load_scenario(scenario)
+    check_options(gpus if gpus is not None else 1, budget_minutes * 60.0, steps, warmup)
+    out = output or scenario.with_name("calibration.yaml")
+    check_calibration_output(out, force)  # before the runs: a path it cannot or must not write is found now
     check_device(scn)
     n = gpus if gpus is not None else default_gpus(scn)
-    out = output or scenario.with_name("calibration.yaml")
-    outcome = run_calibration(scn, n, budget_minutes * 60.0, out, steps=steps, warmup=warmup,
+    outcome = run_calibration(scn, n, budget_minutes * 60.0, out, steps=steps, warmup=warmup, force=force,
                               log=lambda line: console.print(line, markup=False, highlight=False))
     cf = outcome.file
     console.print(outcome.table, markup=False, highlight=False, soft_wrap=True)
@@ -80,5 +91,4 @@ def calibrate_cmd(
     console.print("fitted: " + ("; ".join(moved) if moved else "nothing moved"), markup=False, soft_wrap=True)
     console.print(f"wrote {outcome.path}  (use it: cluster.calibration: {outcome.path} in a scenario, or "
                   f"--calibration {outcome.path})", markup=False, soft_wrap=True)
-    if not outcome.fit.runs:
-        raise StratagemError(f"calibrate: no run succeeded on {n} device(s); see the reasons above")
+

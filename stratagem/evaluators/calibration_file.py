@@ -10,6 +10,10 @@ scenario, or `--calibration`): the fitted constants with their provenance and th
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -18,10 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.calibration import Calibration, default_label
+from stratagem.files import check_dir, check_owned, disk_error, is_ours, read_yaml
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["FORMAT", "CalibrationRunRecord", "CalibrationProvenance", "CalibrationFile", "load_calibration",
-           "write_calibration", "resolve_calibration", "DEFAULT_LABEL"]
+           "write_calibration", "resolve_calibration", "DEFAULT_LABEL", "runs_dir", "check_calibration_output",
+           "check_device"]
 
 FORMAT = "stratagem-calibration/1"
 DEFAULT_LABEL = "published defaults (fitted on bench/reference, H100)"
@@ -68,6 +74,9 @@ class CalibrationProvenance(BaseModel):
     """Device name as the driver reports it ("cpu" for CPU ranks)."""
     gpu_preset: str
     """The GPU preset the predictions used (datasheet peaks and links)."""
+    gpu_memory_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Memory of the device fitted on, GiB (CUDA: the device's total memory; CPU ranks: the preset's hbm_gib);
+    None in files written before it was recorded."""
     gpus: int = Field(ge=1)
     """Devices used for the node runs."""
     driver: str
@@ -121,16 +130,10 @@ class CalibrationFile(BaseModel):
 
 
 def load_calibration(path: str | Path) -> CalibrationFile:
-    """Read a calibration file; errors are one line naming the file and the field."""
+    """Read a calibration file (bounded: stratagem.files.read_yaml); errors are one line naming the file and the
+    field."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise StratagemError(f"calibration ({p}): file not found; write one with `stratagem calibrate`") from None
-    except IsADirectoryError:
-        raise StratagemError(f"calibration ({p}): is a directory; give the YAML file") from None
-    except yaml.YAMLError:
-        raise StratagemError(f"calibration ({p}): not valid YAML") from None
+    data = read_yaml(p, "calibration", hint="write one with `stratagem calibrate`")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise StratagemError(f"calibration ({p}): format is not {FORMAT}; write it with `stratagem calibrate`")
     try:
@@ -141,21 +144,99 @@ def load_calibration(path: str | Path) -> CalibrationFile:
         raise StratagemError(f"calibration ({p}): {loc}: {err['msg']}") from None
 
 
-def write_calibration(path: str | Path, cf: CalibrationFile) -> Path:
-    """Write `cf` as YAML (atomically: a temporary file renamed into place)."""
+def runs_dir(path: str | Path) -> Path:
+    """The directory of a calibration file's run JSONs: `<stem>-runs/` beside it."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(cf.model_dump(mode="json"), sort_keys=False, width=120))
-    tmp.replace(p)
+    return p.with_name(p.stem + "-runs")
+
+
+def check_calibration_output(path: str | Path, force: bool = False, option: str = "-o") -> Path:
+    """Refuse now (before any run) an output the calibration could not write or must not replace: the file
+    (stratagem.files.check_owned) and its runs directory (a real directory whose files stratagem wrote; never a
+    link; anything else unless `force`)."""
+    p = check_owned(path, force, option)
+    d = runs_dir(p)
+    if d.is_symlink() or (d.exists() and not d.is_dir()):
+        raise StratagemError(f"{option} ({p}): {d} exists and is not a directory stratagem made; choose another "
+                             "output name")
+    if d.is_dir() and not force:
+        foreign = [e.name for e in d.iterdir() if not is_ours(e)]
+        if foreign:
+            raise StratagemError(f"{option} ({p}): {d} holds {len(foreign)} file(s) stratagem did not write (e.g. "
+                                 f"{foreign[0]}); choose another output name, or pass --force")
+    if d.is_dir():
+        check_dir(d, p, option)
     return p
 
 
-def resolve_calibration(scenario: Scenario, override: str | Path | None = None) -> tuple[Calibration | None, str]:
+def write_calibration(path: str | Path, cf: CalibrationFile, runs: dict[str, str] | None = None,
+                      force: bool = False) -> Path:
+    """Write `cf` as YAML and its run JSONs (name -> text) into `runs_dir(path)`, all or nothing: every file is
+    staged under a temporary name first and renamed into place only when all were written (the calibration
+    file last), so a failure (disk full) leaves the previous calibration byte-identical. Run files of an earlier
+    calibration that this one does not rewrite are removed when stratagem wrote them."""
+    p = check_calibration_output(path, force)
+    d = runs_dir(p)
+    staged: list[tuple[str, Path]] = []
+    made = False
+    try:
+        if runs:
+            if not d.exists():
+                d.mkdir()
+                made = True
+            for name, text in runs.items():
+                fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
+                staged.append((tmp, d / name))
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        staged.append((tmp, p))
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(yaml.safe_dump(cf.model_dump(mode="json"), sort_keys=False, width=120))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        if made:
+            shutil.rmtree(d, ignore_errors=True)
+        raise StratagemError(f"-o ({p}): cannot write: {disk_error(e)}; the previous calibration is unchanged") \
+            from None
+    for tmp, dest in staged:
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    if d.is_dir():
+        for old in d.iterdir():
+            if old.name not in (runs or {}) and is_ours(old):
+                old.unlink()
+    return p
+
+
+def check_device(scenario: Scenario, cf: CalibrationFile, source: str | Path) -> str | None:
+    """None when `cf` was fitted on the scenario's GPU preset; a warning line when it was not and the scenario
+    says `cluster.calibration_device_mismatch: allow`; else StratagemError naming both devices."""
+    fitted, used = cf.provenance.gpu_preset, scenario.cluster.gpu.name
+    if fitted == used:
+        return None
+    memory = f", {cf.provenance.gpu_memory_gib:g} GiB" if cf.provenance.gpu_memory_gib else ""
+    what = (f"calibration ({source}) was fitted on {fitted} ({cf.provenance.gpu_name}{memory}), the scenario "
+            f"runs on {used} ({scenario.cluster.gpu.hbm_gib:g} GiB)")
+    if scenario.cluster.calibration_device_mismatch == "allow":
+        return f"{what}; used anyway (cluster.calibration_device_mismatch: allow): its constants may not hold"
+    raise StratagemError(f"{what}: calibrate on {used}, drop the calibration, or set "
+                         "cluster.calibration_device_mismatch: allow")
+
+
+def resolve_calibration(scenario: Scenario, override: str | Path | None = None,
+                        warn: Callable[[str], None] | None = None) -> tuple[Calibration | None, str]:
     """The calibration a command uses and its label: `override` (--calibration) over the scenario's
-    `cluster.calibration` over the published defaults (None, DEFAULT_LABEL)."""
+    `cluster.calibration` over the published defaults (None, DEFAULT_LABEL). A file fitted on another GPU
+    preset is refused unless the scenario allows it (`check_device`; the warning goes to `warn`)."""
     source = override if override is not None else getattr(scenario.cluster, "calibration", None)
     if source is None:
         return None, default_label(scenario.cluster.gpu.name)  # the device's defaults (calibration.py)
     cf = load_calibration(source)
+    warning = check_device(scenario, cf, source)
+    if warning and warn is not None:
+        warn(warning)
     return cf.calibration, cf.label(source)

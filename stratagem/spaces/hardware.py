@@ -10,7 +10,7 @@ from stratagem.errors import StratagemError
 
 __all__ = ["GPUSpec", "ClusterSpec", "GPU_PRESETS", "gpu_preset", "cluster_preset"]
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # NaN/inf: one line, not a result
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp8"]
 
@@ -147,6 +147,9 @@ class ClusterSpec(BaseModel):
     calibration: str | None = None
     """Calibration file written by `stratagem calibrate` on this hardware (relative to the scenario file);
     None = the published constants. Not part of the problem hash."""
+    calibration_device_mismatch: Literal["refuse", "allow"] = "refuse"
+    """A calibration fitted on another GPU preset than `gpu`: refuse (default) or allow with a warning
+    (evaluators/calibration_file.py check_device). Not part of the problem hash."""
 
     @model_validator(mode="before")
     @classmethod
@@ -169,7 +172,8 @@ class ClusterSpec(BaseModel):
                     data["intra_node_gbps"] = intra
                 if not data.get("inter_node_gbps"):
                     data["inter_node_gbps"] = inter
-            if data.get("price_per_gpu_hour", -1.0) < 0:
+            price = data.get("price_per_gpu_hour", -1.0)
+            if isinstance(price, int | float) and not isinstance(price, bool) and price < 0:
                 data["price_per_gpu_hour"] = _PRICE.get(name or "", 0.0)
         return data
 

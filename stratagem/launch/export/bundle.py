@@ -3,6 +3,7 @@ writing a bundle to a directory without leaving half-written files."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -12,6 +13,7 @@ from typing import Literal
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
+from stratagem.files import check_inside, check_owned, disk_error
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.rules import capability_violations, check_plan, divisors
@@ -194,17 +196,26 @@ def note_lines(unexpressed: list[FieldNote], approximated: list[FieldNote], targ
     return [comment_safe(x) for x in lines]
 
 
-def write_bundle(bundle: ExportBundle, out_dir: str | Path) -> list[Path]:
-    """Write the bundle's files under `out_dir` (created). Every file is written to a temporary name in its
-    directory first and renamed only when all were written, so a failure leaves no half-written file."""
+def write_bundle(bundle: ExportBundle, out_dir: str | Path, force: bool = False) -> list[Path]:
+    """Write the bundle's files under `out_dir` (created). Every file is checked first (stratagem.files.
+    check_owned: an existing file stratagem did not write is refused unless `force`; no path through a link),
+    then written to a temporary name in its directory and renamed only when all were written, so a refusal or a
+    failure (disk full) leaves no file changed and no file or directory behind."""
     root = Path(out_dir)
     if root.exists() and not root.is_dir():
         raise StratagemError(f"-o ({root}): exists and is not a directory")
+    targets = [(check_inside(root, rel), text, rel) for rel, text in bundle.files.items()]
+    for dest, _, _ in targets:
+        if dest.parent.is_dir():
+            check_owned(dest, force)
     staged: list[tuple[str, Path]] = []
+    made: list[Path] = []
     try:
-        for rel, text in bundle.files.items():
-            dest = root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
+        for dest, text, rel in targets:
+            for d in reversed([dest.parent, *dest.parent.parents]):
+                if not d.exists():
+                    d.mkdir()
+                    made.append(d)
             fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
             staged.append((tmp, dest))
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -213,7 +224,10 @@ def write_bundle(bundle: ExportBundle, out_dir: str | Path) -> list[Path]:
     except OSError as e:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
-        raise StratagemError(f"-o ({root}): cannot write: {e.strerror or e}") from None
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise StratagemError(f"-o ({root}): cannot write: {disk_error(e)}; nothing was changed") from None
     written = []
     for tmp, dest in staged:
         os.replace(tmp, dest)

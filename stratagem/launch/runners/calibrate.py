@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import json
+import math
 import os
 import platform
 import shlex
@@ -44,9 +45,11 @@ from stratagem.evaluators.calibration_file import (
     CalibrationFile,
     CalibrationProvenance,
     CalibrationRunRecord,
+    check_calibration_output,
+    runs_dir,
     write_calibration,
 )
-from stratagem.evaluators.fit_hardware import HardwareFit, HardwareRun, fit_hardware
+from stratagem.evaluators.fit_hardware import COMPUTE_FIELDS, HardwareFit, HardwareRun, fit_hardware
 from stratagem.launch.harness.support import unsupported
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
@@ -55,7 +58,8 @@ from stratagem.spaces.training import TrainingSpec
 from stratagem.units import GIB
 
 __all__ = ["LADDER", "TINY", "SizedModel", "Runner", "CalibrationOutcome", "size_model", "calibration_plans",
-           "node_scenario", "local_runner", "run_calibration", "run_table", "device_facts"]
+           "node_scenario", "local_runner", "run_calibration", "run_table", "device_facts",
+           "check_options"]
 
 MEMORY_SHARE = 0.45
 """A sized model's predicted peak stays under this share of device memory (the published constants can be
@@ -268,6 +272,7 @@ def device_facts() -> dict[str, str]:
              "python": platform.python_version()}
     if torch.cuda.is_available():
         facts["gpu_name"] = torch.cuda.get_device_name(0)
+        facts["gpu_memory_gib"] = f"{torch.cuda.get_device_properties(0).total_memory / GIB:.1f}"
         try:
             out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                  capture_output=True, text=True, timeout=20, check=False)
@@ -337,17 +342,56 @@ def _records(runs: Sequence[HardwareRun], fit: HardwareFit, files: dict[int, str
     return out
 
 
+def check_options(gpus: int, budget_s: float, steps: int, warmup: int) -> None:
+    """Every option of a calibration, checked before the first run (one line each)."""
+    if gpus < 1:
+        raise StratagemError(f"--gpus ({gpus}): must be at least 1")
+    if not math.isfinite(budget_s) or budget_s <= 0:
+        raise StratagemError(f"--budget-minutes ({budget_s / 60:g}): must be a positive number of minutes")
+    if steps < 1 or warmup < 0:
+        raise StratagemError(f"--steps ({steps}) must be >= 1 and --warmup ({warmup}) >= 0")
+
+
+def _check_fit(runs: Sequence[HardwareRun]) -> None:
+    """The fit needs at least as many ok single-device runs as compute constants it fits (fit_hardware.py
+    COMPUTE_FIELDS: fewer leave them undetermined); else nothing is written."""
+    single = [r for r in runs if r.plan.world_size == 1]
+    ok = sum(r.ok for r in single)
+    if ok < len(COMPUTE_FIELDS):
+        why = next((f"{format_plan(r.plan)}: {r.status}" + (f" ({r.reason})" if r.reason else "")
+                    for r in single if not r.ok), "no run")
+        raise StratagemError(f"calibrate: {ok} of {len(single)} single-device runs succeeded; the fit needs "
+                             f"{len(COMPUTE_FIELDS)} (first failure: {why[:300]}); nothing written, the previous "
+                             "calibration is unchanged")
+
+
+def _run_files(runs: Sequence[HardwareRun], out: Path) -> tuple[dict[str, str], dict[int, str]]:
+    """Run JSONs (name -> text, marked "format": "stratagem-calibration-run/1") and, per run, its path
+    relative to the calibration file."""
+    texts: dict[str, str] = {}
+    files: dict[int, str] = {}
+    for k, r in enumerate(runs):
+        name = f"{k:02d}-{_label(r.plan)}.json"
+        texts[name] = json.dumps({
+            "format": "stratagem-calibration-run/1", "plan": format_plan(r.plan), "world_size": r.plan.world_size,
+            "status": r.status, "reason": r.reason, "scenario": r.scenario.model_dump(mode="json"),
+            "measured_step_s": r.step_s, "measured_peak_gib": r.peak_gib, "result": r.result}, indent=1)
+        files[k] = f"{runs_dir(out).name}/{name}"
+    return texts, files
+
+
 def run_calibration(scenario: Scenario, gpus: int, budget_s: float, out: str | Path | None = None,
                     steps: int = 5, warmup: int = 2, runner: Runner | None = None,
                     facts: dict[str, str] | None = None, base: Calibration | None = None,
-                    log: Callable[[str], None] | None = None, command: str | None = None) -> CalibrationOutcome:
-    """Size the model, run the set (single-device runs first), fit, write `out` (and `<out stem>-runs/*.json`)."""
-    if gpus < 1:
-        raise StratagemError(f"--gpus ({gpus}): must be at least 1")
-    if budget_s <= 0:
-        raise StratagemError(f"--budget-minutes ({budget_s / 60:g}): must be positive")
-    if steps < 1 or warmup < 0:
-        raise StratagemError(f"--steps ({steps}) must be >= 1 and --warmup ({warmup}) >= 0")
+                    log: Callable[[str], None] | None = None, command: str | None = None,
+                    force: bool = False) -> CalibrationOutcome:
+    """Size the model, run the set (single-device runs first), fit, write `out` (and `<out stem>-runs/*.json`).
+    Options and the output are checked before the first run; the file is written (all or nothing,
+    `write_calibration`) only when the runs the fit needs succeeded."""
+    check_options(gpus, budget_s, steps, warmup)
+    path = Path(out) if out is not None else None
+    if path is not None:
+        check_calibration_output(path, force)
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     t0 = time.time()
     sized = size_model(scenario, gpus, budget_s, steps, warmup)
@@ -364,23 +408,15 @@ def run_calibration(scenario: Scenario, gpus: int, budget_s: float, out: str | P
         for r in done:
             say(f"  {r.status:10} {format_plan(r.plan)}" + (f": {r.reason}" if r.reason else ""))
         runs.extend(done)
+    _check_fit(runs)
     fit = fit_hardware(runs, base)
-    files: dict[int, str] = {}
-    path = Path(out) if out is not None else None
-    if path is not None:
-        run_dir = path.with_name(path.stem + "-runs")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for k, r in enumerate(runs):
-            name = f"{k:02d}-{_label(r.plan)}.json"
-            (run_dir / name).write_text(json.dumps({
-                "plan": format_plan(r.plan), "world_size": r.plan.world_size, "status": r.status, "reason": r.reason,
-                "scenario": r.scenario.model_dump(mode="json"), "measured_step_s": r.step_s,
-                "measured_peak_gib": r.peak_gib, "result": r.result}, indent=1))
-            files[k] = f"{run_dir.name}/{name}"
+    texts, files = _run_files(runs, path) if path is not None else ({}, {})
     facts = facts or device_facts()
     model = sized.device.model
+    memory = facts.get("gpu_memory_gib")
     prov = CalibrationProvenance(
         gpu_name=facts["gpu_name"], gpu_preset=scenario.cluster.gpu.name, gpus=gpus, driver=facts["driver"],
+        gpu_memory_gib=float(memory) if memory else scenario.cluster.gpu.hbm_gib,
         torch=facts["torch"], cuda=facts["cuda"], python=facts["python"], stratagem=_revision(),
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         model=f"{model.name} ({model.num_params() / 1e6:.1f} M parameters)", sizing=sized.sizing,
@@ -389,7 +425,7 @@ def run_calibration(scenario: Scenario, gpus: int, budget_s: float, out: str | P
     records = _records(runs, fit, files)
     cf = CalibrationFile(calibration=fit.calibration, provenance=prov, errors=fit.errors(), runs=records)
     if path is not None:
-        write_calibration(path, cf)
+        write_calibration(path, cf, texts, force)
     return CalibrationOutcome(runs=tuple(runs), fit=fit, file=cf, path=path, table=run_table(records))
 
 
