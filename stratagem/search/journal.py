@@ -83,6 +83,23 @@ def _complete_size(path: Path) -> tuple[int, int]:
         return 0, size
 
 
+def _last_record_whole(path: Path, size: int) -> bool:
+    """Whether the journal's last line (the file ends with a newline, `size` bytes) is one whole record."""
+    with open(path, "rb") as f:
+        end = size - 1
+        start = end
+        while start > 0:
+            step = min(_CHUNK, start)
+            f.seek(start - step)
+            nl = f.read(step).rfind(b"\n")
+            if nl >= 0:
+                start = start - step + nl + 1
+                break
+            start -= step
+        f.seek(start)
+        return _record(f.read(end - start)) is not None
+
+
 def cut_torn_tail(path: Path, url: str, say: Callable[[str], None] = _say) -> int:
     """Cut a torn last record off the journal (call under its lock); the size of the complete records."""
     complete, size = _complete_size(path)
@@ -147,6 +164,9 @@ class SafeJournalBackend(JournalFileBackend):
         data = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode("utf-8")
         with get_lock_file(self._lock):
             size = cut_torn_tail(self._journal, self._url)
+            if size and not _last_record_whole(self._journal, size):  # glued to a torn one by an older writer
+                repair_journal(self._journal, self._url)
+                size = self._journal.stat().st_size
             try:
                 with open(self._journal, "ab") as f:
                     f.write(data)

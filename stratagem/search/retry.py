@@ -196,6 +196,10 @@ class Outages:
                         self.recovered()
                         return landed
                 if not transient(e, kind):
+                    if isinstance(e, optuna.exceptions.StorageInternalError) or type(e).__module__.startswith(
+                            "sqlalchemy"):  # disk full, a read-only file, a dropped table: one line, exit 2
+                        raise StratagemError(f"storage ({self.url}): {_first_line(e)}; the storage is unchanged "
+                                             "by this write (rolled back)") from None
                     raise
                 deadline = self.failed(e)
                 left = deadline - time.monotonic()

@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,12 +74,37 @@ def postgres_url() -> Iterator[str]:
         log = (root / "server.log").read_text(errors="replace") if (root / "server.log").exists() else ""
         shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"pg_ctl start failed: {(start.stderr + log).strip().splitlines()[-1:]}")
+    _SERVER.update(pg_ctl=str(bindir / "pg_ctl"), data=str(data), opts=opts, log=str(root / "server.log"))
     try:
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run(_as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
                        capture_output=True, timeout=60)
         shutil.rmtree(root, ignore_errors=True)
+
+
+_SERVER: dict[str, str] = {}
+
+
+@pytest.fixture
+def postgres_outage(postgres_url: str) -> Iterator[Callable[[float], None]]:
+    """outage(seconds): stop the session's server at once (`pg_ctl stop -m immediate`, as a crash or a managed
+    database's failover does), wait, start it again."""
+    import time
+
+    def ctl(*args: str) -> None:
+        subprocess.run(_as_postgres([_SERVER["pg_ctl"], "-D", _SERVER["data"], *args]), capture_output=True,
+                       timeout=120, check=True)
+
+    def outage(seconds: float) -> None:
+        ctl("-m", "immediate", "stop")
+        time.sleep(seconds)
+        ctl("-o", _SERVER["opts"], "-l", _SERVER["log"], "-w", "start")
+
+    yield outage
+    if subprocess.run(_as_postgres([_SERVER["pg_ctl"], "-D", _SERVER["data"], "status"]),
+                      capture_output=True).returncode != 0:  # a test that failed mid-outage: the server back up
+        ctl("-o", _SERVER["opts"], "-l", _SERVER["log"], "-w", "start")
 
 
 @pytest.fixture

@@ -225,3 +225,203 @@ def test_opening_a_fresh_postgres_database_at_once_from_many_places(fresh_postgr
     for t in threads:
         t.join(timeout=120)
     assert errors == []
+
+
+# --- outages (issue 27 item 2) -------------------------------------------------------------------------------
+
+
+def _study_on(url: str, name: str):  # noqa: ANN202 - optuna.Study
+    import optuna
+
+    from stratagem.search.records import DIRECTIONS
+
+    return optuna.create_study(storage=open_storage(parse_storage(url)), study_name=name,
+                               directions=list(DIRECTIONS))
+
+
+@pytest.mark.timeout(120)
+def test_a_storage_call_waits_out_a_database_restart(fresh_postgres, postgres_outage, capfd) -> None:
+    """A call made while PostgreSQL is down blocks, retries with backoff and lands when the server is back: one
+    line when the outage starts, one when it ends; the storage lock is taken through the outage too."""
+    study = _study_on(fresh_postgres, "o")
+    outage = threading.Thread(target=postgres_outage, args=(6.0,))
+    outage.start()
+    time.sleep(1.0)  # the server is down now
+    t0 = time.monotonic()
+    study.set_user_attr("written_during_the_outage", 1)
+    with storage_lock(parse_storage(fresh_postgres)):
+        study.set_user_attr("under_the_lock", 2)
+    outage.join()
+    assert time.monotonic() - t0 > 3.0  # it did wait
+    again = open_storage(parse_storage(fresh_postgres), write=False)
+    import optuna
+
+    attrs = optuna.load_study(study_name="o", storage=again).user_attrs
+    assert attrs["written_during_the_outage"] == 1 and attrs["under_the_lock"] == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert [line for line in err if "unreachable" in line][:1] and len([x for x in err if "unreachable" in x]) == 1, err
+    assert len([line for line in err if "reachable again after" in line]) == 1, err
+
+
+@pytest.mark.timeout(120)
+def test_past_the_window_an_outage_is_one_line(fresh_postgres, postgres_outage, monkeypatch) -> None:
+    from stratagem.search.retry import RETRY_ENV, StorageUnavailable
+
+    monkeypatch.setenv(RETRY_ENV, "0.05")  # 3 s
+    study = _study_on(fresh_postgres, "w")
+    outage = threading.Thread(target=postgres_outage, args=(8.0,))
+    outage.start()
+    time.sleep(1.0)
+    try:
+        with pytest.raises(StorageUnavailable) as e:
+            study.set_user_attr("x", 1)
+    finally:
+        outage.join()
+    msg = str(e.value)
+    assert "unreachable for 0.1 min" in msg and "--storage-retry-minutes" in msg and "\n" not in msg
+
+
+def test_errors_that_are_not_an_outage_are_not_retried(tmp_path) -> None:
+    """No such study, a finished trial: raised at once (no 5-minute wait)."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'n.db'}"
+    study = _study_on(url, "n")
+    t0 = time.monotonic()
+    with pytest.raises(KeyError):
+        study._storage.get_study_id_from_name("nope")
+    trial = study.ask()
+    study.tell(trial, [1.0, 1.0, 1.0])
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        study._storage.set_trial_user_attr(trial._trial_id, "k", 1)
+    assert time.monotonic() - t0 < 5
+
+
+# --- read-only opens create nothing (issue 27 item 5, 28 item 7) ----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_read_only_open_of_a_mistyped_path_creates_nothing(tmp_path, kind) -> None:
+    url = f"sqlite:///{tmp_path / 'typo.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'typo.log'}"
+    with pytest.raises(StratagemError, match="not found") as e:
+        open_storage(parse_storage(url), write=False)
+    assert "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_read_only_open_of_an_empty_sqlite_file_creates_no_tables(tmp_path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(StratagemError, match="not an Optuna storage"):
+        open_storage(parse_storage(f"sqlite:///{empty}"), write=False)
+    assert empty.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
+
+
+def test_question_mark_and_hash_in_a_sqlite_path(tmp_path) -> None:
+    """'?' would cut the path (SQLAlchemy reads a query): refused with the fix; default_storage encodes it, so
+    the storage beside a scenario in such a directory is that file; '#' needs nothing."""
+    odd = tmp_path / "a?b#c"
+    odd.mkdir()
+    with pytest.raises(StratagemError, match="%3F"):
+        parse_storage(f"sqlite:///{odd}/s.db")
+    url = default_storage(odd / "s.yaml")
+    spec = parse_storage(url)
+    assert spec.path == odd / "stratagem.db"
+    open_storage(spec)
+    assert (odd / "stratagem.db").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["a?b#c"]
+
+
+# --- a torn journal (issue 28 item 2) -------------------------------------------------------------------------
+
+
+def _journal_with_trials(path: Path, n: int):  # noqa: ANN202
+    study = _study_on(f"journal:{path}", "j")
+    for i in range(n):
+        study.add_trial(__import__("optuna").trial.create_trial(values=[float(i), 1.0, 1.0]))
+    return study
+
+
+def _trials(path: Path) -> int:
+    import optuna
+
+    return len(optuna.load_study(study_name="j", storage=open_storage(parse_storage(f"journal:{path}"),
+                                                                      write=False)).trials)
+
+
+def test_a_torn_last_record_is_cut_before_the_next_append(tmp_path, capfd) -> None:
+    log = tmp_path / "j.log"
+    _journal_with_trials(log, 3)
+    whole = log.read_bytes()
+    with open(log, "ab") as f:  # a write cut short: half a record, no newline (disk full, killed writer)
+        f.write(b'{"op_code":5,"worker_id":"x","trial_id":0,"user_attr":{"half')
+    assert _trials(log) == 3  # readers skip a torn last record
+    again = _study_on_existing(log)
+    again.set_user_attr("after", 1)
+    err = capfd.readouterr().err
+    assert err.count("last record was torn") == 1 and "removed it" in err, err
+    data = log.read_bytes()
+    assert data.startswith(whole) and data.endswith(b"\n") and b"half" not in data
+    assert _trials(log) == 3
+
+
+def _study_on_existing(path: Path):  # noqa: ANN202
+    import optuna
+
+    return optuna.load_study(study_name="j", storage=open_storage(parse_storage(f"journal:{path}")))
+
+
+def test_a_journal_appended_after_a_torn_record_is_repaired(tmp_path, capfd) -> None:
+    """What an older stratagem left: a torn record glued to the next one, more records after it. Reading it
+    is one line naming the fix; opening it to write repairs it, keeping every whole record."""
+    log = tmp_path / "j.log"
+    _journal_with_trials(log, 2)
+    lines = log.read_bytes().splitlines(keepends=True)
+    torn = b'{"op_code":6,"worker_id":"x","trial_id":1,"sta'
+    log.write_bytes(b"".join(lines[:-2]) + torn + b"".join(lines[-2:]))
+    kept = lines[-2]
+    with pytest.raises(StratagemError, match="damaged record") as e:
+        open_storage(parse_storage(f"journal:{log}"), write=False)
+    assert "\n" not in str(e.value)
+    _study_on_existing(log).set_user_attr("repaired", 1)
+    assert "repaired 1 torn journal record" in capfd.readouterr().err
+    assert torn not in log.read_bytes() and kept in log.read_bytes()
+    assert _trials(log) == 2
+
+
+def test_a_whole_last_record_glued_to_a_torn_one_is_repaired_before_appending(tmp_path, capfd) -> None:
+    log = tmp_path / "j.log"
+    _journal_with_trials(log, 2)
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:-1]) + b'{"op_code":6,"wor' + lines[-1])
+    _study_on_existing(log).set_user_attr("after", 1)
+    assert "repaired 1 torn journal record" in capfd.readouterr().err
+    assert _trials(log) == 2 and _study_on_existing(log).user_attrs["after"] == 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ulimit -f through bash")
+def test_a_failed_append_is_one_line_and_changes_nothing(tmp_path) -> None:
+    """Disk full, by the file-size limit (EFBIG, "File too large"): one line, exit 2, the journal byte-identical;
+    the search resumes from it when the space is back."""
+    import hashlib
+    import subprocess
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text((ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    log = tmp_path / "s.log"
+    cli = f"{sys.executable} -m stratagem.cli search {scenario} --storage journal:{log} --study j --no-report"
+    limited = subprocess.run(["bash", "-c", f"ulimit -f 64; exec {cli}"], capture_output=True, text=True,
+                             timeout=300, cwd=tmp_path)
+    assert limited.returncode == 2, limited.stderr[-2000:]
+    err = limited.stderr.strip().splitlines()
+    assert "Traceback" not in limited.stderr and err[-1].startswith("error: storage (journal:"), err[-3:]
+    assert "File too large" in err[-1] and "nothing was written" in err[-1]
+    data = log.read_bytes()
+    assert data.endswith(b"\n") and 0 < len(data) <= 64 * 1024
+    digest = hashlib.sha256(data).hexdigest()
+    assert _study_count(log) >= 0 and hashlib.sha256(log.read_bytes()).hexdigest() == digest  # reading changes nothing
+    done = subprocess.run(cli.split(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _study_count(path: Path) -> int:
+    return len(open_storage(parse_storage(f"journal:{path}"), write=False).get_all_studies())
