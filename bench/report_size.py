@@ -32,8 +32,8 @@ import plotly
 from stratagem import __version__, evaluate, load_scenario
 from stratagem.reports import (
     DEFAULT_ADVICE_LIMIT,
-    open_study,
     pareto_info,
+    read_study,
     render_csv,
     render_html,
     render_json,
@@ -97,7 +97,7 @@ def main() -> None:
     study, build_s = build_study(args.scenario, args.trials, args.storage)
     t0 = time.perf_counter()
     if args.storage:
-        study = open_study(args.storage, "bench")
+        study = read_study(args.storage, "bench")
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     info = pareto_info(study, advice_limit=args.advice_limit)

@@ -10,7 +10,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stratagem.cli.app import PlanOpt, app, console, scenario_and_plan
+from stratagem.cli.app import (
+    PlanOpt,
+    RetryOpt,
+    SearchedScenarioArg,
+    StorageOpt,
+    StudyOpt,
+    app,
+    console,
+    scenario_and_plan,
+    study_location,
+)
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Evaluation, evaluate
 
@@ -18,9 +28,9 @@ from stratagem.evaluators import Evaluation, evaluate
 @app.command("export")
 def export_cmd(
     to: Annotated[str, typer.Option("--to", help="torchrun | torchtitan | deepspeed | megatron.")],
-    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage of the search (default: "
-                                                "sqlite:///stratagem.db unless --scenario is given).")] = None,
-    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the storage's only one).")] = None,
+    searched: SearchedScenarioArg = None,
+    storage: StorageOpt = None,
+    study: StudyOpt = None,
     trial: Annotated[int | None, typer.Option("--trial", help="Export this trial (its number).")] = None,
     best: Annotated[str | None, typer.Option("--best", help="tokens | headroom | risk: the best feasible trial by "
                                              "that objective, measured runs first (default: tokens).")] = None,
@@ -34,13 +44,26 @@ def export_cmd(
     = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the files into this directory "
                                                 "(created); default: print them.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace files in -o even if stratagem did not write "
+                                        "them.")] = False,
 ) -> None:
     """Export a plan: torchrun + stratagem's harness, a torchtitan TOML, a DeepSpeed JSON or Megatron-LM args."""
     from stratagem.launch.export import choose_trial, export_plan, write_bundle
 
+    if steps is not None and steps < 1:
+        raise StratagemError(f"--steps ({steps}): must be at least 1 (the harness times that many steps)")
+    if output is not None:  # refused now, before a study is opened (stratagem.files: no path through a link)
+        from stratagem.files import check_dir
+
+        if output.exists() and not output.is_dir():
+            raise StratagemError(f"-o ({output}): exists and is not a directory")
+        if output.is_dir():
+            check_dir(output, output, "-o")
     if scenario is not None:
-        if storage is not None or study is not None or trial is not None or best is not None:
-            raise StratagemError("--scenario: give either --scenario [--plan] or --storage/--study [--trial|--best]")
+        if (searched is not None or storage is not None or study is not None or trial is not None
+                or best is not None):
+            raise StratagemError("--scenario: give either --scenario [--plan] or a searched study (SCENARIO or "
+                                 "--storage/--study) [--trial|--best]")
         scn, pl = scenario_and_plan(scenario, plan)
         ev: Evaluation | None = evaluate(scn, pl)
         source, run_steps, run_seed, run_warmup = f"scenario {scenario}", None, None, None
@@ -48,8 +71,9 @@ def export_cmd(
         if plan is not None:
             raise StratagemError("--plan: only with --scenario; pick a study's trial with --trial or --best")
         from stratagem import reports
+        from stratagem.search.view import StudyView
 
-        opened = reports.open_study(storage or "sqlite:///stratagem.db", study)
+        opened = StudyView.open(*study_location("export", searched, storage, study)).study
         note = reports.unfinished_note(opened)
         if note:
             Console(stderr=True).print(f"note: {note}", markup=False, soft_wrap=True)
@@ -68,27 +92,30 @@ def export_cmd(
         for rel, text in bundle.files.items():
             sys.stdout.write(f"==> {rel} <==\n{text}" + ("" if text.endswith("\n") else "\n"))
         return
-    written = write_bundle(bundle, output)
+    written = write_bundle(bundle, output, force)
     err.print(f"wrote {', '.join(str(p) for p in written)} ({source})", markup=False, soft_wrap=True)
 
 
 @app.command("reproduce")
 def reproduce_cmd(
-    storage: Annotated[str, typer.Option("--storage", help="Optuna storage URL of the study.")],
     trial: Annotated[int, typer.Option("--trial", help="Number of the measured trial to reproduce.")],
-    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the only one).")] = None,
+    searched: SearchedScenarioArg = None,
+    storage: StorageOpt = None,
+    study: StudyOpt = None,
     result: Annotated[Path | None, typer.Option(
         "--result", help="Compare this harness result JSON (e.g. from the exported torchrun command) "
                          "instead of rerunning through Ray.")] = None,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join a running Ray cluster.")] = None,
+    retry: RetryOpt = None,
 ) -> None:
     """Rerun a measured trial with the same harness, plan and seed; compare tokens/s, step time, peak memory
     and losses with the record. Exit 0 reproduced, 1 differences beyond the original run's noise, 3 the
     environment differs so the comparison is meaningless."""
     from stratagem.launch.reproduce import reproduce_trial
-    from stratagem.reports import open_study
+    from stratagem.search.view import StudyView
 
-    rep = reproduce_trial(open_study(storage, study), trial, result_file=result, address=ray_address)
+    view = StudyView.open(*study_location("reproduce", searched, storage, study))
+    rep = reproduce_trial(view.study, trial, result_file=result, address=ray_address)
     console.print(f"[bold]trial {rep.trial}[/bold]  plan: {rep.plan}  logs: {rep.log_dir}")
     if rep.environment:
         for line in rep.environment:

@@ -10,7 +10,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stratagem.cli.app import ScenarioArg, app, console
+from stratagem.cli.app import (
+    RetryOpt,
+    ScenarioArg,
+    SearchedScenarioArg,
+    StorageOpt,
+    StudyOpt,
+    app,
+    console,
+    study_location,
+)
 from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.errors import StratagemError
 from stratagem.spaces import load_scenario
@@ -18,41 +27,36 @@ from stratagem.spaces import load_scenario
 
 @app.command("report")
 def report_cmd(
-    scenario: Annotated[Path | None, typer.Argument(help="The searched scenario YAML: its storage (stratagem.db "
-                                                    "beside it) and study, as `search` defaults them.")] = None,
-    storage: Annotated[str | None, typer.Option("--storage", help="The search's storage: sqlite:///F.db, "
-                                                "journal:F.log, RDB URL (default: beside SCENARIO, else "
-                                                "./stratagem.db).")] = None,
-    study: Annotated[str | None, typer.Option("--study", help="Study name (default: SCENARIO's, else the storage's "
-                                              "only one).")] = None,
+    scenario: SearchedScenarioArg = None,
+    storage: StorageOpt = None,
+    study: StudyOpt = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="report.html (default), .md, .json, .csv.")]
     = None,
     fmt: Annotated[str | None, typer.Option("--format", "-f", help="html | md | json | csv (default: -o's suffix; "
                                             "without -o, md/json/csv go to stdout).")] = None,
     nodes: Annotated[str | None, typer.Option("--nodes", help="Add capacity planning, e.g. 8,16,32.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace -o even if stratagem did not write it.")] = False,
+    retry: RetryOpt = None,
 ) -> None:
     """Report a finished search: Pareto plots, front table, plan cards, explorer (HTML); Markdown; JSON/CSV."""
     from stratagem import reports
-    from stratagem.search import default_storage, default_study_name
+    from stratagem.search.view import StudyView
 
     kind = reports.output_format(output, fmt)
     if output is None and kind == "html":
         output = Path("report.html")
     if output is not None:
-        reports.check_output(output)
+        reports.check_output(output, force=force)
     capacity = reports.parse_nodes(nodes) if nodes else None
-    if scenario is not None:
-        scn = load_scenario(scenario)
-        storage = storage or default_storage(scenario)
-        study = study or default_study_name(scenario, scn)
-    built = reports.build_report(reports.open_study(storage or "sqlite:///stratagem.db", study), kind, capacity)
+    url, name = study_location("report", scenario, storage, study)
+    built = reports.build_report(StudyView.open(url, name).study, kind, capacity)
     err = Console(stderr=True)
     for note in built.notes:
         err.print(f"note: {note}", markup=False, soft_wrap=True)
     if output is None:
         sys.stdout.write(built.text)
         return
-    reports.write_text_atomic(output, built.text)
+    reports.write_text_atomic(output, built.text, force)
     console.print(f"wrote {output} ({len(built.info.plans)} plans, {len(built.info.front)} on the Pareto front)",
                   markup=False, soft_wrap=True)
 
@@ -64,6 +68,7 @@ def capacity_cmd(
                                               "(default: half, the same and twice the scenario's).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write .md or .html.")] = None,
     calibration: CalibrationOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace -o even if stratagem did not write it.")] = False,
 ) -> None:
     """Best plan, time, GPU-hours and cost to train the scenario's training_tokens at each cluster size."""
     from stratagem import reports
@@ -74,7 +79,7 @@ def capacity_cmd(
     if output is not None and kind not in ("md", "html"):
         raise StratagemError(f"-o ({output}): capacity writes .md or .html")
     if output is not None:
-        reports.check_output(output)
+        reports.check_output(output, force=force)
     cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else reports.default_nodes(scn), cal)
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     from rich.markup import escape
@@ -100,5 +105,5 @@ def capacity_cmd(
     console.print(table)
     if output is not None:
         text = reports.capacity_markdown(cap, heading="#") if kind == "md" else reports.render_capacity_html(cap)
-        reports.write_text_atomic(output, text)
+        reports.write_text_atomic(output, text, force)
         console.print(f"wrote {output}", markup=False, soft_wrap=True)

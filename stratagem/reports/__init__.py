@@ -29,8 +29,8 @@ from stratagem.reports.write import (
     Report,
     build_report,
     check_output,
-    open_study,
     output_format,
+    read_study,
     render_report,
     unfinished_note,
     write_report,
@@ -46,5 +46,5 @@ __all__ = [
     "capacity_markdown", "render_markdown",
     "EXPLORER_AXES", "report_payload",
     "front_table", "print_measured", "print_result", "progress_bar", "result_json", "summary_lines", "trial_kinds",
-    "FORMATS", "Report", "build_report", "unfinished_note", "check_output", "open_study", "output_format", "render_report", "write_report", "write_text_atomic",
+    "FORMATS", "Report", "build_report", "unfinished_note", "check_output", "read_study", "output_format", "render_report", "write_report", "write_text_atomic",
 ]

@@ -1,11 +1,8 @@
-"""Open a study from a storage URL, render a report in the format the output path asks for, and write it
+"""Read a study from a storage URL, render a report in the format the output path asks for, and write it
 atomically (a temporary file beside the target, renamed into place: never a half-written report)."""
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +20,7 @@ from stratagem.search.records import StudyKey, TrialKey
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["FORMATS", "output_format", "check_output", "write_text_atomic", "open_study", "render_report",
+__all__ = ["FORMATS", "output_format", "check_output", "write_text_atomic", "read_study", "render_report",
            "Report", "build_report", "write_report", "unfinished_note"]
 
 FORMATS: tuple[str, ...] = ("html", "md", "json", "csv")
@@ -45,72 +42,32 @@ def output_format(path: Path | None, fmt: str | None) -> str:
     return found
 
 
-def check_output(path: Path, option: str = "-o") -> Path:
-    """An output path whose directory exists and is writable and that is not a directory itself (`option`
-    names the command-line option in the message)."""
-    if path.is_dir():
-        raise StratagemError(f"{option} ({path}): is a directory; give a file name such as {path / 'report.html'}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise StratagemError(f"{option} ({path}): directory {parent} does not exist; create it or choose another "
-                             "path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise StratagemError(f"{option} ({path}): directory {parent} is not writable; choose another path")
-    return path
+def check_output(path: Path, option: str = "-o", force: bool = False) -> Path:
+    """An output path whose directory exists and is writable, that is not a directory itself and that is new or
+    stratagem's own earlier output unless `force` (stratagem.files.check_owned; `option` names the command-line
+    option in the message)."""
+    from stratagem.files import check_owned
+
+    return check_owned(path, force, option)
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write text to path through a temporary file in the same directory, renamed into place."""
-    check_output(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def write_text_atomic(path: Path, text: str, force: bool = False) -> Path:
+    """Write text to path through a temporary file in the same directory, renamed into place (stratagem.files.
+    write_owned: never over a file stratagem did not write unless `force`; a failed write is one line).
+    Markdown gets stratagem.files.MD_MARKER as its first line."""
+    from stratagem.files import MD_MARKER, write_owned
+
+    if path.suffix.lower() in (".md", ".markdown") and not text.startswith(MD_MARKER):
+        text = f"{MD_MARKER}\n{text}"
+    return write_owned(path, text, force)
 
 
-def _storage(url: str) -> optuna.storages.BaseStorage:
-    """Open an existing storage for reading: the URL forms of `stratagem.search.storage`, but a file that does not
-    exist (or a SQLite file that is not an Optuna storage) is an error, never created."""
-    from stratagem.search.storage import open_storage, parse_storage
+def read_study(storage: str, study: str | None = None) -> optuna.Study:
+    """An existing study opened read-only through `stratagem.search.view.StudyView` (never creates a storage or
+    a study): the only study in the storage when `study` is None."""
+    from stratagem.search.view import StudyView
 
-    spec = parse_storage(url)
-    hint = ("give the scenario the search ran (stratagem report SCENARIO.yaml) or the storage it used, e.g. "
-            "--storage sqlite:///path/stratagem.db or journal:study.log")
-    if spec.path is not None and not spec.path.is_file():
-        raise StratagemError(f"--storage ({url}): file {spec.path} not found; {hint}")
-    if spec.kind == "sqlite" and spec.path is not None:
-        try:
-            with sqlite3.connect(f"file:{spec.path}?mode=ro", uri=True) as con:
-                tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
-        except sqlite3.DatabaseError:
-            tables = set()
-        if "studies" not in tables:
-            raise StratagemError(f"--storage ({url}): {spec.path} is not an Optuna storage (no studies table)")
-    return open_storage(spec, write=False)
-
-
-def open_study(storage: str, study: str | None = None) -> optuna.Study:
-    """Load an existing study (never create one): the only study in the storage when `study` is None."""
-    import optuna
-
-    st = _storage(storage)
-    names = [s.study_name for s in optuna.get_all_study_summaries(st, include_best_trial=False)]
-    if study is None:
-        if len(names) == 1:
-            study = names[0]
-        else:
-            listing = ", ".join(names) if names else "none"
-            raise StratagemError(f"--study: {storage} holds {len(names)} studies ({listing}); name one with --study")
-    if study not in names:
-        listing = ", ".join(names) if names else "none"
-        raise StratagemError(f"--study ({study!r}): no such study in {storage}; studies there: {listing}")
-    return optuna.load_study(study_name=study, storage=st)
+    return StudyView.open(storage, study).study
 
 
 def render_report(info: ParetoInfo, fmt: str, capacity: CapacityInfo | None = None) -> str:

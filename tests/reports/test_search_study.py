@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stratagem.cli import app
-from stratagem.reports import open_study, pareto_info, render_markdown
+from stratagem.reports import pareto_info, read_study, render_markdown
 from stratagem.search import front_trials, run_search
 from stratagem.spaces import load_scenario
 
@@ -23,14 +23,14 @@ def storage(tmp_path_factory) -> str:
 
 
 def test_front_is_the_search_front(storage) -> None:
-    study = open_study(storage, "s")
+    study = read_study(storage, "s")
     info = pareto_info(study)
     assert sorted(info.plans[i].trial_number for i in info.front) == sorted(t.number for t in front_trials(study))
     assert len(info.plans) == len(study.trials) and info.n_unfinished == 0
 
 
 def test_every_unfit_plan_says_why(storage) -> None:
-    info = pareto_info(open_study(storage, "s"))
+    info = pareto_info(read_study(storage, "s"))
     unfit = [p for p in info.plans if not p.feasible]
     assert unfit, "the search stores the plans nearest the memory limit"
     for p in unfit:
@@ -45,8 +45,8 @@ def test_report_command_on_search_study(storage, tmp_path) -> None:
     assert res.exit_code == 0, res.output
     page = out.read_text()
     assert 'id="capacity-table"' in page and page.count("<tr data-plan=") == len(
-        pareto_info(open_study(storage, "s")).front)
-    md = render_markdown(pareto_info(open_study(storage, "s")))
+        pareto_info(read_study(storage, "s")).front)
+    md = render_markdown(pareto_info(read_study(storage, "s")))
     assert "## Pareto front" in md and "Advice:" in md
 
 
@@ -61,7 +61,7 @@ def test_report_uses_the_studys_refitted_calibration(tmp_path) -> None:
     scn = load_scenario(scenario)
     result = run_search(scn, f"sqlite:///{tmp_path}/stratagem.db", "cal")
     cal = Calibration(matmul_efficiency=0.2, attention_efficiency=0.1, context_gib=6.0, layer_floor_ms=20.0)
-    study = open_study(result.storage.url, "cal")
+    study = read_study(result.storage.url, "cal")
     study.set_user_attr("calibration", cal.model_dump(mode="json"))
     # `report SCENARIO` finds the storage beside the scenario (as `search` defaults it) when named by --study
     res = CliRunner().invoke(app, ["report", str(scenario), "--study", "cal", "-f", "md", "--nodes", "1,2"])
