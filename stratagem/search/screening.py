@@ -37,7 +37,8 @@ class ScreenCounts:
     """How many plans were valid, judged, pruned, feasible and on the front."""
 
     valid: int
-    """Plans in the valid space (exact count, whether or not all were judged)."""
+    """Valid plans = distinct jobs: the canonical plans of the space (spaces/canonical.py; plans that build one
+    job count once), exact, whether or not all were judged."""
     screened: int
     """Plans judged by the analytic model (== valid when exhaustive)."""
     pruned: int
@@ -107,6 +108,7 @@ def _concat(a: PlanColumns, b: PlanColumns) -> PlanColumns:
 
 
 def _unique(pc: PlanColumns) -> PlanColumns:
+    """The distinct rows of `pc`, in first-seen order (canonical plans: one row per job)."""
     rows = np.stack([getattr(pc, f.name) for f in fields(pc)], axis=1)
     _, first = np.unique(rows, axis=0, return_index=True)
     return pc.take(np.sort(first))

@@ -21,6 +21,8 @@ __all__ = [
     "PIPELINE_SPLITS",
     "parse_plan",
     "format_plan",
+    "parse_label",
+    "is_label",
 ]
 
 Precision = Literal["fp32", "bf16", "fp8"]
@@ -94,8 +96,38 @@ class Plan(BaseModel):
         return self.dp * self.tp * self.pp * self.cp
 
     def short(self) -> str:
-        """Compact label, e.g. `dp8 tp2 z1 mb2 bf16 sel`."""
-        return format_plan(self, compact=True)
+        """Compact label of the canonical plan, e.g. `dp8 tp2 z1 mb2 bf16 sel-ac`; valid `--plan` input
+        (`parse_plan` reads it back as `self.canonical()`)."""
+        return format_plan(self.canonical(), compact=True)
+
+    def canonical(self) -> Plan:
+        """The plan with every field that has no effect in this combination set to its default, from the plan
+        alone (no scenario): one Plan per job for these fields. `spaces.canonical.canonical_plan(scenario, plan)`
+        adds what needs the model and the stack (pipeline splits that give the same chunks, recompute_layers
+        covering whole chunks, GPipe = 1F1B with one micro-batch). Reset here, each proved inert in the harness
+        (stratagem/launch/harness) and in the memory/time model (stratagem/evaluators):
+          sequence_parallel with tp = 1   SP shards activations over the TP group; the harness applies TP/SP only
+                                          when tp > 1 (harness/parallelize.py parallelize); the rules refuse it.
+          pp = 1: pp_schedule, virtual_stages, pp_split, first/last_stage_layers
+                                          no pipeline is built (harness/pipeline.py only for pp > 1); the model's
+                                          schedule terms are all under pp > 1 (memory.py _in_flight, timing.py
+                                          bubble_fraction), its stage split is the whole model (pipeline_split
+                                          chunk_layers with pp = 1 ignores the split fields).
+          recompute_layers with activation_checkpointing none
+                                          nothing is recomputed (harness parallelize.apply_ac returns; memory.py
+                                          uses the no-recompute elements for every layer, timing.py 0 s per layer).
+        Every other field (including any added later) is kept: a field is reset only once proved inert."""
+        update: dict[str, Any] = {}
+        if self.tp == 1 and self.sequence_parallel:
+            update["sequence_parallel"] = False
+        if self.pp == 1:
+            default = Plan()
+            for name in ("pp_schedule", "virtual_stages", "pp_split", "first_stage_layers", "last_stage_layers"):
+                if getattr(self, name) != getattr(default, name):
+                    update[name] = getattr(default, name)
+        if self.activation_checkpointing == "none" and self.recompute_layers:
+            update["recompute_layers"] = 0
+        return self.model_copy(update=update) if update else self
 
 
 _FIELDS = list(Plan.model_fields)
@@ -108,7 +140,12 @@ _ALIASES = {"zero": "zero_stage", "mbs": "micro_batch_size", "sp": "sequence_par
 
 
 def parse_plan(text: str | dict[str, Any] | None, base: Plan | None = None) -> Plan:
-    """A Plan from `"dp=8,tp=2,zero=1"` (aliases: zero, mbs, sp, ac, schedule, vpp, offload) or a dict."""
+    """A Plan from `"dp=8,tp=2,zero=1"` (aliases: zero, mbs, sp, ac, schedule, vpp, offload), a dict, or a
+    compact label as `Plan.short()` prints it (`"dp2 pp2 z1 mb4 bf16 1f1b"`, see `parse_label`). The key=value
+    fields are set over `base`; a label is a whole plan (fields it does not show take the Plan default), so
+    `base` does not apply to it."""
+    if isinstance(text, str) and is_label(text):
+        return parse_label(text)
     values: dict[str, Any] = dict(base.model_dump()) if base else {}
     if isinstance(text, dict):
         items = list(text.items())
@@ -147,7 +184,8 @@ def parse_plan(text: str | dict[str, Any] | None, base: Plan | None = None) -> P
 
 
 def format_plan(plan: Plan, compact: bool = False) -> str:
-    """The plan as `key=value` pairs, omitting defaults; `compact` gives a short human label."""
+    """The plan as `key=value` pairs, omitting defaults; `compact` gives a short human label that `parse_plan`
+    reads back (fields the label grammar does not know are appended as `key=value`)."""
     default = Plan()
     if not compact:
         parts = [f"{k}={_fmt(getattr(plan, k))}" for k in _FIELDS if getattr(plan, k) != getattr(default, k)]
@@ -171,7 +209,90 @@ def format_plan(plan: Plan, compact: bool = False) -> str:
             bits.append("emb+loss")
     if p.optimizer_offload != "none":
         bits.append("offload")
+    shown = set(_LABELLED) | ({"pp_schedule", "virtual_stages", "first_stage_layers", "last_stage_layers",
+                               "pp_split"} if p.pp > 1 else set())
+    shown |= {"recompute_layers"} if p.activation_checkpointing != "none" else set()
+    bits += [f"{k}={_fmt(getattr(p, k))}" for k in _FIELDS if k not in shown and getattr(p, k) != getattr(default, k)]
     return " ".join(bits)
+
+
+# Fields the compact label always shows (when they differ from the default); the pipeline fields only with
+# pp > 1 and recompute_layers only with recomputation: elsewhere format_plan writes them as key=value.
+_LABELLED = ("dp", "tp", "pp", "cp", "ep", "etp", "dp_replicate", "zero_stage", "micro_batch_size", "precision",
+             "sequence_parallel", "activation_checkpointing", "optimizer_offload")
+_AC_LABELS = {"sel": "selective", "full": "full", "op": "op"}
+_LABEL_TOKEN = re.compile(
+    r"(?P<deg>dp|tp|pp|cp|etp|ep|rep|z|mb)(?P<n>\d+)$"
+    r"|(?P<prec>fp32|bf16|fp8)$"
+    r"|(?P<sp>sp)$"
+    r"|(?P<ac>sel|full|op)-ac(?:(?P<acl>\d+)L)?$"
+    r"|(?P<sched>gpipe|1f1b|interleaved|zero_bubble)(?:x(?P<v>\d+))?$"
+    r"|split(?P<first>\d+|-)/(?P<last>\d+|-)$"
+    r"|(?P<emb>emb\+loss)$"
+    r"|(?P<off>offload)$")
+_DEGREE_FIELDS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp", "rep": "dp_replicate",
+                  "z": "zero_stage", "mb": "micro_batch_size"}
+
+
+def is_label(text: str) -> bool:
+    """Whether `text` is a compact label (its first word has no "=": `dp8 tp2 ...`) rather than key=value pairs."""
+    words = text.replace(",", " ").split()
+    return bool(words) and "=" not in words[0] and _LABEL_TOKEN.match(words[0]) is not None
+
+
+def parse_label(text: str) -> Plan:
+    """The Plan a compact label (`Plan.short()`, `format_plan(compact=True)`) names: `dp8 tp2 pp2 z1 mb2 bf16 sp
+    sel-ac 1f1b split3/- emb+loss offload`, plus `key=value` words for fields the grammar does not show. Fields
+    the label leaves out take the Plan default."""
+    values: dict[str, Any] = {}
+    pairs: list[str] = []
+
+    def put(name: str, value: Any, word: str) -> None:
+        if name in values:
+            raise StratagemError(f"plan label ({word!r}): {name} given twice; give each field once")
+        values[name] = value
+
+    for word in text.replace(",", " ").split():
+        if "=" in word:
+            pairs.append(word)
+            continue
+        m = _LABEL_TOKEN.match(word)
+        if m is None:
+            raise StratagemError(
+                f"plan label ({word!r}): not a label part; labels read like `dp8 tp2 pp2 z1 mb2 bf16 sp sel-ac "
+                "1f1b split3/- emb+loss offload` (or write key=value pairs, e.g. dp=8,tp=2)")
+        g = m.groupdict()
+        if g["deg"]:
+            put(_DEGREE_FIELDS[g["deg"]], int(g["n"]), word)
+        elif g["prec"]:
+            put("precision", g["prec"], word)
+        elif g["sp"]:
+            put("sequence_parallel", True, word)
+        elif g["ac"]:
+            put("activation_checkpointing", _AC_LABELS[g["ac"]], word)
+            if g["acl"]:
+                put("recompute_layers", int(g["acl"]), word)
+        elif g["sched"]:
+            put("pp_schedule", g["sched"], word)
+            if g["v"]:
+                put("virtual_stages", int(g["v"]), word)
+        elif g["first"]:
+            put("first_stage_layers", 0 if g["first"] == "-" else int(g["first"]), word)
+            put("last_stage_layers", 0 if g["last"] == "-" else int(g["last"]), word)
+        elif g["emb"]:
+            put("pp_split", "embedding_loss", word)
+        else:
+            put("optimizer_offload", "cpu", word)
+    if pairs:
+        extra = parse_plan(",".join(pairs))
+        for name in extra.model_fields_set:
+            put(name, getattr(extra, name), name)
+    try:
+        return Plan(**values)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise StratagemError(f"plan.{loc} ({err.get('input')!r}): {err['msg']}") from None
 
 
 def _fmt(v: Any) -> str:

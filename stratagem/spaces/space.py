@@ -9,8 +9,10 @@ products and enumeration (or sampling) is a vectorised decode: no Plan object on
 
 Conditional axes apply only where they mean something: sequence_parallel with tp > 1, pp_schedule with
 pp > 1, virtual_stages with the interleaved schedule, dp_replicate and optimizer_offload with zero_stage >= 1,
-zero_stage > 0 with a sharding group dp*cp > 1 (otherwise it would duplicate zero_stage 0). Elsewhere they
-keep the Plan default, so no two enumerated plans are the same run.
+zero_stage > 0 with a sharding group dp*cp > 1 (a ZeRO/FSDP wrapper over one rank: a pointless job, not
+enumerated). Elsewhere they keep the Plan default. Pipeline splits that give the same chunks and 1f1b with one
+micro-batch (= gpipe) are enumerated once, in their canonical form (spaces/canonical.py): every enumerated plan is
+`canonical_plan` of itself and no two build the same job, so `count()` counts distinct jobs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.errors import StratagemError
+from stratagem.spaces.canonical import canonical_plan, canonical_split
 from stratagem.spaces.expert_grid import expert_grid_problem
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_problem
@@ -360,7 +363,15 @@ class SearchSpace:
         explicit = cfg.pp_split is not None or cfg.first_stage_layers is not None or cfg.last_stage_layers is not None
         if not explicit:
             out = [x for x in out if _split_imbalance(layers, pp, v, x) <= cfg.max_stage_imbalance] or out[:1]
-        return list(dict.fromkeys(out))
+        return list(dict.fromkeys(self._canonical_split(pp, v, x) for x in out))
+
+    def _canonical_split(self, pp: int, v: int, split: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The canonical encoding (spaces/canonical.py canonical_split) of a split: splits that give the same
+        chunks are one job, enumerated once."""
+        plan = Plan(pp=pp, virtual_stages=v, pp_schedule="interleaved" if v > 1 else "1f1b",
+                    pp_split=PIPELINE_SPLITS[split[0]], first_stage_layers=split[1], last_stage_layers=split[2])
+        name, first, last = canonical_split(self.scenario, plan)
+        return PIPELINE_SPLITS.index(name), first, last
 
     def _pipe(self, pp: int, per_replica: int, schedules: list[int]
               ) -> tuple[tuple[int, int, int, int, int, int], ...]:
@@ -383,7 +394,10 @@ class SearchSpace:
                 out.append((b, SCHEDULES.index("1f1b"), 1, 0, 0, 0))
                 continue
             micro = per_replica // b
-            for s in schedules:
+            # one micro-batch: 1f1b runs as gpipe (spaces/canonical.py), enumerated once, as gpipe where the stack has it
+            merged = micro == 1 and "gpipe" in self.scenario.training.record.schedules
+            gpipe = SCHEDULES.index("gpipe")
+            for s in dict.fromkeys(gpipe if merged and SCHEDULES[c] == "1f1b" else c for c in schedules):
                 if SCHEDULES[s] != "interleaved":
                     out.extend((b, s, 1, *x) for x in splits[1])
                 elif micro % pp == 0:
@@ -611,7 +625,8 @@ class SearchSpace:
     def suggest(self, trial: optuna.trial.Trial) -> Plan:
         """Define-by-run: suggest each applicable axis in AXES order, its choices fixed per study; dp is
         derived (a single-valued int). With `ProjectingSampler` every suggestion is valid; with another sampler
-        an invalid combination yields a Plan that breaks a rule (the caller records it as infeasible)."""
+        an invalid combination yields a Plan that breaks a rule (the caller records it as infeasible). The plan
+        returned is canonical (`canonical`): a sampler's non-canonical combination names the same job."""
         values: dict[str, Any] = {}
         for name in AXES:
             ok = self.allowed(name, values)
@@ -623,7 +638,11 @@ class SearchSpace:
                 values["dp"] = trial.suggest_int("dp", d, d)
             else:
                 values[name] = trial.suggest_categorical(name, self._axis_choices[name])
-        return Plan(**values)
+        return self.canonical(Plan(**values))
+
+    def canonical(self, plan: Plan) -> Plan:
+        """`spaces.canonical.canonical_plan` in this space's scenario: the one Plan for the job `plan` builds."""
+        return canonical_plan(self.scenario, plan)
 
     def params(self, plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
         """(params, distributions) that `suggest` records for `plan`: the applicable axes only."""

@@ -7,7 +7,8 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, evaluate, evaluate_many
 from stratagem.search import objective_matrix, screen
 from stratagem.search.records import OBJECTIVES, objective_values
-from stratagem.spaces import SearchConfig, SearchSpace, load_scenario
+from stratagem.spaces import SearchConfig, SearchSpace, load_scenario, resolve_plan
+from stratagem.spaces.canonical import canonical_plan, job_description
 
 D3 = ("maximize", "maximize", "minimize")
 
@@ -90,3 +91,27 @@ def test_exhaustive_refuses_a_space_over_the_limit() -> None:
     s = s.model_copy(update={"search": SearchConfig(exhaustive_limit=1000)})
     with pytest.raises(StratagemError, match="exhaustive_limit"):
         screen(s, sampler="exhaustive")
+
+
+def test_screening_counts_distinct_jobs_and_its_front_labels_parse_back() -> None:
+    s = load_scenario(EXAMPLES / "demo-cpu.yaml")
+    sc = screen(s)
+    plans = [sc.plan(i) for i in range(len(sc.plans))]
+    jobs = {job_description(s, p) for p in plans}
+    # "valid plans" are distinct jobs: 2,592 plans before canonical plans, 872 jobs (e.g. 5 pipeline splits of
+    # 4 layers over pp = 2 that all put 2 layers on each stage are one plan)
+    assert sc.counts.valid == sc.counts.screened == len(jobs) == len(plans) == 872
+    front = [sc.plan(int(i)) for i in sc.front]
+    assert len({job_description(s, p) for p in front}) == len(front)
+    for p in front:
+        assert canonical_plan(s, p) == p and resolve_plan(s, p.short()) == p
+
+
+@pytest.mark.parametrize("sampler", ["nsga2", "random"])
+def test_explored_plans_are_canonical_and_distinct(sampler) -> None:
+    s = load_scenario(EXAMPLES / "llama3-70b-64xh100.yaml")
+    s = s.model_copy(update={"search": s.search.model_copy(update={"exhaustive_limit": 2_000})})
+    sc = screen(s, sampler=sampler, n_trials=200)
+    plans = [sc.plan(i) for i in range(len(sc.plans))]
+    assert all(canonical_plan(s, p) == p for p in plans)
+    assert len({job_description(s, p) for p in plans}) == len(plans) == sc.counts.screened

@@ -48,7 +48,10 @@ def test_compact_label() -> None:
 
 
 @pytest.mark.parametrize("text,fragment", [
-    ("dp8", "plan ('dp8'): write key=value pairs"),
+    ("dq8", "plan ('dq8'): write key=value pairs"),
+    ("dp8 tp2 fancy", "plan label ('fancy'): not a label part"),
+    ("dp8 tp2 tp4", "plan label ('tp4'): tp given twice"),
+    ("dp8 z5", "plan.zero_stage (5)"),
     ("foo=1", "plan.foo: unknown field; valid: dp, tp"),
     ("tp=two", "plan.tp ('two'):"),
     ("dp=0", "plan.dp (0): Input should be greater than or equal to 1"),
@@ -65,3 +68,51 @@ def test_bad_plan_is_one_line_naming_the_field(text: str, fragment: str) -> None
     msg = str(info.value)
     assert fragment in msg
     assert "\n" not in msg
+
+
+every_field_plans = st.builds(
+    Plan,
+    dp=st.integers(1, 512), tp=st.integers(1, 64), pp=st.integers(1, 64), cp=st.integers(1, 16),
+    ep=st.integers(1, 16), etp=st.integers(1, 8), dp_replicate=st.integers(1, 8),
+    zero_stage=st.sampled_from([0, 1, 2, 3]), sequence_parallel=st.booleans(), micro_batch_size=st.integers(1, 64),
+    precision=st.sampled_from(PRECISIONS), activation_checkpointing=st.sampled_from(RECOMPUTES),
+    recompute_layers=st.integers(0, 9), pp_schedule=st.sampled_from(SCHEDULES), virtual_stages=st.integers(1, 8),
+    first_stage_layers=st.integers(0, 9), last_stage_layers=st.integers(0, 9),
+    pp_split=st.sampled_from(["layers", "embedding_loss"]), optimizer_offload=st.sampled_from(["none", "cpu"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(every_field_plans)
+def test_every_label_parses_back(plan: Plan) -> None:
+    # the compact label is valid --plan input: the canonical plan for short(), the plan itself for format_plan
+    assert parse_plan(plan.short()) == plan.canonical()
+    assert parse_plan(format_plan(plan, compact=True)) == plan
+    assert plan.canonical().canonical() == plan.canonical()
+
+
+def test_label_is_a_whole_plan_not_merged_over_a_base() -> None:
+    label = "dp2 pp2 z1 mb4 bf16 sel-ac3L 1f1b split3/- emb+loss offload"
+    plan = Plan(dp=2, pp=2, zero_stage=1, micro_batch_size=4, activation_checkpointing="selective",
+                recompute_layers=3, first_stage_layers=3, pp_split="embedding_loss", optimizer_offload="cpu")
+    assert parse_plan(label) == plan
+    assert parse_plan(label, base=Plan(tp=4, cp=2)) == plan  # a label names every field
+    assert parse_plan("dp8 tp2 z1 mb2 bf16 sp cp=2") == Plan(dp=8, tp=2, cp=2, zero_stage=1, micro_batch_size=2,
+                                                             sequence_parallel=True)
+
+
+@pytest.mark.parametrize("plan,canonical", [
+    (Plan(tp=1, sequence_parallel=True), Plan()),
+    (Plan(pp=1, pp_schedule="gpipe", pp_split="embedding_loss"), Plan()),
+    (Plan(pp=1, pp_schedule="interleaved", virtual_stages=2, first_stage_layers=3), Plan()),
+    (Plan(recompute_layers=2), Plan()),
+    # kept: each has an effect
+    (Plan(tp=2, sequence_parallel=True), Plan(tp=2, sequence_parallel=True)),
+    (Plan(pp=2, pp_schedule="gpipe", pp_split="embedding_loss"), Plan(pp=2, pp_schedule="gpipe",
+                                                                      pp_split="embedding_loss")),
+    (Plan(activation_checkpointing="full", recompute_layers=2), Plan(activation_checkpointing="full",
+                                                                     recompute_layers=2)),
+    (Plan(dp=1, zero_stage=3), Plan(dp=1, zero_stage=3)),  # FSDP over one rank: other wrappers, other memory
+])
+def test_plan_canonical_resets_only_inert_fields(plan: Plan, canonical: Plan) -> None:
+    assert plan.canonical() == canonical

@@ -22,6 +22,9 @@ from stratagem.spaces import (
     scenario_from_dict,
     violations,
 )
+from stratagem.spaces.canonical import canonical_plan
+from stratagem.spaces.pipeline_split import chunk_layers
+from stratagem.spaces.plan import PIPELINE_SPLITS
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -48,7 +51,7 @@ NOT_SPLIT = tuple(r for r in RULES if r.name != "pp_divides_layers")
 
 def brute_force(s: Scenario, precisions, recomputes) -> set[Plan]:
     """Every Plan over a superset product that the validity rules accept, in canonical form (an axis that
-    does not apply keeps its default)."""
+    does not apply keeps its default; `canonical_plan` merges the plans that build one job)."""
     n, m = s.cluster.num_gpus, s.model
     out = set()
     experts = list(itertools.product(divisors(m.moe.num_experts), divisors(n))) if m.moe else [(1, 1)]
@@ -79,7 +82,7 @@ def brute_force(s: Scenario, precisions, recomputes) -> set[Plan]:
                 full = plan.model_copy(update={"pp_split": split, "first_stage_layers": first,
                                                "last_stage_layers": last})
                 if not violations(s, full):
-                    out.add(full)
+                    out.add(canonical_plan(s, full))  # one plan per job (spaces/canonical.py)
     return out
 
 
@@ -277,10 +280,16 @@ def test_default_uneven_splits_are_balanced() -> None:
                                      activation_checkpointing=["full"], micro_batch_size=[1]))
     pc = SearchSpace(s).enumerate()
     pairs = {(int(f), int(la)) for f, la in zip(pc.first_stage_layers, pc.last_stage_layers, strict=True)}
-    # 126 = 7 + 14 x 8 + 7 (the Llama 3 recipe's lighter ends) and 6 + 15 x 8, 8 x 15 + 6; plus the even split
-    assert {(0, 0), (7, 7), (6, 0), (0, 6)} <= pairs
+    # 126 = 6 + 15 x 8, 8 x 15 + 6; plus the even split
+    assert {(0, 0), (6, 0), (0, 6)} <= pairs
     assert all(f <= 8 and la <= 8 for f, la in pairs)
     assert set(pc.pp_split) == {0.0, 1.0}  # 126 + 2 = 128 = 16 x 8: the embedding/loss split too
+    # 7 + 14 x 8 + 7 (the Llama 3 recipe's lighter ends) is the embedding/loss split's job: enumerated once, as it
+    chunks = {tuple(chunk_layers(126, 16, 1, int(f), int(la), PIPELINE_SPLITS[int(x)]))
+              for f, la, x in zip(pc.first_stage_layers, pc.last_stage_layers, pc.pp_split, strict=True)}
+    assert (7, *[8] * 14, 7) in chunks and (7, 7) not in pairs
+    assert len(chunks) == len({(f, la, x) for f, la, x in zip(pc.first_stage_layers, pc.last_stage_layers,
+                                                               pc.pp_split, strict=True)})
 
 
 def test_suggest_covers_splits_and_expert_layouts() -> None:

@@ -1,0 +1,144 @@
+"""One plan per job: canonical plans (spaces/canonical.py), their keys and labels, and the search space's
+enumeration of distinct jobs."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stratagem.evaluators import evaluate_many
+from stratagem.search.records import plan_key
+from stratagem.spaces import (
+    IntRange,
+    Plan,
+    Scenario,
+    SearchConfig,
+    SearchSpace,
+    cluster_preset,
+    load_scenario,
+    model_preset,
+    parse_plan,
+    resolve_plan,
+    violations,
+)
+from stratagem.spaces.canonical import canonical_plan, job_description
+from stratagem.spaces.pipeline_split import chunk_layers
+from stratagem.spaces.plan import PIPELINE_SPLITS
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DEMO_SPLITS = ["1f1b", "1f1b emb+loss", "1f1b split-/2", "1f1b split2/-", "1f1b split2/2"]
+
+
+def test_the_five_demo_splits_are_one_plan() -> None:
+    # 4 layers, pp = 2: every one of these puts 2 layers on each stage (chunk_layers -> (2, 2))
+    s = load_scenario(EXAMPLES / "demo-cpu.yaml")
+    plans = [parse_plan(f"dp2 pp2 z1 mb2 bf16 {split}") for split in DEMO_SPLITS]
+    assert len(set(plans)) == 5
+    assert {chunk_layers(4, 2, 1, p.first_stage_layers, p.last_stage_layers, p.pp_split) for p in plans} == {(2, 2)}
+    assert {plan_key(p, s) for p in plans} == {"dp=2,pp=2,zero_stage=1,micro_batch_size=2"}
+    assert {canonical_plan(s, p).short() for p in plans} == {"dp2 pp2 z1 mb2 bf16 1f1b"}
+    assert len({job_description(s, p) for p in plans}) == 1
+    # the space holds the job once
+    pc = SearchSpace(s).enumerate()
+    same = [i for i in range(len(pc)) if job_description(s, pc.plan(i)) == job_description(s, plans[0])]
+    assert len(same) == 1 and pc.plan(same[0]) == canonical_plan(s, plans[0])
+
+
+def test_gpipe_and_1f1b_with_one_micro_batch_are_one_plan() -> None:
+    s = load_scenario(EXAMPLES / "demo-cpu.yaml")  # global batch 16
+    one = parse_plan("dp2 pp2 z0 mb8 bf16 1f1b")  # 16 / (2 * 8) = 1 micro-batch: forward, then backward
+    assert canonical_plan(s, one) == one.model_copy(update={"pp_schedule": "gpipe"})
+    two = parse_plan("dp2 pp2 z0 mb4 bf16 1f1b")  # 2 micro-batches: the schedules differ
+    assert canonical_plan(s, two) == two
+
+
+def test_recompute_layers_covering_every_layer_is_full_recompute() -> None:
+    s = load_scenario(EXAMPLES / "demo-cpu.yaml")
+    plan = parse_plan("dp2 pp2 z0 mb2 bf16 full-ac2L 1f1b")  # 2 layers per chunk: all of them
+    assert canonical_plan(s, plan).recompute_layers == 0
+    assert canonical_plan(s, parse_plan("dp2 pp2 z0 mb2 bf16 full-ac1L 1f1b")).recompute_layers == 1
+    assert canonical_plan(s, parse_plan("dp4 z1 mb2 bf16 full-ac3L")).recompute_layers == 3  # 4 layers, one stage
+
+
+def test_every_label_of_the_examples_parses_back_with_the_cli_parser() -> None:
+    for name, limit in (("demo-cpu", None), ("tiny-moe-cpu", None), ("llama3-70b-64xh100", 3000)):
+        s = load_scenario(EXAMPLES / f"{name}.yaml")
+        space = SearchSpace(s)
+        pc = space.decode(space.sample_numbers(limit or space.count(), seed=2))
+        for i in range(len(pc)):
+            plan = pc.plan(i)
+            assert resolve_plan(s, plan.short()) == plan, plan.short()  # the CLI's --plan
+            assert parse_plan(plan_key(plan)) == plan
+            assert plan_key(plan) == plan_key(plan, s)  # enumerated plans are canonical already
+
+
+# ---- the property: random scenarios, no two enumerated plans build the same job -------------------------------------
+STACKS = ["torch", "megatron", "deepspeed", "nanotron"]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> Scenario:
+    """A small scenario (2-13 layers, 1-8 GPUs, any stack) with every split open, so the space is small but holds
+    every pipeline split, uneven stage count and schedule the stack has."""
+    model = model_preset(draw(st.sampled_from(["tiny-4l", "tiny-moe"])))
+    model = model.model_copy(update={"num_layers": draw(st.integers(2, 13))})
+    gpus = draw(st.sampled_from([1, 2, 4, 8]))
+    search = SearchConfig(precision="bf16", activation_checkpointing=["none", "full"], zero_stage=[0, 1],
+                          first_stage_layers=IntRange(), last_stage_layers=IntRange(), max_stage_imbalance=100.0,
+                          virtual_stages=IntRange(max=3), cp=1)
+    return Scenario(model=model, cluster=cluster_preset("h100-sxm-80g", gpus, gpus),
+                    training={"seq_len": 128, "global_batch_size": draw(st.sampled_from([4, 8, 16])),
+                              "stack": draw(st.sampled_from(STACKS))},
+                    search=search)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_no_two_enumerated_plans_build_the_same_job(s: Scenario) -> None:
+    space = SearchSpace(s)
+    pc = space.enumerate()
+    plans = [pc.plan(i) for i in range(len(pc))]
+    jobs = [job_description(s, p) for p in plans]
+    assert len(set(jobs)) == len(plans) == space.count()
+    for p in plans:
+        assert canonical_plan(s, p) == p and violations(s, p) == []
+
+
+def _variants(s: Scenario, plan: Plan) -> list[Plan]:
+    """Other valid plans the stack runs that build the same job as `plan`: every split encoding, the other of
+    gpipe/1f1b, recompute_layers past the largest chunk."""
+    layers, out = s.model.num_layers, []
+    if plan.pp > 1:
+        for split, first, last in itertools.product(PIPELINE_SPLITS, range(layers + 1), range(layers + 1)):
+            out.append(plan.model_copy(update={"pp_split": split, "first_stage_layers": first,
+                                               "last_stage_layers": last}))
+        if plan.pp_schedule in ("gpipe", "1f1b"):
+            out.append(plan.model_copy(update={"pp_schedule": "1f1b" if plan.pp_schedule == "gpipe" else "gpipe"}))
+    if plan.activation_checkpointing != "none":
+        out.append(plan.model_copy(update={"recompute_layers": layers}))
+    return [v for v in out if v != plan and violations(s, v) == []
+            and job_description(s, v) == job_description(s, plan)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(0, 10**6))
+def test_plans_of_one_job_have_one_canonical_plan_and_the_same_figures(s: Scenario, seed: int) -> None:
+    space = SearchSpace(s)
+    pc = space.decode(space.sample_numbers(min(space.count(), 40), seed=seed))
+    for i in range(len(pc)):
+        plan = pc.plan(i)
+        variants = _variants(s, plan)
+        if not variants:
+            continue
+        assert {canonical_plan(s, v) for v in variants} == {plan}
+        assert {plan_key(v, s) for v in variants} == {plan_key(plan)}
+        # the model gives one job one set of figures: nothing it reads differs
+        figures = evaluate_many(s, [plan, *variants])
+        for f in fields(figures):
+            column = np.asarray(getattr(figures, f.name))
+            assert np.allclose(column, column[0], equal_nan=True), (f.name, plan.short(), column)
