@@ -67,16 +67,19 @@ def _minutes(seconds: float | None) -> str:
 def _render(out: Console, s: StudyStatus) -> None:
     done = sum(s.measured.values())
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(s.measured.items())) or "none"
+    of_k = f"{done} of K={s.k}" if s.k is not None else f"{done}"
+    ended = " (ended)" if s.finished else ""
     lines = [
         f"study {s.study}: {s.analytic} analytic trials stored",
-        f"measured: {done} done ({kinds}); {s.claimed} running (claimed); {s.infra} infra failure(s) and "
-        f"{s.expired} expired claim(s) to retry",
+        f"measured: {of_k} done ({kinds}); {s.claimed} running (claimed)",
+        f"lost runs: {s.infra} infra failure(s), {s.signal_released} released by a signal, {s.expired} expired "
+        f"claim(s); retries: {s.retries_pending} pending, {s.retries_done} done",
         f"workers alive: {len(s.workers)}" + (f" ({', '.join(s.workers)})" if s.workers else ""),
         f"best measured: {s.best_measured or '-'}",
         f"best predicted: {s.best_predicted or '-'}",
         "calibration (measured: step-time / peak-memory median error): "
         + (", ".join(f"{n}: {t:.0%}/{m:.0%}" for n, t, m in s.calibration_trend[-6:]) or "-"),
-        f"real runs: {_minutes(s.elapsed_s)} spent, {_minutes(s.budget_left_s)} left of the budget",
+        f"real runs{ended}: {_minutes(s.elapsed_s)} spent, {_minutes(s.budget_left_s)} left of the budget",
     ]
     for line in lines:
         out.print(line, markup=False, soft_wrap=True)

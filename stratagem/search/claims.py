@@ -30,7 +30,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from stratagem.errors import StratagemError
 from stratagem.search.records import TrialKey, plan_key, trial_plan
+from stratagem.search.retry import outage_grace_s
 from stratagem.search.study import worker_alive, worker_id
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.space import SearchSpace
@@ -84,10 +86,11 @@ def expire_claims(study: optuna.Study, storage: optuna.storages.BaseStorage, now
     """Fail the claims whose worker stopped renewing them (or is dead on this host); returns how many."""
     now = time.time() if now is None else now
     expired = 0
+    grace = outage_grace_s(storage, CLAIM_TTL_S)  # nobody could renew during a storage outage this process saw
     for t in live_claims(study).values():
         info = t.user_attrs[TrialKey.CLAIM]
         dead = worker_alive(info.get("worker", {})) is False
-        if dead or float(info.get("expires", 0.0)) < now:
+        if dead or float(info.get("expires", 0.0)) + grace < now:
             why = "its worker is gone" if dead else f"not renewed for {CLAIM_TTL_S:.0f} s"
             storage.set_trial_user_attr(t._trial_id, TrialKey.EXPIRED, why)
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
@@ -142,6 +145,8 @@ def renewing(storage: optuna.storages.BaseStorage, claims: Sequence[Claim]) -> I
                             storage.record_heartbeat(c.trial_id)  # type: ignore[attr-defined]
                 except (optuna.exceptions.StorageInternalError, optuna.exceptions.UpdateFinishedTrialError):
                     pass  # finished or released meanwhile; or the storage is briefly unreachable: retry next beat
+                except StratagemError:
+                    return  # the storage unreachable past its retry window: the loop meets it too and exits 2
 
     thread = threading.Thread(target=beat, name="stratagem-claims", daemon=True)
     thread.start()

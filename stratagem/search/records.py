@@ -147,6 +147,7 @@ class StudyKey:
     BUDGET_WINDOWS = "budget_windows"
     RUN_TIMEOUT = "run_timeout_s"
     NOT_RUN = "not_run"
+    WORKER_PREFIX = "worker:"  # + "<host>:<pid>": a worker's heartbeat (search.status.beating)
 
 
 def plan_distributions() -> dict[str, optuna.distributions.BaseDistribution]:

@@ -1,24 +1,40 @@
-"""What a study holds right now, for whoever watches an unattended search: `study_status(study)`.
+"""What a study holds right now, for whoever watches an unattended search: `study_status(study)`; and the
+worker heartbeat it reads (`beating`).
 
-Read-only. Counts: analytic trials stored; measured trials by status (ok, oom, failed, timeout), live claims,
-runs released for an infrastructure failure ("infra", retried later) and claims that expired; the workers
-alive (distinct workers holding an unexpired claim); the best plan measured and predicted; the calibration
-error after each batch; time since the real-run phase started and what is left of its budget.
+Read-only. Counts: analytic trials stored; measured trials by status (ok, oom, failed, timeout) against K (the
+real runs asked for), live claims, lost runs (released for an infrastructure failure, released by a signal,
+expired claims) with the retries still pending and those done; the workers alive by their heartbeat (a study
+attribute each worker refreshes every WORKER_BEAT_S, whether it is measuring or waiting for others) and the
+claim holders; the best plan measured and predicted; the calibration error after each batch; time since the
+real-run phase started (frozen when the search has ended) and what is left of its budget.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
+from stratagem.errors import StratagemError
+from stratagem.search.calibrate import calibration_history
 from stratagem.search.claims import live_claims
 from stratagem.search.records import StudyKey, TrialKey, front_trials, trial_evaluation, trial_status
+from stratagem.search.study import worker_alive, worker_id
 
-__all__ = ["StudyStatus", "study_status"]
+__all__ = ["StudyStatus", "study_status", "beating", "WORKER_BEAT_S", "WORKER_STALE_S"]
+
+WORKER_BEAT_S = 15.0
+"""How often a worker refreshes its heartbeat."""
+WORKER_STALE_S = 4 * WORKER_BEAT_S
+"""A heartbeat older than this is a worker gone (killed, cut off, or its storage unreachable)."""
+SIGNAL_RELEASE = "stopped by signal"
+"""How claims.release words a release by SIGINT/SIGTERM (the reason's prefix)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +53,7 @@ class StudyStatus:
     expired: int
     """Claims whose worker died or stopped renewing (their plans are retried)."""
     workers: list[str]
-    """host:pid of each worker holding a claim that has not expired."""
+    """host:pid of each worker alive: a fresh heartbeat, or a claim that has not expired."""
     best_measured: str
     """The measured plan with the highest tokens/s ('' when none): "plan (N tok/s)"."""
     best_predicted: str
@@ -45,58 +61,172 @@ class StudyStatus:
     calibration_trend: list[tuple[int, float, float]] = field(default_factory=list)
     """Per batch: (measured trials, median step-time error, median peak-memory error) after refitting."""
     elapsed_s: float | None = None
-    """Seconds since the real-run phase started (None: it has not)."""
+    """Seconds since the real-run phase started, up to its end once no worker is alive (None: not started)."""
     budget_left_s: float | None = None
     """Seconds left of --budget-minutes (None: no budget)."""
+    k: int | None = None
+    """Measured runs the search was asked for (--real-runs; None: unknown, no worker recorded it)."""
+    signal_released: int = 0
+    """Runs released because their worker was stopped by SIGINT/SIGTERM (their plans are retried)."""
+    retries_pending: int = 0
+    """Plans whose last run was lost (infra, signal, expired) and that nobody has measured or claimed since."""
+    retries_done: int = 0
+    """Plans measured after a lost run."""
+    finished: bool = False
+    """No worker alive and nothing claimed: the search has ended (or stopped); elapsed_s is frozen."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
 
 
-def _tokens(t: optuna.trial.FrozenTrial) -> float:
+def _tokens(t: FrozenTrial) -> float:
     return float(t.values[0]) if t.values else 0.0
+
+
+@dataclass
+class _Lost:
+    infra: int = 0
+    signal: int = 0
+    expired: int = 0
+
+
+def _measured(trials: list[FrozenTrial]) -> tuple[dict[str, int], FrozenTrial | None, _Lost, int, int, float]:
+    """(statuses, best, lost runs by kind, retries pending, retries done, last finish time) of the measured
+    trials, in number order."""
+    measured: dict[str, int] = {}
+    best: FrozenTrial | None = None
+    lost = _Lost()
+    latest: dict[str, FrozenTrial] = {}
+    lost_plans: set[str] = set()
+    retried: set[str] = set()
+    last_finish = 0.0
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.user_attrs.get(TrialKey.FIDELITY) != "measured":
+            continue
+        key = str(t.user_attrs.get(TrialKey.PLAN, ""))
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            measured[trial_status(t)] = measured.get(trial_status(t), 0) + 1
+            if t.state == TrialState.COMPLETE and (best is None or _tokens(t) > _tokens(best)):
+                best = t
+            if key in lost_plans:
+                retried.add(key)
+            if t.datetime_complete is not None:
+                last_finish = max(last_finish, t.datetime_complete.timestamp())
+        elif t.state == TrialState.FAIL:
+            released = str(t.user_attrs.get(TrialKey.RELEASED, ""))
+            lost.infra += released.startswith("infra")
+            lost.signal += released.startswith(SIGNAL_RELEASE)
+            lost.expired += TrialKey.EXPIRED in t.user_attrs
+            if released or TrialKey.EXPIRED in t.user_attrs:
+                lost_plans.add(key)
+        if t.state != TrialState.WAITING:
+            latest[key] = t
+    pending = sum(1 for k in lost_plans if latest[k].state == TrialState.FAIL)
+    return measured, best, lost, pending, len(retried), last_finish
+
+
+def _heartbeats(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    return [v for k, v in attrs.items() if k.startswith(StudyKey.WORKER_PREFIX) and isinstance(v, dict)]
+
+
+def _beating(beat: dict[str, Any], now: float) -> bool:
+    """A heartbeat of a worker still at work: fresh, not ended, and its process not known dead."""
+    if beat.get("phase") not in ("measuring", "waiting") or float(beat.get("seen", 0.0)) < now - WORKER_STALE_S:
+        return False
+    return worker_alive(beat.get("worker", {})) is not False
+
+
+def _name(worker: dict[str, Any]) -> str:
+    return f"{worker.get('host')}:{worker.get('pid')}"
 
 
 def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
     """Read the study once and summarise it."""
     now = time.time() if now is None else now
     trials = study.get_trials(deepcopy=False)
-    analytic = sum(t.user_attrs.get(TrialKey.FIDELITY) == "analytic" for t in trials)
-    measured: dict[str, int] = {}
-    best: optuna.trial.FrozenTrial | None = None
-    infra = expired = 0
-    for t in trials:
-        if t.user_attrs.get(TrialKey.FIDELITY) != "measured":
-            continue
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
-            status = trial_status(t)
-            measured[status] = measured.get(status, 0) + 1
-            if t.state == TrialState.COMPLETE and (best is None or _tokens(t) > _tokens(best)):
-                best = t
-        elif t.state == TrialState.FAIL:
-            infra += str(t.user_attrs.get(TrialKey.RELEASED, "")).startswith("infra")
-            expired += TrialKey.EXPIRED in t.user_attrs
-    claims = live_claims(study)
-    workers = sorted({f"{c['worker'].get('host')}:{c['worker'].get('pid')}"
-                      for t in claims.values() if float((c := t.user_attrs[TrialKey.CLAIM]).get("expires", 0)) >= now})
-    predicted = [t for t in front_trials(study) if t.user_attrs.get(TrialKey.FIDELITY) != "measured"]
     attrs = study.user_attrs
+    analytic = sum(t.user_attrs.get(TrialKey.FIDELITY) == "analytic" for t in trials)
+    measured, best, lost, pending, done, last_finish = _measured(trials)
+    claims = [t for t in trials if t.state == TrialState.RUNNING and TrialKey.CLAIM in t.user_attrs]
+    beats = _heartbeats(attrs)
+    alive = {_name(b.get("worker", {})) for b in beats if _beating(b, now)}
+    alive |= {_name(c["worker"]) for t in claims
+              if float((c := t.user_attrs[TrialKey.CLAIM]).get("expires", 0)) >= now}
+    predicted = [t for t in front_trials(study) if t.user_attrs.get(TrialKey.FIDELITY) != "measured"]
     started = attrs.get(StudyKey.REAL_RUNS_STARTED)
     budget = attrs.get(StudyKey.REAL_RUNS_BUDGET_MINUTES)
-    elapsed = None if started is None else now - float(started)
+    finished = started is not None and not alive and not claims
+    end = now
+    if finished:  # frozen: the last heartbeat or result, not the clock of whoever asks
+        end = max([last_finish, *(float(b.get("seen", 0.0)) for b in beats)]) or now
+    elapsed = None if started is None else max(0.0, end - float(started))
     left = None if budget is None or elapsed is None else max(0.0, 60.0 * float(budget) - elapsed)
-    trend = [(int(h["measured"]), float(h["step_error_after"]), float(h["memory_error_after"]))
-             for h in attrs.get(StudyKey.CALIBRATION_HISTORY, [])]
-    return StudyStatus(study=study.study_name, analytic=analytic, measured=measured, claimed=len(claims),
-                       infra=infra, expired=expired, workers=workers, best_measured=_describe(best),
+    trend = [(h.measured, h.step_error_after, h.memory_error_after)
+             for h in calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))]
+    ks = [int(b["k"]) for b in beats if isinstance(b.get("k"), int)]
+    return StudyStatus(study=study.study_name, analytic=analytic, measured=measured, claimed=len(live_claims(study)),
+                       infra=lost.infra, expired=lost.expired, workers=sorted(alive), best_measured=_describe(best),
                        best_predicted=_describe(max(predicted, key=_tokens) if predicted else None),
-                       calibration_trend=trend, elapsed_s=elapsed, budget_left_s=left)
+                       calibration_trend=trend, elapsed_s=elapsed, budget_left_s=left, k=max(ks) if ks else None,
+                       signal_released=lost.signal, retries_pending=pending, retries_done=done, finished=finished)
 
 
-def _describe(t: optuna.trial.FrozenTrial | None) -> str:
+def _describe(t: FrozenTrial | None) -> str:
     if t is None:
         return ""
     ev = trial_evaluation(t)
     name = ev.plan.short() if ev is not None else str(t.user_attrs.get(TrialKey.PLAN, t.number))
     return f"{name} ({_tokens(t):,.0f} tok/s, trial {t.number})"
+
+
+class Heartbeat:
+    """This worker's heartbeat in a study (`beating`): phase "measuring" or "waiting" while it works (set
+    `phase`), "done" or "stopped: <why>" at the end; refreshed every WORKER_BEAT_S by a daemon thread."""
+
+    def __init__(self, study: optuna.Study, k: int | None) -> None:
+        me = worker_id()
+        self.key = f"{StudyKey.WORKER_PREFIX}{me['host']}:{me['pid']}"
+        self.study = study
+        self.phase = "measuring"
+        self.runs = 0
+        self._record: dict[str, Any] = {"worker": me, "started": time.time(), "k": k}
+        self._lock = threading.Lock()
+
+    def write(self) -> None:
+        """Store the heartbeat now."""
+        with self._lock:
+            self.study.set_user_attr(self.key, {**self._record, "seen": time.time(), "phase": self.phase,
+                                                "runs": self.runs})
+
+
+@contextlib.contextmanager
+def beating(study: optuna.Study, k: int | None = None) -> Iterator[Heartbeat]:
+    """Keep this worker's heartbeat fresh in `study` for the block (the measuring loop); `k` is --real-runs.
+    Ends as phase "done", or "stopped: <exception>" when the block raises (a signal, an outage past the
+    window). A refresh that fails (the storage unreachable past its window) stops the refreshes: the loop meets
+    the same storage and reports it."""
+    beat = Heartbeat(study, k)
+    beat.write()
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while not stop.wait(WORKER_BEAT_S):
+            try:
+                beat.write()
+            except (StratagemError, optuna.exceptions.StorageInternalError):
+                return
+
+    thread = threading.Thread(target=refresh, name="stratagem-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield beat
+        beat.phase = "done"
+    except BaseException as e:
+        beat.phase = f"stopped: {type(e).__name__}"
+        raise
+    finally:
+        stop.set()
+        thread.join()
+        with contextlib.suppress(StratagemError, optuna.exceptions.StorageInternalError):
+            beat.write()

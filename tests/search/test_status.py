@@ -7,6 +7,9 @@ measured plan stands beside exactly one released run, and the plan this test cla
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
 from pathlib import Path
 
 import optuna
@@ -14,10 +17,10 @@ from standin import SCENARIO, KnownConstants
 from typer.testing import CliRunner
 
 from stratagem.cli import app
-from stratagem.search.claims import claim
+from stratagem.search.claims import claim, release
 from stratagem.search.multifidelity import measured_trials, run_multifidelity
 from stratagem.search.records import plan_key
-from stratagem.search.status import study_status
+from stratagem.search.status import beating, study_status
 from stratagem.search.storage import open_storage, parse_storage
 from stratagem.spaces import Plan, SearchSpace, load_scenario
 from stratagem.spaces.columns import PlanColumns
@@ -44,6 +47,42 @@ def test_status_counts_measured_claimed_infra_and_budget(tmp_path: Path) -> None
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["measured"] == {"ok": 2}
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
-    assert res.exit_code == 0 and f"1 running (claimed); {s.infra} infra failure(s)" in res.output, res.output
+    assert res.exit_code == 0 and "1 running (claimed)" in res.output, res.output
+    assert f"lost runs: {s.infra} infra failure(s)" in res.output, res.output
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "nope"])
     assert res.exit_code != 0
+
+
+def test_status_tells_heartbeats_retries_signal_releases_and_freezes_elapsed(tmp_path: Path) -> None:
+    """Workers alive by their heartbeat (not only claim holders), K, retries pending vs done, releases by a
+    signal, and an elapsed time that stops growing when the search has ended."""
+    scn = load_scenario(SCENARIO)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    run_multifidelity(scn, url, "s", KnownConstants(infra={p.short() for p in PLANS}), real_runs=2,
+                      candidates=PlanColumns.from_plans(PLANS))
+    backend = open_storage(parse_storage(url))
+    study = optuna.load_study(study_name="s", storage=backend)
+    s = study_status(study)
+    assert s.retries_done == 2 and s.retries_pending == 0 and s.signal_released == 0  # each measured after infra
+    with beating(study, k=3):  # a worker waiting for others: no claim, yet alive
+        s = study_status(study)
+        assert s.workers == [f"{socket.gethostname()}:{os.getpid()}"] and s.k == 3 and not s.finished
+    s = study_status(study)
+    assert s.workers == [] and s.finished and s.k == 3
+    later = study_status(study, now=time.time() + 3600)
+    assert later.elapsed_s == s.elapsed_s  # frozen at the end, not the clock of whoever asks
+    left = [p for p in PLANS if plan_key(p) not in measured_trials(study)]
+    release(backend, claim(backend, study, SearchSpace(scn), left[0], "front"), "stopped by signal 15")
+    s = study_status(study)
+    assert s.signal_released == 1 and s.retries_pending == 1 and s.infra == 2
+    res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
+    assert res.exit_code == 0, res.output
+    assert "2 of K=3 done" in res.output and "1 released by a signal" in res.output, res.output
+    assert "retries: 1 pending, 2 done" in res.output and "real runs (ended)" in res.output, res.output
+
+
+def test_status_on_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
+    for url in (f"sqlite:///{tmp_path / 'typo.db'}", f"journal:{tmp_path / 'typo.log'}"):
+        res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
+        assert res.exit_code != 0 and "not found" in str(res.exception)
+    assert list(tmp_path.iterdir()) == []
