@@ -1,10 +1,14 @@
 """Reproduce a stored measured trial: rerun it through Ray with the same harness, plan and seed (or read a
 result file from a run made elsewhere, e.g. the exported torchrun command) and compare with what was recorded.
 
-The comparison is data first (`Reproduction`), then printed by the CLI. A metric is flagged when it moved
-more than the noise the original run showed: for step time and tokens/s, 3 x the relative standard deviation
-of the original timed steps (at least 2%); for peak memory 1% or the allocation granularity, whichever is
-larger (2 MiB CUDA blocks; 64 KiB of small buffers on CPU);
+The comparison is data first (`Reproduction`), then printed by the CLI. Step time and tokens/s are judged
+against the stored spread (issue 22 item 4): each run's median step comes with its 95 % interval
+(stratagem.evaluators.spread, order statistics of the timed steps), and the rerun reproduces when the two
+intervals overlap (`spread.distinct` is false): the rerun's median then lies within the recorded interval
+widened by the rerun's own half-interval on that side, and that band, relative to the recorded median, is
+the row's threshold. A result without per-step times (nothing to build an interval from) falls back to a 2 %
+band. Peak memory: 1% or the allocation granularity, whichever is larger (2 MiB CUDA blocks; 64 KiB of small
+buffers on CPU);
 losses must agree to 1e-5 relative (same seed, same data, same arithmetic).
 The environment is compared first: a different device kind/name or world size, or a different torch
 major.minor makes the comparison meaningless and is reported as such (the CLI exits 3).
@@ -12,12 +16,12 @@ major.minor makes the comparison meaningless and is reported as such (the CLI ex
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratagem.errors import StratagemError
+from stratagem.evaluators.spread import StepSpread
 from stratagem.launch.harness.result import HarnessResult, parse_result, read_result
 
 if TYPE_CHECKING:
@@ -39,6 +43,12 @@ class Comparison:
     """Relative difference allowed (the original run's noise)."""
     floor: float = 0.0
     """Absolute difference always allowed (the measurement's granularity), in the metric's unit."""
+    recorded_band: tuple[float, float] | None = None
+    """The recorded run's 95 % interval in the metric's unit (step time, tokens/s), None for other metrics."""
+    now_band: tuple[float, float] | None = None
+    """The rerun's 95 % interval in the metric's unit."""
+    steps: tuple[int, int] | None = None
+    """Timed steps behind the two intervals (recorded, now)."""
 
     @property
     def rel_diff(self) -> float:
@@ -47,8 +57,21 @@ class Comparison:
 
     @property
     def flagged(self) -> bool:
-        """The difference exceeds both the relative threshold and the absolute floor."""
+        """With both intervals: they do not overlap. Else the difference exceeds both the relative threshold
+        and the absolute floor."""
+        if self.recorded_band is not None and self.now_band is not None:
+            (a_lo, a_hi), (b_lo, b_hi) = self.recorded_band, self.now_band
+            return a_hi < b_lo or b_hi < a_lo
         return abs(self.now - self.recorded) > max(self.threshold * abs(self.recorded), self.floor)
+
+    def band(self, which: str = "recorded") -> str:
+        """`0.281 (0.262-0.301, n=12)`: a median with its interval and steps, for the table ('' without)."""
+        band = self.recorded_band if which == "recorded" else self.now_band
+        value = self.recorded if which == "recorded" else self.now
+        if band is None:
+            return f"{value:.4g}"
+        n = "" if self.steps is None else f", n={self.steps[0 if which == 'recorded' else 1]}"
+        return f"{value:.4g} ({band[0]:.4g}-{band[1]:.4g}{n})"
 
 
 @dataclass(frozen=True)
@@ -105,17 +128,47 @@ def compare_results(recorded: HarnessResult, now: HarnessResult,
                     model: ModelSpec | None = None) -> tuple[list[Comparison], bool]:
     """Rows for tokens/s, step time and peak memory, and whether the losses match (`model`: the run's model,
     whose largest tensor bounds the CPU memory noise)."""
-    timed = recorded.step_times_s[recorded.warmup or 0:] or [recorded.step_s]
-    spread = statistics.pstdev(timed) / statistics.median(timed) if len(timed) > 1 else 0.0
-    time_noise = max(0.02, 3.0 * spread)
-    rows = [
-        Comparison("tokens/s", recorded.tokens_per_s, now.tokens_per_s, time_noise),
-        Comparison("step time (s)", recorded.step_s, now.step_s, time_noise),
-        Comparison("peak memory (GiB)", recorded.peak_gib, now.peak_gib, 0.01, _memory_granularity(recorded, model)),
-    ]
+    rows = [*_time_rows(recorded, now),
+            Comparison("peak memory (GiB)", recorded.peak_gib, now.peak_gib, 0.01, _memory_granularity(recorded, model))]
     a, b = recorded.losses, now.losses
     match = len(a) == len(b) and all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b, strict=True))
     return rows, match
+
+
+_NO_SPREAD_BAND = 0.02
+"""Relative band for a result whose steps cannot give an interval (no per-step times, a single step)."""
+
+
+def _spread(result: HarnessResult) -> StepSpread | None:
+    """The result's stored spread, else one built from its timed steps; None from a single number."""
+    spread = result.spread
+    return spread if spread.n > 1 else None
+
+
+def _allowed(rec: StepSpread, now: StepSpread) -> float:
+    """The relative move that keeps the intervals overlapping, in the direction the median moved: the recorded
+    half-interval on that side plus the rerun's on the other (spread.distinct's rule, as a band)."""
+    if now.median_s >= rec.median_s:
+        return ((rec.high_s - rec.median_s) + (now.median_s - now.low_s)) / rec.median_s
+    return ((rec.median_s - rec.low_s) + (now.high_s - now.median_s)) / rec.median_s
+
+
+def _time_rows(recorded: HarnessResult, now: HarnessResult) -> list[Comparison]:
+    """tokens/s and step time, judged on the two runs' 95 % intervals of the median step (the rows' `flagged`
+    is spread.distinct's rule: the intervals do not overlap)."""
+    rec, cur = _spread(recorded), _spread(now)
+    if rec is None or cur is None:
+        return [Comparison("tokens/s", recorded.tokens_per_s, now.tokens_per_s, _NO_SPREAD_BAND),
+                Comparison("step time (s)", recorded.step_s, now.step_s, _NO_SPREAD_BAND)]
+    steps = (rec.n, cur.n)
+    tokens_rec, tokens_now = recorded.tokens_per_s * recorded.step_s, now.tokens_per_s * now.step_s
+    allowed = _allowed(rec, cur)
+    # tokens/s = tokens_per_step / step: its interval is the step interval inverted (ends swapped)
+    return [Comparison("tokens/s", recorded.tokens_per_s, now.tokens_per_s, allowed,
+                       recorded_band=(tokens_rec / rec.high_s, tokens_rec / rec.low_s),
+                       now_band=(tokens_now / cur.high_s, tokens_now / cur.low_s), steps=steps),
+            Comparison("step time (s)", recorded.step_s, now.step_s, allowed, recorded_band=(rec.low_s, rec.high_s),
+                       now_band=(cur.low_s, cur.high_s), steps=steps)]
 
 
 def _recorded_result(trial: optuna.trial.FrozenTrial) -> HarnessResult:

@@ -253,3 +253,72 @@ def test_only_old_unnamed_session_dirs_are_removed() -> None:
         for d in (old, fresh):
             if os.path.isdir(d):
                 os.rmdir(d)
+
+
+# -- one rank's process as the Ray actor runs it (the actor class, called in this process) ---------------------
+
+def _rank_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plan_text: str, faults: dict[str, str],
+                  *extra: str) -> dict:
+    """Run `plan_text` as rank 0 of 1 the way _RankWorker.run does (no Ray needed to call it), with tmp_path
+    as the node's temp dir (where the rank dir goes)."""
+    import tempfile
+
+    from stratagem.launch.runners.ray_runner import _RankWorker
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    scenario_yaml = yaml.safe_dump(scenario_from_dict(SCENARIO).model_dump(mode="json", exclude={"search"}))
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "STRATAGEM_FAULTS": json.dumps(faults)}
+    return _RankWorker().run(scenario_yaml, plan_text, {"extra": ["--steps", "2", "--warmup", "1", *extra]}, env, 0)
+
+
+def test_an_abort_at_exit_after_the_result_is_an_ok_run_that_says_so(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 item 7: a rank that aborts (SIGABRT) after rank 0 wrote the result is neither a silent ok nor a
+    failure: the run is ok, its reason and the result's exit_fault name the rank and the signal."""
+    from stratagem.launch.harness.result import parse_result
+    from stratagem.launch.runners.ray_runner import _classify
+    from stratagem.spaces import format_plan, parse_plan
+
+    plan = format_plan(parse_plan("dp=1,precision=fp32"))
+    outcome = _rank_outcome(tmp_path, monkeypatch, plan, {plan: "exit-abort"}, "--no-checkpoint")
+    assert outcome["code"] == -signal.SIGABRT and outcome["result"]
+    run = _classify([outcome], str(tmp_path), "cmd", 1.0)
+    assert run.status == "ok" and "rank 0 exited -6 (SIGABRT) after rank 0 wrote the result" in run.reason
+    assert parse_result(run.result, "r").exit_fault == run.reason
+    assert "exit_fault" in parse_result(run.result, "r").stored()
+    assert not list(tmp_path.glob("stratagem-rank-*"))  # the rank dir went with the run
+
+
+def test_a_checkpoint_the_node_cannot_write_is_infra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27 item 1: a failure of the environment (here a checkpoint dir under a file) is `infra`."""
+    from stratagem.launch.runners.ray_runner import _classify
+
+    (tmp_path / "a-file").write_text("")
+    outcome = _rank_outcome(tmp_path, monkeypatch, "dp=1,precision=fp32", {}, "--checkpoint-dir",
+                            str(tmp_path / "a-file" / "x"))
+    assert outcome["code"] == 4
+    run = _classify([outcome], str(tmp_path), "cmd", 1.0)
+    assert run.status == "infra" and run.reason.startswith("rank 0: INFRA: checkpoint under")
+
+
+def test_rank_dirs_of_dead_actors_are_reaped(tmp_path: Path) -> None:
+    from stratagem.launch.runners.ray_runner import reap_rank_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"stratagem-rank-{gone.pid}-abc"
+    live = tmp_path / f"stratagem-rank-{os.getpid()}-def"
+    old_unnamed = tmp_path / "stratagem-rank-q1w2e3"
+    for d in (dead, live, old_unnamed):
+        d.mkdir()
+        (d / "scenario.yaml").write_text("x")
+    os.utime(old_unnamed, (time.time() - 3600, time.time() - 3600))
+    assert sorted(reap_rank_dirs(str(tmp_path))) == sorted([str(dead), str(old_unnamed)])
+    assert live.is_dir() and not dead.exists() and not old_unnamed.exists()
+
+
+def test_run_folder_names_do_not_nest() -> None:
+    from stratagem.launch.runners.ray_runner import run_folder_name
+
+    assert run_folder_name("dp2 pp2 split2/- mb2-1a2b3c") == "dp2_pp2_split2_-_mb2-1a2b3c"
+    assert run_folder_name("../../etc") == "_.._etc" and run_folder_name("/") == "_"

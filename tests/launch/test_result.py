@@ -93,3 +93,30 @@ def test_cpu_memory_noise_is_one_collective_tensor(result_file: Path) -> None:
 
     assert not memory_row(shifted(embedding + 256)).flagged
     assert memory_row(shifted(2 * embedding + 128 * 1024)).flagged
+
+
+def test_reproduce_judges_against_the_stored_spread(result_file: Path) -> None:
+    """Issue 22 items 3-4: the result stores its timed steps' spread; a rerun reproduces the step time when
+    the two 95 % intervals overlap, and the rows show both intervals."""
+    from stratagem.evaluators.spread import spread_of_samples
+
+    run = read_result(result_file)
+    assert run.step_spread is not None and run.step_spread.median_s == run.step_s
+    assert parse_result(json.loads(json.dumps(run.stored())), "stored").step_spread == run.step_spread
+
+    def with_steps(times: list[float]):
+        spread = spread_of_samples(times)
+        tokens = run.tokens_per_s * run.step_s
+        return run.model_copy(update={"step_s": spread.median_s, "step_spread": spread, "warmup": 0,
+                                      "step_times_s": times, "tokens_per_s": tokens / spread.median_s})
+
+    recorded = with_steps([1.00, 0.95, 1.05, 1.10, 0.90, 1.02, 0.98, 1.01])  # 95 % interval 0.90-1.10
+    near = with_steps([1.12, 1.08, 1.20, 1.15, 1.05, 1.18, 1.10, 1.14])  # +12 %, interval 1.05-1.20: overlaps
+    far = with_steps([1.40, 1.35, 1.45, 1.50, 1.30, 1.42, 1.38, 1.44])  # +40 %, interval 1.30-1.50
+    for now, flagged in ((near, False), (far, True)):
+        rows, _ = compare_results(recorded, now)
+        step, tokens = [r for r in rows if r.metric == "step time (s)"][0], rows[0]
+        assert step.flagged is flagged and tokens.flagged is flagged
+        assert (abs(step.rel_diff) > step.threshold) is flagged  # the band is the overlap rule, as a threshold
+    rows, _ = compare_results(recorded, near)
+    assert rows[1].band("recorded") == "1.005 (0.9-1.1, n=8)" and rows[1].band("now").endswith("n=8)")

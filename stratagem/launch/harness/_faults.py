@@ -1,6 +1,7 @@
 """Fault injection for the launchers' own tests (not public API): STRATAGEM_FAULTS is a JSON object mapping a
-plan's `format_plan` text to "crash" (the last rank raises after the first step), "hang" (it sleeps) or
-"cap=GiB" (a memory cap for that plan alone, so a real tracked peak trips it)."""
+plan's `format_plan` text to "crash" (the last rank raises after the first step), "hang" (it sleeps),
+"cap=GiB" (a memory cap for that plan alone, so a real tracked peak trips it) or "exit-abort" (rank 0 aborts,
+SIGABRT, after writing its result: the runner's exit-fault classification)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from stratagem.errors import StratagemError
+from stratagem.evaluators.spread import StepSpread
+from stratagem.launch.harness.budget import StepBudget
 from stratagem.spaces.plan import Plan
 from stratagem.units import GIB
 
@@ -77,6 +79,11 @@ class CheckpointTimes(BaseModel):
     """Async save end to end."""
     load_s: float | None = None
     """Load back."""
+    load_scope: str | None = None
+    """How the load was timed: "dcp" (every rank saw the coordinator's checkpoint: one node or a shared
+    directory) or "rank-local" (per-node folders: each rank read its own state back; harness.checkpoint)."""
+    async_save_error: str | None = None
+    """Why the async save could not be timed here (the blocking save still was)."""
 
 
 class HarnessResult(BaseModel):
@@ -92,6 +99,13 @@ class HarnessResult(BaseModel):
     """Per rank memory."""
     step_times_s: list[float] = []
     """Every step's wall time (warm-up first)."""
+    step_spread: StepSpread | None = None
+    """Median and 95 % interval of the timed steps (None in results written before it existed)."""
+    step_budget: StepBudget | None = None
+    """The budget that chose the number of timed steps (None: a fixed --steps)."""
+    host_load: list[float] | None = None
+    """rank 0's host 1-minute load average when the timed steps began and when they ended (a loaded CPU host
+    stretches steps: harness.budget's measurements)."""
     losses: list[float] = []
     """Loss per step."""
     tokens_per_step: int | None = None
@@ -124,6 +138,9 @@ class HarnessResult(BaseModel):
     """Model build and parallelisation time."""
     memory_tracked_step: int | None = None
     """The step whose memory was tracked."""
+    exit_fault: str | None = None
+    """Set by the runner when a rank exited non-zero after rank 0 wrote this result (a fault at process exit,
+    after the last collective): which ranks and signals. The figures stand; the fault is said, not hidden."""
 
     @property
     def worst_rank(self) -> RankFigures:
@@ -135,13 +152,25 @@ class HarnessResult(BaseModel):
         """The highest rank peak, GiB."""
         return self.worst_rank.peak / GIB
 
+    @property
+    def spread(self) -> StepSpread:
+        """The timed steps' spread: the stored one, else computed from step_times_s (older results), else a
+        single-sample spread at step_s."""
+        if self.step_spread is not None:
+            return self.step_spread
+        from stratagem.evaluators.spread import spread_of_samples
+
+        timed = self.step_times_s[self.warmup or 0:] or [self.step_s]
+        return spread_of_samples(timed)
+
     def stored(self) -> dict[str, Any]:
         """The part kept in a measured Evaluation's `measurements` (JSON-able)."""
         return self.model_dump(mode="json", include=set(STORED), exclude_none=True)
 
 
-STORED: tuple[str, ...] = ("step_s", "step_times_s", "losses", "tokens_per_s", "tokens_per_step", "device",
-                           "world_size", "steps", "warmup", "seed", "versions", "checkpoint", "mechanisms", "ranks")
+STORED: tuple[str, ...] = ("step_s", "step_spread", "step_budget", "host_load", "step_times_s", "losses", "tokens_per_s", "tokens_per_step", "device",
+                           "world_size", "steps", "warmup", "seed", "versions", "checkpoint", "mechanisms", "ranks",
+                           "exit_fault")
 """Fields of a HarnessResult stored with a measured trial."""
 
 

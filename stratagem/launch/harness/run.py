@@ -3,24 +3,27 @@
 Command line (under torchrun, or any launcher that sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK; without them it runs as a single process):
 
-    python -m stratagem.launch.harness --scenario S.yaml --plan "dp=2,tp=2" --steps N --out result.json \
+    python -m stratagem.launch.harness --scenario S.yaml --plan "dp=2,tp=2" --out result.json \
+        [--steps N | --step-budget-s S [--min-steps A] [--max-steps B]] \
         [--warmup W] [--seed S] [--memory-cap-gib X] [--checkpoint-dir D | --no-checkpoint]
 
 In-process, for a launcher that has set that environment (e.g. inside a Ray actor):
 
     run_harness(scenario, plan, steps, warmup=1, seed=0, out=None, memory_cap_gib=None,
-                checkpoint_dir=None, checkpoint=True) -> dict
+                checkpoint_dir=None, checkpoint=True, budget=None) -> dict
 
 `scenario` is a Scenario or a YAML path, `plan` a Plan or a "dp=2,tp=2" string. It initialises the process
 group (gloo on CPU, nccl on GPU) when WORLD_SIZE > 1, validates the plan against that world size (a 1-rank
 plan is the single-process reference whatever the scenario's cluster; the other rules still apply), trains
-warmup + steps optimizer steps, writes the result to `out` on rank 0 and returns it (on every rank, with every
+warmup + steps optimizer steps (steps None and a harness.budget.StepBudget: as many timed steps as the
+budget buys at the warm-up's step time, clamped), writes the result to `out` on rank 0 and returns it (on every rank, with every
 rank's figures). The CPU memory trace (a dispatch-mode counter) runs during one untimed step: the last warm-up
 step, or step 0 when warmup is 0. Raises StratagemError for a plan it cannot apply, MemoryCapExceeded when the tracked peak passes
 the cap, torch.cuda.OutOfMemoryError on a CUDA OOM.
 
 Result keys: plan, plan_text, world_size, backend, device, steps, warmup, seed, losses (one per optimizer
-step, warm-up first), step_times_s (one per step), step_s (median of the timed steps), tokens_per_s,
+step, warm-up first), step_times_s (one per step), step_s (median of the timed steps), step_spread (their
+median and 95 % interval: stratagem.evaluators.spread.StepSpread), step_budget (or null), tokens_per_s,
 tokens_per_step, build_s, memory_tracked_step, mechanisms, ranks (per rank: stage ids, param_bytes,
 unsharded_param_bytes, grad_bytes, optimizer_bytes (on the compute device), host_state_bytes (offloaded params, grads
 and optimizer states), peak_bytes and its source figures, rss_bytes,
@@ -30,7 +33,8 @@ rss_peak_bytes), checkpoint (save_s, async_save_blocking_s, async_save_total_s, 
 torch) is the one-line reason the harness would stop on a plan, or None: the multi-fidelity loop skips such plans.
 
 Exit codes of the command: 0 ok; 2 a plan or scenario error (one line); 3 OOM (a line starting "OOM:");
-1 any other crash (traceback on stderr).
+4 the environment failed the run, not the plan (a line starting "INFRA:": the timed checkpoint could not be
+written or read, harness.checkpoint); 1 any other crash (traceback on stderr).
 """
 
 from __future__ import annotations
@@ -39,18 +43,18 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import tempfile
 import time
 import warnings
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from stratagem.errors import StratagemError
+from stratagem.evaluators.spread import spread_of_samples
 from stratagem.launch.harness._faults import injected_fault
+from stratagem.launch.harness.budget import DEFAULT_MAX_STEPS, DEFAULT_MIN_STEPS, StepBudget, timed_steps
 from stratagem.launch.harness.result import HarnessResult
 from stratagem.launch.harness.support import DEFAULT_LR, unsupported
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
@@ -63,12 +67,13 @@ if TYPE_CHECKING:  # torch is imported by the functions that run: `unsupported` 
 
     from stratagem.launch.harness.train import Job
 
-__all__ = ["validate_plan", "run_plan", "run_harness", "main", "GIB", "unsupported"]
+__all__ = ["validate_plan", "run_plan", "run_harness", "main", "cli", "GIB", "unsupported"]
 
 # Our model never modifies a module's output in place, which is what this FSDP2 warning is about.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 PG_TIMEOUT_S = float(os.environ.get("STRATAGEM_PG_TIMEOUT_S", "300"))
+_EXIT_FAULT: list[str] = []  # "abort": an injected abort at exit after the result was written (_faults)
 
 
 def validate_plan(scenario: Scenario, plan: Plan, world_size: int) -> None:
@@ -118,6 +123,14 @@ def _max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
+def _load_average() -> float:
+    """This host's 1-minute load average (0 where the OS has none): loaded hosts stretch CPU steps."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return 0.0
+
+
 def _check_cap(peak_bytes: float, cap_gib: float | None) -> None:
     """Collective: every rank raises together when any rank's peak passed the cap."""
     from stratagem.launch.harness.memtrack import MemoryCapExceeded
@@ -139,12 +152,15 @@ def _gather(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: int = 0, *,
+def run_plan(scenario: Scenario, plan: Plan, steps: int | None, warmup: int = 1, seed: int = 0, *,
              memory_cap_gib: float | None = None, checkpoint_dir: str | Path | None = None,
-             checkpoint: bool = True, lr: float = DEFAULT_LR, job: Job | None = None) -> dict[str, Any]:
+             checkpoint: bool = True, lr: float = DEFAULT_LR, job: Job | None = None,
+             budget: StepBudget | None = None) -> dict[str, Any]:
     """Train `plan` on the already-initialised process group (or a single process); the result dict.
 
-    The memory is traced during one untimed step (the last warm-up step; step 0 when warmup is 0).
+    `steps` timed steps follow `warmup` untimed ones; with `budget` (and steps None) their number comes from
+    the warm-up's step time (harness.budget.timed_steps, the same on every rank; needs warmup >= 1). The
+    memory is traced during one untimed step (the last warm-up step; step 0 when warmup is 0).
     """
     import torch
     import torch.distributed as dist
@@ -157,8 +173,11 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     fault = injected_fault(plan)
     if fault.startswith("cap="):
         memory_cap_gib = float(fault.removeprefix("cap="))
-    if steps < 1 or warmup < 0:
-        raise StratagemError(f"steps ({steps}) must be >= 1 and warmup ({warmup}) >= 0")
+    if (steps is None) == (budget is None):
+        raise StratagemError("give either steps (a fixed count) or a step budget, not both or neither")
+    if (steps is not None and steps < 1) or warmup < 0 or (budget is not None and warmup < 1):
+        raise StratagemError(f"steps ({steps}) must be >= 1 and warmup ({warmup}) >= 0 (>= 1 with a step budget: "
+                             "the warm-up times the step the budget divides)")
     device, backend = pick_device()
     start = time.perf_counter()
     job = job or build_job(scenario, plan, device, seed, lr)
@@ -173,7 +192,10 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     held = 0
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    for step in range(warmup + steps):
+    total = warmup + steps if steps is not None else None
+    step = 0
+    load_at_timed = _load_average()
+    while total is None or step < total:
         _sync(device)
         t0 = time.perf_counter()
         if step == tracked:  # CUDA keeps its own peak over all steps (reset once above)
@@ -196,6 +218,12 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
             _check_cap(torch.cuda.max_memory_allocated(device), memory_cap_gib)
         elif step == tracked:
             _check_cap(memory["peak_bytes"], memory_cap_gib)
+        step += 1
+        if step == warmup:
+            load_at_timed = _load_average()
+        if total is None and step == warmup and budget is not None:
+            # the fastest warm-up step (step 0 allocates, the last is traced), slowest rank: one N for all
+            total = warmup + timed_steps(budget, _max_over_ranks(min(times)))
     if device.type == "cuda":
         memory = {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
                   "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
@@ -215,11 +243,10 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     if checkpoint:
         from stratagem.launch.harness.checkpoint import save_load_times
 
-        base = checkpoint_dir or tempfile.gettempdir()
-        name = f"stratagem-ckpt-{os.environ.get('MASTER_PORT', 'single')}-{os.getpid() if world == 1 else 0}"
-        ckpt = save_load_times(job, Path(base) / name)
+        ckpt = save_load_times(job, checkpoint_dir)  # default: each node's temp dir (no shared filesystem)
     timed = times[warmup:] or times
-    step_s = statistics.median(timed)
+    spread = spread_of_samples(timed)
+    step_s = spread.median_s
     tokens = scenario.training.tokens_per_step
     return {
         "plan": plan.model_dump(mode="json"),
@@ -227,13 +254,16 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
         "world_size": world,
         "backend": backend if world > 1 else "none",
         "device": device.type if device.type != "cuda" else torch.cuda.get_device_name(device),
-        "steps": steps,
+        "steps": len(times) - warmup,
         "warmup": warmup,
+        "step_budget": budget.model_dump() if budget is not None else None,
         "seed": seed,
         "lr": lr,
         "losses": losses,
         "step_times_s": times,
         "step_s": step_s,
+        "step_spread": spread.model_dump(),
+        "host_load": [load_at_timed, _load_average()],
         "tokens_per_step": tokens,
         "tokens_per_s": tokens / step_s,
         "build_s": build_s,
@@ -246,9 +276,10 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int, warmup: int = 1, seed: 
     }
 
 
-def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int, warmup: int = 1, seed: int = 0,
+def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int | None, warmup: int = 1, seed: int = 0,
                 out: str | Path | None = None, memory_cap_gib: float | None = None,
-                checkpoint_dir: str | Path | None = None, checkpoint: bool = True) -> dict[str, Any]:
+                checkpoint_dir: str | Path | None = None, checkpoint: bool = True,
+                budget: StepBudget | None = None) -> dict[str, Any]:
     """Initialise the process group from the torchrun environment, run the plan, write `out` on rank 0."""
     import torch
     import torch.distributed as dist
@@ -266,7 +297,7 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int, w
                                 device_id=device if device.type == "cuda" else None)
     try:
         result = run_plan(scn, the_plan, steps, warmup, seed, memory_cap_gib=memory_cap_gib,
-                          checkpoint_dir=checkpoint_dir, checkpoint=checkpoint)
+                          checkpoint_dir=checkpoint_dir, checkpoint=checkpoint, budget=budget)
         if out is not None and (not dist.is_initialized() or dist.get_rank() == 0):
             path = Path(out)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -274,6 +305,8 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int, w
             HarnessResult.model_validate(result)  # the schema every reader uses (stratagem.launch.harness.result)
             tmp.write_text(json.dumps(result, indent=1))
             tmp.replace(path)
+            if injected_fault(the_plan) == "exit-abort":
+                _EXIT_FAULT.append("abort")
         return result
     finally:
         if own_group and dist.is_initialized():
@@ -284,27 +317,41 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m stratagem.launch.harness", description=__doc__.split("\n")[0])
     p.add_argument("--scenario", required=True, help="scenario YAML")
     p.add_argument("--plan", required=True, help='plan, e.g. "dp=2,tp=2,zero=3"')
-    p.add_argument("--steps", type=int, default=5, help="timed optimizer steps")
+    how_many = p.add_mutually_exclusive_group()
+    how_many.add_argument("--steps", type=int, default=None, help="timed optimizer steps (default 5)")
+    how_many.add_argument("--step-budget-s", type=float, default=None,
+                          help="time N steps, N = clamp(budget / warm-up step time, --min-steps, --max-steps)")
+    p.add_argument("--min-steps", type=int, default=DEFAULT_MIN_STEPS, help="with --step-budget-s: fewest timed steps")
+    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="with --step-budget-s: most timed steps")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before them (memory is traced in the last)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="result JSON written by rank 0")
     p.add_argument("--memory-cap-gib", type=float, default=None,
                    help="fail with OOM when the tracked peak of any rank exceeds this")
-    p.add_argument("--checkpoint-dir", default=None, help="where the timed checkpoint is written (then removed)")
+    p.add_argument("--checkpoint-dir", default=None, help="a directory on every node for the timed checkpoint (default: each node's temp dir; "
+                   "a shared one is not needed); the run's folder in it is removed after")
     p.add_argument("--no-checkpoint", action="store_true", help="skip the checkpoint save/load timing")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; returns its exit code (0 ok, 2 plan/scenario error, 3 OOM)."""
+    """The command line; returns its exit code (0 ok, 2 plan/scenario error, 3 OOM, 4 environment)."""
     import torch
 
+    from stratagem.launch.harness.checkpoint import CheckpointEnvironmentError
     from stratagem.launch.harness.memtrack import MemoryCapExceeded
 
     args = _parser().parse_args(argv)
     try:
-        run_harness(args.scenario, args.plan, args.steps, args.warmup, args.seed, args.out,
-                    args.memory_cap_gib, args.checkpoint_dir, not args.no_checkpoint)
+        budget = None
+        if args.step_budget_s is not None:
+            try:
+                budget = StepBudget(budget_s=args.step_budget_s, min_steps=args.min_steps, max_steps=args.max_steps)
+            except ValueError as e:
+                raise StratagemError(f"--step-budget-s/--min-steps/--max-steps: {str(e).splitlines()[-1].strip()}") from None
+        steps = None if budget is not None else (args.steps if args.steps is not None else 5)
+        run_harness(args.scenario, args.plan, steps, args.warmup, args.seed, args.out,
+                    args.memory_cap_gib, args.checkpoint_dir, not args.no_checkpoint, budget)
     except StratagemError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -314,13 +361,43 @@ def main(argv: list[str] | None = None) -> int:
     except torch.cuda.OutOfMemoryError as e:
         print(f"OOM: CUDA out of memory: {str(e).splitlines()[0]}", file=sys.stderr)
         return 3
+    except CheckpointEnvironmentError as e:
+        print(f"INFRA: {e}", file=sys.stderr)
+        return 4
     return 0
 
 
-if __name__ == "__main__":
-    code = main()
-    # Skip interpreter teardown: with gloo and checkpoint threads alive it can abort ("terminate called without
-    # an active exception") after the result was written, which would turn a good run into a crash.
+def cli(argv: list[str] | None = None) -> NoReturn:
+    """`python -m stratagem.launch.harness`: run `main`, then leave the process without interpreter teardown.
+
+    Why (issue 22 item 7): `dist.destroy_process_group()` unregisters the groups, but the ProcessGroupGloo
+    objects stay alive on the C++ side (after a DTensor TP run of world 2 no Python object refers to a group,
+    yet 12 `pt_gloo_runloop` and 6 `gloo_tcp_loop` threads still run: /proc/self/task). When CPython
+    finalizes, any such thread that needs the GIL (a completed gloo work dropping the last reference to a
+    Python-owned tensor: TensorImpl's PyObject decref takes the GIL) is ended by CPython with
+    PyThread_exit_thread; the forced unwind crosses a noexcept C++ frame and std::terminate aborts the process
+    ("terminate called without an active exception", SIGABRT) after the result was written (pytorch issues
+    190489 and PR 179291 trace the same path: decref -> gil_scoped_acquire -> take_gil ->
+    PyThread_exit_thread -> terminate). Nothing is left to run after `main` (the result is written and
+    replaced atomically, the process group destroyed), so the process ends with os._exit: no finalization,
+    no thread can race it. Any exception is printed and exits 1, argparse's SystemExit keeps its code."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse: --help (0), a bad argument (2)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001 - a crash: its traceback on stderr, exit 1 as the docstring says
+        import traceback
+
+        traceback.print_exc()
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if _EXIT_FAULT:
+        os.abort()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -13,14 +13,16 @@ CUDA_VISIBLE_DEVICES lists the GPUs Ray gave that node's ranks, in local-rank or
 rank's own GPU (as under torchrun) and NCCL sees its node peers.
 
 Failures become statuses, never exceptions: `oom` (a rank printed "OOM:", CUDA OOM or the memory cap),
-`failed` (a rank exited non-zero: the last lines of its log), `timeout` (no result within timeout_s of the
+`failed` (a rank exited non-zero: the last lines of its log; but a rank that exits non-zero after rank 0
+wrote the result is `ok` with the fault named in the reason and the result's `exit_fault`), `timeout` (no result within timeout_s of the
 ranks starting: all ranks killed), `infra` (the cluster's fault, not the plan's: an actor or node lost, a Ray
-system error, the bundles not schedulable within resource_wait_s, or the runner stopped). On a cluster it
+system error, the bundles not schedulable within resource_wait_s, the runner stopped, or a rank's "INFRA:"
+line: its timed checkpoint could not be written or read on its node). On a cluster it
 joined, a plan wider than the cluster's slots now waits up to resource_wait_s for nodes to join (a lost node
 restarted or replaced) before it is `infra`.
 
     runner = RayRunner(run_dir="runs/my-study", address=None, num_cpus=4)
-    result = runner.run(scenario, plan, steps=6, warmup=2, seed=0, timeout_s=120)
+    result = runner.run(scenario, plan, steps=6, warmup=2, seed=0, timeout_s=120)   # or budget=StepBudget()
     runner.shutdown()
 
 A runner that starts its own local cluster owns that Ray session (its temp dir /tmp/stratagem-ray-*): at
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -52,16 +55,19 @@ from typing import Any, Literal
 import yaml
 
 from stratagem import procfs
+from stratagem.launch.harness.budget import StepBudget, budget_args
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_layout"]
+__all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_layout", "exit_fault_reason",
+           "run_folder_name", "reap_rank_dirs"]
 
 RunStatus = Literal["ok", "oom", "failed", "timeout", "infra"]
 _TAIL_LINES = 20
 _LOG_BYTES = 4 << 20  # per rank log returned to the driver (its end)
 _TEMP_PREFIX = "stratagem-ray-"
 _STALE_S = 300.0  # a session temp dir nobody names for this long is a dead run's
+_RANK_PREFIX = "stratagem-rank-"  # + the actor's pid + "-": one rank's work dir on its node
 START_ATTEMPTS = 2
 """Tries to start a local Ray session (Ray's raylet registration window is a fixed 30 s)."""
 LOG_STREAM_S = 3.0
@@ -90,14 +96,26 @@ class RunResult:
 
 
 def harness_command(scenario_path: str, plan: Plan, steps: int, warmup: int, seed: int, out: str,
-                    memory_cap_gib: float | None = None, python: str | None = None) -> list[str]:
-    """The harness invocation one rank runs (torchrun-compatible environment supplied separately)."""
+                    memory_cap_gib: float | None = None, python: str | None = None,
+                    budget: StepBudget | None = None) -> list[str]:
+    """The harness invocation one rank runs (torchrun-compatible environment supplied separately); with
+    `budget` the number of timed steps comes from it (--step-budget-s ...) instead of `steps`."""
     cmd = [python or sys.executable, "-m", "stratagem.launch.harness", "--scenario", scenario_path,
-           "--plan", format_plan(plan), "--steps", str(steps), "--warmup", str(warmup),
+           "--plan", format_plan(plan), *_step_args(steps, budget), "--warmup", str(warmup),
            "--seed", str(seed), "--out", out]
     if memory_cap_gib is not None:
         cmd += ["--memory-cap-gib", f"{memory_cap_gib:g}"]
     return cmd
+
+
+def run_folder_name(name: str) -> str:
+    """`name` as one folder name: every character outside letters, digits and `._,=+-` (a split label's `/`,
+    spaces, ...) becomes `_`, leading dots go (issue 27 item 8: `split2/-` made nested folders)."""
+    return re.sub(r"[^\w.,=+-]", "_", name, flags=re.ASCII).lstrip(".") or "run"
+
+
+def _step_args(steps: int, budget: StepBudget | None) -> list[str]:
+    return budget_args(budget) if budget is not None else ["--steps", str(steps)]
 
 
 def local_layout(nodes: Sequence[str], gpus: Sequence[Sequence[str]] | None = None) -> list[dict[str, str]]:
@@ -148,8 +166,12 @@ class _RankWorker:
 
     def run(self, scenario_yaml: str, plan_text: str, args: dict[str, Any], env: dict[str, str],
             rank: int) -> dict[str, Any]:
-        """Write the scenario to a temp dir here, run the harness, return code, log (its end) and result."""
-        work = Path(tempfile.mkdtemp(prefix="stratagem-rank-"))
+        """Write the scenario to a temp dir here, run the harness, return code, log (its end) and result.
+
+        The dir is named after this actor's pid and is the harness's TMPDIR (its timed checkpoint included):
+        removed at the end, and by the next rank on this node when this actor died without cleaning up."""
+        reap_rank_dirs()
+        work = Path(tempfile.mkdtemp(prefix=f"{_RANK_PREFIX}{os.getpid()}-"))
         try:
             (work / "scenario.yaml").write_text(scenario_yaml)
             cmd = [sys.executable, "-m", "stratagem.launch.harness", "--scenario", "scenario.yaml", "--plan",
@@ -158,14 +180,17 @@ class _RankWorker:
             with open(log_path, "wb") as log:
                 if self.killed:
                     return {"code": -9, "log": "", "result": None}
-                self.proc = subprocess.Popen(cmd, cwd=work, env={**os.environ, **env}, stdout=log,
+                env = {**os.environ, **env, "TMPDIR": str(work)}
+                self.proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log,
                                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
                 code = self.proc.wait()
             with open(log_path, "rb") as f:
                 f.seek(max(0, log_path.stat().st_size - _LOG_BYTES))
                 text = f.read().decode(errors="replace")
             out = work / "result.json"
-            result = out.read_text() if rank == 0 and code == 0 and out.exists() else None
+            # rank 0 replaces result.json atomically after the last collective: present means complete, even
+            # when a rank died at exit afterwards (_classify names that case)
+            result = out.read_text() if rank == 0 and out.exists() else None
             return {"code": code, "log": text, "result": result}
         finally:
             self.log_path = None
@@ -254,24 +279,26 @@ class RayRunner:
 
     # -- one trial -------------------------------------------------------------------------------------
     def run(self, scenario: Scenario, plan: Plan, steps: int = 6, warmup: int = 2, seed: int = 0,
-            timeout_s: float = 300.0, memory_cap_gib: float | None = None, name: str | None = None) -> RunResult:
-        """Run `plan` for `steps` steps; never raises for a failing run. timeout_s counts from the ranks' start
-        (waiting for resources is not the plan's time: up to resource_wait_s, then `infra`)."""
+            timeout_s: float = 300.0, memory_cap_gib: float | None = None, name: str | None = None,
+            budget: StepBudget | None = None) -> RunResult:
+        """Run `plan` for `steps` timed steps (or as many as `budget` buys); never raises for a failing run.
+        timeout_s counts from the ranks' start (waiting for resources is not the plan's time: up to
+        resource_wait_s, then `infra`)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         start = time.perf_counter()
         world = plan.world_size
-        log_dir = self.run_dir / (name or f"run-{uuid.uuid4().hex[:8]}")
+        log_dir = self.run_dir / run_folder_name(name or f"run-{uuid.uuid4().hex[:8]}")
         log_dir.mkdir(parents=True, exist_ok=True)
         scenario_yaml = yaml.safe_dump(scenario.model_dump(mode="json", exclude={"search"}), sort_keys=False)
         (log_dir / "scenario.yaml").write_text(scenario_yaml)
-        extra = ["--steps", str(steps), "--warmup", str(warmup), "--seed", str(seed)]
+        extra = [*_step_args(steps, budget), "--warmup", str(warmup), "--seed", str(seed)]
         if memory_cap_gib is not None:
             extra += ["--memory-cap-gib", f"{memory_cap_gib:g}"]
         command = shlex.join(harness_command("scenario.yaml", plan, steps, warmup, seed, "result.json",
-                                             memory_cap_gib, python="python"))
+                                             memory_cap_gib, python="python", budget=budget))
 
         def result(status: RunStatus, reason: str, ranks: list[dict[str, Any]] | None = None) -> RunResult:
             return RunResult(status, reason, None, str(log_dir), command, time.perf_counter() - start, ranks or [])
@@ -468,6 +495,27 @@ def _session_pids(temp_dir: str) -> list[int]:
     return [pid for pid in procfs.user_pids() if needle in (procfs.cmdline(pid) or b"")]
 
 
+def reap_rank_dirs(temp_dir: str | None = None) -> list[str]:
+    """Remove this user's rank work dirs (stratagem-rank-<pid>-*) in this node's temp dir whose actor is
+    dead (killed with the driver, a node restart: its `finally` never ran), and older unnamed ones (before
+    the pid was in the name) after _STALE_S. Returns what it removed (issue 27 item 8)."""
+    removed = []
+    me = os.getuid()
+    for d in Path(temp_dir or tempfile.gettempdir()).glob(f"{_RANK_PREFIX}*"):
+        try:
+            st = d.stat()
+            if st.st_uid != me or not d.is_dir():
+                continue
+        except OSError:
+            continue
+        pid = d.name[len(_RANK_PREFIX):].split("-")[0]
+        dead = not procfs.alive(int(pid)) if pid.isdigit() else time.time() - st.st_mtime > _STALE_S
+        if dead:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
+
+
 def _remove_stale_temp_dirs() -> list[str]:
     """Remove /tmp/stratagem-ray-* dirs of this user that no live process names and that are older than
     _STALE_S (sessions that died; a younger one may be a session another runner is starting right now)."""
@@ -533,7 +581,14 @@ def _classify(ranks: list[dict[str, Any]], log_dir: str, command: str, wall_s: f
         oom = [line for line in r["tail"] if "OOM:" in line or "OutOfMemoryError" in line]
         if oom:
             return RunResult("oom", f"rank {rank}: {oom[-1].strip()}", None, log_dir, command, wall_s, summary)
+    for rank, r in enumerate(summary):  # the harness's exit 4: the environment failed the run (its checkpoint)
+        infra = [line for line in r["tail"] if line.startswith("INFRA:")]
+        if infra and r["code"] != 0:
+            return RunResult("infra", f"rank {rank}: {infra[-1].strip()}", None, log_dir, command, wall_s, summary)
     failed = [(i, r) for i, r in enumerate(summary) if r["code"] != 0]
+    text = ranks[0]["result"]
+    if failed and text:
+        return _exit_fault(json.loads(text), failed, log_dir, command, wall_s, summary)
     if failed:
         # The rank that raised explains best; its peers only report the broken collective.
         def own_error(r: dict[str, Any]) -> bool:
@@ -544,7 +599,30 @@ def _classify(ranks: list[dict[str, Any]], log_dir: str, command: str, wall_s: f
         last = "\n".join(r["tail"][-8:])
         return RunResult("failed", f"rank {rank} exited with {r['code']}:\n{last}", None, log_dir, command,
                          wall_s, summary)
-    text = ranks[0]["result"]
     if not text:
         return RunResult("failed", "rank 0 finished but wrote no result", None, log_dir, command, wall_s, summary)
     return RunResult("ok", "", json.loads(text), log_dir, command, wall_s, summary)
+
+
+def exit_fault_reason(failed: Sequence[tuple[int, int | None]]) -> str:
+    """One line for ranks that exited non-zero after rank 0 wrote the result: (rank, exit code) pairs."""
+    def code(c: int | None) -> str:
+        if c is not None and c < 0:
+            try:
+                return f"{c} ({signal.Signals(-c).name})"
+            except ValueError:
+                return str(c)
+        return str(c)
+
+    what = ", ".join(f"rank {r} exited {code(c)}" for r, c in failed)
+    return (f"{what} after rank 0 wrote the result (after the last collective): a fault at process exit, "
+            "the measurement is kept")
+
+
+def _exit_fault(result: dict[str, Any], failed: list[tuple[int, dict[str, Any]]], log_dir: str, command: str,
+                wall_s: float, summary: list[dict[str, Any]]) -> RunResult:
+    """Rank 0 wrote its result (every rank had trained and sent its figures: the result gathers them) but a
+    rank then exited non-zero (issue 22 item 7: an abort in interpreter teardown). The run is `ok` and says so:
+    the reason and the result's `exit_fault` (kept in the stored measurements) name the ranks and signals."""
+    reason = exit_fault_reason([(i, r["code"]) for i, r in failed])
+    return RunResult("ok", reason, {**result, "exit_fault": reason}, log_dir, command, wall_s, summary)

@@ -11,10 +11,11 @@ from the measured memory, the time zones from the prediction (sentences say whic
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,13 @@ from stratagem.evaluators.analytic import evaluate
 from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.evaluation import Evaluation, Fidelity, MemoryBreakdown, Status, Throughput
 from stratagem.evaluators.zones import measured_zones
+from stratagem.launch.harness.budget import StepBudget
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
 
-__all__ = ["RayRunEvaluator", "measured_evaluation", "provenance"]
+__all__ = ["RayRunEvaluator", "measured_evaluation", "provenance", "DEFAULT_BUILD_S", "open_ray_evaluator"]
 
 _ENV_FLAGS = ("OMP_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_DISABLE", "CUDA_DEVICE_MAX_CONNECTIONS",
               "PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
@@ -112,19 +114,64 @@ def measured_evaluation(scenario: Scenario, plan: Plan, status: Status, reason: 
     )
 
 
+DEFAULT_BUILD_S = 60.0
+"""Predicted time of a run outside its steps (Ray placement, process start, model build, process group, checkpoint
+timing) before this evaluator has finished a run to learn it from (the CPU demo's runs: 4-16 s build on an idle
+host, several times that under load)."""
+
+
 class RayRunEvaluator:
-    """Judges plans by short real runs through Ray; `evaluate(scenario, plan) -> Evaluation` (measured)."""
+    """Judges plans by short real runs through Ray; `evaluate(scenario, plan) -> Evaluation` (measured).
+
+    timeout_s: each run's limit (--run-timeout); None derives it per batch from the plans' predicted run time
+    (search.budget.derived_timeout: a factor over build + warm-up and timed steps, with a floor). The build part
+    is learned from this evaluator's own finished runs (wall time minus their steps), DEFAULT_BUILD_S before the
+    first."""
 
     fidelity: Fidelity = "measured"
 
     def __init__(self, run_dir: str | Path, address: str | None = None, num_cpus: int | None = None,
-                 steps: int = 6, warmup: int = 2, seed: int = 0, timeout_s: float = 180.0,
-                 calibration: Calibration | None = None, resource_wait_s: float = 600.0) -> None:
+                 steps: int = 6, warmup: int = 2, seed: int = 0, timeout_s: float | None = None,
+                 calibration: Calibration | None = None, resource_wait_s: float = 600.0,
+                 budget: StepBudget | None = None) -> None:
+        # budget: timed steps from a time budget (issue 22.3); None: `steps` fixed
         from stratagem.launch.runners.ray_runner import RayRunner
 
         self.runner = RayRunner(run_dir, address=address, num_cpus=num_cpus, resource_wait_s=resource_wait_s)
         self.steps, self.warmup, self.seed, self.timeout_s = steps, warmup, seed, timeout_s
         self.calibration = calibration
+        self.budget = budget
+        self.build_s = DEFAULT_BUILD_S
+        """Predicted time of a run outside its steps: the most this evaluator's finished runs took."""
+        self._learned = False
+
+    def run_seconds(self, scenario: Scenario, plan: Plan) -> float:
+        """Predicted wall time of one run: build (learned) + warm-up and timed steps at the predicted step time
+        (with a step budget: the timed steps the budget would choose)."""
+        pred = evaluate(scenario, plan, self.calibration)
+        step = pred.time.step_s if pred.time is not None else 0.0
+        steps = self.steps
+        if self.budget is not None:
+            from stratagem.launch.harness.budget import timed_steps
+
+            steps = timed_steps(self.budget, step)
+        return self.build_s + (steps + self.warmup) * step
+
+    def run_timeout(self, scenario: Scenario, plans: Sequence[Plan]) -> float:
+        """The limit of a batch's runs: --run-timeout, else derived from the slowest plan's predicted run time."""
+        from stratagem.search.budget import derived_timeout
+
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return max((derived_timeout(self.run_seconds(scenario, p)) for p in plans), default=derived_timeout(0.0))
+
+    def _learn(self, wall_s: float, result: dict[str, Any] | None) -> None:
+        """Update build_s from a finished run: its wall time less its steps."""
+        if not result or not wall_s:
+            return
+        outside = max(0.0, wall_s - sum(float(t) for t in result.get("step_times_s") or []))
+        self.build_s = outside if not self._learned else max(self.build_s, outside)
+        self._learned = True
 
     @property
     def slots(self) -> int:
@@ -162,9 +209,12 @@ class RayRunEvaluator:
                 jobs.append((i, plan))
         results = self.runner.run_many(
             [(scenario, p, (names[i] if names else None) or _run_name(p)) for i, p in jobs],
-            steps=self.steps, warmup=self.warmup, seed=self.seed, timeout_s=self.timeout_s,
-            memory_cap_gib=self._cap(scenario))
+            steps=self.steps, warmup=self.warmup, seed=self.seed,
+            timeout_s=self.run_timeout(scenario, [p for _, p in jobs]), memory_cap_gib=self._cap(scenario),
+            budget=self.budget)
         for (i, plan), run in zip(jobs, results, strict=True):
+            if run.status == "ok":
+                self._learn(run.wall_s, run.result)
             prediction = evaluate(scenario, plan, self.calibration)
             prov = provenance(run.result, run.command, self.seed)
             prov["log_dir"] = run.log_dir
@@ -181,3 +231,49 @@ def _run_name(plan: Plan) -> str:
     import uuid
 
     return plan.short().replace(" ", "_") + "-" + uuid.uuid4().hex[:6]
+
+
+@contextlib.contextmanager
+def open_ray_evaluator(run_dir: Path, address: str | None, num_cpus: int | None, steps: int,
+                       calibration: Calibration | None, timeout_s: float | None) -> Iterator[RayRunEvaluator]:
+    """A RayRunEvaluator for `stratagem search --real-runs`, closed at the end; Ray's own start-up failures
+    become one line (StratagemError); the run folders this call created are removed again when nothing was
+    written under them."""
+    fresh = [d for d in (run_dir, run_dir.parent) if not d.exists()]  # created by this call
+    try:
+        # its predictions ('pred' beside each run) use the calibration the search starts from
+        evaluator = RayRunEvaluator(run_dir, address=address, num_cpus=num_cpus, steps=steps, warmup=2,
+                                    calibration=calibration, timeout_s=timeout_s)
+    except BaseException as e:
+        _remove_empty(fresh)
+        if isinstance(e, Exception) and _raised_by_ray(e):  # e.g. "node timed out during startup" on a busy host
+            from stratagem.errors import StratagemError
+
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise StratagemError(f"--real-runs: Ray did not start ({address or 'local cluster'}): {first}; "
+                                 "retry when the machine is less loaded, or join a running cluster with "
+                                 "--ray-address") from None
+        raise
+    try:
+        yield evaluator
+    finally:
+        evaluator.close()
+        _remove_empty(fresh)  # a call that wrote nothing leaves no empty runs/ folder behind
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove the directories this call created when no file was written under them (deepest first)."""
+    import shutil
+
+    for d in dirs:
+        if d.is_dir() and not any(p.is_file() or p.is_symlink() for p in d.rglob("*")):
+            shutil.rmtree(d)
+
+
+def _raised_by_ray(e: BaseException) -> bool:
+    """Whether the innermost frame of e's traceback is Ray's own code (Ray's start-up failures are plain
+    Exceptions: the frame, not the type, says where they come from)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}ray{os.sep}" in tb.tb_frame.f_code.co_filename
