@@ -30,7 +30,9 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators import memory_engine as eng
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.experts import expert_data_parallel, load_imbalance
+from stratagem.evaluators.experts import expert_data_parallel
+from stratagem.evaluators.memory_activations import layer_bytes, layer_elements
+from stratagem.evaluators.memory_copies import fp8_weight_cache_bytes, optimizer_step_bytes
 from stratagem.evaluators.memory_pipeline import cost_split_layers, pipeline_layers, stage_layers
 from stratagem.evaluators.stages import stage_columns
 from stratagem.spaces.columns import PlanColumns
@@ -153,46 +155,11 @@ def korthikanti_layer_bytes(
 
 
 def _layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> tuple[Array, Array, Array]:
-    """Saved elements per layer per micro-batch: (no recompute, selective, full), re-derived for this model.
-
-    Llama-style layer with fused (flash/SDPA) attention, no dropout; names are the saved tensors:
-      attention: norm1 input sbh, QKV input sbh [replicated without SP], q sb*qd, k, v sb*kvd, attention
-                 output (O-proj input) sb*qd [all / t];
-      MLP:       norm2 input sbh, MLP input sbh [replicated without SP]; SwiGLU: gate g, up u, silu(g),
-                 silu(g)*u: 4 sbf; GELU: fc1 output, gelu output: 2 sbf [/ t];
-      MoE:       the MLP terms for top_k routed copies with the expert size, + dispatched inputs/outputs 2k sbh.
-    [NT] nanotron with MHA (kv heads = heads) permutes QKV into one contiguous [3, b, s, a, d] copy; q is a
-    view of it, so its k and v thirds stay alive next to the rotary k/v copy passed to flash: + 2 sb*kvd / t.
-    Selective recomputes the MLP activation and its down projection: SwiGLU keeps g, u (2 sbf), GELU fc1 out.
-    Full recompute keeps only the layer input sbh (/ t with SP) [Korthikanti Table 2: 2sbh bytes in fp16].
-    """
-    m = scn.model
-    t, sp = pc.tp, pc.sequence_parallel
-    sbh = s * b * m.hidden_size
-    replicated = 4 * sbh / np.where(sp > 0, t, 1.0)
-    if stack_record(scn.training.stack).sp_saves_gathered_inputs:  # QKV and MLP inputs saved all-gathered
-        replicated = np.where(sp > 0, 2 * sbh / t + 2 * sbh, replicated)
-    split, replicated_attn = m.attention_saved_per_token()  # q, k, v, output (/ t); MLA latents (replicated)
-    attention = s * b * split / t + s * b * replicated_attn
-    if stack_record(scn.training.stack).mha_packed_qkv and m.kv_heads == m.num_attention_heads:
-        attention = attention + 2 * s * b * m.kv_size / t
-    ffn = float(m.moe.expert_ffn_hidden_size if m.moe else m.ffn_hidden_size)
-    copies: Array | float = 1.0
-    dispatch: Array | float = 0.0
-    if m.moe is not None:
-        # evaluators/experts.py: the busiest expert rank holds top_k x imbalance routed copies; the dispatched
-        # tokens are all-gathered over etp; router logits and probabilities in fp32 (2 elements each); shared
-        # experts as top-k copies of their own size
-        copies = m.moe.top_k * load_imbalance(scn, pc) + m.moe.shared_experts * m.moe.shared_ffn / ffn
-        dispatch = 2 * m.moe.top_k * load_imbalance(scn, pc) * sbh / t * pc.etp + 2 * 2 * s * b * m.moe.num_experts / t
-    mats_saved = 4.0 if m.mlp == "swiglu" else 2.0
-    mats_selective = 2.0 if m.mlp == "swiglu" else 1.0
-    mlp_full = mats_saved * copies * s * b * ffn / t + dispatch
-    mlp_sel = mats_selective * copies * s * b * ffn / t + dispatch
-    none = replicated + attention + mlp_full
-    selective = replicated + attention + mlp_sel
-    full = sbh / np.where(sp > 0, t, 1.0)
-    return none, selective, full
+    """Saved elements per layer per micro-batch: (no recompute, selective or module recompute, full), re-derived
+    for this model tensor by tensor in evaluators/memory_activations.py (`saved_tensors`): Llama-style layer with
+    fused (flash/SDPA) attention, no dropout; MoE routed copies with the expert size; nanotron's packed MHA QKV
+    [NT]; Megatron's fused SwiGLU; full recompute keeps only the layer input [Korthikanti Table 2]."""
+    return layer_elements(scn, pc, s, b)
 
 
 def op_layer_elements(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> Array:
@@ -285,6 +252,19 @@ def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> 
                          + m.layer_params(m.num_layers - 1)[1] / (ep * pc.etp))
     unit = np.maximum(largest, np.maximum(emb, head + tied_copy))
     return dense, expert, unit, layer_dense - norms + layer_expert
+
+
+def _moe_share(scn: Scenario, pc: PlanColumns, last: bool) -> Array:
+    """Share of the stage's layers that are MoE layers (evaluators/stages.py: DeepSeek's first_dense_layers sit on
+    the first stage): routed parameters on the stage / one MoE layer's, over its layers (1 for a dense model's
+    bookkeeping: its layers use the dense MLP anyway)."""
+    m = scn.model
+    if m.moe is None:
+        return np.ones(len(pc))
+    st = stage_columns(m, pc)
+    n_st = np.maximum(st.last_layers if last else st.first_layers, 1.0)
+    per_layer = max(1.0, float(m.layer_params(_first_moe_layer(m))[1]))
+    return np.minimum(1.0, (st.last_expert if last else st.first_expert) / per_layer / n_st)
 
 
 def memory_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, Array]:
@@ -386,11 +366,16 @@ def rank_memory_columns(
     act_bytes = np.where(fp32, 4.0, 2.0)
     s = tr.seq_len / pc.cp
     b = pc.micro_batch_size
-    none, selective, full = _layer_elements(scn, pc, s, b)
+    # bytes per layer: fp8 plans on Transformer Engine keep linear inputs in fp8 (memory_activations.layer_bytes);
+    # an MoE model's stage mixes MoE layers and dense-MLP layers (DeepSeek's first three): the stage's mean layer
+    share = _moe_share(scn, pc, last)
+    moe_layer = layer_bytes(scn, pc, s, b, act_bytes)
+    dense_layer = layer_bytes(scn, pc, s, b, act_bytes, dense_mlp=True) if m.moe is not None else moe_layer
+    none, selective, full = (share * a + (1.0 - share) * d for a, d in zip(moe_layer, dense_layer, strict=True))
     per_layer = np.select([pc.recompute_is("none"), pc.recompute_is("selective"), pc.recompute_is("op")],
-                          [none, selective, op_layer_elements(scn, pc, s, b)], full)
+                          [none, selective, op_layer_elements(scn, pc, s, b) * act_bytes], full)
     in_flight = _in_flight(pc, m_steps, last)
-    per_mb = (per_layer * redone + none * (layers - redone)) * act_bytes
+    per_mb = per_layer * redone + none * (layers - redone)
     sp_div = np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
     sbh = s * b * m.hidden_size
     # The last stage (or the only one) also holds the final norm input and LM-head input (sbh each) and
@@ -445,7 +430,7 @@ def rank_memory_columns(
     # layer input, s b h (Megatron's global memory buffer, nanotron's MemoryBuffer [NT]).
     compute_bytes = np.where(fp32, 4.0, 2.0)
     rematerialised = pc.recompute_is("full") | pc.recompute_is("op")  # the whole layer is re-run in backward
-    working = np.where(rematerialised, none * act_bytes, per_layer * act_bytes)
+    working = np.where(rematerialised, none, per_layer)
     gather = np.where(pc.zero_stage == 3, 2 * unit * compute_bytes, 0.0)
     if not rec.reshard_after_forward_with_pp:  # units kept gathered through the step (weights block above)
         gather = np.where((pc.pp > 1) & (pc.dp * pc.cp > 1), 0.0, gather)
@@ -467,6 +452,15 @@ def rank_memory_columns(
         loss_peak = np.where(last | (pc.pp == 1), logits_el * cal.logits_bytes, 0.0)
         transient = np.maximum(transient - loss_peak, 0.0)
 
+    # engine copies: the fp8 weight copies Transformer Engine caches across micro-batches (memory_copies.py)
+    blocks["weights"] = blocks["weights"] + fp8_weight_cache_bytes(scn, pc, layers * layer_lin)
+    # the optimizer step runs once activations are freed: its transient (foreach AdamW's exp_avg_sq_sqrt) peaks
+    # over the states alone; the moments are the optimizer block less the master copies
+    master = sum(t.bytes_per_param for t in rec.states if t.master)
+    moments = np.where(fp32, blocks["optimizer"], blocks["optimizer"] * opt / (opt + master))
+    largest = m.vocab_size * m.hidden_size / pc.tp / np.where(pc.zero_stage >= 3, shard, 1.0)
+    step = optimizer_step_bytes(scn, pc, moments, largest)
+    transient = np.maximum(transient, step - activations)
     allocated = blocks["weights"] + blocks["gradients"] + blocks["optimizer"] + activations + transient
     overhead = cal.fragmentation * allocated + cal.context_gib * GIB
     return {

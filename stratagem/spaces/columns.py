@@ -11,10 +11,12 @@ from numpy.typing import NDArray
 from stratagem.spaces.plan import (
     PIPELINE_SPLITS,
     PRECISIONS,
+    RECOMPUTE_MODULES,
     RECOMPUTES,
     SCHEDULES,
     Plan,
     Recompute,
+    RecomputeModule,
     Schedule,
 )
 
@@ -29,7 +31,7 @@ PP_SPLIT_CODE = {s: i for i, s in enumerate(PIPELINE_SPLITS)}  # layers 0, embed
 # Columns added after the first version: optional at construction (they default to the Plan's default value),
 # so code that builds columns for the original axes keeps working.
 _LATER = {"etp": 1.0, "recompute_layers": 0.0, "first_stage_layers": 0.0, "last_stage_layers": 0.0,
-          "pp_split": 0.0}
+          "pp_split": 0.0, "recompute_modules": 0.0}
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class PlanColumns:
     first_stage_layers: Array = field(default=None)  # type: ignore[arg-type]
     last_stage_layers: Array = field(default=None)  # type: ignore[arg-type]
     pp_split: Array = field(default=None)  # type: ignore[arg-type]
+    recompute_modules: Array = field(default=None)  # type: ignore[arg-type]  # bit i: RECOMPUTE_MODULES[i]
 
     def __post_init__(self) -> None:
         for name, default in _LATER.items():
@@ -79,6 +82,16 @@ class PlanColumns:
     def schedule_is(self, schedule: Schedule) -> NDArray[np.bool_]:
         """Plans whose pp_schedule is `schedule` (gpipe | 1f1b | interleaved | zero_bubble)."""
         return np.asarray(self.pp_schedule == SCHEDULE_CODE[schedule])
+
+    def recomputes_module(self, module: RecomputeModule) -> NDArray[np.bool_]:
+        """Plans whose recompute_modules include `module` (Megatron --recompute-modules)."""
+        bit = 2 ** RECOMPUTE_MODULES.index(module)
+        return np.asarray(np.floor(self.recompute_modules / bit) % 2 == 1)
+
+    @property
+    def by_module(self) -> NDArray[np.bool_]:
+        """Plans that recompute a list of modules (selective with recompute_modules set)."""
+        return np.asarray(self.recompute_modules > 0)
 
     @property
     def offload(self) -> NDArray[np.bool_]:
@@ -111,6 +124,8 @@ class PlanColumns:
             first_stage_layers=col([p.first_stage_layers for p in plans]),
             last_stage_layers=col([p.last_stage_layers for p in plans]),
             pp_split=col([PP_SPLIT_CODE[p.pp_split] for p in plans]),
+            recompute_modules=col([sum(2 ** RECOMPUTE_MODULES.index(m) for m in p.recompute_modules)
+                                   for p in plans]),
         )
 
     def __len__(self) -> int:
@@ -136,4 +151,6 @@ class PlanColumns:
             etp=int(self.etp[i]), recompute_layers=int(self.recompute_layers[i]),
             first_stage_layers=int(self.first_stage_layers[i]), last_stage_layers=int(self.last_stage_layers[i]),
             pp_split=PIPELINE_SPLITS[int(self.pp_split[i])],
+            recompute_modules=tuple(m for j, m in enumerate(RECOMPUTE_MODULES)
+                                    if int(self.recompute_modules[i]) >> j & 1),
         )

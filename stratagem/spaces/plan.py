@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stratagem.errors import StratagemError
 
@@ -19,6 +19,8 @@ __all__ = [
     "RECOMPUTES",
     "SCHEDULES",
     "PIPELINE_SPLITS",
+    "RecomputeModule",
+    "RECOMPUTE_MODULES",
     "parse_plan",
     "format_plan",
     "parse_label",
@@ -33,6 +35,9 @@ PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 PIPELINE_SPLITS: tuple[PipelineSplit, ...] = get_args(PipelineSplit)
+# Megatron --recompute-modules (megatron/core/transformer/transformer_config.py recompute_modules)
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = get_args(RecomputeModule)
 
 
 class Plan(BaseModel):
@@ -69,6 +74,11 @@ class Plan(BaseModel):
     recompute_layers: int = Field(default=0, ge=0)
     """Layers per pipeline stage that are recomputed (0: all of them). Partial recompute, as Megatron's
     `--recompute-num-layers` with the block method and torchtitan's every-k-th-layer checkpointing."""
+    recompute_modules: tuple[RecomputeModule, ...] = ()
+    """With activation_checkpointing selective: the modules recomputed, Megatron's `--recompute-modules`
+    (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; megatron/core/transformer/
+    transformer_config.py). () keeps stratagem's selective (the MLP activation and its down projection).
+    A set: kept in RECOMPUTE_MODULES order; written `layernorm+moe_act`."""
     pp_schedule: Schedule = "1f1b"
     """Pipeline schedule (pp > 1): gpipe, 1f1b, interleaved (virtual stages), zero_bubble (ZB-H1)."""
     virtual_stages: int = Field(default=1, ge=1)
@@ -85,6 +95,17 @@ class Plan(BaseModel):
     `--account-for-loss-in-pipeline-split`)."""
     optimizer_offload: Literal["none", "cpu"] = "none"
     """Keep optimizer states (and master weights) in host memory (ZeRO-Offload)."""
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _module_set(cls, value: Any) -> Any:
+        """`a+b` strings and lists to one sorted tuple (a set of modules: order and repeats carry no meaning)."""
+        if isinstance(value, str):
+            value = [v for v in re.split(r"[+\s]+", value) if v]
+        if isinstance(value, (list, tuple)):
+            known = {m: i for i, m in enumerate(RECOMPUTE_MODULES)}
+            return tuple(sorted(set(value), key=lambda v: (known.get(v, len(known)), str(v))))
+        return value
 
     def grad_accumulation(self, global_batch_size: int) -> int:
         """Micro-batches per optimizer step per pipeline: global_batch / (dp * micro_batch)."""
@@ -296,4 +317,6 @@ def parse_label(text: str) -> Plan:
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, tuple):  # recompute_modules: a+b
+        return "+".join(str(x) for x in v)
     return str(v).lower() if isinstance(v, bool) else str(v)

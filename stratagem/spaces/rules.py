@@ -157,7 +157,29 @@ def capability_violations(rec: StackRecord, p: Plan) -> list[str]:
     if p.activation_checkpointing not in rec.recompute_modes:
         missing("recompute_modes", f"activation_checkpointing {p.activation_checkpointing}",
                 f"use one of {', '.join(rec.recompute_modes)}")
+    unrun = [m for m in p.recompute_modules if m not in rec.recompute_modules]
+    if unrun:
+        missing("recompute_modules", f"recompute_modules {'+'.join(unrun)}",
+                f"use {'+'.join(rec.recompute_modules)}" if rec.recompute_modules else "set recompute_modules=")
     return out
+
+
+def _modules(s: Scenario, p: Plan) -> str | None:
+    """recompute_modules as Megatron validates them (megatron/core/transformer/transformer_config.py
+    __post_init__): only with selective granularity; mla_up_proj only with MLA; MoE modules need experts."""
+    if not p.recompute_modules:
+        return None
+    if p.activation_checkpointing != "selective":
+        return (f"recompute_modules ({'+'.join(p.recompute_modules)}) needs activation_checkpointing=selective "
+                f"(got {p.activation_checkpointing}); set it, or recompute_modules=")
+    m = s.model
+    need = {"mla_up_proj": m.mla is not None, "moe_act": m.moe is not None, "moe": m.moe is not None,
+            "shared_experts": m.moe is not None and m.moe.shared_experts > 0}
+    wrong = [x for x in p.recompute_modules if not need.get(x, True)]
+    if wrong:
+        return (f"recompute_modules ({'+'.join(wrong)}): model {m.name} has no such module (mla_up_proj needs "
+                "MLA; moe_act/moe need experts; shared_experts needs shared experts); drop them")
+    return None
 
 
 def _stack(s: Scenario, p: Plan) -> str | None:
@@ -187,6 +209,7 @@ RULES: tuple[Rule, ...] = (
     Rule("fp8_hardware", _fp8),
     Rule("offload_needs_zero", _offload),
     Rule("stack_can_run", _stack),
+    Rule("recompute_modules", _modules),
 )
 
 

@@ -100,6 +100,28 @@ class StackRecord(BaseModel):
     reshard_after_forward_with_pp: bool
     """ZeRO-3 with pipeline parallelism: does the stack reshard parameters after forward? torchtitan does not
     (`reshard_after_forward = not pp_enabled`); without PP every FSDP stack reshards at ZeRO-3."""
+    fp8_activation_store: Literal["high", "fp8"] = "high"
+    """fp8 plans: the dtype a linear saves its input in for backward. fp8: Transformer Engine keeps the quantized
+    input, row-wise data dropped (transformer_engine/pytorch/module/linear.py _Linear.forward, update_usage
+    (rowwise_usage=False, columnwise_usage=True)); high: torchao Float8Linear saves input_hp (torchao/float8/
+    float8_linear.py matmul_with_hp_or_float8_args.forward) and casts again in backward."""
+    fp8_weight_cache_bytes: float = 0.0
+    """fp8 plans: bytes per linear weight element of the fp8 copies the engine caches across micro-batches
+    (Megatron passes is_first_microbatch to TE, which keeps the quantized weight, row- and column-wise, in
+    `_fp8_workspaces["weight"]`: megatron/core/extensions/transformer_engine.py TELinear.forward,
+    transformer_engine/pytorch/module/linear.py Linear.forward cache_name); 0 where no copy outlives the GEMM."""
+    fused_glu: bool = False
+    """The gated activation saves only its input (Megatron's fused SwiGLU: megatron/core/fusions/
+    fused_bias_swiglu.py SwiGLUFunction.forward save_for_backward(input)); False: eager silu(g) * u also keeps
+    silu(g) for the product's backward."""
+    optimizer_step: Literal["foreach", "fused"] = "fused"
+    """How the optimizer's step runs on the GPU. foreach: torch.optim.AdamW's default on CUDA (torch/optim/
+    optimizer.py _default_to_fused_or_foreach), _multi_tensor_adam materialises exp_avg_sq_sqrt, one list as large
+    as the second moments (torch/optim/adam.py); fused: one in-place kernel per tensor list, no intermediates
+    (torch._fused_adamw_, Transformer Engine / apex FusedAdam multi_tensor_apply, DeepSpeed FusedAdam)."""
+    recompute_modules: tuple[str, ...] = ()
+    """Modules the stack can recompute one by one (Plan.recompute_modules; Megatron --recompute-modules with
+    --recompute-granularity selective: megatron/core/transformer/transformer_config.py recompute_modules)."""
     # ---- speed terms ----------------------------------------------------------------------------------------
     kernels: Literal["transformer_engine", "eager"]
     """Kernels of the linear/attention/norm layers: Transformer Engine's fused kernels or eager PyTorch ops."""
@@ -159,7 +181,7 @@ class StackRecord(BaseModel):
 CAPABILITY_FIELDS: tuple[str, ...] = (
     "schedules", "zero_stages", "max_zero_with_pp", "sequence_parallel", "context_parallel", "expert_parallel",
     "expert_tensor_parallel", "optimizer_offload", "hsdp", "pp_splits", "uneven_stages", "fp8_recipes",
-    "recompute_modes",
+    "recompute_modes", "recompute_modules",
 )
 
 # fp32 training: params 4, grads 4, optimizer states; no master copy (any stack except torch's zero 2).
@@ -197,6 +219,7 @@ _TORCH = StackRecord(
     mha_packed_qkv=False,
     sp_saves_gathered_inputs=True,
     reshard_after_forward_with_pp=False,
+    optimizer_step="foreach",  # the harness builds torch.optim.AdamW with defaults (launch/harness/parallelize.py)
     kernels="eager",
     kernel_efficiency=0.70,
     compile_default=False,
@@ -237,6 +260,8 @@ _TORCH = StackRecord(
         "fp8_recipes": "torchao/float8/config.py Float8LinearRecipeName (TENSORWISE, ROWWISE); "
                        "torchao/prototype/mx_formats (MXFP8, Blackwell)",
         "recompute_modes": "torchtitan/distributed/activation_checkpoint.py apply_ac (full, selective op/layer)",
+        "recompute_modules": "torchtitan/distributed/activation_checkpoint.py apply_ac: whole layers or an op "
+                             "save list, no per-module recompute",
         "kernel_efficiency": "eager torch.nn ops vs Transformer Engine's fused kernels; the value with the least "
                              "error on torchtitan's 12 published runs, compile and 500 W cap as separate terms "
                              "(bench/throughput_accuracy.py)",
@@ -266,6 +291,10 @@ _MEGATRON = StackRecord(
     pipeline_split="even",
     mha_packed_qkv=False,
     reshard_after_forward_with_pp=True,
+    fp8_activation_store="fp8",
+    fp8_weight_cache_bytes=2.0,
+    fused_glu=True,
+    recompute_modules=("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"),
     kernels="transformer_engine",
     kernel_efficiency=1.0,
     compile_default=False,
@@ -310,6 +339,8 @@ _MEGATRON = StackRecord(
         "fp8_recipes": "megatron/core/fp8_utils.py --fp8-recipe delayed|tensorwise|blockwise|mxfp8 "
                        "(Transformer Engine recipes)",
         "recompute_modes": "megatron/training/arguments.py --recompute-granularity full|selective",
+        "recompute_modules": "megatron/core/transformer/transformer_config.py recompute_modules (with "
+                             "--recompute-granularity selective)",
         "kernel_efficiency": "Transformer Engine fused kernels: the reference (1.0) of the efficiency ceilings",
         "tp_comm_overlap_default": "megatron/training/arguments.py --tp-comm-overlap (TE userbuffers); the "
                                    "published Megatron throughput table runs with it",
@@ -377,6 +408,7 @@ _DEEPSPEED = StackRecord(
         "uneven_stages": "deepspeed/runtime/pipe/module.py _partition_layers: no per-stage layer counts",
         "fp8_recipes": "deepspeed/runtime/engine.py: no fp8 training recipe (fp16/bf16 only)",
         "recompute_modes": "deepspeed/runtime/activation_checkpointing/checkpointing.py checkpoint (full layers)",
+        "recompute_modules": "deepspeed/runtime/activation_checkpointing/checkpointing.py: whole layers only",
         "kernel_efficiency": "no reference data for DeepSpeed: counted as the reference (1.0)",
         "tp_comm_overlap_default": "DeepSpeed does not overlap TP collectives with GEMMs",
     },
@@ -440,6 +472,7 @@ _NANOTRON = StackRecord(
         "uneven_stages": "src/nanotron/models/base.py build_model: no per-stage layer counts",
         "fp8_recipes": "nanotron main: fp8 training is not in the released trainer",
         "recompute_modes": "src/nanotron/config/models_config.py recompute_layer (full layers)",
+        "recompute_modules": "src/nanotron/config/models_config.py recompute_layer: whole layers only",
         "kernel_efficiency": "fitted on the Ultra-Scale Playbook sweep (bench/throughput_accuracy.py --fit)",
         "tp_comm_overlap_default": "nanotron's TP linears run their collectives in line",
     },

@@ -74,6 +74,16 @@ CASES = [
     # nanotron helpers.py init_optimizer_and_grad_accumulator: ZeRO-1 only
     ("stack_can_run", scn(stack="nanotron"), Plan(dp=8, zero_stage=3),
      ["nanotron: ZeRO stage 3 is not supported", "use zero_stage in 0, 1"]),
+    # megatron/core/transformer/transformer_config.py __post_init__: recompute_modules with selective granularity;
+    # mla_up_proj only with multi_latent_attention
+    ("recompute_modules", scn(stack="megatron"), Plan(dp=8, activation_checkpointing="full",
+                                                      recompute_modules="layernorm"),
+     ["recompute_modules (layernorm)", "activation_checkpointing=selective", "got full"]),
+    ("recompute_modules", scn(stack="megatron"), Plan(dp=8, activation_checkpointing="selective",
+                                                      recompute_modules="mla_up_proj+layernorm"),
+     ["recompute_modules (mla_up_proj)", "llama3-8b", "needs MLA"]),
+    ("stack_can_run", scn(), Plan(dp=8, activation_checkpointing="selective", recompute_modules="layernorm"),
+     ["torch: recompute_modules layernorm is not supported", "torchtitan/distributed/activation_checkpoint.py"]),
 ]
 
 
