@@ -645,9 +645,11 @@ class SearchSpace:
         return canonical_plan(self.scenario, plan)
 
     def params(self, plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(params, distributions) that `suggest` records for `plan`: the applicable axes only."""
+        """(params, distributions) that `suggest` records for `plan`: the applicable axes only, of its canonical
+        plan (`canonical`: a plan that builds the same job as an enumerated one is stored as that one)."""
         from optuna.distributions import CategoricalDistribution, IntDistribution
 
+        plan = self.canonical(plan)
         dump = plan.model_dump(mode="json")
         params: dict[str, Any] = {}
         dists: dict[str, Any] = {}

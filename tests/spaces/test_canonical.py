@@ -90,7 +90,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     gpus = draw(st.sampled_from([1, 2, 4, 8]))
     search = SearchConfig(precision="bf16", activation_checkpointing=["none", "full"], zero_stage=[0, 1],
                           first_stage_layers=IntRange(), last_stage_layers=IntRange(), max_stage_imbalance=100.0,
-                          virtual_stages=IntRange(max=3), cp=1)
+                          virtual_stages=IntRange(min=1, max=3), cp=1)
     return Scenario(model=model, cluster=cluster_preset("h100-sxm-80g", gpus, gpus),
                     training={"seq_len": 128, "global_batch_size": draw(st.sampled_from([4, 8, 16])),
                               "stack": draw(st.sampled_from(STACKS))},
@@ -142,3 +142,13 @@ def test_plans_of_one_job_have_one_canonical_plan_and_the_same_figures(s: Scenar
         for f in fields(figures):
             column = np.asarray(getattr(figures, f.name))
             assert np.allclose(column, column[0], equal_nan=True), (f.name, plan.short(), column)
+
+
+def test_params_store_the_canonical_plan() -> None:
+    # a user's plan that names an enumerated job (a candidates file, --plan) is stored as that job's plan
+    s = load_scenario(EXAMPLES / "demo-cpu.yaml")
+    space = SearchSpace(s)
+    for split in DEMO_SPLITS:
+        params, dists = space.params(parse_plan(f"dp2 pp2 z1 mb2 bf16 {split}"))
+        assert Plan(**params) == parse_plan("dp2 pp2 z1 mb2 bf16 1f1b")
+        assert all(dists[k].to_internal_repr(v) is not None for k, v in params.items())

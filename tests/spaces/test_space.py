@@ -30,9 +30,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # Everything open: no default heuristics, so the space must be exactly "every plan the rules allow, once".
-OPEN = dict(cp=IntRange(), micro_batch_size=IntRange(), dp_replicate=IntRange(), virtual_stages=IntRange(),
-            optimizer_offload=["none", "cpu"], cross_node_tp="allow", max_stage_imbalance=100.0,
-            etp=IntRange(), first_stage_layers=IntRange(), last_stage_layers=IntRange())
+OPEN = dict(cp=IntRange(min=1), micro_batch_size=IntRange(min=1), dp_replicate=IntRange(min=1),
+            virtual_stages=IntRange(min=1), optimizer_offload=["none", "cpu"], cross_node_tp="allow",
+            max_stage_imbalance=100.0, etp=IntRange(min=1), first_stage_layers=IntRange(), last_stage_layers=IntRange())
 
 
 def tiny(model: str = "tiny-4l", gpus: int = 4, per_node: int = 4, gbs: int = 8, seq: int = 64, **search) -> Scenario:
