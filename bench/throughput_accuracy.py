@@ -46,7 +46,15 @@ sys.path.insert(0, str(ROOT))
 from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, evaluate_many  # noqa: E402
 from stratagem.evaluators.comm import bus_bandwidth_gbps  # noqa: E402
 from stratagem.evaluators.timing import FP8_LINEAR_SPEEDUP, megatron_flops_per_token  # noqa: E402
-from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset  # noqa: E402
+from stratagem.spaces import (  # noqa: E402
+    MODEL_PRESETS,
+    ClusterSpec,
+    ModelSpec,
+    Plan,
+    Scenario,
+    TrainingSpec,
+    gpu_preset,
+)
 from stratagem.spaces.columns import PlanColumns  # noqa: E402
 from stratagem.spaces.plan import Precision, Recompute  # noqa: E402
 from stratagem.spaces.stacks import STACKS  # noqa: E402
@@ -148,6 +156,65 @@ def published_points(ref: Path) -> list[Point]:
     return points
 
 
+def moe_points(ref: Path) -> list[Point]:
+    """Published MoE runs (published_moe_runs.json): Megatron-Core layouts on H100 (and DeepSeek-V3 on H800), each
+    with its dispatcher, EP overlap, recompute and fp8 recipe as published; source "moe" or "moe-check" (rows kept
+    aside as an unfitted check). Not part of --fit."""
+    path = ref / "published_moe_runs.json"
+    if not path.exists():
+        return []
+    points = []
+    for r in json.loads(path.read_text())["runs"]:
+        gpus, tp, pp, cp = r["gpus"], r["tp"], r["pp"], r["cp"]
+        if r["gpu"] == "h800":  # H100 silicon, NVLink cut to 400 GB/s bidirectional (200 one way), 8 x 400 Gb/s IB
+            cluster = ClusterSpec(gpu={"preset": "h100-sxm-80g", "name": "h800"}, num_nodes=gpus // 8,
+                                  gpus_per_node=8, intra_node_gbps=200, inter_node_gbps=50)
+        else:
+            cluster = _cluster(r["gpu"], gpus)
+        precision: Precision = "fp8" if r["precision"] == "fp8" else "bf16"
+        training = TrainingSpec(seq_len=r["seq"], global_batch_size=r["gbs"], stack="megatron", precision=precision,
+                                fp8_recipe=r.get("fp8_recipe"), moe_dispatcher=r["dispatcher"],
+                                ep_comm_overlap=r["a2a_overlap"])
+        scn = Scenario(model=MODEL_PRESETS[r["model"]], cluster=cluster, training=training)
+        vp = r["vp"]
+        plan = Plan(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=r["ep"], etp=r["etp"],
+                    zero_stage=3 if r["fsdp"] else 1, micro_batch_size=r["mbs"], sequence_parallel=tp > 1,
+                    precision=precision, activation_checkpointing=r["recompute"],
+                    pp_schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp)
+        meas = r["measured"]
+        tps = meas.get("tokens_per_s_per_gpu") or r["gbs"] * r["seq"] / (meas["step_s"] * gpus)
+        points.append(Point("moe-check" if r["check"] else "moe", r["id"], scn, plan, float(tps), "tok/s/gpu"))
+    return points
+
+
+def moe_report(points: list[Point], cal: Calibration) -> list[str]:
+    """Per published MoE run: measured -> predicted tokens/s/GPU, its error and the step's EP / TP / compute shares."""
+    if not points:
+        return []
+    pred, parts = predict(points, cal)
+    err = ape(pred, points)
+    lines = ["published MoE runs (measured -> predicted tok/s/GPU; step shares: compute, EP comm, TP comm, bubble):"]
+    for i, p in enumerate(points):
+        pt = parts[i]
+        step = pt["step_s"]
+        lines.append(f"  {p.source:9s} {p.label:42s} {p.measured:7,.0f} -> {pred[i]:7,.0f} ({pred[i] / p.measured - 1:+.0%})"
+                     f"  [compute {pt['compute_s'] / step:.0%}, EP {pt['ep_comm_s'] / step:.0%}, "
+                     f"TP {pt['tp_comm_s'] / step:.0%}, bubble {pt['bubble_s'] / step:.0%}]")
+    for src in ("moe", "moe-check"):
+        mask = np.array([p.source == src for p in points])
+        if mask.any():
+            lines.append(f"  {src:9s} n={mask.sum():3d}  MAPE {np.mean(err[mask]):6.1%}  median APE "
+                         f"{np.median(err[mask]):6.1%}")
+    pair = {p.label: pred[i] / p.measured for i, p in enumerate(points)}
+    a, b = "modelzoo-qwen3-235b-ep32-pp8", "modelzoo-qwen3-235b-tp4-ep8-pp8"
+    if a in pair and b in pair:
+        ia = next(i for i, p in enumerate(points) if p.label == a)
+        ib = next(i for i, p in enumerate(points) if p.label == b)
+        lines.append(f"  cross-node EP32 / intra-node TP4 x EP8 speed: measured {points[ia].measured / points[ib].measured:.2f}x, "
+                     f"predicted {pred[ia] / pred[ib]:.2f}x")
+    return lines
+
+
 # The sweep's software (not fitted): nanotron's benchmark branch polls pipeline P2P metadata with 0.1 s sleeps from
 # commit 67c5ebb6 on (Calibration.p2p_poll_s). Which runs used that code is not recorded (see SUBSET_RULE).
 SWEEP_P2P_POLL_S = 0.1
@@ -178,7 +245,8 @@ def predict(points: list[Point], cal: Calibration,
                 pred[i] = flops * cols.tokens_per_s_per_gpu[j] / 1e12
             else:
                 pred[i] = cols.tokens_per_s_per_gpu[j]
-            parts[i] = {k: float(getattr(cols, k)[j]) for k in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s",
+            parts[i] = {k: float(getattr(cols, k)[j]) for k in ("compute_s", "recompute_s", "tp_comm_s", "ep_comm_s",
+                                                                "pp_comm_s",
                                                       "cp_comm_s", "bubble_s", "exposed_comm_s", "optimizer_s",
                                                       "overhead_s", "step_s")}
     return pred, parts
@@ -378,6 +446,9 @@ def main() -> None:
     print(f"sweep pp > 1 (n={piped.sum()}): within 35% with P2P polling {near_poll.sum()}, without "
           f"{near_nopoll.sum()}, either {(near_poll | near_nopoll).sum()}; MAPE with polling "
           f"{np.mean(err[piped]):.1%}, without {np.mean(err_nopoll[piped]):.1%}")
+    print()
+    for line in moe_report(moe_points(ref), cal):
+        print(line)
     rank_lines, rho_median, hits, n_groups = ranking_report(points, pred)
     print("\nranking per (model, nodes) group of the sweep (predicted vs measured tokens/s/GPU):")
     for line in rank_lines:

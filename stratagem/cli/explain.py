@@ -10,7 +10,7 @@ from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scena
 from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Evaluation, evaluate
-from stratagem.evaluators.zones import bottleneck_label
+from stratagem.evaluators.zones import bottleneck_label, placement_words
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
 
 __all__ = ["memory_table"]
@@ -108,7 +108,8 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = 
     times.add_column("s", justify="right")
     times.add_column("share", justify="right")
     parts = {"compute": tm.compute_s, "recompute": tm.recompute_s, "TP comm (exposed)": tm.tp_comm_s,
-             "DP comm (exposed)": tm.exposed_comm_s - tm.tp_comm_s - tm.pp_comm_s - tm.cp_comm_s,
+             "EP comm (exposed)": tm.ep_comm_s,
+             "DP comm (exposed)": tm.exposed_comm_s - tm.tp_comm_s - tm.ep_comm_s - tm.pp_comm_s - tm.cp_comm_s,
              "PP comm": tm.pp_comm_s, "CP comm": tm.cp_comm_s, "pipeline bubble": tm.bubble_s,
              "optimizer": tm.optimizer_s}
     parts["overhead"] = tm.step_s - sum(parts.values())
@@ -118,6 +119,9 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = 
     times.add_section()
     times.add_row("DP traffic before overlap", f"{tm.dp_comm_s:.3g}", "")
     console.print(times)
+    groups = placement_words(scn, pl)  # where each parallel group sits (evaluators.zones.group_placement)
+    console.print("groups: " + ("; ".join(groups) if groups else "one GPU per replica, no model-parallel group"),
+                  highlight=False)
     from stratagem.evaluators.timing import speed_rows  # every factor that scales compute (issue 13)
 
     speed = Table(title="Speed factors (scale compute)", title_justify="left")

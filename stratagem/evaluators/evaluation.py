@@ -90,7 +90,9 @@ class TimeBreakdown(BaseModel):
     recompute_s: float
     """Extra forward compute for activation recomputation."""
     tp_comm_s: float
-    """Tensor-parallel collectives and MoE expert all-to-all (exposed)."""
+    """Tensor-parallel collectives (exposed)."""
+    ep_comm_s: float = 0.0
+    """MoE expert dispatch / combine over the expert-parallel group, and the etp gathers (exposed)."""
     dp_comm_s: float
     """Data-parallel gradient all-reduce or ZeRO/FSDP reduce-scatter + all-gather (total, before overlap)."""
     pp_comm_s: float

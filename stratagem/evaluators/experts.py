@@ -12,6 +12,15 @@ Sources:
   [BiB]   Raab & Steger 1998, "Balls into Bins - A Simple and Tight Analysis", Theorem 1: m balls thrown uniformly
           into n bins, m >> n log n, give a fullest bin of m/n + sqrt(2 (m/n) ln n) (1 + o(1)): the load of the
           busiest rank when a balanced router sends m token copies to n expert ranks.
+  [Torch-a2a] torch.distributed all_to_all_single -> ProcessGroupNCCL::alltoall_base -> NCCL ncclGroupStart; one
+          ncclSend + ncclRecv per peer; ncclGroupEnd (torch/csrc/cuda/nccl.cpp all2all_single_equal_split): every
+          peer's transfer is in flight at once.
+  [DeepEP] deepseek-ai/DeepEP README and csrc/kernels/internode.cu dispatch: for cross-node EP, each token goes
+          once over RDMA to every destination node (the GPU with the same local rank), then over NVLink to the
+          experts' GPUs in that node; DeepSeek-V3 report sec. 3.2.2 (node-limited routing, <= 4 nodes a token).
+  [MCore-permute] megatron/core/transformer/moe/moe_utils.py permute / unpermute (index_select of the tokens
+          into expert order, scatter_add of the weighted outputs back).
+  [Grouped] megatron/core/transformer/moe/experts.py TEGroupedMLP; torchtitan GroupedExperts (torch._grouped_mm).
   [Switch] Fedus et al. 2021, sec. 2.2: capacity = capacity_factor x tokens x top_k / experts; tokens beyond it
           are dropped, so no expert processes more.
 """
@@ -22,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.comm import Link, all_gather_s, all_to_all_s, group_link
+from stratagem.evaluators.comm import Link, all_gather_s, group_link
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
@@ -35,11 +44,21 @@ __all__ = [
     "expert_gemm_size",
     "routed_time_factor",
     "dispatch_s",
+    "exchange_s",
+    "ep_nodes",
+    "remote_nodes_per_token",
+    "dispatch_bytes_per_token",
+    "permute_s",
+    "GEMM_TILE_ROWS",
     "moe_layer_fraction",
     "routed_matmul_per_layer",
 ]
 
 Array = NDArray[np.float64]
+
+# Rows of one grouped-GEMM tile: CUTLASS / cuBLAS Hopper grouped GEMMs (TE GroupedLinear, torch._grouped_mm) tile M
+# in 128 rows; an expert's rows are padded to whole tiles.
+GEMM_TILE_ROWS = 128.0
 
 
 def expert_data_parallel(pc: PlanColumns) -> Array:
@@ -80,9 +99,12 @@ def load_imbalance(scn: Scenario, pc: PlanColumns) -> Array:
 
 
 def expert_gemm_size(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
-    """Efficiency factor of one expert's GEMMs, as the dense small-GEMM term: F / (F + half_efficiency), F the
-    forward FLOPs of one expert on its tokens: 2 x tokens per expert x mats x h x f / etp, where an expert
-    receives ep x tokens x top_k / E copies of its EP group, all-gathered over etp [MCore-a2a]."""
+    """Efficiency factor of the routed-expert GEMMs, as the dense small-GEMM term F / (F + half_efficiency).
+
+    An expert receives n = ep x tokens x top_k / E copies of its EP group, all-gathered over etp [MCore-a2a].
+    With a grouped GEMM [Grouped] the rank's E/ep local experts run as one kernel: F is the whole group's forward
+    FLOPs (2 x E/ep x n x mats x h x f / etp), and each expert's rows are padded to whole 128-row tiles, so
+    n / (ceil(n / 128) x 128) of the tiles' work is useful; without it (one GEMM per expert) F is one expert's."""
     m = scn.model
     moe = m.moe
     if moe is None:
@@ -90,7 +112,13 @@ def expert_gemm_size(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
     per_expert = pc.ep * pc.etp * moe_tokens_per_rank(scn, pc) * moe.top_k / moe.num_experts
     mats = 3.0 if m.mlp == "swiglu" else 2.0
     flops = 2.0 * per_expert * mats * m.hidden_size * moe.expert_ffn_hidden_size / pc.etp
-    return flops / (flops + cal.half_efficiency_gflop * 1e9)
+    if not scn.training.record.grouped_gemm:
+        return flops / (flops + cal.half_efficiency_gflop * 1e9)
+    local = np.maximum(1.0, moe.num_experts / pc.ep)
+    group = flops * local
+    rows = np.maximum(per_expert, 1e-9)
+    fill = rows / (np.ceil(rows / GEMM_TILE_ROWS) * GEMM_TILE_ROWS)
+    return group / (group + cal.half_efficiency_gflop * 1e9) * fill
 
 
 def moe_layer_fraction(scn: Scenario) -> float:
@@ -116,16 +144,104 @@ def routed_time_factor(scn: Scenario, pc: PlanColumns, cal: Calibration, dense_s
     return load_imbalance(scn, pc) * dense_size / np.maximum(expert_gemm_size(scn, pc, cal), 1e-12)
 
 
-def dispatch_s(scn: Scenario, pc: PlanColumns, cal: Calibration, token_bytes: Array) -> Array:
-    """Seconds of one MoE layer's token exchanges per micro-batch, forward + backward [MCore-a2a]: dispatch and
-    combine all-to-alls over ep (4 in all) of the rank's top_k token copies (x the busiest rank's imbalance),
-    and with etp > 1 the all-gather / reduce-scatter of the dispatched tokens over etp (4 in all).
-    `token_bytes`: bytes of one token's hidden state in the compute dtype."""
+def ep_nodes(scn: Scenario, cal: Calibration, pc: PlanColumns) -> Array:
+    """Nodes one EP group spans: ep / (its members per node)."""
+    link = ep_link(scn, cal, pc)
+    return np.maximum(1.0, link.n / link.per_node)
+
+
+def remote_nodes_per_token(scn: Scenario, cal: Calibration, pc: PlanColumns) -> Array:
+    """Expected number of other nodes a token's top_k experts sit on, when the router spreads tokens evenly.
+
+    The E experts lie E/N to a node over the N nodes of the EP group; a token picks top_k distinct experts, so a
+    given node holds none of them with probability C(E - E/N, k) / C(E, k) (hypergeometric), and the token reaches
+    (N - 1)(1 - that) other nodes on average. Group-limited routing (DeepSeek-V3 sec. 3.2.2, n_group / topk_group:
+    each token into at most `route_groups_per_token` groups, a group being E / route_groups experts) caps the nodes
+    at groups_per_token x (nodes a group spans, at least 1), its own node included."""
     moe = scn.model.moe
     if moe is None:
         return np.zeros(len(pc))
+    n_nodes = ep_nodes(scn, cal, pc)
+    e, k = float(moe.num_experts), moe.top_k
+    per_node = e / n_nodes
+    miss = np.ones(len(pc))
+    for i in range(k):  # C(E - E/N, k) / C(E, k) as a product of k ratios
+        miss = miss * np.maximum(0.0, e - per_node - i) / (e - i)
+    remote = (n_nodes - 1.0) * (1.0 - miss)
+    if moe.route_groups and moe.route_groups_per_token:
+        group_nodes = np.maximum(1.0, n_nodes / moe.route_groups)
+        remote = np.minimum(remote, np.maximum(0.0, moe.route_groups_per_token * group_nodes - 1.0))
+    return remote
+
+
+def dispatch_bytes_per_token(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
+    """(dispatch, combine) bytes of one token copy's hidden state on the wire.
+
+    Combine and both backward exchanges carry the compute dtype (fp32 plans 4 B, else bf16 2 B). The forward
+    dispatch is fp8 where the recipe quantises before dispatching: DeepSeek-V3 (report sec. 3.3.2, "we quantize the
+    activation before MoE up-projections into FP8 and then apply dispatch components") with DeepEP's fp8
+    dispatch (deep_ep Buffer.dispatch takes (fp8 x, per-128 scales)): h bytes + one fp32 scale per 128 values."""
+    h = float(scn.model.hidden_size)
+    dense = np.where(pc.fp32, 4.0, 2.0) * h
+    tr = scn.training
+    fp8_dispatch = tr.dispatcher == "deepep" and tr.fp8_recipe_used == "blockwise"
+    dispatch = np.where(pc.fp8 & fp8_dispatch, h * (1.0 + 4.0 / 128.0), dense)
+    return dispatch, dense
+
+
+def exchange_s(scn: Scenario, pc: PlanColumns, cal: Calibration, token_bytes: Array) -> Array:
+    """Seconds of one dispatch (or combine) of the rank's tokens over the EP group, all peers posted at once.
+
+    alltoall [Torch-a2a, MCore-a2a]: NCCL's all-to-all is a group of send/recv to every peer (ncclGroupStart ..
+    ncclGroupEnd), so the peers proceed together: one latency, then the copies for peers in the node over NVLink
+    and those for other nodes over the rank's NIC at the same time: max of the two.
+    deepep [DeepEP]: internode dispatch sends each token once per destination node over RDMA (to the GPU of the
+    same local index there), which forwards it over NVLink to the experts' GPUs: the NIC carries tokens x remote
+    nodes per token, NVLink the copies for other GPUs of each node; both run at once. Combine mirrors it."""
+    moe = scn.model.moe
+    if moe is None:
+        return np.zeros(len(pc))
+    link = ep_link(scn, cal, pc)
+    n, k_node = link.n, link.per_node
+    tokens = moe_tokens_per_rank(scn, pc) * load_imbalance(scn, pc)
+    copies = tokens * moe.top_k
+    nvl_a2a = copies * (k_node - 1.0) / n * token_bytes
+    nic_a2a = copies * (n - k_node) / n * token_bytes
+    if scn.training.dispatcher == "deepep":
+        nic = tokens * remote_nodes_per_token(scn, cal, pc) * token_bytes
+        nvl = copies * (k_node - 1.0) / k_node * token_bytes
+    else:
+        nic, nvl = nic_a2a, nvl_a2a
+    seconds = np.maximum(nvl / link.intra_bandwidth, nic / link.inter_bandwidth)
+    return np.where(n > 1, link.alpha + seconds, 0.0)
+
+
+def permute_s(scn: Scenario, pc: PlanColumns) -> Array:
+    """HBM seconds of one MoE layer's permute + unpermute, forward + backward, per micro-batch [MCore-permute]:
+    permute reads the T tokens and writes their T x top_k copies in expert order, unpermute reads the copies and
+    writes the weighted sum back: 2 T h (1 + top_k) elements moved forward, the same backward."""
+    moe = scn.model.moe
+    if moe is None:
+        return np.zeros(len(pc))
+    elem = np.where(pc.fp32, 4.0, 2.0)
+    tokens = moe_tokens_per_rank(scn, pc) * load_imbalance(scn, pc)
+    moved = 4.0 * tokens * scn.model.hidden_size * (1.0 + moe.top_k) * elem
+    return moved / (scn.cluster.gpu.hbm_tbps * 1e12)
+
+
+def dispatch_s(scn: Scenario, pc: PlanColumns, cal: Calibration, token_bytes: Array | None = None) -> Array:
+    """Seconds of one MoE layer's token exchanges per micro-batch, forward + backward [MCore-a2a]: dispatch and
+    combine over ep forward, their mirror images backward (exchange_s each, dispatch in its dtype), and with
+    etp > 1 the all-gather / reduce-scatter of the dispatched tokens over etp (4 in all). `token_bytes`: bytes of
+    one token's hidden state on the wire (default: dispatch_bytes_per_token)."""
+    moe = scn.model.moe
+    if moe is None:
+        return np.zeros(len(pc))
+    dispatch, combine = dispatch_bytes_per_token(scn, pc)
+    if token_bytes is not None:
+        dispatch = combine = np.asarray(token_bytes, dtype=np.float64)
+    a2a = exchange_s(scn, pc, cal, dispatch) + 3.0 * exchange_s(scn, pc, cal, combine)
     copies = moe_tokens_per_rank(scn, pc) * moe.top_k * load_imbalance(scn, pc)
-    a2a = 4.0 * all_to_all_s(ep_link(scn, cal, pc), copies * token_bytes)
     etp_link = group_link(scn.cluster, cal, pc.etp, 1.0)
-    gather = 4.0 * all_gather_s(etp_link, pc.etp * copies * token_bytes)
+    gather = 4.0 * all_gather_s(etp_link, pc.etp * copies * combine)
     return a2a + gather

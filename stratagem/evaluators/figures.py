@@ -53,9 +53,13 @@ class PlanFigures:
     recompute_s: Array
     """Extra forward compute for activation recomputation."""
     tp_comm_s: Array
-    """Exposed tensor-parallel and expert all-to-all communication."""
+    """Exposed tensor-parallel communication."""
     tp_hidden_s: Array
-    """Tensor-parallel communication hidden behind compute (async TP)."""
+    """Tensor-parallel communication pipelined with its GEMMs (TE userbuffers, async TP)."""
+    ep_comm_s: Array
+    """Exposed expert dispatch / combine communication."""
+    ep_hidden_s: Array
+    """Expert communication hidden behind another micro-batch's compute."""
     dp_comm_s: Array
     """Data-parallel traffic before overlap."""
     pp_comm_s: Array

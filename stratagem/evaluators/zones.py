@@ -37,7 +37,7 @@ from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["ZONE_NAMES", "LEVELS", "Threshold", "THRESHOLDS", "zone_columns", "build_zones", "measured_zones",
-           "bottleneck_label", "ALL_OK"]
+           "bottleneck_label", "ALL_OK", "group_placement", "placement_words"]
 
 Array = NDArray[np.float64]
 
@@ -128,14 +128,32 @@ def _hbm_sentence(mem: MemoryBreakdown, level: Level) -> str:
             f"({mem.block_gib(largest):.1f} GiB).")
 
 
-def _comm_sentence(scn: Scenario, plan: Plan, tm: TimeBreakdown, value: float) -> str:
-    exposed_dp = max(0.0, tm.exposed_comm_s - tm.tp_comm_s - tm.pp_comm_s - tm.cp_comm_s)
-    parts = {"TP": tm.tp_comm_s, "DP": exposed_dp, "PP": tm.pp_comm_s, "CP": tm.cp_comm_s}
-    shown = ", ".join(f"{k} {_pct(v / tm.step_s)}" for k, v in parts.items() if v / tm.step_s >= 0.005)
+def group_placement(scn: Scenario, plan: Plan) -> list[tuple[str, int, int]]:
+    """(group, size, nodes it spans) of every parallel group larger than 1, in the ranks' order (tp innermost,
+    then cp, dp, pp; the expert grid etp x ep re-partitions the tp x cp x dp ranks: evaluators/comm.py topology,
+    evaluators/experts.py): a group of n ranks `stride` apart has min(n, max(1, G / stride)) members per node."""
     g = scn.cluster.gpus_per_node
-    where = []
-    if plan.tp > 1:
-        where.append(f"TP group of {plan.tp} " + ("inside a node" if plan.tp <= g else f"spans {plan.tp // g} nodes"))
+    groups = [("TP", plan.tp, 1), ("CP", plan.cp, plan.tp), ("EP", plan.ep, plan.etp),
+              ("DP", plan.dp, plan.tp * plan.cp), ("PP", plan.pp, plan.tp * plan.cp * plan.dp)]
+    out = []
+    for name, n, stride in groups:
+        if n > 1:
+            per_node = min(n, max(1, g // stride))
+            out.append((name, n, max(1, -(-n // per_node)) if scn.cluster.num_nodes > 1 else 1))
+    return out
+
+
+def placement_words(scn: Scenario, plan: Plan) -> list[str]:
+    """`group_placement` in words: "EP 32 spans 4 nodes", "TP 8 inside a node"."""
+    return [f"{name} {n} " + ("inside a node" if nodes == 1 else f"spans {nodes} nodes")
+            for name, n, nodes in group_placement(scn, plan)]
+
+
+def _comm_sentence(scn: Scenario, plan: Plan, tm: TimeBreakdown, value: float) -> str:
+    exposed_dp = max(0.0, tm.exposed_comm_s - tm.tp_comm_s - tm.ep_comm_s - tm.pp_comm_s - tm.cp_comm_s)
+    parts = {"TP": tm.tp_comm_s, "EP": tm.ep_comm_s, "DP": exposed_dp, "PP": tm.pp_comm_s, "CP": tm.cp_comm_s}
+    shown = ", ".join(f"{k} {_pct(v / tm.step_s)}" for k, v in parts.items() if v / tm.step_s >= 0.005)
+    where = [w for w in placement_words(scn, plan) if not w.startswith(("DP", "PP"))]
     dp_group = plan.dp * plan.cp
     if dp_group > 1:
         hidden = tm.dp_comm_s - exposed_dp

@@ -45,6 +45,11 @@ class MoESpec(BaseModel):
     """Whether the router has a bias of one value per expert (gpt-oss; DeepSeek-V3's e_score_correction_bias)."""
     capacity_factor: float | None = Field(default=None, gt=0)
     """Tokens an expert may take, as a multiple of its even share (Switch/GShard); None: dropless."""
+    route_groups: int | None = Field(default=None, ge=1)
+    """Group-limited routing (DeepSeek-V3 n_group): the experts fall into this many equal groups."""
+    route_groups_per_token: int | None = Field(default=None, ge=1)
+    """Groups one token may route into (DeepSeek-V3 topk_group = 4: with one group per node, a token reaches at
+    most 4 nodes, DeepSeek-V3 report sec. 3.2.2); None: no limit."""
 
     @property
     def shared_ffn(self) -> int:
@@ -431,7 +436,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
                         v_head_dim=128),
             moe=MoESpec(num_experts=256, top_k=8, expert_ffn_hidden_size=2048, shared_experts=1,
-                        first_dense_layers=3, router_bias=True),
+                        first_dense_layers=3, router_bias=True, route_groups=8, route_groups_per_token=4),
         ),
         _llama(
             "qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, head_dim=128, qk_norm=True,

@@ -35,11 +35,17 @@ __all__ = [
     "Fp8Recipe",
     "FP8_RECIPES",
     "DtypeName",
+    "KernelPath",
+    "KERNEL_PATHS",
+    "Dispatcher",
 ]
 
 Fp8Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8"]
 FP8_RECIPES: tuple[Fp8Recipe, ...] = ("tensorwise", "rowwise", "blockwise", "mxfp8")
 DtypeName = Literal["fp32", "bf16"]
+KernelPath = Literal["eager", "compiled", "fused"]
+KERNEL_PATHS: tuple[KernelPath, ...] = ("eager", "compiled", "fused")
+Dispatcher = Literal["alltoall", "deepep"]
 OPTIMIZER = -1.0  # StateTerm.bytes_per_param placeholder: the optimizer's state bytes per parameter
 
 
@@ -137,6 +143,17 @@ class StackRecord(BaseModel):
     torchtitan async TP)."""
     p2p_overlap: bool
     """Whether pipeline sends/receives overlap compute (Megatron's --overlap-p2p-communication)."""
+    kernel_paths: tuple[KernelPath, ...] = ("eager",)
+    """Kernel paths the stack can run (TrainingSpec.kernels): eager ops, torch.compile'd ops, or Transformer
+    Engine's fused kernels; the first is the shipped default (compiled when training.compile is on)."""
+    moe_dispatchers: tuple[Dispatcher, ...] = ("alltoall",)
+    """MoE token dispatchers the stack ships (TrainingSpec.moe_dispatcher); the first is the default."""
+    ep_comm_overlap: bool = False
+    """Whether the stack can overlap the expert all-to-all with another micro-batch's compute (Megatron
+    --overlap-moe-expert-parallel-comm)."""
+    grouped_gemm: bool = False
+    """Whether the local experts run as one grouped GEMM (Megatron TEGroupedMLP, torchtitan torch._grouped_mm)
+    rather than one GEMM per expert."""
     # ---- capabilities ---------------------------------------------------------------------------------------
     schedules: tuple[str, ...]
     """Pipeline schedules the stack has (Plan.pp_schedule values)."""
@@ -226,6 +243,9 @@ _TORCH = StackRecord(
     compile_gain=1.16,
     tp_comm_overlap_default=False,
     p2p_overlap=False,
+    kernel_paths=("eager", "compiled"),
+    moe_dispatchers=("alltoall",),
+    grouped_gemm=True,
     schedules=("gpipe", "1f1b", "interleaved", "zero_bubble"),
     zero_stages=(0, 1, 2, 3),
     max_zero_with_pp=3,
@@ -267,6 +287,11 @@ _TORCH = StackRecord(
                              "(bench/throughput_accuracy.py)",
         "compile_gain": "measured: torchtitan Llama-3-8B eager -> compiled, 8 GPUs 5,762 -> 6,667 tok/s (x1.157), "
                         "128 GPUs 5,605 -> 6,514 (x1.162) (bench/reference published cases)",
+        "kernel_paths": "torchtitan job_config Compile.enable (torch.compile per TransformerBlock, "
+                        "parallelize_llama apply_compile); no Transformer Engine path",
+        "moe_dispatchers": "torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch: "
+                           "all_to_all_single_autograd over the ep group (NCCL all-to-all)",
+        "grouped_gemm": "torchtitan/models/moe/moe.py GroupedExperts: torch._grouped_mm over the local experts",
         "tp_comm_overlap_default": "torchtitan job_config Parallelism.enable_async_tensor_parallel (needs "
                                    "compile), default False",
     },
@@ -301,6 +326,10 @@ _MEGATRON = StackRecord(
     compile_gain=1.0,
     tp_comm_overlap_default=True,
     p2p_overlap=True,
+    kernel_paths=("fused",),
+    moe_dispatchers=("alltoall", "deepep"),
+    ep_comm_overlap=True,
+    grouped_gemm=True,
     schedules=("1f1b", "interleaved"),
     zero_stages=(0, 1, 3),
     max_zero_with_pp=1,
@@ -342,6 +371,14 @@ _MEGATRON = StackRecord(
         "recompute_modules": "megatron/core/transformer/transformer_config.py recompute_modules (with "
                              "--recompute-granularity selective)",
         "kernel_efficiency": "Transformer Engine fused kernels: the reference (1.0) of the efficiency ceilings",
+        "kernel_paths": "megatron/training/arguments.py --transformer-impl transformer_engine (the default)",
+        "moe_dispatchers": "megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher "
+                           "(--moe-token-dispatcher-type alltoall), MoEFlexTokenDispatcher with DeepEP "
+                           "(flex, --moe-enable-deepep)",
+        "ep_comm_overlap": "megatron/training/arguments.py --overlap-moe-expert-parallel-comm "
+                           "(megatron/core/pipeline_parallel/combined_1f1b.py: one micro-batch's all-to-all "
+                           "behind another's compute)",
+        "grouped_gemm": "megatron/core/transformer/moe/experts.py TEGroupedMLP (--moe-grouped-gemm)",
         "tp_comm_overlap_default": "megatron/training/arguments.py --tp-comm-overlap (TE userbuffers); the "
                                    "published Megatron throughput table runs with it",
     },

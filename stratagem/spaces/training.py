@@ -8,7 +8,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stratagem.errors import StratagemError
 from stratagem.spaces.plan import Precision
-from stratagem.spaces.stacks import FP8_RECIPES, DtypeName, Fp8Recipe, StackRecord, stack_record
+from stratagem.spaces.stacks import (
+    FP8_RECIPES,
+    Dispatcher,
+    DtypeName,
+    Fp8Recipe,
+    KernelPath,
+    StackRecord,
+    stack_record,
+)
 
 __all__ = ["CheckpointPolicy", "TrainingSpec", "Optimizer", "Stack"]
 
@@ -83,6 +91,17 @@ class TrainingSpec(BaseModel):
     fp8_recipe: Fp8Recipe | None = None
     """fp8 scaling recipe for plans in fp8: tensorwise, rowwise, blockwise, mxfp8 (Blackwell); None = the
     stack's first recipe (StackRecord.fp8_recipes)."""
+    kernels: KernelPath | None = None
+    """Kernel path of the layers: eager (PyTorch ops one by one), compiled (torch.compile fuses the elementwise
+    ops around the GEMMs) or fused (Transformer Engine); None = the stack's default (compiled when compile is on,
+    else StackRecord.kernel_paths[0]). Scales compute (evaluators.timing.compute_factors) and is printed by
+    `explain`."""
+    moe_dispatcher: Dispatcher | None = None
+    """MoE token dispatcher: alltoall (NCCL all-to-all over the ep group) or deepep (DeepEP: one RDMA copy per
+    destination node, forwarded over NVLink); None = the stack's default (StackRecord.moe_dispatchers[0])."""
+    ep_comm_overlap: bool | None = None
+    """Overlap the expert all-to-all with another micro-batch's compute (Megatron
+    --overlap-moe-expert-parallel-comm); None = off."""
 
     @model_validator(mode="after")
     def _settings_the_stack_has(self) -> TrainingSpec:
@@ -91,6 +110,21 @@ class TrainingSpec(BaseModel):
             raise StratagemError(
                 f"fp8_recipe ({self.fp8_recipe}): {rec.name} does not ship it ({rec.cite('fp8_recipes')}); "
                 f"use one of {', '.join(rec.fp8_recipes) or 'none (train in bf16)'}")
+        if self.kernels is not None and self.kernels not in rec.kernel_paths:
+            raise StratagemError(
+                f"training.kernels ({self.kernels}): {rec.name} runs {', '.join(rec.kernel_paths)} "
+                f"({rec.cite('kernel_paths') or rec.summary}); use one of them")
+        if self.kernels == "compiled" and self.compile is False:
+            raise StratagemError("training.kernels (compiled) needs torch.compile; set training.compile: true "
+                                 "or kernels: eager")
+        if self.moe_dispatcher is not None and self.moe_dispatcher not in rec.moe_dispatchers:
+            raise StratagemError(
+                f"training.moe_dispatcher ({self.moe_dispatcher}): {rec.name} ships "
+                f"{', '.join(rec.moe_dispatchers)} ({rec.cite('moe_dispatchers') or rec.summary})")
+        if self.ep_comm_overlap and not rec.ep_comm_overlap:
+            raise StratagemError(
+                f"training.ep_comm_overlap (true): {rec.name} does not overlap the expert all-to-all with "
+                "compute (Megatron's --overlap-moe-expert-parallel-comm has no counterpart); set it to false")
         if self.stack == "torch" and self.tp_comm_overlap and self.compile is False:
             raise StratagemError("tp_comm_overlap (true): torchtitan's async TP needs torch.compile "
                                  f"({rec.cite('tp_comm_overlap_default')}); set training.compile: true")
@@ -104,7 +138,28 @@ class TrainingSpec(BaseModel):
     @property
     def compile_on(self) -> bool:
         """Whether torch.compile runs (the setting, else the stack's default)."""
+        if self.compile is None and self.kernels == "compiled":
+            return True
         return self.record.compile_default if self.compile is None else self.compile
+
+    @property
+    def kernel_path(self) -> KernelPath:
+        """The kernel path that runs: the setting, else compiled when torch.compile is on and the stack has that
+        path, else the stack's first path."""
+        if self.kernels is not None:
+            return self.kernels
+        rec = self.record
+        return "compiled" if self.compile_on and "compiled" in rec.kernel_paths else rec.kernel_paths[0]
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The MoE token dispatcher (the setting, else the stack's default)."""
+        return self.moe_dispatcher or self.record.moe_dispatchers[0]
+
+    @property
+    def ep_overlap(self) -> bool:
+        """Whether the expert all-to-all overlaps another micro-batch's compute."""
+        return bool(self.ep_comm_overlap)
 
     @property
     def grad_bytes(self) -> float:

@@ -4,7 +4,7 @@ per-expert GEMM size, load imbalance."""
 import numpy as np
 import pytest
 
-from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate
+from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate, evaluate_many
 from stratagem.evaluators.experts import (
     dispatch_s,
     ep_link,
@@ -76,3 +76,69 @@ def test_etp_shrinks_expert_weights_and_moves_the_expert_shard() -> None:
 def test_stack_without_etp_refuses_it(stack: str) -> None:
     broken = violations(scenario(stack=stack), Plan(dp=16, ep=4, etp=2))
     assert any("etp" in v and stack in v for v in broken), broken
+
+
+# ---- issue 24 item 1: the expert all-to-all as the engines run it ----------------------------------------------
+def moe_scenario(model: str, gpus: int, dispatcher: str = "alltoall", **training) -> Scenario:
+    tr = {"seq_len": 4096, "global_batch_size": gpus, "stack": "megatron", "moe_dispatcher": dispatcher, **training}
+    return Scenario(model=MODEL_PRESETS[model], cluster=cluster_preset("h100-sxm-80g", gpus, 8), training=tr)
+
+
+def test_all_peers_are_posted_at_once() -> None:
+    # NCCL all-to-all = one group of send/recv to every peer: one latency, not (n-1); a tiny message costs ~alpha
+    from stratagem.evaluators.experts import exchange_s
+    scn = moe_scenario("mixtral-8x7b", 8)
+    pc = PlanColumns.from_plans([Plan(dp=8, ep=8)])
+    link = ep_link(scn, CAL, pc)
+    tiny = exchange_s(scn, pc, CAL, np.full(1, 1e-9))
+    assert tiny[0] == pytest.approx(link.alpha[0], rel=1e-6)
+
+
+def test_deepep_sends_each_token_once_per_node_and_deepseek_caps_the_nodes() -> None:
+    from stratagem.evaluators.experts import remote_nodes_per_token
+    pc = PlanColumns.from_plans([Plan(dp=64, ep=64)])
+    free = moe_scenario("qwen3-235b-a22b", 64)  # 128 experts, top-8, over 8 nodes
+    # hypergeometric: P(a node holds none of the 8) = C(112, 8) / C(128, 8)
+    miss = np.prod([(112 - i) / (128 - i) for i in range(8)])
+    assert remote_nodes_per_token(free, CAL, pc)[0] == pytest.approx(7 * (1 - miss))
+    assert remote_nodes_per_token(free, CAL, pc)[0] < 8 * 56 / 64  # fewer than the copies NCCL sends off-node
+    dsv3 = moe_scenario("deepseek-v3", 64)  # n_group 8, topk_group 4: at most 4 nodes, 3 of them remote
+    assert remote_nodes_per_token(dsv3, CAL, pc)[0] == pytest.approx(3.0)
+    a2a = dispatch_s(moe_scenario("deepseek-v3", 64), pc, CAL)[0]
+    deepep = dispatch_s(moe_scenario("deepseek-v3", 64, "deepep"), pc, CAL)[0]
+    assert deepep < 0.6 * a2a  # node de-duplication: 3 RDMA copies per token instead of 7 of 8
+
+
+def test_fp8_dispatch_only_where_the_recipe_quantises_before_dispatch() -> None:
+    from stratagem.evaluators.experts import dispatch_bytes_per_token
+    pc = PlanColumns.from_plans([Plan(dp=64, ep=64, precision="fp8")])
+    blockwise = moe_scenario("deepseek-v3", 64, "deepep", fp8_recipe="blockwise")
+    tensorwise = moe_scenario("deepseek-v3", 64, "deepep", fp8_recipe="tensorwise")
+    assert dispatch_bytes_per_token(blockwise, pc)[0][0] == pytest.approx(7168 * (1 + 4 / 128))
+    assert dispatch_bytes_per_token(tensorwise, pc)[0][0] == 7168 * 2
+    assert dispatch_bytes_per_token(blockwise, pc)[1][0] == 7168 * 2  # combine stays bf16
+
+
+def test_ep_comm_is_its_own_line_and_overlap_hides_it() -> None:
+    pc = [Plan(dp=64, ep=32, pp=1, micro_batch_size=1)]
+    scn = moe_scenario("qwen3-30b-a3b", 64, "deepep", global_batch_size=512)  # 8 micro-batches: 7 paired
+    base = evaluate_many(scn, pc)
+    assert base.tp_comm_s[0] == 0 and base.ep_comm_s[0] > 0 and base.ep_hidden_s[0] == 0
+    over = evaluate_many(moe_scenario("qwen3-30b-a3b", 64, "deepep", ep_comm_overlap=True, global_batch_size=512), pc)
+    # one micro-batch alone has no partner to hide behind (combined_1f1b pairs a forward with another's backward)
+    alone = evaluate_many(moe_scenario("qwen3-30b-a3b", 64, "deepep", ep_comm_overlap=True), pc)
+    assert alone.ep_hidden_s[0] == 0
+    assert over.ep_comm_s[0] < base.ep_comm_s[0] and over.ep_hidden_s[0] > 0
+    dense = evaluate_many(Scenario(model=MODEL_PRESETS["llama3-8b"], cluster=cluster_preset("h100-sxm-80g", 8),
+                                   training={"seq_len": 4096, "global_batch_size": 8}), [Plan(dp=8)])
+    assert dense.ep_comm_s[0] == 0
+
+
+def test_grouped_gemm_pads_each_expert_to_whole_tiles() -> None:
+    scn = moe_scenario("qwen3-30b-a3b", 8)
+    # ep8: n = 8 x 4096 x 8 / 128 = 2048 rows per expert: whole tiles; mbs 1 with cp... fewer rows pad more
+    full = expert_gemm_size(scn, PlanColumns.from_plans([Plan(dp=8, ep=8)]), CAL)[0]
+    padded = expert_gemm_size(moe_scenario("qwen3-30b-a3b", 8, seq_len=100),
+                              PlanColumns.from_plans([Plan(dp=8, ep=8)]), CAL)[0]
+    rows = 8 * 100 * 8 / 128  # 50 rows in a 128-row tile
+    assert padded < full * rows / 128 * 1.0001

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stratagem.evaluators import evaluate_many
+from stratagem.errors import StratagemError
+from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate_many
 from stratagem.evaluators.timing import clock_factor, fp8_linear_speedup, speed_terms
 from stratagem.spaces import GPU_PRESETS, Plan, Scenario, SearchConfig, SearchSpace, scenario_from_dict
 from stratagem.spaces.columns import PlanColumns
@@ -151,5 +152,33 @@ def test_tp_overlap_only_where_the_stack_overlaps() -> None:
 def test_explain_terms_name_every_compute_factor() -> None:
     s = scn(8, compile=True)
     names = [t.name for t in speed_terms(s, "fp8")]
-    assert names == ["kernels", "compile", "clock", "fp8_linears", "tp_overlap"]
+    assert names == ["kernels", "clock", "fp8_linears", "fp8_casts", "tp_overlap"]
     assert all(t.source for t in speed_terms(s, "fp8"))
+
+
+def test_tp_overlap_is_bounded_by_the_chunked_pipeline() -> None:
+    # TE userbuffers / async TP cut the collective and its GEMM into tp chunks: at least comm/tp stays exposed,
+    # and nothing is hidden without sequence parallelism (Megatron --tp-comm-overlap needs it)
+    from stratagem.evaluators.step_terms import step_context, tp_layer_s
+    meg = scn(8, stack="megatron")
+    pcs = PlanColumns.from_plans([Plan(dp=1, tp=8, sequence_parallel=True), Plan(dp=1, tp=8)])
+    exposed, total = tp_layer_s(step_context(meg, pcs, DEFAULT_CALIBRATION))
+    assert exposed[0] >= total[0] / 8 * (1 - 1e-12) and exposed[0] < total[0]
+    assert exposed[1] == total[1]
+
+
+def test_full_recompute_repeats_the_forward_collectives() -> None:
+    s = scn(8, stack="megatron", tp_comm_overlap=False)
+    c = evaluate_many(s, [Plan(dp=1, tp=8, sequence_parallel=True),
+                          Plan(dp=1, tp=8, sequence_parallel=True, activation_checkpointing="full")])
+    assert c.tp_comm_s[1] / c.tp_comm_s[0] == pytest.approx(6 / 4)
+
+
+def test_kernel_path_is_a_setting_with_each_stacks_default() -> None:
+    from stratagem.evaluators.speed import kernel_efficiency
+    torch_eager, torch_compiled = scn(8), scn(8, kernels="compiled")
+    assert torch_eager.training.kernel_path == "eager" and torch_compiled.training.compile_on
+    assert kernel_efficiency(torch_compiled) == pytest.approx(0.70 * 1.16)
+    assert scn(8, stack="megatron").training.kernel_path == "fused"
+    with pytest.raises(StratagemError, match="training.kernels"):
+        scn(8, stack="torch", kernels="fused")

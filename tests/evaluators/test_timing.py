@@ -108,8 +108,9 @@ def test_compute_terms(llama8b: Scenario) -> None:
     assert 0.25 < c.recompute_s[1] / c.compute_s[1] < 0.34
     # Selective recompute is elementwise work only (memory-bound), a small fraction.
     assert 0 < c.recompute_s[3] < 0.03 * c.compute_s[3]
-    # torchao's fp8 casts unfused (torch stack, compile off by default): no gain on the linears.
-    assert c.compute_s[2] == pytest.approx(c.compute_s[0])
+    # torchao's fp8 casts unfused (torch stack, compile off by default): each cast op goes over HBM (33 B/element
+    # eager against 5 fused, evaluators.speed): eager fp8 does not tie bf16 (issue 22 item 2), it is slower here.
+    assert c.compute_s[2] > c.compute_s[0] * 1.02
     # Compiled: fp8 speeds up the linear layers only, not attention: faster, but by less than the linear speedup.
     compiled = llama8b.model_copy(update={"training": llama8b.training.model_copy(update={"compile": True})})
     cc = cols(compiled, base, base.model_copy(update={"precision": "fp8"}))

@@ -57,7 +57,7 @@ def test_evaluation_zones_and_sentences() -> None:
     assert fits.zones is not None and fits.time is not None
     comm = fits.zones.communication
     assert comm.value == pytest.approx(fits.time.exposed_comm_s / fits.time.step_s)
-    assert "TP group of 8 inside a node" in comm.sentence
+    assert "TP 8 inside a node" in comm.sentence
     assert "No pipeline parallelism" in fits.zones.bubbles.sentence
     assert "goodput loss" in fits.zones.checkpoint.sentence
     piped = evaluate(scn, Plan(dp=1, tp=2, pp=4, sequence_parallel=True, activation_checkpointing="full"))

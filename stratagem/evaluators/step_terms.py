@@ -1,0 +1,249 @@
+"""The per-mechanism terms of the step time, each a vectorised function of a `StepContext` (the plan columns with
+what every term shares: tokens per rank, layers of the slowest rank, compute rates). evaluators.timing composes
+them; each term follows its engine and names it.
+
+Sources:
+  [MLM-TP] Shoeybi et al. 2019, sec. 3: 2 all-reduces forward + 2 backward per layer; Korthikanti et al. 2022
+           sec. 4.2.2: with sequence parallelism all-gather + reduce-scatter, same volume.
+  [TE-UB]  TransformerEngine transformer_engine/pytorch/module/base.py initialize_ub / cpp userbuffers
+           (split_pipelined AG+GEMM, GEMM+RS; ring-exchange): the GEMM and its collective are cut into tp chunks
+           and chunk i's transfer runs under chunk i-1's GEMM; Megatron --tp-comm-overlap (needs sequence
+           parallelism). [AsyncTP] torch/distributed/_symmetric_memory/__init__.py fused_all_gather_matmul /
+           fused_matmul_reduce_scatter: the same micro-pipeline over tp shards (torchtitan async TP, compiled).
+  [FA2]    Dao 2023, sec. 4.1: causal attention does half the work; backward = 2.5x forward.
+  [NT-P2P] huggingface/nanotron nouamane/bench2 src/nanotron/parallel/pipeline_parallel/p2p.py: two metadata
+           tensors per transfer, each awaited by `while not work.is_completed(): time.sleep(0.1)`.
+  [A2A-ov] megatron/core/pipeline_parallel/combined_1f1b.py (--overlap-moe-expert-parallel-comm): the forward of
+           one micro-batch runs with the backward of another, each one's dispatch / combine under the other's
+           compute; the first forward and last backward of each rank (its warm-up / cool-down) have no partner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.comm import all_gather_s, all_reduce_s, group_link, p2p_s
+from stratagem.evaluators.experts import (
+    dispatch_s,
+    moe_layer_fraction,
+    permute_s,
+    routed_matmul_per_layer,
+    routed_time_factor,
+)
+from stratagem.evaluators.memory import recomputed_layers
+from stratagem.evaluators.schedules import p2p_hidden
+from stratagem.evaluators.speed import (
+    EAGER_CAST_BYTES,
+    FUSED_CAST_BYTES,
+    compute_factors,
+    fp8_casts_fused,
+    fp8_linear_speedup,
+)
+from stratagem.evaluators.stages import StageColumns, slowest_rank_s, stage_columns
+from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.model import ModelSpec
+from stratagem.spaces.scenario import Scenario
+
+__all__ = [
+    "StepContext",
+    "step_context",
+    "matmul_params_per_layer",
+    "fp8_cast_elements",
+    "recompute_per_layer",
+    "forward_repeats",
+    "tp_layer_s",
+    "ep_layer_s",
+    "cp_layer_s",
+    "pp_micro_batch_s",
+    "pipeline_poll_s",
+]
+
+Array = NDArray[np.float64]
+
+
+def matmul_params_per_layer(m: ModelSpec) -> float:
+    """Weights one token multiplies through in one layer: attention Q,K,V,O + the active MLP (top_k experts
+    and the router for MoE), averaged over layers (ModelSpec.layer_matmul_params)."""
+    return m.mean_matmul_params_per_layer()
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What the terms share, per plan (one micro-batch on the slowest rank unless said)."""
+
+    scn: Scenario
+    pc: PlanColumns
+    cal: Calibration
+    act_bytes: Array
+    """Bytes of one activation element (fp32 4, else 2)."""
+    micro: Array
+    """Micro-batches per step per pipeline."""
+    tokens: Array
+    """Tokens of one micro-batch on one rank (s / cp x b)."""
+    st: StageColumns
+    layers: Array
+    """Layers of the most loaded rank."""
+    mm_rate: Array
+    """Achieved matmul FLOP/s (fp8 GEMM speed-up included)."""
+    layer_mm: Array
+    """Forward matmul FLOPs of one layer per rank, timed at mm_rate (routed experts' imbalance and GEMM size in)."""
+    fwd_layer: Array
+    """Forward seconds of one layer."""
+    fwd_bwd_layer: Array
+    """Forward + backward seconds of one layer (backward 2x matmul, 2.5x attention [FA2]), fp8 casts and the
+    MoE permute included."""
+    compute_mb: Array
+    """Forward + backward seconds of the slowest rank (its layers, the head on the last)."""
+    activation: Array
+    """Bytes of one layer's b s h activation on a rank."""
+
+
+def fp8_cast_elements(m: ModelSpec, tokens: Array, tp: Array) -> Array:
+    """Elements one layer's fp8 linears cast per micro-batch on a rank, forward + backward [torchao-f8 in
+    evaluators.speed]: each converted nn.Linear casts its input twice (forward GEMM, weight-gradient GEMM), its
+    output gradient twice (input- and weight-gradient GEMMs) and its weight twice (forward, input gradient).
+    Converted: Q, K, V, O and the dense or shared-expert MLP (routed experts are grouped GEMMs torchao's Float8Linear
+    does not convert)."""
+    h, q, kv = float(m.hidden_size), float(m.q_size), float(m.kv_size)
+    moe = m.moe
+    share = m.num_moe_layers() / m.num_layers if moe is not None else 0.0
+    f_shared = float(moe.shared_experts * moe.shared_ffn) if moe is not None else 0.0
+    f = (1.0 - share) * float(m.ffn_hidden_size) + share * f_shared
+    mlp_in = 2.0 * h + f if f > 0 else 0.0
+    mlp_out = 2.0 * f + h if f > 0 else 0.0
+    per_token = 3.0 * h + q + mlp_in + (q + 2.0 * kv + h) + mlp_out
+    weights = h * (q + 2.0 * kv) + q * h + 3.0 * h * f
+    return (2.0 * tokens * per_token + 2.0 * weights) / tp
+
+
+def step_context(scn: Scenario, pc: PlanColumns, cal: Calibration) -> StepContext:
+    """The shared columns of `scn` x `pc` (compute of one micro-batch on the most loaded rank)."""
+    m, tr, gpu = scn.model, scn.training, scn.cluster.gpu
+    t, p, c = pc.tp, pc.pp, pc.cp
+    act_bytes = np.where(pc.fp32, 4.0, 2.0)
+    micro = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
+    tokens = pc.micro_batch_size * tr.seq_len / c
+    peak_bf16 = gpu.peak_tflops("bf16") * 1e12
+    peak = np.where(pc.fp32, gpu.peak_tflops("fp32") * 1e12, peak_bf16)
+    peak_mm = np.where(pc.fp8, peak_bf16 * fp8_linear_speedup(scn), peak)  # fp8: the linear layers only
+    layer_mm = 2.0 * tokens * matmul_params_per_layer(m) / t
+    layer_attn = tokens * m.attention_flops_per_token(tr.seq_len) / t  # causal flash forward [FA2]
+    head_mm = 2.0 * tokens * m.vocab_size * m.hidden_size / t
+    size = layer_mm / (layer_mm + cal.half_efficiency_gflop * 1e9)  # small per-GPU matmuls run less efficiently
+    f = compute_factors(scn)  # kernel path x clock: explicit, printed by `explain`
+    mm_rate = peak_mm * cal.matmul_efficiency * f["kernels"] * f["clock"] * size
+    attn_rate = peak * cal.attention_efficiency * f["kernels"] * f["clock"] * size
+    routed_mm = 2.0 * tokens * routed_matmul_per_layer(scn) / t  # routed experts (evaluators/experts.py)
+    layer_mm = layer_mm + routed_mm * (routed_time_factor(scn, pc, cal, size) - 1.0)
+    # eager fp8 (torchao without compile): each cast's extra HBM passes over the fused ones (evaluators.speed)
+    extra = 0.0 if fp8_casts_fused(scn) else EAGER_CAST_BYTES - FUSED_CAST_BYTES
+    casts = np.where(pc.fp8, fp8_cast_elements(m, tokens, t) * extra / (gpu.hbm_tbps * 1e12), 0.0)
+    # token permute / unpermute around the experts, HBM-bound (experts.permute_s), on MoE layers
+    permute = moe_layer_fraction(scn) * permute_s(scn, pc)
+    st = stage_columns(m, pc)  # evaluators/stages.py: the slowest rank decides (the last one also runs the head)
+    layers = np.maximum(np.maximum(st.first_layers, st.middle_layers), st.last_layers)
+    fwd_layer = layer_mm / mm_rate + layer_attn / attn_rate
+    fwd_bwd_layer = 3.0 * layer_mm / mm_rate + 3.5 * layer_attn / attn_rate + casts + permute
+    compute_mb = slowest_rank_s(st, p, fwd_bwd_layer, 3.0 * head_mm / mm_rate)
+    return StepContext(scn=scn, pc=pc, cal=cal, act_bytes=act_bytes, micro=micro, tokens=tokens, st=st,
+                       layers=layers, mm_rate=mm_rate, layer_mm=layer_mm, fwd_layer=fwd_layer,
+                       fwd_bwd_layer=fwd_bwd_layer, compute_mb=compute_mb,
+                       activation=tokens * m.hidden_size * act_bytes)
+
+
+def recompute_per_layer(ctx: StepContext) -> Array:
+    """Recompute seconds of one layer per micro-batch: full = one more forward; selective (memory.py's
+    definition: the MLP activation recomputed from the saved gate/up projections) = elementwise work over HBM
+    (read + write the dropped tensors: SwiGLU silu(g) and silu(g)*u, GELU gelu(x)); op (torchtitan's op-level
+    policy, memory.py `op_layer_elements`) = every second matmul (wk, wo, w3 / fc2) + the selective work."""
+    m, pc, gpu = ctx.scn.model, ctx.pc, ctx.scn.cluster.gpu
+    t = pc.tp
+    ffn = float(m.moe.expert_ffn_hidden_size * m.moe.top_k if m.moe else m.ffn_hidden_size)
+    dropped = 4.0 if m.mlp == "swiglu" else 2.0
+    selective = dropped * ctx.tokens * ffn / t * ctx.act_bytes / (gpu.hbm_tbps * 1e12)
+    op_mm = 2.0 * ctx.tokens * (m.hidden_size * m.kv_size + m.q_size * m.hidden_size + m.hidden_size * ffn) / t
+    return np.select([pc.recompute_is("full"), pc.recompute_is("selective"), pc.recompute_is("op")],
+                     [ctx.fwd_layer, selective, op_mm / ctx.mm_rate + selective], 0.0)
+
+
+def recompute_mb(ctx: StepContext) -> Array:
+    """Recompute seconds per micro-batch on the slowest rank (partial recompute: recompute_layers per chunk)."""
+    return recomputed_layers(ctx.pc, ctx.layers) * recompute_per_layer(ctx)
+
+
+def forward_repeats(ctx: StepContext) -> Array:
+    """Share of the slowest rank's layers whose forward runs twice (full recompute re-runs the forward with its
+    collectives: Megatron CheckpointFunction / torch.utils.checkpoint re-execute the module, all-gathers,
+    reduce-scatters and all-to-alls included)."""
+    full = ctx.pc.recompute_is("full")
+    return np.where(full, recomputed_layers(ctx.pc, ctx.layers) / ctx.layers, 0.0)
+
+
+def tp_layer_s(ctx: StepContext) -> tuple[Array, Array]:
+    """(exposed, total) seconds of one layer's TP collectives per micro-batch: 4 all-reduces of the b s h
+    activation [MLM-TP], 2 more on layers whose forward is recomputed (forward_repeats). Where the stack pipelines them with their GEMMs [TE-UB, AsyncTP] (training.tp_overlap,
+    with sequence parallelism), each collective and the GEMM it feeds (forward and input-gradient GEMMs: 2x the
+    forward matmuls) run in tp chunks: max(comm, gemm) + min(comm, gemm) / tp, of which the GEMM is the rest."""
+    scn, pc, cal = ctx.scn, ctx.pc, ctx.cal
+    link = group_link(scn.cluster, cal, pc.tp, 1.0)
+    total = (4.0 + 2.0 * forward_repeats(ctx)) * all_reduce_s(link, ctx.activation)
+    if not scn.training.tp_overlap:
+        return total, total
+    gemm = 2.0 * ctx.layer_mm / ctx.mm_rate
+    pipelined = np.maximum(0.0, total - gemm) + np.minimum(total, gemm) / pc.tp
+    return np.where(pc.sequence_parallel > 0, pipelined, total), total
+
+
+def ep_layer_s(ctx: StepContext, layer_compute: Array) -> tuple[Array, Array]:
+    """(exposed, total) seconds of one layer's expert token exchanges per micro-batch (experts.dispatch_s, averaged
+    over layers by the MoE share; a recomputed forward dispatches and combines again). With the stack's EP overlap (training.ep_comm_overlap) [A2A-ov] each exchange
+    hides behind the partner micro-batch's compute of the same layer, except on the micro-batches without a partner
+    (min(m, p) of the m: the warm-up / cool-down ones)."""
+    scn, pc = ctx.scn, ctx.pc
+    total = moe_layer_fraction(scn) * dispatch_s(scn, pc, ctx.cal) * (1.0 + 0.5 * forward_repeats(ctx))
+    if not scn.training.ep_overlap:
+        return total, total
+    paired = np.maximum(0.0, ctx.micro - np.minimum(ctx.micro, pc.pp)) / ctx.micro
+    hidden = np.maximum(0.0, total - ctx.cal.overlap * layer_compute)
+    return paired * hidden + (1.0 - paired) * total, total
+
+
+def cp_layer_s(ctx: StepContext) -> Array:
+    """Context parallel per layer per micro-batch: K and V of the local chunk gathered forward, again backward, and
+    their gradients reduce-scattered: 3 ring passes of cp x local KV, one more where the forward is recomputed."""
+    scn, pc = ctx.scn, ctx.pc
+    link = group_link(scn.cluster, ctx.cal, pc.cp, pc.tp)
+    kv_local = ctx.tokens * scn.model.kv_per_token() * ctx.act_bytes
+    return (3.0 + forward_repeats(ctx)) * all_gather_s(link, pc.cp * kv_local)
+
+
+def pipeline_poll_s(pp: Array, tp: Array, virtual: Array, quantum: float) -> Array:
+    """Host time per micro-batch a pipeline rank spends polling P2P metadata messages [NT-P2P] (0 if quantum = 0).
+
+    Each activation or gradient send and receive is preceded by 2 metadata messages, each awaited in a poll loop
+    that checks once, then sleeps `quantum` between checks. Per micro-batch and model chunk a first or last stage
+    sends once and receives once: 4 messages; a middle stage (p > 2) 8. A message costs at least one quantum on the
+    side that posts it last, and the side that posted first notices completion at its next check, a uniform phase
+    within the quantum; the t tensor-parallel ranks of a stage wait for the latest of t phases, E[max of t
+    uniforms] = t / (t + 1) quantum. Per micro-batch: messages x quantum x (1 + t / (t + 1)).
+    """
+    messages = np.where(pp > 2, 8.0, 4.0) * virtual
+    return np.where(pp > 1, messages * quantum * (1.0 + tp / (tp + 1.0)), 0.0)
+
+
+def pp_micro_batch_s(ctx: StepContext) -> Array:
+    """Exposed pipeline P2P seconds per micro-batch: each model chunk sends its output forward and receives a
+    gradient backward (with sequence parallelism the boundary tensor is sharded over tp); hidden behind the
+    micro-batch's compute where the stack and the schedule overlap P2P (evaluators.schedules.p2p_hidden); plus
+    host polling [NT-P2P]."""
+    scn, pc, cal = ctx.scn, ctx.pc, ctx.cal
+    link = group_link(scn.cluster, cal, pc.pp, pc.tp * pc.cp * pc.dp)
+    boundary = ctx.activation / np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
+    sends = 2.0 * pc.virtual_stages * p2p_s(link, boundary, pc.pp > 1)
+    hidden = p2p_hidden(pc, scn.training.record.p2p_overlap)
+    sends = np.where(hidden, np.maximum(0.0, sends - cal.overlap * ctx.compute_mb), sends)
+    return sends + pipeline_poll_s(pc.pp, pc.tp, pc.virtual_stages, cal.p2p_poll_s)
