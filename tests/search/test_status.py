@@ -86,3 +86,34 @@ def test_status_on_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
         res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
         assert res.exit_code != 0 and "not found" in str(res.exception)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_status_watch_waits_out_a_database_outage(fresh_postgres, postgres_outage) -> None:
+    """`status --watch` through a PostgreSQL restart: one line when the outage starts, one when it ends, and
+    it keeps printing (issue 27 item 2); Ctrl-C ends it with exit 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from stratagem.search.records import DIRECTIONS
+
+    optuna.create_study(storage=open_storage(parse_storage(fresh_postgres)), study_name="w",
+                        directions=list(DIRECTIONS))
+    watch = subprocess.Popen([sys.executable, "-m", "stratagem.cli", "status", "--storage", fresh_postgres,
+                              "--study", "w", "--watch", "--interval", "1", "--json"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)  # started, printed
+        postgres_outage(6.0)
+        time.sleep(4)
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+    assert watch.returncode == 0, err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and "unreachable (" in lines[0] and "until it answers" in lines[0], lines
+    assert "reachable again after" in lines[1], lines
+    assert len(out.strip().splitlines()) >= 3 and all(json.loads(x)["study"] == "w" for x in out.splitlines())
