@@ -1,7 +1,7 @@
 """A throw-away PostgreSQL server for the storage, concurrency and claims tests (`postgres_url`).
 
-Started once per session when it can be: Debian's server binaries (/usr/lib/postgresql/*/bin; as root they are
-installed with apt-get when missing), `initdb --auth=trust` into a temp dir owned by the postgres user, `pg_ctl
+Started once per session when it can be: Debian's server binaries (/usr/lib/postgresql/*/bin; `make postgres`
+installs them as root; a test never runs apt), `initdb --auth=trust` into a temp dir owned by the postgres user, `pg_ctl
 start` on a free port listening on 127.0.0.1 only, stopped and removed at the end. Otherwise the tests that need
 it skip saying why (no driver: pip install 'stratagem[postgres]'; no server binaries and not root).
 """
@@ -25,18 +25,6 @@ def _bin_dir() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
-def _install() -> str | None:
-    """Install Debian's postgresql as root; the reason it could not, or None."""
-    if os.geteuid() != 0:
-        return "PostgreSQL server binaries not found and not root (apt-get install postgresql)"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "postgresql"]):
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            return f"apt-get install postgresql failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}"
-    return None
-
-
 def _as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
@@ -50,10 +38,7 @@ def postgres_url() -> Iterator[str]:
         pytest.skip("no PostgreSQL driver: pip install 'stratagem[postgres]'")
     bindir = _bin_dir()
     if bindir is None:
-        why = _install()
-        bindir = _bin_dir()
-        if bindir is None:
-            pytest.skip(why or "PostgreSQL server binaries not found after installing")
+        pytest.skip("PostgreSQL server binaries not found: `make postgres` (as root) installs Debian's postgresql")
     root = Path(tempfile.mkdtemp(prefix="stratagem-pg-"))
     data = root / "data"
     if os.geteuid() == 0:
