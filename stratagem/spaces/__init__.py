@@ -1,5 +1,6 @@
 """What can be tried: model, hardware, training and plan specs, validity rules."""
 
+from stratagem.spaces.canonical import Job, canonical_plan, job_description
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.hardware import GPU_PRESETS, ClusterSpec, GPUSpec, cluster_preset, gpu_preset
 from stratagem.spaces.model import MODEL_PRESETS, MLASpec, ModelSpec, MoESpec, model_preset
@@ -10,6 +11,7 @@ from stratagem.spaces.space import AXES, IntRange, SearchConfig, SearchSpace
 from stratagem.spaces.training import CheckpointPolicy, TrainingSpec
 
 __all__ = [
+    "Job", "canonical_plan", "job_description",
     "PlanColumns",
     "GPU_PRESETS", "ClusterSpec", "GPUSpec", "cluster_preset", "gpu_preset",
     "MODEL_PRESETS", "MLASpec", "ModelSpec", "MoESpec", "model_preset",
