@@ -127,9 +127,12 @@ def reproduce_cmd(
         table.add_column(col, justify="left" if col in ("metric", "") else "right")
     for row in rep.rows:
         flag = "[red]beyond noise" if row.flagged else "[green]ok"
-        table.add_row(row.metric, f"{row.recorded:.4g}", f"{row.now:.4g}", f"{row.rel_diff:+.1%}",
+        # step time / tokens/s: median (95 % interval, steps); the band is where the intervals still overlap
+        table.add_row(row.metric, row.band("recorded"), row.band("now"), f"{row.rel_diff:+.1%}",
                       f"±{row.threshold:.1%}", flag)
     console.print(table)
+    if rep.load_note:
+        console.print(rep.load_note, markup=False)
     console.print("losses: " + ("[green]identical trajectory" if rep.losses_match else "[red]differ"))
     console.print("[green]reproduced" if rep.reproduced else "[red]not reproduced")
     if not rep.reproduced:

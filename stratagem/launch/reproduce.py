@@ -86,6 +86,17 @@ class Reproduction:
     losses_match: bool | None = None
     """Same loss trajectory (to 1e-5 relative), None when not comparable."""
     log_dir: str = ""
+    host_load: tuple[float | None, float | None] = (None, None)
+    """The host's 1-minute load average during the timed steps, recorded and now (a CPU host's steps stretch
+    with load: harness.budget's measurements), None where the result has none."""
+
+    @property
+    def load_note(self) -> str:
+        """`host load: recorded 7.8, now 26.1` when either run recorded it, else ''."""
+        if self.host_load == (None, None):
+            return ""
+        rec, now = ("?" if x is None else f"{x:.1f}" for x in self.host_load)
+        return f"host load (1-min average during the timed steps): recorded {rec}, now {now}"
 
     @property
     def reproduced(self) -> bool:
@@ -219,4 +230,9 @@ def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | 
     if env:
         return Reproduction(number, format_plan(plan), env, log_dir=log_dir)
     rows, match = compare_results(recorded, now, study_scenario(study).model)
-    return Reproduction(number, format_plan(plan), [], rows, match, log_dir)
+    return Reproduction(number, format_plan(plan), [], rows, match, log_dir, (_load(recorded), _load(now)))
+
+
+def _load(result: HarnessResult) -> float | None:
+    """The larger of the two load averages a result recorded around its timed steps."""
+    return max(result.host_load) if result.host_load else None

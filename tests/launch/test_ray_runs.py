@@ -322,3 +322,19 @@ def test_run_folder_names_do_not_nest() -> None:
 
     assert run_folder_name("dp2 pp2 split2/- mb2-1a2b3c") == "dp2_pp2_split2_-_mb2-1a2b3c"
     assert run_folder_name("../../etc") == "_.._etc" and run_folder_name("/") == "_"
+
+
+def test_a_published_raylet_error_is_one_plain_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27 item 8: Ray prints a dead raylet's log tail (ANSI-coloured) into the driver's output; the runner
+    makes it one plain line on stderr."""
+    import ray._private.worker as ray_worker
+
+    from stratagem.launch.runners.ray_runner import quiet_driver_errors
+
+    assert quiet_driver_errors() and quiet_driver_errors()  # idempotent
+    dump = ("\x1b[33mRaylet is terminated. Termination is unexpected.\x1b[0m Last 20 lines of the Raylet logs:\n"
+            + "\n".join(f"    [2026-12-01 10:00:{i:02d}] \x1b[36mstate dump line {i}\x1b[0m" for i in range(34)))
+    ray_worker.print_to_stdstream({"lines": [dump], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        "ray: Raylet is terminated. Termination is unexpected. Last 20 lines of the Raylet logs:"]

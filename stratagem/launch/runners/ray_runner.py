@@ -60,7 +60,8 @@ from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_layout", "exit_fault_reason",
-           "run_folder_name", "reap_rank_dirs"]
+           "run_folder_name", "reap_rank_dirs",
+           "quiet_driver_errors"]
 
 RunStatus = Literal["ok", "oom", "failed", "timeout", "infra"]
 _TAIL_LINES = 20
@@ -226,6 +227,7 @@ class RayRunner:
         self.resource_wait_s = resource_wait_s
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth: not needed locally
         self._connected = not ray.is_initialized()  # we called ray.init, so we disconnect at shutdown
+        quiet_driver_errors()
         self._temp_dir: str | None = None  # set when we started the Ray session: we own it
         self._raylets: set[int] = set()
         if self._connected:
@@ -479,6 +481,39 @@ class RayRunner:
                 except OSError:
                     pass
         shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def quiet_driver_errors() -> bool:
+    """One plain line per error the cluster publishes to this driver, instead of Ray's full text.
+
+    Ray's driver prints every published error into this process's stdout (worker.listen_error_messages ->
+    print_to_stdstream, whatever log_to_driver says); a dead raylet's is "Raylet is terminated ..." and the
+    last lines of its raylet.out, ANSI-coloured (issue 27 item 8: 34 lines in a worker's output). The runner
+    reports such a run itself (`infra`, one line), so the error becomes `ray: <its first line>` on stderr
+    (the full text stays in the session's logs). Ray's other output is untouched. Returns whether it applies
+    (False when this Ray has no such hook: then Ray prints as before)."""
+    try:
+        import ray._private.worker as ray_worker
+    except ImportError:
+        return False
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "stratagem_quiet", False):
+        return original is not None
+
+    def one_line(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") != "raylet":
+            original(data, ignore_prefix)
+            return
+        text = _ANSI.sub("", "\n".join(str(x) for x in data.get("lines", [])))
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        print(f"ray: {first[:240]}", file=sys.stderr, flush=True)
+
+    one_line.stratagem_quiet = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = one_line
+    return True
 
 
 def _first_line(e: BaseException) -> str:
