@@ -1,7 +1,7 @@
 """Single-device plans run one after the other in this process, each set beside the analytic prediction.
 
     python -m stratagem.launch.runners.sweep --scenario S.yaml --out DIR [--grid] [--plans "mbs=1;mbs=2,ac=full"]
-        [--gpu auto|PRESET] [--steps 5] [--warmup 2]
+        [--gpu auto|PRESET] [--steps 5 | --step-budget-s S [--min-steps A] [--max-steps B]] [--warmup 2]
 
 --grid runs precision {bf16, fp32} x micro-batch {1, 2, 4} x recompute {none, selective, full}. The scenario's
 cluster becomes one device of --gpu (auto: the preset matching this CUDA device; cpu without one). Per plan
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from stratagem.evaluators.analytic import evaluate
+from stratagem.launch.harness.budget import DEFAULT_MAX_STEPS, DEFAULT_MIN_STEPS, StepBudget
 from stratagem.launch.harness.run import GIB, run_plan
 from stratagem.spaces.hardware import ClusterSpec, gpu_preset
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
@@ -67,13 +68,16 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_one(scenario: Scenario, plan: Plan, steps: int, warmup: int, seed: int) -> dict[str, Any]:
-    """Prediction and measurement of one plan; status ok | oom | failed."""
+def run_one(scenario: Scenario, plan: Plan, steps: int, warmup: int, seed: int,
+            budget: StepBudget | None = None) -> dict[str, Any]:
+    """Prediction and measurement of one plan (`steps` timed steps, or as many as `budget` buys); status
+    ok | oom | failed."""
     ev = evaluate(scenario, plan)
     entry: dict[str, Any] = {"plan": format_plan(plan), "label": plan.short(),
                              "predicted": ev.model_dump(mode="json")}
     try:
-        entry["result"] = run_plan(scenario, plan, steps, warmup, seed, checkpoint=False)
+        entry["result"] = run_plan(scenario, plan, None if budget is not None else steps, warmup, seed,
+                                   checkpoint=False, budget=budget)
         entry["status"] = "ok"
     except torch.cuda.OutOfMemoryError as e:
         entry.update(status="oom", reason=str(e).splitlines()[0])
@@ -86,12 +90,12 @@ def run_one(scenario: Scenario, plan: Plan, steps: int, warmup: int, seed: int) 
 
 
 def run_sweep(scenario: Scenario, plans: list[Plan], out: Path, steps: int, warmup: int,
-              seed: int = 0) -> list[dict[str, Any]]:
+              seed: int = 0, budget: StepBudget | None = None) -> list[dict[str, Any]]:
     """Run each plan through the harness in turn and write one JSON result per plan under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for plan in plans:
-        entry = run_one(scenario, plan, steps, warmup, seed)
+        entry = run_one(scenario, plan, steps, warmup, seed, budget)
         (out / f"{_label(plan)}.json").write_text(json.dumps(entry, indent=1))
         entries.append(entry)
         print(f"{entry['status']:6} {entry['label']}", file=sys.stderr, flush=True)
@@ -147,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plans", default=None, help='";"-separated plans (default: --grid)')
     p.add_argument("--grid", action="store_true", help="precision x micro-batch x recompute (18 plans)")
     p.add_argument("--gpu", default="auto", help="GPU preset of this device (auto: detect; cpu: no GPU)")
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5, help="timed steps (without --step-budget-s)")
+    p.add_argument("--step-budget-s", type=float, default=None,
+                   help="time N steps, N = clamp(budget / warm-up step, --min-steps, --max-steps) (harness.budget)")
+    p.add_argument("--min-steps", type=int, default=DEFAULT_MIN_STEPS)
+    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -155,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     scenario = single_device(load_scenario(args.scenario), gpu)
     texts = GRID if args.grid or not args.plans else [t for t in args.plans.split(";") if t.strip()]
     plans = [parse_plan(t) for t in texts]
-    entries = run_sweep(scenario, plans, Path(args.out), args.steps, args.warmup, args.seed)
+    budget = None if args.step_budget_s is None else StepBudget(
+        budget_s=args.step_budget_s, min_steps=args.min_steps, max_steps=args.max_steps)
+    entries = run_sweep(scenario, plans, Path(args.out), args.steps, args.warmup, args.seed, budget)
     print(f"{scenario.model.name} ({scenario.model.num_params() / 1e9:.2f} B parameters) on one {gpu}; "
           f"seq {scenario.training.seq_len}, global batch {scenario.training.global_batch_size}")
     print(table(entries))
