@@ -3,7 +3,7 @@
 Modules: `run` (the entry point, `python -m stratagem.launch.harness`), `model` and `moe` (the seeded
 transformer), `parallelize`, `pipeline` and `context` (the plan applied to it; `context`: context parallelism),
 `train` (the job and its step),
-`memtrack` (per-rank memory), `checkpoint` (DCP timing), `support` (what it can run, torch-free), `result`
+`memtrack` (per-rank memory), `checkpoint` (DCP timing, no shared filesystem assumed), `budget` (how many steps a run times), `support` (what it can run, torch-free), `result`
 (its result file, torch-free), `verify` (plans against the single-process reference).
 Importing the package imports no torch: each name below loads its module on first use.
 """
@@ -21,7 +21,8 @@ _LAZY = {
     "parallelize": "parallelize", "build_mesh": "parallelize",
     "reference": "verify", "run_plans_local": "verify", "compare": "verify",
     "HarnessResult": "result", "RankFigures": "result", "read_result": "result", "parse_result": "result",
-    "save_load_times": "checkpoint",
+    "save_load_times": "checkpoint", "CheckpointEnvironmentError": "checkpoint",
+    "StepBudget": "budget", "timed_steps": "budget",
 }
 
 __all__ = sorted(_LAZY)
