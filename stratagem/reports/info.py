@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
 from stratagem.reports.advice import AdviceView, advice_for, study_calibration
+from stratagem.search.calibrate import calibration_history
 from stratagem.search.pareto import nondominated
 from stratagem.search.records import (
     DIRECTIONS,
@@ -342,8 +343,7 @@ def _not_run_lines(attrs: dict[str, Any]) -> tuple[str, ...]:
 def _calibration_text(attrs: dict[str, Any]) -> str:
     """The study's calibration in words (study attributes calibration_source, calibration_history)."""
     source = str(attrs.get(StudyKey.CALIBRATION_SOURCE) or "published defaults")
-    history = attrs.get(StudyKey.CALIBRATION_HISTORY) or []
+    history = calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))
     if attrs.get(StudyKey.CALIBRATION) is not None and history:
-        runs = history[-1].get("runs_used", "?") if isinstance(history[-1], dict) else "?"
-        return f"{source}, then refitted on this study's {runs} measured runs"
+        return f"{source}, then refitted on this study's {history[-1].runs_used} measured runs"
     return source

@@ -12,6 +12,7 @@ from typing import Any
 
 from stratagem.evaluators.evaluation import (
     BLOCKS,
+    ZONE_NAMES,
     CheckpointRisk,
     Evaluation,
     MemoryBreakdown,
@@ -34,7 +35,6 @@ MEMORY_FIELDS = (*[f"{b}_gib" for b in BLOCKS], "peak_gib", "hbm_gib", "headroom
 TIME_FIELDS = tuple(TimeBreakdown.model_fields)
 THROUGHPUT_FIELDS = tuple(Throughput.model_fields)
 CHECKPOINT_FIELDS = tuple(CheckpointRisk.model_fields)
-ZONE_NAMES = ("hbm", "communication", "bubbles", "checkpoint")
 
 
 def _num(x: float | None) -> float | None:
