@@ -23,7 +23,8 @@ Sources:
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,7 +34,8 @@ from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.experts import expert_data_parallel
 from stratagem.evaluators.memory_activations import layer_bytes, layer_elements
 from stratagem.evaluators.memory_copies import fp8_weight_cache_bytes, optimizer_step_bytes
-from stratagem.evaluators.memory_pipeline import cost_split_layers, pipeline_layers, stage_layers
+from stratagem.evaluators.memory_pipeline import cost_split_layers, in_flight, pipeline_layers, stage_layers
+from stratagem.evaluators.memory_rank import Rank
 from stratagem.evaluators.stages import stage_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
@@ -193,21 +195,6 @@ def recomputed_layers(pc: PlanColumns, layers: Array) -> Array:
     return np.where(pc.recompute_layers > 0, partial, layers)
 
 
-def _in_flight(pc: PlanColumns, m: Array, last: bool) -> Array:
-    """Micro-batches whose activations a stage holds at its peak [Korthikanti sec. 4.2.3].
-
-    No PP: 1. GPipe: all m. 1F1B / ZB-H1 (Qi et al. 2023: same peak as 1F1B): stage 0 holds min(p, m), the
-    last stage 1. Interleaved: stage 0 holds p(1 + (p-1)/(pv)) micro-batches' worth of its layers.
-    """
-    p, v, sched = pc.pp, pc.virtual_stages, pc.pp_schedule
-    if last:
-        steady = np.where(sched == 2, np.minimum(m, 1 + (p - 1) / v), 1.0)
-    else:
-        steady = np.where(sched == 2, np.minimum(m, p + (p - 1) / v), np.minimum(p, m))
-    held = np.where(sched == 0, m, steady)
-    return np.where(p > 1, held, 1.0)
-
-
 # ---- the whole rank ----------------------------------------------------------------------------------------
 def _router_params(m: ModelSpec) -> float:
     """Parameters of one MoE layer's router: the gate [E, h] and its bias (0 for a dense model)."""
@@ -282,193 +269,181 @@ def rank_memory_columns(
     scn: Scenario, pc: PlanColumns, cal: Calibration, stage: Literal["first", "last"],
 ) -> dict[str, Array]:
     """Bytes per block (weights, gradients, optimizer, activations, transient, overhead) and `peak` for one
-    rank of the first or the last pipeline stage (the same rank when pp = 1)."""
-    m, tr = scn.model, scn.training
-    last = stage == "last"
-    fp32 = pc.precision == 0
-    first_layers, last_layers = pipeline_layers(scn, pc)
-    layers = last_layers if last else first_layers
-    dense, expert, unit, layer_lin = _stage_params(scn, pc, layers, last)
-    shard = pc.dp * pc.cp / pc.dp_replicate  # ZeRO/FSDP shard group (torchtitan: dp_shard x cp)
-    expert_shard = np.maximum(1.0, expert_data_parallel(pc) / pc.dp_replicate)  # edp = tp*dp*cp / (ep*etp)
-    opt = training_optimizer_bytes(scn)
-
-    masters = eng.fp32_masters(scn)  # torch's DDP / FSDP2: the engine terms of evaluators/memory_engine.py
-    host: Array | float = ((pc.optimizer_offload > 0) & eng.uses_fsdp(pc)).astype(np.float64) if masters else 0.0
-
-    def states(terms: tuple[StateTerm, ...], grad_bytes: float | None) -> dict[str, Array]:
-        d = model_state_bytes(terms, dense, pc.zero_stage, shard, opt, pc.optimizer_offload, pc.dp, grad_bytes,
-                              host)
-        e = model_state_bytes(terms, expert, pc.zero_stage, expert_shard, opt, pc.optimizer_offload, pc.dp,
-                              grad_bytes, host)
-        return {k: d[k] + e[k] for k in d}
-
-    rec = stack_record(tr.stack)
-    m_steps = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
-    redone = recomputed_layers(pc, layers)  # partial recompute: the other layers keep everything
-    copies = tuple(t for t in rec.states if t.block == "weights" and t.sharded_from > 3)  # held compute copies
-    mixed = states(tuple(t for t in rec.states if not (masters and t in copies)), tr.grad_bytes)
-    full32 = states(rec.fp32_states, None)
-    blocks = {k: np.where(fp32, full32[k], mixed[k]) for k in mixed}
-    if masters:
-        # bf16 compute copies kept for backward: FSDP2 zero 2 keeps the unsharded units (reshard_after_forward=
-        # False), autocast the casts backward saved (memory_engine.autocast_copy_params); zero 3 gathers per unit
-        has_head = last | (pc.pp == 1)  # the output projection (the tied copy with pp > 1) is cast, not the embedding
-        head_w = np.where(has_head, m.vocab_size * m.hidden_size / pc.tp, 0.0)
-        cast = eng.autocast_copy_params(scn, pc, layers, redone, layer_lin, 0.0)
-        # autocast's cache holds every cast until each micro-batch's forward leaves its autocast region
-        # (torch/amp/autocast_mode.py __exit__: clear_autocast_cache): each in-flight micro-batch keeps its own saved
-        # layer casts, and the one in forward all the stage's casts at its end (the head's: the last chunk's one).
-        # Only leaf weights are cached (aten/src/ATen/autocast_mode.cpp cached_cast: is_leaf): DDP with TP holds
-        # local shards and makes DTensor views of them per forward (harness hold_tp_params_local), never cached
-        cached = (pc.tp == 1) | (pc.dp == 1)  # one chunk's forward is one autocast region (harness model.forward)
-        every = np.where(cached, eng.autocast_copy_params(scn, pc, layers, 0.0 * redone, layer_lin, 0.0), 0.0)
-        every = every / pc.virtual_stages
-        held_casts = cast * (_in_flight(pc, m_steps, last) - 1) + np.maximum(cast, every) + head_w
-        copy = np.where(eng.uses_autocast(scn, pc), held_casts,
-                        np.where(eng.uses_fsdp(pc) & (pc.zero_stage == 2), dense + expert, 0.0))
-        blocks["weights"] = blocks["weights"] + np.where(fp32, 0.0, 2.0 * copy)
-        # DDP + gradient accumulation: the accumulated .grad tensors beside the buckets (param dtype, fp32)
-        blocks["gradients"] = blocks["gradients"] + np.where(eng.ddp_accumulates(pc, m_steps),
-                                                             4.0 * (dense + expert), 0.0)
-        # without data parallelism the TP embedding's gradient stays the whole [V, h] Partial DTensor that its
-        # backward makes (no row-sharded strategy: tensor/_ops/_embedding_ops.py embedding_dense_backward_strategy)
-        whole_emb = (pc.dp == 1) & (pc.tp > 1) & ((not last) | (pc.pp == 1))
-        blocks["gradients"] = blocks["gradients"] + np.where(
-            whole_emb, (1.0 - 1.0 / pc.tp) * m.vocab_size * m.hidden_size * 4.0, 0.0)
-        # ZeroRedundancyOptimizer: whole parameters, greedily: the fullest rank's share, not 1/shard
-        frac = eng.zero1_worst_fraction(scn, pc, layers, not last, last)
-        z1 = (pc.zero_stage == 1) & (pc.dp > 1)
-        blocks["optimizer"] = np.where(z1, opt * (dense + expert) * frac * (1.0 - pc.optimizer_offload),
-                                       blocks["optimizer"])
-    # ZeRO-3 with PP on a stack that keeps parameters gathered (torchtitan parallelize_llama: reshard_after_forward
-    # = not pp_enabled): the stage's unsharded parameters (compute dtype) stay through the step, and with gradient
-    # sync on the last micro-batch only, FSDP2 accumulates unsharded gradients in the reduce dtype between
-    # micro-batches (torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed).
-    if not rec.reshard_after_forward_with_pp:
-        kept = (pc.zero_stage == 3) & (pc.pp > 1) & (pc.dp * pc.cp > 1)
-        held = dense + expert
-        blocks["weights"] = blocks["weights"] + np.where(kept, held * np.where(fp32, 4.0, 2.0), 0.0)
-        reduce_b = np.where(fp32, 4.0, tr.grad_reduce_bytes)
-        accumulated = np.where(kept & (m_steps > 1), held * reduce_b, 0.0)
-        if masters:
-            # torch pipelining runs every backward without gradient sync (stage.py backward_maybe_with_nosync:
-            # set_requires_gradient_sync(False)) and reduce-scatters once after the last (perform_reduce_grad):
-            # FSDP2 (zero 2 or 3) holds the stage's unsharded gradients in the reduce dtype until then, and the
-            # sharded ones only after them (_fsdp_param_group.py post_backward): one or the other
-            synced_late = eng.uses_fsdp(pc) & (pc.pp > 1)
-            accumulated = np.where(synced_late, held * reduce_b, 0.0)
-            blocks["gradients"] = np.maximum(blocks["gradients"], accumulated)
-        else:
-            blocks["gradients"] = blocks["gradients"] + accumulated
-
-    # Activations: elements per layer x layers of this stage x in-flight micro-batches x bytes per element.
-    act_bytes = np.where(fp32, 4.0, 2.0)
-    s = tr.seq_len / pc.cp
-    b = pc.micro_batch_size
-    # bytes per layer: fp8 plans on Transformer Engine keep linear inputs in fp8 (memory_activations.layer_bytes);
-    # an MoE model's stage mixes MoE layers and dense-MLP layers (DeepSeek's first three): the stage's mean layer
-    share = _moe_share(scn, pc, last)
-    moe_layer = layer_bytes(scn, pc, s, b, act_bytes)
-    dense_layer = layer_bytes(scn, pc, s, b, act_bytes, dense_mlp=True) if m.moe is not None else moe_layer
-    none, selective, full = (share * a + (1.0 - share) * d for a, d in zip(moe_layer, dense_layer, strict=True))
-    per_layer = np.select([pc.recompute_is("none"), pc.recompute_is("selective"), pc.recompute_is("op")],
-                          [none, selective, op_layer_elements(scn, pc, s, b) * act_bytes], full)
-    in_flight = _in_flight(pc, m_steps, last)
-    per_mb = per_layer * redone + none * (layers - redone)
-    sp_div = np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
-    sbh = s * b * m.hidden_size
-    # The last stage (or the only one) also holds the final norm input and LM-head input (sbh each) and
-    # the logits at the loss (vocab-parallel: / t).
-    head_acts = 2 * sbh / sp_div * act_bytes
-    logits = s * b * m.vocab_size / pc.tp * cal.logits_bytes
-    p2p = np.where(pc.pp > 1, 2 * 2 * sbh / sp_div * act_bytes, 0.0)
-    logits_el = s * b * m.vocab_size / pc.tp
-    if masters:
-        per_mb = per_mb + eng.engine_layer_bytes(scn, pc, s, b, layers, redone)
-        ac = eng.uses_autocast(scn, pc)
-        gathered = np.where(pc.sequence_parallel > 0, sbh, sbh / sp_div)  # LM-head input (SP all-gathers it)
-        head_acts = sbh / sp_div * np.where(ac, 4.0, act_bytes) + gathered * act_bytes
-        # harness parallelize.uses_loss_parallel: vocabulary-parallel logits only without PP (pipelining's stages
-        # return plain tensors); under GPipe the last stage keeps every micro-batch's logits (stage output) and
-        # fp32 log-softmax output until its backward (torch/distributed/pipelining/stage.py fwd_cache)
-        v_split = np.where(pc.pp == 1, pc.tp, 1.0)
-        logits_el = s * b * m.vocab_size / v_split
-        gpipe_m = np.where((pc.pp > 1) & (pc.pp_schedule == 0), m_steps, 1.0)  # 1F1B: each loss's backward next
-        logits = logits_el * (cal.logits_bytes + (gpipe_m - 1) * (act_bytes + 4.0))
-        # [PIPE] receive buffers: the stage input [b, s(/t), h] in the residual dtype (fp32 unless FSDP2's bf16)
-        io_bytes = np.where(eng.uses_fsdp(pc) & ~fp32, 2.0, 4.0)
-        per_rank = eng.pipeline_recv_buffers(pc, m_steps, not last, last) * sbh / sp_div * io_bytes
-        # a non-last stage also keeps each in-flight micro-batch's output until its backward (fwd_cache)
-        per_rank = per_rank + np.where((pc.pp > 1) & (not last), in_flight * sbh / sp_div * io_bytes, 0.0)
-        p2p = np.zeros_like(p2p)
-    activations = per_mb * in_flight + np.where(last | (pc.pp == 1), head_acts + logits, 0.0)
-    if masters:
-        activations = activations + per_rank
-        # The gradients made in backward (all but DDP's buckets) appear as the first backward frees its micro-batch:
-        # with one micro-batch, GPipe (every forward before the first backward) or 1F1B's first stage with m = pp (no
-        # forward after its first backward: torch/distributed/pipelining/schedules.py Schedule1F1B warmup), they
-        # coexist with m - 1 micro-batches' activations only: peak m A + max(0, G - A) (else A + G)
-        buckets = np.where((pc.dp > 1) & (pc.zero_stage <= 1), 4.0 * (dense + expert), 0.0)
-        dynamic = np.maximum(blocks["gradients"] - buckets, 0.0)
-        filled = (pc.pp_schedule == 1) & (m_steps <= pc.pp) & (not last)
-        overlap = (((pc.pp_schedule == 0) | filled) & (pc.pp > 1)) | (m_steps <= 1)
-        blocks["gradients"] = blocks["gradients"] - np.where(overlap, np.minimum(dynamic, per_mb), 0.0)
-        # interleaved 1F1B whose warmup, (v - 1) p + 2 (p - 1 - rank) forwards (schedules.py
-        # ScheduleInterleaved1F1B), covers all v m of them: backwards then run chunk by chunk in rounds of p, the
-        # last chunk's first; its gradients (G/v) appear as A/v is freed, all of them once p A/v is
-        v, p = pc.virtual_stages, pc.pp
-        warm = (v - 1) * p + 2 * (p - 1 - np.where(last, p - 1, 0.0))
-        filled_v = (pc.pp_schedule == 2) & (p > 1) & (warm >= v * m_steps)
-        extra = np.maximum(0.0, np.maximum(dynamic / v - per_mb / v, dynamic - p * per_mb / v))
-        blocks["gradients"] = blocks["gradients"] - np.where(filled_v, dynamic - extra, 0.0)
-
-    # Transients: backward working set = one layer's activations re-materialised (full recompute) or the
-    # gradient of one layer's largest activations; FSDP gathers (current + prefetched unit, compute dtype)
-    # and one unit's unsharded gradients for reduce-scatter [FSDP2 design, torch docs]; DeepSpeed ZeRO-3
-    # holds 4 B x largest layer [DS]; with sequence parallelism one reused buffer holds the all-gathered
-    # layer input, s b h (Megatron's global memory buffer, nanotron's MemoryBuffer [NT]).
-    compute_bytes = np.where(fp32, 4.0, 2.0)
-    rematerialised = pc.recompute_is("full") | pc.recompute_is("op")  # the whole layer is re-run in backward
-    working = np.where(rematerialised, none, per_layer)
-    gather = np.where(pc.zero_stage == 3, 2 * unit * compute_bytes, 0.0)
-    if not rec.reshard_after_forward_with_pp:  # units kept gathered through the step (weights block above)
-        gather = np.where((pc.pp > 1) & (pc.dp * pc.cp > 1), 0.0, gather)
-    if masters and not last:
-        # DTensor has no row-sharded strategy for the embedding's backward (torch/distributed/tensor/_ops/
-        # _embedding_ops.py embedding_dense_backward_strategy): under TP it makes the whole [V, h] gradient (param
-        # dtype) before reduce-scattering it; with pp > 1 other micro-batches' activations are still held then
-        emb_grad = m.vocab_size * m.hidden_size * np.where(eng.uses_fsdp(pc) & ~fp32, 2.0, 4.0)
-        working = np.where((pc.tp > 1) & (pc.pp > 1), np.maximum(working, emb_grad), working)
-    # the unsharded unit's gradient is in the parameter dtype: fp32 params without a master copy, else bf16
-    grad_bytes = np.where(fp32, 4.0, 2.0 if rec.master_weights else 4.0)
-    scatter = np.where(pc.zero_stage >= 2, unit * grad_bytes, 0.0)
-    if rec.zero3_gather == "largest_layer":
-        gather = np.where(pc.zero_stage == 3, DEEPSPEED_ZERO3_LAYER_BYTES * unit, 0.0)
-        scatter = np.zeros_like(gather)
-    sp_gather = np.where(pc.sequence_parallel > 0, s * b * m.hidden_size * act_bytes, 0.0)
-    transient = working + gather + scatter + p2p + sp_gather
-    if masters:  # the loss's buffers are freed once the LM head's backward is done, before the layers' backward
-        loss_peak = np.where(last | (pc.pp == 1), logits_el * cal.logits_bytes, 0.0)
-        transient = np.maximum(transient - loss_peak, 0.0)
-
-    # engine copies: the fp8 weight copies Transformer Engine caches across micro-batches (memory_copies.py)
-    blocks["weights"] = blocks["weights"] + fp8_weight_cache_bytes(scn, pc, layers * layer_lin)
-    # the optimizer step runs once activations are freed: its transient (foreach AdamW's exp_avg_sq_sqrt) peaks
-    # over the states alone; the moments are the optimizer block less the master copies
-    master = sum(t.bytes_per_param for t in rec.states if t.master)
-    moments = np.where(fp32, blocks["optimizer"], blocks["optimizer"] * opt / (opt + master))
-    largest = m.vocab_size * m.hidden_size / pc.tp / np.where(pc.zero_stage >= 3, shard, 1.0)
-    step = optimizer_step_bytes(scn, pc, moments, largest)
-    transient = np.maximum(transient, step - activations)
+    rank of the first or the last pipeline stage (the same rank when pp = 1): the model states of the stack
+    record, the engine's own copies, the activations, the transients, the optimizer step, each a term below."""
+    r = _rank(scn, pc, cal, stage == "last")
+    engine = ENGINES[r.rec.master_weights]
+    blocks = _kept_gathered(r, engine, engine.copies(r, _states(r, engine)))
+    per_mb, none, per_layer = _layer_activations(r, engine)
+    held_head, held_io, p2p, loss_freed = engine.stage_io(r)
+    activations = per_mb * r.in_flight + held_head + held_io
+    blocks["gradients"] = engine.freed_gradients(r, blocks["gradients"], per_mb)
+    transient = np.maximum(_backward_transient(r, engine, none, per_layer) + p2p - loss_freed, 0.0)
+    transient = np.maximum(transient, _optimizer_step(r, blocks) - activations)
     allocated = blocks["weights"] + blocks["gradients"] + blocks["optimizer"] + activations + transient
     overhead = cal.fragmentation * allocated + cal.context_gib * GIB
-    return {
-        "weights": blocks["weights"],
-        "gradients": blocks["gradients"],
-        "optimizer": blocks["optimizer"],
-        "activations": activations,
-        "transient": transient,
-        "overhead": overhead,
-        "peak": allocated + overhead,
-    }
+    return {**blocks, "activations": activations, "transient": transient, "overhead": overhead,
+            "peak": allocated + overhead}
+
+
+# ---- the terms of one rank -----------------------------------------------------------------------------------
+def _rank(scn: Scenario, pc: PlanColumns, cal: Calibration, last: bool) -> Rank:
+    """The quantities the terms share (memory_rank.Rank)."""
+    tr = scn.training
+    first_layers, last_layers = pipeline_layers(scn, pc)
+    layers = last_layers if last else first_layers
+    dense, expert, unit, layer_linear = _stage_params(scn, pc, layers, last)
+    microbatches = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
+    return Rank(
+        scn=scn, pc=pc, cal=cal, rec=stack_record(tr.stack), last=last, fp32=pc.fp32, layers=layers,
+        redone=recomputed_layers(pc, layers),  # partial recompute: the other layers keep everything
+        dense=dense, expert=expert, unit=unit, layer_linear=layer_linear,
+        shard=pc.dp * pc.cp / pc.dp_replicate,  # ZeRO/FSDP shard group (torchtitan: dp_shard x cp)
+        expert_shard=np.maximum(1.0, expert_data_parallel(pc) / pc.dp_replicate),  # edp = tp*dp*cp / (ep*etp)
+        opt_bytes=training_optimizer_bytes(scn), microbatches=microbatches,
+        in_flight=in_flight(pc, microbatches, last), act_bytes=np.where(pc.fp32, 4.0, 2.0),
+        s=tr.seq_len / pc.cp + np.zeros(len(pc)), b=pc.micro_batch_size,
+    )
+
+
+def _states(r: Rank, engine: EngineTerms) -> dict[str, Array]:
+    """Weights, gradients and optimizer states from the stack record's terms (fp32 or mixed precision), dense
+    parameters sharded over the dense shard group and experts over theirs [ZeRO, MLM, DS, NT]. An engine that
+    makes its own compute copies (torch) leaves out the record's copy terms (StateTerm sharded_from > 3)."""
+    pc, tr = r.pc, r.scn.training
+    host = engine.host_shards(r)
+
+    def states(terms: tuple[StateTerm, ...], grad_bytes: float | None) -> dict[str, Array]:
+        d = model_state_bytes(terms, r.dense, pc.zero_stage, r.shard, r.opt_bytes, pc.optimizer_offload, pc.dp,
+                              grad_bytes, host)
+        e = model_state_bytes(terms, r.expert, pc.zero_stage, r.expert_shard, r.opt_bytes, pc.optimizer_offload,
+                              pc.dp, grad_bytes, host)
+        return {k: d[k] + e[k] for k in d}
+
+    copies = tuple(t for t in r.rec.states if t.block == "weights" and t.sharded_from > 3)  # held compute copies
+    mixed = states(tuple(t for t in r.rec.states if not (engine.own_copies and t in copies)), tr.grad_bytes)
+    full32 = states(r.rec.fp32_states, None)
+    blocks = {k: np.where(r.fp32, full32[k], mixed[k]) for k in mixed}
+    # engine copies: the fp8 weight copies Transformer Engine caches across micro-batches (memory_copies.py)
+    blocks["weights"] = blocks["weights"] + fp8_weight_cache_bytes(r.scn, pc, r.layers * r.layer_linear)
+    return blocks
+
+
+def _kept_gathered(r: Rank, engine: EngineTerms, blocks: dict[str, Array]) -> dict[str, Array]:
+    """ZeRO-3 with PP on a stack that keeps parameters gathered (torchtitan parallelize_llama: reshard_after_forward
+    = not pp_enabled): the stage's unsharded parameters (compute dtype) stay through the step, and with gradient
+    sync on the last micro-batch only, FSDP2 accumulates unsharded gradients in the reduce dtype between
+    micro-batches (torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed)."""
+    if r.rec.reshard_after_forward_with_pp:
+        return blocks
+    pc = r.pc
+    kept = (pc.zero_stage == 3) & (pc.pp > 1) & (pc.dp * pc.cp > 1)
+    held = r.dense + r.expert
+    reduce_b = np.where(r.fp32, 4.0, r.scn.training.grad_reduce_bytes)
+    out = dict(blocks)
+    out["weights"] = out["weights"] + np.where(kept, held * np.where(r.fp32, 4.0, 2.0), 0.0)
+    out["gradients"] = engine.unsharded_grads(r, out["gradients"], held * reduce_b, kept & (r.microbatches > 1))
+    return out
+
+
+def _layer_activations(r: Rank, engine: EngineTerms) -> tuple[Array, Array, Array]:
+    """(bytes one micro-batch leaves on the rank's layers, one layer's bytes without recompute, one layer's bytes
+    under the plan's recompute). Elements per layer from the saved-tensor inventory (memory_activations.py): fp8
+    plans on Transformer Engine keep linear inputs in fp8; an MoE model's stage mixes MoE and dense-MLP layers
+    (DeepSeek's first three): the stage's mean layer. Partial recompute: the other layers keep everything."""
+    scn, pc = r.scn, r.pc
+    share = _moe_share(scn, pc, r.last)
+    moe_layer = layer_bytes(scn, pc, r.s, r.b, r.act_bytes)
+    dense_layer = layer_bytes(scn, pc, r.s, r.b, r.act_bytes, dense_mlp=True) if scn.model.moe else moe_layer
+    none, selective, full = (share * a + (1.0 - share) * d for a, d in zip(moe_layer, dense_layer, strict=True))
+    per_layer = np.select([pc.recompute_is("none"), pc.recompute_is("selective"), pc.recompute_is("op")],
+                          [none, selective, op_layer_elements(scn, pc, r.s, r.b) * r.act_bytes], full)
+    per_mb = per_layer * r.redone + none * (r.layers - r.redone) + engine.layer_extra(r)
+    return per_mb, none, per_layer
+
+
+def _backward_transient(r: Rank, engine: EngineTerms, none: Array, per_layer: Array) -> Array:
+    """Backward working set = one layer's activations re-materialised (full / op recompute) or the gradient of one
+    layer's largest activations; FSDP gathers (current + prefetched unit, compute dtype) and one unit's unsharded
+    gradients for reduce-scatter [FSDP2 design, torch docs]; DeepSpeed ZeRO-3 holds 4 B x largest layer [DS]; with
+    sequence parallelism one reused buffer holds the all-gathered layer input, s b h (Megatron's global memory
+    buffer, nanotron's MemoryBuffer [NT])."""
+    pc, rec = r.pc, r.rec
+    compute_bytes = np.where(r.fp32, 4.0, 2.0)
+    rematerialised = pc.recompute_is("full") | pc.recompute_is("op")  # the whole layer is re-run in backward
+    working = engine.working(r, np.where(rematerialised, none, per_layer))
+    gather = np.where(pc.zero_stage == 3, 2 * r.unit * compute_bytes, 0.0)
+    if not rec.reshard_after_forward_with_pp:  # units kept gathered through the step (_kept_gathered)
+        gather = np.where((pc.pp > 1) & (pc.dp * pc.cp > 1), 0.0, gather)
+    # the unsharded unit's gradient is in the parameter dtype: fp32 params without a master copy, else bf16
+    grad_bytes = np.where(r.fp32, 4.0, 2.0 if rec.master_weights else 4.0)
+    scatter = np.where(pc.zero_stage >= 2, r.unit * grad_bytes, 0.0)
+    if rec.zero3_gather == "largest_layer":
+        gather = np.where(pc.zero_stage == 3, DEEPSPEED_ZERO3_LAYER_BYTES * r.unit, 0.0)
+        scatter = np.zeros_like(gather)
+    sp_gather = np.where(pc.sequence_parallel > 0, r.sbh * r.act_bytes, 0.0)
+    return working + gather + scatter + sp_gather
+
+
+def _optimizer_step(r: Rank, blocks: dict[str, Array]) -> Array:
+    """The optimizer step's own allocations (memory_copies.optimizer_step_bytes: foreach AdamW's exp_avg_sq_sqrt),
+    once activations are freed; the moments are the optimizer block less the master copies."""
+    m, pc = r.scn.model, r.pc
+    master = sum(t.bytes_per_param for t in r.rec.states if t.master)
+    moments = np.where(r.fp32, blocks["optimizer"], blocks["optimizer"] * r.opt_bytes / (r.opt_bytes + master))
+    largest = m.vocab_size * m.hidden_size / pc.tp / np.where(pc.zero_stage >= 3, r.shard, 1.0)
+    return optimizer_step_bytes(r.scn, pc, moments, largest)
+
+
+# ---- engines ---------------------------------------------------------------------------------------------------
+class EngineTerms(NamedTuple):
+    """How an engine's own allocations enter a rank's memory, chosen by the stack record (`ENGINES`)."""
+
+    own_copies: bool
+    """The engine makes its own compute copies (the record's copy terms are left out of the states)."""
+    host_shards: Callable[[Rank], Array | float]
+    """1 where the sharded weights and gradients live on the host."""
+    copies: Callable[[Rank, dict[str, Array]], dict[str, Array]]
+    """The blocks with the engine's compute copies and extra buffers."""
+    unsharded_grads: Callable[[Rank, Array, Array, Array], Array]
+    """Gradients with ZeRO-3's kept-gathered unsharded gradients (r, gradients, their bytes, where accumulated)."""
+    layer_extra: Callable[[Rank], Array]
+    """Bytes per micro-batch the engine saves beyond the layer inventory."""
+    stage_io: Callable[[Rank], tuple[Array, Array, Array, Array]]
+    """(head and loss activations, pipeline buffers held, p2p transient, loss buffers freed before backward)."""
+    freed_gradients: Callable[[Rank, Array, Array], Array]
+    """Gradients less those that only appear once activations are freed (r, gradients, per micro-batch bytes)."""
+    working: Callable[[Rank, Array], Array]
+    """The backward working set with the engine's own transients."""
+
+
+def _stage_io(r: Rank) -> tuple[Array, Array, Array, Array]:
+    """The last stage (or the only one) holds the final norm input and LM-head input (sbh each) and the logits at
+    the loss (vocab-parallel: / t); pipeline send/receive buffers of the stage input and its gradient are
+    transient (2 x 2 sbh, / t with SP)."""
+    pc, m = r.pc, r.scn.model
+    head = 2 * r.sbh / r.sp_div * r.act_bytes + r.s * r.b * m.vocab_size / pc.tp * r.cal.logits_bytes
+    p2p = np.where(pc.pp > 1, 2 * 2 * r.sbh / r.sp_div * r.act_bytes, 0.0)
+    zero = np.zeros(len(pc))
+    return np.where(r.has_head, head, 0.0), zero, p2p, zero
+
+
+def _added_unsharded_grads(r: Rank, gradients: Array, held_bytes: Array, accumulated: Array) -> Array:
+    """Unsharded gradients accumulated between micro-batches, beside the sharded ones."""
+    return gradients + np.where(accumulated, held_bytes, 0.0)
+
+
+# master_weights True: the stack's states are the whole story (Megatron, DeepSpeed, nanotron); False: torch's
+# DDP / FSDP2 / autocast / pipelining, whose own copies and buffers are evaluators/memory_engine.py's terms.
+ENGINES: dict[bool, EngineTerms] = {
+    True: EngineTerms(
+        own_copies=False, host_shards=lambda r: 0.0, copies=lambda r, blocks: dict(blocks),
+        unsharded_grads=_added_unsharded_grads, layer_extra=lambda r: np.zeros(len(r.pc)), stage_io=_stage_io,
+        freed_gradients=lambda r, gradients, per_mb: gradients, working=lambda r, working: working),
+    False: EngineTerms(
+        own_copies=True, host_shards=eng.torch_host_shards, copies=eng.torch_copies,
+        unsharded_grads=lambda r, gradients, held_bytes, accumulated: eng.torch_unsharded_grads(r, gradients,
+                                                                                               held_bytes),
+        layer_extra=lambda r: eng.engine_layer_bytes(r.scn, r.pc, r.s, r.b, r.layers, r.redone),
+        stage_io=eng.torch_stage_io, freed_gradients=eng.torch_freed_gradients, working=eng.torch_working),
+}

@@ -21,6 +21,7 @@ Sources:
           activation receive buffer per micro-batch (non-first stages) and one gradient receive buffer per
           micro-batch (non-last stages), kept for the whole step.
   [FA2]   Dao 2023, FlashAttention-2, sec. 3.1: forward saves the logsumexp L per row (fp32, b x a x s).
+  [SCHED] torch/distributed/pipelining/schedules.py Schedule1F1B, ScheduleInterleaved1F1B, ScheduleGPipe.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import NDArray
 
+from stratagem.evaluators.memory_rank import Rank
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
@@ -38,7 +40,8 @@ from stratagem.spaces.stacks import stack_record
 
 __all__ = ["fp32_masters", "uses_fsdp", "uses_autocast", "autocast_copy_params", "autocast_layer_bytes",
            "logsumexp_bytes", "ddp_accumulates", "zero1_worst_fraction", "pipeline_recv_buffers",
-           "lpt_worst_bin", "engine_layer_bytes"]
+           "lpt_worst_bin", "engine_layer_bytes", "torch_host_shards", "torch_copies", "torch_unsharded_grads",
+           "torch_stage_io", "torch_freed_gradients", "torch_working"]
 
 Array = NDArray[np.float64]
 
@@ -188,3 +191,113 @@ def engine_layer_bytes(scn: Scenario, pc: PlanColumns, s: Array, b: Array, layer
     recomputing = np.select([pc.recompute_is("full"), pc.recompute_is("op")],
                             [np.where(ac, full_extra, 0.0), np.where(ac, full_extra, 0.0) + lse], kept)
     return recomputing * redone + kept * (layers - redone)
+
+
+# ---- torch's engine as terms of one rank (evaluators/memory.py rank_memory_columns composes them) ------------
+def torch_host_shards(r: Rank) -> Array:
+    """FSDP2's CPUOffloadPolicy keeps the sharded parameters and gradients on the host (1) or not (0)."""
+    return ((r.pc.optimizer_offload > 0) & uses_fsdp(r.pc)).astype(np.float64)
+
+
+def torch_copies(r: Rank, blocks: dict[str, Array]) -> dict[str, Array]:
+    """The compute copies and extra gradient buffers torch's engine holds beside the fp32 states [AMP, DDP, ZRO]."""
+    scn, pc, m = r.scn, r.pc, r.scn.model
+    out = dict(blocks)
+    # bf16 compute copies kept for backward: FSDP2 zero 2 keeps the unsharded units (reshard_after_forward=False),
+    # autocast the casts backward saved (autocast_copy_params); zero 3 gathers per unit. The output projection (the
+    # tied copy with pp > 1) is cast, not the embedding.
+    head_w = np.where(r.has_head, m.vocab_size * m.hidden_size / pc.tp, 0.0)
+    cast = autocast_copy_params(scn, pc, r.layers, r.redone, r.layer_linear, 0.0)
+    # autocast's cache holds every cast until each micro-batch's forward leaves its autocast region
+    # (torch/amp/autocast_mode.py __exit__: clear_autocast_cache): each in-flight micro-batch keeps its own saved
+    # layer casts, and the one in forward all the stage's casts at its end (the head's: the last chunk's one).
+    # Only leaf weights are cached (aten/src/ATen/autocast_mode.cpp cached_cast: is_leaf): DDP with TP holds
+    # local shards and makes DTensor views of them per forward (harness hold_tp_params_local), never cached
+    cached = (pc.tp == 1) | (pc.dp == 1)  # one chunk's forward is one autocast region (harness model.forward)
+    every = np.where(cached, autocast_copy_params(scn, pc, r.layers, 0.0 * r.redone, r.layer_linear, 0.0), 0.0)
+    every = every / pc.virtual_stages
+    held_casts = cast * (r.in_flight - 1) + np.maximum(cast, every) + head_w
+    copy = np.where(uses_autocast(scn, pc), held_casts,
+                    np.where(uses_fsdp(pc) & (pc.zero_stage == 2), r.dense + r.expert, 0.0))
+    out["weights"] = out["weights"] + np.where(r.fp32, 0.0, 2.0 * copy)
+    # DDP + gradient accumulation: the accumulated .grad tensors beside the buckets (param dtype, fp32)
+    out["gradients"] = out["gradients"] + np.where(ddp_accumulates(pc, r.microbatches), 4.0 * (r.dense + r.expert),
+                                                   0.0)
+    # without data parallelism the TP embedding's gradient stays the whole [V, h] Partial DTensor that its backward
+    # makes (no row-sharded strategy: tensor/_ops/_embedding_ops.py embedding_dense_backward_strategy)
+    whole_emb = (pc.dp == 1) & (pc.tp > 1) & ((not r.last) | (pc.pp == 1))
+    out["gradients"] = out["gradients"] + np.where(whole_emb, (1.0 - 1.0 / pc.tp) * m.vocab_size * m.hidden_size * 4.0,
+                                                   0.0)
+    # ZeroRedundancyOptimizer: whole parameters, greedily: the fullest rank's share, not 1/shard
+    frac = zero1_worst_fraction(scn, pc, r.layers, not r.last, r.last)
+    z1 = (pc.zero_stage == 1) & (pc.dp > 1)
+    out["optimizer"] = np.where(z1, r.opt_bytes * (r.dense + r.expert) * frac * (1.0 - pc.optimizer_offload),
+                                out["optimizer"])
+    return out
+
+
+def torch_unsharded_grads(r: Rank, gradients: Array, held_bytes: Array) -> Array:
+    """ZeRO-3 with PP kept gathered: torch pipelining runs every backward without gradient sync (stage.py
+    backward_maybe_with_nosync: set_requires_gradient_sync(False)) and reduce-scatters once after the last
+    (perform_reduce_grad): FSDP2 (zero 2 or 3) holds the stage's unsharded gradients in the reduce dtype until
+    then, and the sharded ones only after them (_fsdp_param_group.py post_backward): one or the other."""
+    synced_late = uses_fsdp(r.pc) & (r.pc.pp > 1)
+    return np.maximum(gradients, np.where(synced_late, held_bytes, 0.0))
+
+
+def torch_stage_io(r: Rank) -> tuple[Array, Array, Array, Array]:
+    """(head and loss activations, pipeline buffers held through the step, p2p transient, loss buffers freed
+    before the layers' backward) under torch's engine [AMP, PIPE]."""
+    scn, pc, cal, m = r.scn, r.pc, r.cal, r.scn.model
+    sbh, sp_div, act = r.sbh, r.sp_div, r.act_bytes
+    ac = uses_autocast(scn, pc)
+    gathered = np.where(pc.sequence_parallel > 0, sbh, sbh / sp_div)  # LM-head input (SP all-gathers it)
+    head_acts = sbh / sp_div * np.where(ac, 4.0, act) + gathered * act
+    # harness parallelize.uses_loss_parallel: vocabulary-parallel logits only without PP (pipelining's stages
+    # return plain tensors); under GPipe the last stage keeps every micro-batch's logits (stage output) and
+    # fp32 log-softmax output until its backward (torch/distributed/pipelining/stage.py fwd_cache)
+    v_split = np.where(pc.pp == 1, pc.tp, 1.0)
+    logits_el = r.s * r.b * m.vocab_size / v_split
+    gpipe_m = np.where((pc.pp > 1) & pc.schedule_is("gpipe"), r.microbatches, 1.0)  # 1F1B: each loss's backward next
+    logits = logits_el * (cal.logits_bytes + (gpipe_m - 1) * (act + 4.0))
+    # [PIPE] receive buffers: the stage input [b, s(/t), h] in the residual dtype (fp32 unless FSDP2's bf16)
+    io_bytes = np.where(uses_fsdp(pc) & ~r.fp32, 2.0, 4.0)
+    held = pipeline_recv_buffers(pc, r.microbatches, not r.last, r.last) * sbh / sp_div * io_bytes
+    # a non-last stage also keeps each in-flight micro-batch's output until its backward (fwd_cache)
+    held = held + np.where((pc.pp > 1) & (not r.last), r.in_flight * sbh / sp_div * io_bytes, 0.0)
+    # the loss's buffers are freed once the LM head's backward is done, before the layers' backward
+    loss_freed = np.where(r.has_head, logits_el * cal.logits_bytes, 0.0)
+    return np.where(r.has_head, head_acts + logits, 0.0), held, np.zeros(len(pc)), loss_freed
+
+
+def torch_freed_gradients(r: Rank, gradients: Array, per_mb: Array) -> Array:
+    """Gradients that appear only as activations are freed [SCHED: torch/distributed/pipelining/schedules.py].
+
+    The gradients made in backward (all but DDP's buckets) appear as the first backward frees its micro-batch:
+    with one micro-batch, GPipe (every forward before the first backward) or 1F1B's first stage with m = pp (no
+    forward after its first backward: Schedule1F1B warmup), they coexist with m - 1 micro-batches' activations
+    only: peak m A + max(0, G - A) (else A + G). Interleaved 1F1B whose warmup, (v - 1) p + 2 (p - 1 - rank)
+    forwards (ScheduleInterleaved1F1B), covers all v m of them: backwards then run chunk by chunk in rounds of p,
+    the last chunk's first; its gradients (G/v) appear as A/v is freed, all of them once p A/v is."""
+    pc = r.pc
+    buckets = np.where((pc.dp > 1) & (pc.zero_stage <= 1), 4.0 * (r.dense + r.expert), 0.0)
+    dynamic = np.maximum(gradients - buckets, 0.0)
+    filled = pc.schedule_is("1f1b") & (r.microbatches <= pc.pp) & (not r.last)
+    overlap = ((pc.schedule_is("gpipe") | filled) & (pc.pp > 1)) | (r.microbatches <= 1)
+    gradients = gradients - np.where(overlap, np.minimum(dynamic, per_mb), 0.0)
+    v, p = pc.virtual_stages, pc.pp
+    warm = (v - 1) * p + 2 * (p - 1 - np.where(r.last, p - 1, 0.0))
+    filled_v = pc.schedule_is("interleaved") & (p > 1) & (warm >= v * r.microbatches)
+    extra = np.maximum(0.0, np.maximum(dynamic / v - per_mb / v, dynamic - p * per_mb / v))
+    return gradients - np.where(filled_v, dynamic - extra, 0.0)
+
+
+def torch_working(r: Rank, working: Array) -> Array:
+    """DTensor has no row-sharded strategy for the embedding's backward (torch/distributed/tensor/_ops/
+    _embedding_ops.py embedding_dense_backward_strategy): under TP the first stage makes the whole [V, h] gradient
+    (param dtype) before reduce-scattering it; with pp > 1 other micro-batches' activations are still held then."""
+    if r.last:
+        return working
+    m, pc = r.scn.model, r.pc
+    emb_grad = m.vocab_size * m.hidden_size * np.where(uses_fsdp(pc) & ~r.fp32, 2.0, 4.0)
+    return np.where((pc.tp > 1) & (pc.pp > 1), np.maximum(working, emb_grad), working)

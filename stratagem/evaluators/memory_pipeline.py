@@ -1,21 +1,30 @@
-"""Pipeline split for the memory model: layers on the first and last pipeline rank, per stack.
+"""Pipelines for the memory model: layers on the first and last pipeline rank per stack, and the micro-batches
+each schedule keeps in flight.
 
 Sources: [NT] huggingface/nanotron src/nanotron/models/base.py build_model (pipeline blocks assigned by cumulative
 compute cost), models/llama.py get_block_compute_costs; [MLM] Megatron-LM and torch.distributed.pipelining split
 layers evenly with the remainder on the first ranks (evaluators/stages.py, spaces/pipeline_split.py).
+[SCHED] torch/distributed/pipelining/schedules.py: Schedule1F1B warms up num_stages - stage_index forwards, then
+one backward before each forward ("1B1F"); ScheduleInterleaved1F1B warms up (v - 1) p + 2 (p - 1 - rank) chunk
+forwards; ScheduleGPipe runs every forward first. Megatron's schedules.py get_pp_rank_microbatches has the same
+warm-ups (1F1B: p - rank - 1, + 1 in steady state; interleaved: (p - rank - 1) 2 + (v - 1) p). Korthikanti et al.
+2022 sec. 4.2.3: interleaved holds p (1 + (p - 1)/(p v)) micro-batches' worth of a stage's layers on rank 0.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.stages import stage_columns
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.plan import SCHEDULES, Schedule
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import stack_record
 
-__all__ = ["stage_layers", "cost_split_layers", "pipeline_layers"]
+__all__ = ["stage_layers", "cost_split_layers", "pipeline_layers", "IN_FLIGHT", "in_flight"]
 
 Array = NDArray[np.float64]
 
@@ -56,3 +65,25 @@ def pipeline_layers(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
     first, last = cost_split_layers(m.num_layers, layer_cost, float(m.vocab_size * m.hidden_size), pc.pp)
     interleaved = pc.virtual_stages > 1  # nanotron has no interleaved schedule: fall back to the even split
     return np.where(interleaved, even, first), np.where(interleaved, even, last)
+
+
+# Micro-batches of a stage's activations held at its peak, per schedule: (first stage, last stage) as functions of
+# (p, v, m) [SCHED]. A warm-up of w forwards holds w; 1F1B's first stage holds min(p, m), its last 1; ZB-H1 (Qi et
+# al. 2023) splits backward but keeps 1F1B's peak; interleaved chunks are 1/v of the stage's layers each.
+InFlight = Callable[[Array, Array, Array], tuple[Array, Array]]
+IN_FLIGHT: dict[Schedule, InFlight] = {
+    "gpipe": lambda p, v, m: (m, m),
+    "1f1b": lambda p, v, m: (np.minimum(p, m), np.ones_like(m)),
+    "interleaved": lambda p, v, m: (np.minimum(m, p + (p - 1) / v), np.minimum(m, 1 + (p - 1) / v)),
+    "zero_bubble": lambda p, v, m: (np.minimum(p, m), np.ones_like(m)),
+}
+
+
+def in_flight(pc: PlanColumns, microbatches: Array, last: bool) -> Array:
+    """Micro-batches whose activations the first (or last) stage holds at its peak: `IN_FLIGHT` of the plan's
+    schedule; 1 without pipeline parallelism."""
+    p, v = pc.pp, pc.virtual_stages
+    m = np.broadcast_to(np.asarray(microbatches, dtype=np.float64), p.shape)
+    held = np.select([pc.schedule_is(s) for s in SCHEDULES],
+                     [IN_FLIGHT[s](p, v, m)[1 if last else 0] for s in SCHEDULES], m)
+    return np.where(p > 1, held, 1.0)
