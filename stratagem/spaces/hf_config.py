@@ -112,7 +112,10 @@ def _build(kind: str, cfg: dict[str, Any], name: str) -> ModelSpec:
                           expert_ffn_hidden_size=cfg["moe_intermediate_size"],
                           shared_experts=cfg.get("n_shared_experts") or 0,
                           first_dense_layers=cfg.get("first_k_dense_replace", 0),
-                          router_bias=cfg.get("topk_method") == "noaux_tc")
+                          router_bias=cfg.get("topk_method") == "noaux_tc",
+                          # group-limited routing (modeling_deepseek.py MoEGate: n_group groups, topk_group of them)
+                          route_groups=cfg.get("n_group") if (cfg.get("n_group") or 1) > 1 else None,
+                          route_groups_per_token=cfg.get("topk_group") if (cfg.get("n_group") or 1) > 1 else None)
         common = _common(cfg, name)
         common.update(num_kv_heads=None, head_dim=None)
         return ModelSpec(**common, ffn_hidden_size=cfg["intermediate_size"], mla=mla, moe=moe)

@@ -38,6 +38,7 @@ __all__ = [
     "KernelPath",
     "KERNEL_PATHS",
     "Dispatcher",
+    "ScheduleExclusion",
 ]
 
 Fp8Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8"]
@@ -68,6 +69,31 @@ class StateTerm:
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class ScheduleExclusion(BaseModel):
+    """One pipeline schedule the stack cannot honour in some combination: the search space does not propose it,
+    and where `refused_by` is "harness" the training harness refuses it too (launch/harness/support.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schedule: str
+    """Plan.pp_schedule value."""
+    when: Literal["cp>1", "one_chunk"]
+    """The combination: with context parallelism, or with one model chunk per rank (virtual_stages = 1)."""
+    refused_by: Literal["harness", "export"]
+    """harness: stratagem's own real runs refuse it; export: the stack's shipped trainer has no such schedule,
+    so an export would have to convert it (the harness may still run it when given explicitly)."""
+    reason: str
+    """Why, in words, with the fix."""
+    source: str
+    """The engine code (or measurement) behind it."""
+
+    def applies(self, schedule: str, cp: int, virtual_stages: int) -> bool:
+        """Whether this exclusion covers a plan with this schedule, cp and chunks per rank (pp > 1)."""
+        if schedule != self.schedule:
+            return False
+        return cp > 1 if self.when == "cp>1" else virtual_stages == 1
 
 
 class StackRecord(BaseModel):
@@ -146,6 +172,9 @@ class StackRecord(BaseModel):
     kernel_paths: tuple[KernelPath, ...] = ("eager",)
     """Kernel paths the stack can run (TrainingSpec.kernels): eager ops, torch.compile'd ops, or Transformer
     Engine's fused kernels; the first is the shipped default (compiled when training.compile is on)."""
+    schedule_exclusions: tuple[ScheduleExclusion, ...] = ()
+    """Schedules the stack cannot honour in some combination (ScheduleExclusion): one rule for the search space,
+    the harness and the exporters."""
     moe_dispatchers: tuple[Dispatcher, ...] = ("alltoall",)
     """MoE token dispatchers the stack ships (TrainingSpec.moe_dispatcher); the first is the default."""
     ep_comm_overlap: bool = False
@@ -189,6 +218,15 @@ class StackRecord(BaseModel):
     """Activation checkpointing modes (Plan.activation_checkpointing values)."""
     sources: dict[str, str]
     """Per capability and speed-term field: the engine code that enforces or defines it (file: function)."""
+
+    def schedule_exclusion(self, schedule: str, cp: int, virtual_stages: int,
+                           refused_by: str | None = None) -> ScheduleExclusion | None:
+        """The first exclusion covering (schedule, cp, virtual_stages), of `refused_by` when given; None if the
+        stack honours the combination."""
+        for ex in self.schedule_exclusions:
+            if (refused_by is None or ex.refused_by == refused_by) and ex.applies(schedule, cp, virtual_stages):
+                return ex
+        return None
 
     def cite(self, field: str) -> str:
         """The engine code behind `field`, for messages."""
@@ -244,6 +282,14 @@ _TORCH = StackRecord(
     tp_comm_overlap_default=False,
     p2p_overlap=False,
     kernel_paths=("eager", "compiled"),
+    schedule_exclusions=(
+        ScheduleExclusion(
+            schedule="zero_bubble", when="cp>1", refused_by="harness",
+            reason="with the zero_bubble schedule's split input/weight backward, ring attention's gradients differ "
+                   "from the single-process reference (torch 2.13); use pp_schedule 1f1b, gpipe or interleaved "
+                   "with cp > 1, or cp=1",
+            source="measured in stratagem's harness: parameter rel. error 1e-2 (launch/harness/support.py)"),
+    ),
     moe_dispatchers=("alltoall",),
     grouped_gemm=True,
     schedules=("gpipe", "1f1b", "interleaved", "zero_bubble"),

@@ -110,3 +110,30 @@ def test_fp8_depends_on_the_device(tiny: Scenario) -> None:
     plan = parse_plan("dp=4,precision=fp8")
     assert unsupported(tiny, plan, device_type="cpu") is not None
     assert unsupported(tiny, plan, device_type="cuda") is None
+
+
+# ---- issue 24 item 6: one rule for what runs ---------------------------------------------------------------------
+def test_the_torch_space_never_proposes_a_schedule_its_harness_refuses() -> None:
+    """The harness's schedule refusals and the space's enumeration read the same stack-record data
+    (spaces/stacks.py ScheduleExclusion): every plan the torch space proposes passes the harness's schedule check,
+    and the refused combination is a validity-rule violation too."""
+    from stratagem.spaces import SearchConfig, SearchSpace, cluster_preset, model_preset, violations
+    from stratagem.spaces.stacks import stack_record
+
+    rec = stack_record("torch")
+    harness_lines = [ex.reason for ex in rec.schedule_exclusions if ex.refused_by == "harness"]
+    assert harness_lines  # cp with zero_bubble
+    for model, gpus in (("llama3-8b", 16), ("tiny-4l", 8)):
+        scn = Scenario(model=model_preset(model), cluster=cluster_preset("h100-sxm-80g", gpus),
+                       training={"seq_len": 4096, "global_batch_size": 32, "stack": "torch"},
+                       search=SearchConfig(cp=[1, 2], pp=[1, 2, 4], activation_checkpointing=["full"]))
+        cols = SearchSpace(scn).enumerate()
+        plans = [cols.plan(i) for i in range(len(cols))]
+        assert any(p.pp > 1 and p.cp > 1 for p in plans) and any(p.pp_schedule == "zero_bubble" for p in plans)
+        for p in plans:
+            assert not any(line in r for r in refusals(scn, p, "cuda") for line in harness_lines), p.short()
+    scn = Scenario(model=model_preset("tiny-4l"), cluster=cluster_preset("h100-sxm-80g", 8),
+                   training={"seq_len": 4096, "global_batch_size": 32, "stack": "torch"})
+    refused = parse_plan("pp=2,cp=2,dp=2,schedule=zero_bubble")
+    assert any("zero_bubble" in v for v in violations(scn, refused))
+    assert (unsupported(scn, refused) or "").startswith("plan.cp (2)")

@@ -148,7 +148,7 @@ DEEPSEEK_V3_CFG = {
     "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
     "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
     "qk_rope_head_dim": 64, "v_head_dim": 128, "topk_method": "noaux_tc", "tie_word_embeddings": False,
-    "num_nextn_predict_layers": 1,
+    "num_nextn_predict_layers": 1, "n_group": 8, "topk_group": 4,
 }
 QWEN3_MOE_CFG = {
     "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import stack_record
 from stratagem.spaces.training import TrainingSpec
 
 __all__ = ["DEFAULT_LR", "HARNESS_OPTIMIZERS", "model_refusal", "plan_refusals", "microbatch_refusal", "optimizer_refusal",
@@ -60,10 +61,13 @@ def optimizer_refusal(optimizer: str) -> str | None:
 def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     """Every plan field value the harness does not apply to this model on `device_type` ("cpu"/"cuda")."""
     out: list[str] = []
-    if plan.cp > 1 and plan.pp > 1 and plan.pp_schedule == "zero_bubble":  # measured: param rel. error 1e-2
-        out.append(f"plan.cp ({plan.cp}): with the zero_bubble schedule's split input/weight backward, ring "
-                   "attention's gradients differ from the single-process reference (torch 2.13); use pp_schedule "
-                   "1f1b, gpipe or interleaved with cp > 1, or cp=1")
+    # schedule combinations the torch stack's record marks as refused by the harness (spaces/stacks.py
+    # ScheduleExclusion): the same data the search space reads, so the space never proposes them
+    ex = stack_record("torch").schedule_exclusion(plan.pp_schedule, plan.cp, plan.virtual_stages, "harness")
+    if plan.pp > 1 and ex is not None:
+        field = "plan.cp" if ex.when == "cp>1" else "plan.pp_schedule"
+        value = plan.cp if ex.when == "cp>1" else plan.pp_schedule
+        out.append(f"{field} ({value}): {ex.reason}")
     if plan.cp > 1 and spec.moe is not None:
         out.append(f"plan.cp ({plan.cp}): the MoE balance loss is sequence-wise (it needs each whole sequence) and the "
                    "harness's expert grid folds over dp and tp only; use cp=1 for MoE models")
