@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import resource
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
+import typer
 from rich.table import Table
 
 from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scenario_and_plan
+from stratagem.spaces import format_plan
 from stratagem.units import GIB
 
 if TYPE_CHECKING:
@@ -19,7 +22,10 @@ if TYPE_CHECKING:
     from stratagem.search.traced import TracedResult
     from stratagem.spaces import Scenario
 
-__all__ = ["trace_table", "traced_phase"]
+__all__ = ["trace_table", "traced_phase", "TRACE_FORMAT"]
+
+TRACE_FORMAT = "stratagem-trace/1"
+"""The `format` of the JSON `stratagem trace -o` writes (stratagem.files recognises it as stratagem's)."""
 
 
 _NAMES = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer", "activations": "activations",
@@ -46,18 +52,33 @@ def trace_table(role: TracedRole) -> Table:
 
 
 @app.command("trace")
-def trace_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False) -> None:
+def trace_cmd(
+    scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the traced roles as JSON "
+                                                "(format stratagem-trace/1) to this file.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace -o even if stratagem did not write it.")] = False,
+) -> None:
     """Trace one full training step of the plan's first, middle and last pipeline ranks at full size on fake
     tensors (the harness's own model, parallelism and optimizer; a fake process group of the plan's world
     size): the peak bytes split into weights, gradients, optimizer states, activations and the rest, beside
     the analytic prediction. Plans the harness cannot run are refused with its reason."""
+    from stratagem.files import check_owned, write_owned
     from stratagem.launch.trace.run import trace_plan
 
     scn, pl = scenario_and_plan(scenario, plan)
+    if output is not None:
+        check_owned(output, force)  # before the trace: a path it must not replace is refused now
     start = time.perf_counter()
     roles = trace_plan(scn, pl)
     wall = time.perf_counter() - start
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if output is not None:
+        doc = {"format": TRACE_FORMAT, "scenario": scn.name, "plan": format_plan(pl),
+               "roles": [r.to_json() for r in roles]}
+        write_owned(output, json.dumps(doc, indent=1) + "\n", force)
+        from rich.console import Console
+
+        Console(stderr=True).print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps([r.to_json() for r in roles], indent=1))
         return

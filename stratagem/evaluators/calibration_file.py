@@ -30,6 +30,8 @@ __all__ = ["FORMAT", "CalibrationRunRecord", "CalibrationProvenance", "Calibrati
            "check_device"]
 
 FORMAT = "stratagem-calibration/1"
+CALIBRATION_MAX_BYTES = 1 << 20
+"""Largest calibration file read: one with a dozen runs is about 10 KB."""
 DEFAULT_LABEL = "published defaults (fitted on bench/reference, H100)"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -133,7 +135,7 @@ def load_calibration(path: str | Path) -> CalibrationFile:
     """Read a calibration file (bounded: stratagem.files.read_yaml); errors are one line naming the file and the
     field."""
     p = Path(path)
-    data = read_yaml(p, "calibration", hint="write one with `stratagem calibrate`")
+    data = read_yaml(p, "calibration", CALIBRATION_MAX_BYTES, hint="write one with `stratagem calibrate`")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise StratagemError(f"calibration ({p}): format is not {FORMAT}; write it with `stratagem calibrate`")
     try:

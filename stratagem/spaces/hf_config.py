@@ -7,11 +7,13 @@ from the file takes the class default where that default is what the released ch
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from stratagem.errors import StratagemError
+from stratagem.files import read_json
 from stratagem.spaces.model import MLASpec, ModelSpec, MoESpec
 
 __all__ = ["read_hf_config", "spec_from_hf_dict", "llama4_vision_params", "SUPPORTED_MODEL_TYPES"]
@@ -21,16 +23,11 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3
 
 
 def read_hf_config(path: str | Path) -> ModelSpec:
-    """The ModelSpec of a local config.json (or a directory holding one)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    try:
-        cfg: dict[str, Any] = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise StratagemError(f"model.hf_config ({p}): file not found; give the path of a config.json") from None
-    except json.JSONDecodeError as e:
-        raise StratagemError(f"model.hf_config ({p}): not valid JSON ({e.msg} at line {e.lineno})") from None
+    """The ModelSpec of a local config.json (or a directory holding one), read bounded (stratagem.files)."""
+    from stratagem.spaces.scenario import check_hf_config
+
+    p = check_hf_config(path)
+    cfg: dict[str, Any] = read_json(p, "model.hf_config")
     return spec_from_hf_dict(cfg, name=str(cfg.get("_name_or_path") or p.parent.name or "hf-model"))
 
 
@@ -74,10 +71,25 @@ def _common(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 def spec_from_hf_dict(cfg: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec of a parsed config.json; errors name the missing key or the unsupported model_type."""
     kind = str(cfg.get("model_type", ""))
+    for section in ("text_config", "vision_config"):
+        if section in cfg and not isinstance(cfg[section], dict):
+            raise StratagemError(f"model.hf_config: {section} ({type(cfg[section]).__name__}) must be an object of "
+                                 "fields; give the model's own config.json")
     try:
         return _build(kind, cfg, name)
     except KeyError as e:
         raise StratagemError(f"model.hf_config: {kind} config lacks key {e.args[0]!r}") from None
+    except ValidationError as e:  # a field of the ModelSpec it maps to: name the config's value
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise StratagemError(f"model.hf_config: {kind} config gives {loc} ({err.get('input')!r}): "
+                             f"{err['msg'].removeprefix('Value error, ')}") from None
+    except ZeroDivisionError:
+        raise StratagemError(f"model.hf_config: {kind} config has a size of 0 where a size divides (e.g. "
+                             "patch_size, pixel_shuffle_ratio, n_head); give the model's own config.json") from None
+    except (TypeError, AttributeError, IndexError) as e:
+        raise StratagemError(f"model.hf_config: {kind} config has a value of the wrong type ({e}); give the "
+                             "model's own config.json") from None
 
 
 def _build(kind: str, cfg: dict[str, Any], name: str) -> ModelSpec:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from stratagem.errors import StratagemError
+from stratagem.files import read_json, read_yaml
 from stratagem.spaces.hardware import ClusterSpec
 from stratagem.spaces.model import ModelSpec, model_preset
 from stratagem.spaces.plan import Plan, is_label, parse_plan
@@ -46,6 +46,21 @@ class Scenario(BaseModel):
             data["model"] = _resolve_model(data["model"])
         return data
 
+    @model_validator(mode="after")
+    def _bounded(self) -> Scenario:
+        for field in ("global_batch_size", "seq_len"):
+            value = getattr(self.training, field)
+            if value > MAX_BATCH:
+                raise StratagemError(f"training.{field} ({value}): at most {MAX_BATCH:,}; give the real value")
+        if self.search is not None:
+            _check_search(self.search)
+        for field, text in (("model.name", self.model.name), ("cluster.gpu.name", self.cluster.gpu.name)):
+            bad = _CONTROL.search(text)
+            if bad:
+                raise StratagemError(f"{field} ({text!r}): holds the control character {bad.group()!r}, which "
+                                     "would reach the terminal raw; use printable characters")
+        return self
+
     @property
     def name(self) -> str:
         """A label: the model on the cluster, e.g. `llama3-8b on 8x h100-sxm-80g`."""
@@ -58,46 +73,28 @@ class Scenario(BaseModel):
     def problem_hash(self) -> str:
         """Hash of model + cluster + training (not the plan, the search section nor the calibration file):
         identifies the problem."""
-        blob = json.dumps(self.model_dump(exclude={"plan": True, "search": True, "cluster": {"calibration"}},
+        blob = json.dumps(self.model_dump(exclude={"plan": True, "search": True, "cluster": {"calibration", "calibration_device_mismatch"}},
                                           mode="json"), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 HF_CONFIG_MAX_BYTES = 4 << 20  # a config.json is kilobytes (Llama 4's, with its vision section, ~10 KB)
+SCENARIO_MAX_BYTES = 1 << 20  # a scenario is a few hundred bytes; a search section with long lists a few KB
+MAX_BATCH = 1 << 24
+"""Largest global_batch_size and seq_len accepted (16,777,216): 8,000x Llama 3 405B's 2,048 sequences of 8,192
+tokens; beyond it enumerating their divisors (O(sqrt n)) would take minutes."""
 
 
 def check_hf_config(value: Any) -> Path:
     """The config.json an `hf_config` names, checked before it is parsed: a path (or a directory holding
-    config.json) to a regular file of at most HF_CONFIG_MAX_BYTES of UTF-8 JSON whose top level is an object.
-    Never reads more than that (a FIFO, /dev/zero or a huge file is refused unread)."""
+    config.json) to a regular file of at most HF_CONFIG_MAX_BYTES of UTF-8 JSON whose top level is an object
+    (stratagem.files.read_json: a FIFO, /dev/zero or a huge file is refused unread)."""
     if not isinstance(value, str | Path) or not str(value):
         raise StratagemError(f"model.hf_config ({value!r}): give the path of a config.json")
     p = Path(value)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise StratagemError(f"model.hf_config ({p}): file not found; give the path of a config.json") from None
-    except OSError as e:
-        raise StratagemError(f"model.hf_config ({p}): cannot read: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise StratagemError(f"model.hf_config ({p}): not a regular file; give the path of a config.json")
-    if st.st_size > HF_CONFIG_MAX_BYTES:
-        raise StratagemError(f"model.hf_config ({p}): {st.st_size:,} bytes, over the {HF_CONFIG_MAX_BYTES >> 20} MiB "
-                             "a config.json can be; give the model's config.json")
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(HF_CONFIG_MAX_BYTES + 1)
-    except OSError as e:
-        raise StratagemError(f"model.hf_config ({p}): cannot read: {e.strerror}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise StratagemError(f"model.hf_config ({p}): not a text file (not UTF-8); give the model's config.json") \
-            from None
-    except json.JSONDecodeError as e:
-        raise StratagemError(f"model.hf_config ({p}): not valid JSON ({e.msg} at line {e.lineno})") from None
+    data = read_json(p, "model.hf_config", HF_CONFIG_MAX_BYTES, hint="give the path of a config.json")
     if not isinstance(data, dict):
         raise StratagemError(f"model.hf_config ({p}): a JSON {type(data).__name__}, not an object; a config.json "
                              "holds one object of fields such as model_type and hidden_size")
@@ -141,6 +138,7 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
     """Validate a parsed YAML/JSON mapping; errors become one line naming the field."""
     if not isinstance(data, dict):
         raise StratagemError(f"{source}: expected a mapping with model, cluster and training sections")
+    _check_finite(data, source)
     try:
         return Scenario(**data)
     except ValidationError as e:
@@ -155,21 +153,41 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
         raise StratagemError(f"{source}: {e}") from None
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Control characters (C0, DEL, C1, line/paragraph separators): never in a name that is printed."""
+_DEGREES = ("tp", "pp", "cp", "dp", "ep", "etp", "dp_replicate", "micro_batch_size", "virtual_stages")
+"""search axes that are degrees or sizes (>= 1); zero_stage and the stage layer counts may be 0."""
+
+
+def _check_search(cfg: Any) -> None:
+    """search.seed >= 0 (numpy's generators take no negative seed) and degree axes >= 1 (a 0 would divide)."""
+    if cfg.seed < 0:
+        raise StratagemError(f"search.seed ({cfg.seed}): must be >= 0")
+    for name in _DEGREES:
+        axis = getattr(cfg, name, None)
+        values = axis if isinstance(axis, list) else [axis] if isinstance(axis, int) else []  # a range holds divisors
+        bad = [v for v in values if isinstance(v, int) and v < 1]
+        if bad:
+            raise StratagemError(f"search.{name} ({axis}): {bad[0]} is not a degree; every value must be >= 1")
+
+
+def _check_finite(data: Any, source: str, where: str = "") -> None:
+    """Refuse NaN and infinities anywhere in the scenario (YAML .nan/.inf): a price, MTBF, bandwidth or budget
+    that is not a number would silently become a result."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise StratagemError(f"{source}: {where or 'value'} ({data}): must be a finite number")
+    if isinstance(data, dict):
+        for k, v in data.items():
+            _check_finite(v, source, f"{where}.{k}" if where else str(k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            _check_finite(v, source, f"{where}.{i}")
+
+
 def load_scenario(path: str | Path) -> Scenario:
-    """Read a scenario YAML file."""
+    """Read a scenario YAML file (bounded: stratagem.files.read_yaml, SCENARIO_MAX_BYTES)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise StratagemError(f"scenario ({p}): file not found") from None
-    except IsADirectoryError:
-        raise StratagemError(f"scenario ({p}): is a directory; give a YAML file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise StratagemError(f"scenario ({p}): not valid YAML{where}") from None
+    data = read_yaml(p, "scenario", SCENARIO_MAX_BYTES, hint="give a scenario YAML file")
     model = data.get("model") if isinstance(data, dict) else None
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
         # A relative hf_config path is relative to the scenario file, not to the working directory.

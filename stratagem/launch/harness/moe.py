@@ -27,7 +27,8 @@ from torch import nn
 
 from stratagem.spaces.model import ModelSpec
 
-__all__ = ["AUX_LOSS_COEF", "AuxLoss", "GroupedExperts", "MoE", "apply_experts", "expert_parameters", "sync_expert_grads"]
+__all__ = ["AUX_LOSS_COEF", "AuxLoss", "GroupedExperts", "MoE", "apply_experts", "expert_parameters", "sync_expert_grads",
+           "routed_counts", "received_counts"]
 
 AUX_LOSS_COEF = 1e-3
 """alpha of the sequence-wise balance loss (DeepSeek-V3 uses 1e-4; larger here so 5 steps move the router)."""
@@ -140,9 +141,9 @@ class MoE(nn.Module):
         flat = chosen_mine.flatten()  # [T' k]
         order = flat.argsort(stable=True)
         source = order // self.top_k + first  # token of each routed copy, sorted by expert
-        counts = torch.bincount(flat, minlength=self.num_experts)  # [E]
+        counts = routed_counts(flat, self.num_experts)  # [E]
         if self.ep_group is None:
-            routed = self.experts(tokens[source], counts.tolist())  # [T' k, h]
+            routed = self.experts(tokens[source], counts)  # [T' k, h]
         else:
             routed = self._dispatch_combine(tokens[source], counts)  # [T' k, h]
         routed = routed * mine.flatten()[order, None]
@@ -179,27 +180,25 @@ class MoE(nn.Module):
                                                           ff.get_parameter("down.w2.weight")))
         return (F.silu(tokens @ w1.T) * (tokens @ w3.T)) @ w2.T  # [T, f/t] -> [T, h] partial
 
-    def _dispatch_combine(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _dispatch_combine(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Expert parallelism: the routed copies x [n, h] (sorted by expert, counts [E]) go to the ep rank that
         holds their expert (all_to_all_single with split sizes), run there, and come back in the same order.
 
         Rank r holds experts [r E/ep, (r+1) E/ep). What a rank receives is grouped by source rank, then by
         expert; it is regrouped by expert for the grouped experts, and back again before the return trip
         (torchtitan's expert_parallel dispatch/combine, without its token-group padding)."""
-        import torch.distributed as dist
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
         ep, local_e = self.ep, self.num_experts // self.ep
-        recv_counts = torch.empty_like(counts)  # [ep * local_e]: from source rank s, for local expert e
-        dist.all_to_all_single(recv_counts, counts, group=self.ep_group)
-        send = counts.view(ep, local_e).sum(1).tolist()  # copies for each destination rank
-        grid = recv_counts.view(ep, local_e)  # [source, local expert]
-        recv = grid.sum(1).tolist()
+        send = [sum(counts[d * local_e:(d + 1) * local_e]) for d in range(ep)]  # copies for each destination
+        got_counts = received_counts(counts, x.device, self.ep_group)  # [ep * local_e]: source s, local expert e
+        grid = [got_counts[s * local_e:(s + 1) * local_e] for s in range(ep)]  # [source][local expert]
+        recv = [sum(row) for row in grid]
         got = all_to_all_single_autograd(x, recv, send, self.ep_group)  # [sum(recv), h]
-        blocks = torch.split(got, grid.flatten().tolist())  # block s * local_e + e
+        blocks = torch.split(got, got_counts)  # block s * local_e + e
         by_expert = [blocks[s * local_e + e] for e in range(local_e) for s in range(ep)]
-        out = self.experts(torch.cat(by_expert), grid.sum(0).tolist())  # [sum(recv), h]
-        done = torch.split(out, grid.t().flatten().tolist())  # block e * ep + s
+        out = self.experts(torch.cat(by_expert), [sum(row[e] for row in grid) for e in range(local_e)])
+        done = torch.split(out, [grid[s][e] for e in range(local_e) for s in range(ep)])  # block e * ep + s
         by_source = torch.cat([done[e * ep + s] for s in range(ep) for e in range(local_e)])
         return all_to_all_single_autograd(by_source, send, recv, self.ep_group)  # [n, h]
 
@@ -210,6 +209,23 @@ class MoE(nn.Module):
         f = hits.sum(dim=1) * e / (self.top_k * s)  # [b, E]
         p = probs.mean(dim=1)  # [b, E]
         return AUX_LOSS_COEF * (f * p).sum() / self.aux_rows
+
+
+def routed_counts(flat: torch.Tensor, num_experts: int) -> list[int]:
+    """Routed copies per expert [E] (bincount of the chosen experts), the split sizes the experts run. The trace
+    replaces it (launch/trace/kernels.py `bounded_routing`: fake tensors hold no data to count)."""
+    return torch.bincount(flat, minlength=num_experts).tolist()
+
+
+def received_counts(counts: list[int], device: torch.device, group: Any) -> list[int]:
+    """Copies this rank receives [ep * local_e], from source rank s for local expert e at s * local_e + e: an
+    all-to-all of every rank's `counts`. Replaced by the trace as `routed_counts` is."""
+    import torch.distributed as dist
+
+    sent = torch.tensor(counts, dtype=torch.int64, device=device)
+    got = torch.empty_like(sent)
+    dist.all_to_all_single(got, sent, group=group)
+    return got.tolist()
 
 
 def expert_parameters(module: nn.Module) -> list[nn.Parameter]:

@@ -31,7 +31,7 @@ from torch import nn
 
 from stratagem.launch.trace.fake import BlockBytes
 
-__all__ = ["gpu_rms_norm", "no_propagation_bytes", "label_gradients", "gpu_step"]
+__all__ = ["gpu_rms_norm", "no_propagation_bytes", "label_gradients", "gpu_step", "bounded_routing", "routing_bound"]
 
 
 class _FusedRMSNorm(torch.autograd.Function):
@@ -123,6 +123,47 @@ def label_gradients(tracker: BlockBytes, params: Iterable[nn.Parameter]) -> Iter
         FSDPParamGroup.post_backward = original  # type: ignore[method-assign]
         for h in handles:
             h.remove()
+
+
+def routing_bound(scenario: Any, plan: Any) -> float:
+    """Busiest expert rank's copies over the balanced share: the analytic model's load imbalance (balls into
+    bins, capped by the capacity factor: evaluators/experts.py `load_imbalance`)."""
+    from stratagem.evaluators.experts import load_imbalance
+    from stratagem.spaces.columns import PlanColumns
+
+    return float(load_imbalance(scenario, PlanColumns.from_plans([plan]))[0])
+
+
+@contextmanager
+def bounded_routing(scenario: Any, plan: Any) -> Iterator[None]:
+    """The MoE router's data-dependent sizes, set for fake tensors (which hold no routing to count: bincount
+    has no fake kernel and `.tolist()` no data). `routed_counts`: a rank's T k copies split evenly over the
+    E experts; `received_counts`: the traced rank is the busiest expert rank, receiving `routing_bound` x the
+    balanced share from every source rank (rounded up). Both are the sizes the analytic memory model assumes."""
+    import math
+
+    import torch.distributed as dist
+
+    from stratagem.launch.harness import moe
+
+    factor = routing_bound(scenario, plan)
+
+    def routed(flat: torch.Tensor, num_experts: int) -> list[int]:
+        n = flat.numel()
+        return [n // num_experts + (1 if e < n % num_experts else 0) for e in range(num_experts)]
+
+    def received(counts: list[int], device: torch.device, group: Any) -> list[int]:
+        ep = dist.get_world_size(group)
+        local = len(counts) // ep
+        mine = counts[:local]  # balanced: every source sends each of this rank's experts the same share
+        return [math.ceil(c * factor) for _ in range(ep) for c in mine]
+
+    originals = moe.routed_counts, moe.received_counts
+    moe.routed_counts, moe.received_counts = routed, received
+    try:
+        yield
+    finally:
+        moe.routed_counts, moe.received_counts = originals
 
 
 @contextmanager

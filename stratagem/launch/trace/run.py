@@ -39,11 +39,14 @@ from torch import nn
 
 from stratagem.errors import StratagemError
 from stratagem.launch.harness.model import build_model, check_supported, named_parameters
+from stratagem.launch.harness.moe import sync_expert_grads
 from stratagem.launch.harness.parallelize import (
     build_mesh,
     build_optimizer,
     check_applicable,
+    expert_mesh,
     parallelize,
+    uses_expert_mesh,
     uses_fsdp,
     wrap_ddp,
 )
@@ -53,9 +56,10 @@ from stratagem.launch.harness.pipeline import (
     check_microbatches,
     rank_chunks,
 )
-from stratagem.launch.harness.train import DEFAULT_LR, Job, _forward_backward, loss_fn
+from stratagem.launch.harness.support import token_split_refusal
+from stratagem.launch.harness.train import DEFAULT_LR, Job, _forward_backward, loss_fn, set_aux_rows
 from stratagem.launch.trace.fake import BLOCKS, BlockBytes, fake_world
-from stratagem.launch.trace.kernels import gpu_step
+from stratagem.launch.trace.kernels import bounded_routing, gpu_step
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
@@ -233,6 +237,9 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     check_applicable(plan, spec, device)
     micro = plan.grad_accumulation(training.global_batch_size)
     check_microbatches(plan, micro)
+    split = token_split_refusal(plan, spec, training.seq_len)
+    if split:
+        raise StratagemError(split)
     # Without pipelining, micro-batches run one after another into the same gradients: micro-batches 2..m-1
     # repeat micro-batch 2's memory exactly (gradients held + one micro-batch's activations), and the last
     # adds DDP's in-place all-reduce. So the first and the last are traced; a pipeline schedule runs all m
@@ -241,17 +248,20 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     start, cpu_start = time.perf_counter(), time.process_time()
     with fake_world(plan.world_size, rank):
         mesh: Any = build_mesh(plan, "cpu") if plan.world_size > 1 else None
+        # MoE under ep or tp: the routed experts on their own mesh, outside DDP/FSDP (as train.build_job)
+        experts: Any = expert_mesh(plan, "cpu") if uses_expert_mesh(plan, spec) else None
         pp_rank = 0 if mesh is None else int(mesh["pp"].get_local_rank())
         stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
         chunks = plan.pp * plan.virtual_stages
         modules = [build_stage_model(spec, plan, s) for s in stage_ids] if plan.pp > 1 else [build_model(spec)]
         for module in modules:  # outside fake mode: FSDP2 and DeviceMesh compute coordinates with real ops
-            parallelize(module, plan, mesh)
+            parallelize(module, plan, mesh, experts)
         tracker = BlockBytes()
         saved_outputs: list[tuple[nn.Module, torch.Size, torch.dtype]] = []
         with FakeTensorMode(allow_non_fake_inputs=True), tracker:
             for module in modules:
                 module.to_empty(device=device)
+            set_aux_rows(modules, plan, training.global_batch_size)
             with _ddp_without_shape_check():
                 parts = [wrap_ddp(m, plan, mesh) for m in modules]
             for part in parts:
@@ -267,7 +277,9 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
             job = Job(scenario=scenario, plan=plan, device=device, mesh=mesh, parts=parts, stage_ids=stage_ids,
                       optimizer=optimizer, schedule=schedule,
                       dp_rank=0, microbatches=traced, is_first=0 in stage_ids, is_last=is_last,
-                      loss_owner=is_last)
+                      loss_owner=is_last, experts_apart=experts is not None,
+                      edp_group=experts["edp"].get_group() if experts is not None and experts["edp"].size() > 1
+                      else None)
             _warm_up_optimizer(params, optimizer)
             tracker.label(_optimizer_states(optimizer), "optimizer")
             states = {"param_bytes": sum(_nbytes(p) for p in params),
@@ -286,8 +298,11 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
             rows = traced * plan.micro_batch_size  # this data-parallel rank's rows (all of them with pp > 1)
             x = torch.zeros((rows, training.seq_len), dtype=torch.int64, device=device)
             y = torch.zeros((rows, training.seq_len), dtype=torch.int64, device=device)
-            with _saved_tensor_labels(tracker), gpu_step(tracker, params, kernels):  # train_step without its batch draw and float(loss)
+            with _saved_tensor_labels(tracker), gpu_step(tracker, params, kernels), \
+                    bounded_routing(scenario, plan):  # train_step without its batch draw and float(loss)
                 _forward_backward(job, x, y)
+                if job.experts_apart:  # train_step: expert gradients summed over edp
+                    sync_expert_grads(job.parts, job.edp_group, plan.dp)
                 after_backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -373,7 +388,23 @@ def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0, kernels: str = "cu
         raise StratagemError(f"plan.cp ({plan.cp}): tracing a pipeline with context parallelism is not supported yet "
                              "(its stages' inputs are sequence shards with their positions); trace cp=1 or pp=1")
     _warm_imports()
-    return [_forked(trace_role, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
+    return [_forked(_role_or_reason, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
+
+
+def _role_or_reason(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int, kernels: str) -> TracedRole:
+    """`trace_role`; an op fake tensors cannot run (no fake kernel, a size that depends on data) becomes a
+    StratagemError naming it: this plan cannot be traced, and a traced search records why and goes on."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    try:
+        return trace_role(scenario, plan, role, rank, seed, kernels)
+    except (DynamicOutputShapeException, DataDependentOutputException, UnsupportedOperatorException) as e:
+        raise StratagemError(f"plan ({plan.short()}): cannot be traced on fake tensors ({role} stage): "
+                             f"{type(e).__name__} in {e}") from None
 
 
 def _warm_imports() -> None:
