@@ -1,4 +1,5 @@
-"""`stratagem evaluate` and `stratagem presets` through the real entry point (`stratagem.cli:main`).
+"""`stratagem evaluate`, `presets` and the study options every study command shares, through the real entry
+point (`stratagem.cli:main`).
 
 Exit 0 with a table or JSON; a user mistake exits 2 with one line on stderr naming the field and the fix,
 never a traceback.
@@ -88,7 +89,7 @@ def test_evaluate_oom_names_first_block(monkeypatch: pytest.MonkeyPatch, capsys:
 @pytest.mark.parametrize("args,fragments", [
     (["evaluate", "missing.yaml"], ["scenario (missing.yaml): file not found"]),
     (["evaluate", str(EXAMPLE), "--plan", "tp=3"], ["tp (3) must divide num_attention_heads (32)", "valid: 1, 2"]),
-    (["evaluate", str(EXAMPLE), "--plan", "dp8"], ["write key=value pairs"]),
+    (["evaluate", str(EXAMPLE), "--plan", "dp8 qq"], ["plan label ('qq'): not a label part", "key=value pairs"]),
     (["evaluate", str(EXAMPLE), "--plan", "zero=7"], ["plan.zero_stage (7)"]),
     (["evaluate", str(EXAMPLE), "--plan", "dp=4,mbs=3"], ["dp*tp*pp*cp (4*1*1*1 = 4)"]),
 ])
@@ -171,3 +172,50 @@ def test_bottleneck_names_a_zone_only_at_warn_or_bad(monkeypatch: pytest.MonkeyP
 
     oom = evaluate(scn, resolve_plan(scn, "zero=1"))
     assert oom.zones is not None and oom.zones.hbm.level == "bad" and bottleneck_label(oom.zones) == "hbm"
+
+
+TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny-cpu.yaml"
+
+
+def test_every_study_command_finds_the_study_beside_the_scenario(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One default rule (issue 23 item 2): `search` writes stratagem.db beside the scenario; status, report and
+    export given the scenario read it from there, from any working directory; none of them needs --storage."""
+    scenario = tmp_path / "runs" / "s.yaml"
+    scenario.parent.mkdir()
+    scenario.write_text(TINY.read_text())
+    code, _, err = run(monkeypatch, capsys, "search", str(scenario), "--no-report")
+    assert code == 0, err
+    assert (scenario.parent / "stratagem.db").is_file()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, err = run(monkeypatch, capsys, "status", str(scenario), "--json")
+    assert code == 0, err
+    assert json.loads(out)["study"].startswith("s-")
+    code, out, err = run(monkeypatch, capsys, "report", str(scenario), "-f", "json")
+    assert code == 0 and json.loads(out), err
+    code, out, err = run(monkeypatch, capsys, "export", str(scenario), "--to", "torchrun")
+    assert code == 0 and "==> run.sh <==" in out, err
+    assert list(elsewhere.iterdir()) == []  # nothing created where the commands ran
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["status"], ["stratagem status: give the scenario the search ran", "stratagem status SCENARIO.yaml",
+                  "--storage sqlite:///DIR/stratagem.db"]),
+    (["report", "-f", "md"], ["stratagem report: give the scenario the search ran"]),
+    (["export", "--to", "torchrun"], ["stratagem export: give the scenario the search ran"]),
+    (["status", "--storage", "sqlite:///x.db", "--study", "a/b"], ["--study ('a/b'): no '/'", "e.g. a-b"]),
+    (["status", "--storage", "sqlite:///x.db", "--study", "../x"], ["--study ('../x'): no '/'"]),
+    (["status", "--storage", "sqlite:///x.db", "--study", "x" * 5000], ["at most 128 characters"]),
+    (["status", "--storage", "sqlite:///x.db", "--study", "a\x1bb"], ["control characters"]),
+    (["status", "--storage", "sqlite:///x.db", "--study", "s", "--storage-retry-minutes", "nan"],
+     ["Invalid value for '--storage-retry-minutes'"]),
+    (["status", "--storage", "sqlite:///x.db", "--study", "s"], ["file x.db not found"]),
+])
+def test_study_options_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str], args: list[str], fragments: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(monkeypatch, capsys, *args)
+    assert_one_line_error(code, err, *fragments)
+    assert list(tmp_path.iterdir()) == []  # a mistyped storage is never created
