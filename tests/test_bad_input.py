@@ -433,3 +433,50 @@ def test_disk_full_is_one_line_and_nothing_half_written(case: str, tmp_path: Pat
     assert proc.returncode == 2 and len(err) == 1, proc.stderr[-2000:]
     assert "file too large" in err[0] and "Traceback" not in proc.stderr
     assert snapshot(tmp_path) == before, "nothing half-written, no temporary file left"
+
+
+# ---- 28.8: nothing of ours left after a kill -------------------------------------------------------------------
+
+def _session_processes(temp_dir: str) -> list[int]:
+    from stratagem import procfs
+    from stratagem.launch.runners.ray_runner import SESSION_ENV
+
+    want = temp_dir.encode()
+    return [pid for pid in procfs.user_pids() if procfs.alive(pid)
+            and (procfs.environ(pid) or {}).get(SESSION_ENV.encode()) == want]
+
+
+@pytest.mark.timeout(600)
+def test_clean_reaps_a_killed_ray_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A driver that started a local Ray session is SIGKILLed; `stratagem clean` then kills the session's
+    helpers that outlived it and removes its temp dir, and leaves every other Ray session alone."""
+    import signal
+
+    code = ("import os, sys, time; from stratagem.launch.runners.ray_runner import RayRunner; "
+            f"r = RayRunner(run_dir={str(tmp_path / 'runs')!r}, num_cpus=1); "
+            "print(os.environ['STRATAGEM_RAY_SESSION'], flush=True); time.sleep(600)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    others = set(Path("/tmp").glob("stratagem-ray-*"))
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert driver.stdout is not None
+        session = driver.stdout.readline().strip()
+        assert session.startswith("/tmp/stratagem-ray-") and Path(session).is_dir()
+        assert _session_processes(session), "the session runs processes that carry its variable"
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    deadline = time.monotonic() + 60
+    from stratagem import procfs
+
+    while time.monotonic() < deadline and any(procfs.comm(p) == "raylet" for p in _session_processes(session)):
+        time.sleep(1)  # Ray's fate sharing takes the raylet down with its driver
+    code, out, err = run(monkeypatch, capsys, "clean")
+    assert code == 0, err
+    assert not Path(session).exists(), out
+    assert _session_processes(session) == [], out
+    assert f"removed {session}" in out
+    print(out)
+    for d in others:  # another run's session (live or starting) is untouched unless it too was dead
+        assert d.exists() or not any(_session_processes(str(d)))

@@ -60,13 +60,15 @@ from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_layout", "exit_fault_reason",
-           "run_folder_name", "reap_rank_dirs",
+           "run_folder_name", "reap_rank_dirs", "reap_session_dirs", "SESSION_ENV",
            "quiet_driver_errors"]
 
 RunStatus = Literal["ok", "oom", "failed", "timeout", "infra"]
 _TAIL_LINES = 20
 _LOG_BYTES = 4 << 20  # per rank log returned to the driver (its end)
-_TEMP_PREFIX = "stratagem-ray-"
+_TEMP_PREFIX = "stratagem-ray-"  # + the driver's pid + "-"
+SESSION_ENV = "STRATAGEM_RAY_SESSION"
+"""Set to the session's temp dir in the driver before ray.init: every process of the session inherits it."""
 _STALE_S = 300.0  # a session temp dir nobody names for this long is a dead run's
 _RANK_PREFIX = "stratagem-rank-"  # + the actor's pid + "-": one rank's work dir on its node
 START_ATTEMPTS = 2
@@ -256,7 +258,10 @@ class RayRunner:
 
         for attempt in range(START_ATTEMPTS):
             # Unix socket paths must stay short: a private temp dir under /tmp.
-            self._temp_dir = tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir="/tmp")
+            # the driver's pid in the name: once it is dead the dir is a killed run's (reap_session_dirs); the
+            # session's processes inherit SESSION_ENV, which tells `stratagem clean` which helpers are ours
+            self._temp_dir = tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir="/tmp")
+            os.environ[SESSION_ENV] = self._temp_dir
             try:
                 ray.init(_temp_dir=self._temp_dir, **kwargs)
                 return
@@ -552,15 +557,18 @@ def reap_rank_dirs(temp_dir: str | None = None) -> list[str]:
 
 
 def _remove_stale_temp_dirs() -> list[str]:
-    """Remove /tmp/stratagem-ray-* dirs of this user that no live process names and that are older than
-    _STALE_S (sessions that died; a younger one may be a session another runner is starting right now)."""
+    """Remove /tmp/stratagem-ray-* dirs of this user that no live process names and whose driver (the pid in
+    the name) is dead, or, without a pid, that are older than _STALE_S (sessions that died; a younger one may be
+    a session another runner is starting right now)."""
     removed = []
     me = os.getuid()
     cmdlines = [procfs.cmdline(pid) or b"" for pid in procfs.user_pids()]
     for d in Path("/tmp").glob(f"{_TEMP_PREFIX}*"):
+        owner = d.name[len(_TEMP_PREFIX):].split("-")[0]
         try:
             st = d.stat()
-            if st.st_uid != me or not d.is_dir() or time.time() - st.st_mtime < _STALE_S:
+            young = time.time() - st.st_mtime < _STALE_S
+            if st.st_uid != me or not d.is_dir() or (young and not (owner.isdigit() and not procfs.alive(int(owner)))):
                 continue
         except OSError:
             continue
@@ -591,7 +599,12 @@ def _is_raylet(pid: int) -> bool:
     return procfs.alive(pid) and procfs.comm(pid) == "raylet"
 
 
-def reap_orphans() -> list[int]:
+def reap_session_dirs() -> list[str]:
+    """Remove the Ray temp dirs of this user's dead stratagem sessions (see `_remove_stale_temp_dirs`)."""
+    return _remove_stale_temp_dirs()
+
+
+def reap_orphans(only_ours: bool = False) -> list[int]:
     """Kill Ray helper processes (dashboard/runtime-env agents, workers) whose raylet is dead.
 
     A driver killed with SIGKILL takes its local GCS, raylet, workers and harness ranks with it (Ray's fate
@@ -601,6 +614,8 @@ def reap_orphans() -> list[int]:
     """
     killed = []
     for pid, raylet in _ray_helpers().items():
+        if only_ours and SESSION_ENV.encode() not in (procfs.environ(pid) or {}):
+            continue  # `stratagem clean`: only helpers of sessions a RayRunner started
         if not _is_raylet(raylet):
             try:
                 os.kill(pid, signal.SIGKILL)
