@@ -62,6 +62,8 @@ AXES: tuple[str, ...] = (
     "micro_batch_size", "pp_schedule", "virtual_stages", "pp_split", "first_stage_layers", "last_stage_layers",
     "precision", "activation_checkpointing",
 )
+SPACE_VERSION = "canonical-1"  # what the enumeration yields; bumped when the same search section yields other plans
+# (canonical-1: one canonical plan per job, spaces/canonical.py; the Optuna choices of the split axes changed)
 MAX_UNEVEN_SPLITS = 4  # default first/last stage layer pairs per (pp, virtual_stages): the best balanced ones
 # Default heuristics (bypassed by axes the scenario lists explicitly).
 MIN_CP_SHARD_TOKENS = 1024  # cp: each rank keeps >= 1k tokens, or ring attention's KV exchange is exposed
@@ -312,11 +314,7 @@ class SearchSpace:
                     d = world // (t * p * c)
                     if d not in dps or gbs % d:
                         continue
-                    # schedules the stack cannot honour with this cp (stacks.py schedule_exclusions; one chunk:
-                    # the non-interleaved ones)
-                    honoured = [x for x in schedules if SCHEDULES[x] == "interleaved"
-                                or rec.schedule_exclusion(SCHEDULES[x], c, 1) is None]
-                    pipe = self._pipe(p, gbs // d, honoured)
+                    pipe = self._pipe(p, gbs // d, schedules)
                     sp = tuple(sps) if t > 1 else (0,)
                     if t > 1 and m.moe is not None and rec.moe_tp_requires_sp:  # stacks.py: MoE + TP needs SP
                         sp = tuple(x for x in sp if x)
@@ -508,8 +506,10 @@ class SearchSpace:
         return np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
 
     def digest(self) -> str:
-        """Hash of the scenario (problem) and the search config: identifies this space."""
-        blob = json.dumps([self.scenario.problem_hash(), self.config.model_dump(mode="json")], sort_keys=True)
+        """Hash of the scenario (problem), the search config and SPACE_VERSION: identifies this space (and so the
+        default study name: a study made by an older enumeration is not resumed with other plans)."""
+        blob = json.dumps([self.scenario.problem_hash(), self.config.model_dump(mode="json"), SPACE_VERSION],
+                          sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # ---- Optuna: define-by-run -----------------------------------------------------------------------
