@@ -480,3 +480,24 @@ def test_clean_reaps_a_killed_ray_session(tmp_path: Path, monkeypatch: pytest.Mo
     print(out)
     for d in others:  # another run's session (live or starting) is untouched unless it too was dead
         assert d.exists() or not any(_session_processes(str(d)))
+
+
+@pytest.mark.parametrize("case", ["dev-zero", "fifo", "not-utf8", "huge"])
+def test_result_json_reads_are_bounded(case: str, tmp_path: Path) -> None:
+    """`reproduce --result FILE` reads the harness result through the same bounded reader."""
+    from stratagem.errors import StratagemError
+    from stratagem.launch.harness.result import read_result
+
+    makers = {"dev-zero": lambda t: Path("/dev/zero"), "fifo": _fifo, "not-utf8": _latin1,
+              "huge": lambda t: _sparse(t, 17 << 20)}
+    path = makers[case](tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(StratagemError, match=r"harness result \(") as e:
+        read_result(path)
+    assert "\n" not in str(e.value) and time.monotonic() - t0 < 5
+
+
+def _sparse(t: Path, size: int) -> Path:
+    with open(t / "big.json", "wb") as f:
+        f.truncate(size)
+    return t / "big.json"

@@ -9,7 +9,6 @@ meets HBM, so `RankFigures.peak` prefers it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +184,9 @@ def parse_result(data: Any, source: str) -> HarnessResult:
 
 
 def read_result(path: str | Path) -> HarnessResult:
-    """Read a result file the harness wrote (`--out`)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise StratagemError(f"{path}: cannot read a harness result: {e}") from None
+    """Read a result file the harness wrote (`--out`); bounded (stratagem.files.read_json: a regular file of
+    UTF-8 JSON, at most 16 MiB; a FIFO or /dev/zero is refused unread)."""
+    from stratagem.files import read_json
+
+    data = read_json(path, "harness result", hint="give the result JSON the harness wrote (--out)")
     return parse_result(data, str(path))
