@@ -314,7 +314,11 @@ class SearchSpace:
                     d = world // (t * p * c)
                     if d not in dps or gbs % d:
                         continue
-                    pipe = self._pipe(p, gbs // d, schedules)
+                    # schedules the stack cannot honour with this cp (stacks.py schedule_exclusions; one chunk:
+                    # the non-interleaved ones)
+                    honoured = [x for x in schedules if SCHEDULES[x] == "interleaved"
+                                or rec.schedule_exclusion(SCHEDULES[x], c, 1) is None]
+                    pipe = self._pipe(p, gbs // d, honoured)
                     sp = tuple(sps) if t > 1 else (0,)
                     if t > 1 and m.moe is not None and rec.moe_tp_requires_sp:  # stacks.py: MoE + TP needs SP
                         sp = tuple(x for x in sp if x)
