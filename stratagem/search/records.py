@@ -155,7 +155,7 @@ def plan_distributions() -> dict[str, optuna.distributions.BaseDistribution]:
     (a storage refuses a parameter whose distribution changes within a study)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    from stratagem.spaces.plan import PIPELINE_SPLITS, PRECISIONS, RECOMPUTES, SCHEDULES
+    from stratagem.spaces.plan import PIPELINE_SPLITS, PRECISIONS, RECOMPUTE_MODULES, RECOMPUTES, SCHEDULES
 
     count = IntDistribution(1, 1 << 20)
     layers = IntDistribution(0, 1 << 20)
@@ -169,12 +169,16 @@ def plan_distributions() -> dict[str, optuna.distributions.BaseDistribution]:
         "activation_checkpointing": CategoricalDistribution(list(RECOMPUTES)),
         "pp_schedule": CategoricalDistribution(list(SCHEDULES)),
         "optimizer_offload": CategoricalDistribution(["none", "cpu"]),
+        # every set of modules, written a+b in RECOMPUTE_MODULES order ("" = none), as plan_params writes it
+        "recompute_modules": CategoricalDistribution(
+            ["+".join(m for i, m in enumerate(RECOMPUTE_MODULES) if bits >> i & 1)
+             for bits in range(1 << len(RECOMPUTE_MODULES))]),
     }
 
 
 def plan_params(plan: Plan) -> dict[str, Any]:
-    """The plan as Optuna params (every field, JSON scalars)."""
-    return plan.model_dump(mode="json")
+    """The plan as Optuna params (every field, JSON scalars; recompute_modules as "a+b", "" for none)."""
+    return {**plan.model_dump(mode="json"), "recompute_modules": "+".join(plan.recompute_modules)}
 
 
 def plan_key(plan: Plan, scenario: Scenario | None = None) -> str:

@@ -41,6 +41,8 @@ def plan_argument(plan: Plan) -> str:
     parts = []
     for name in Plan.model_fields:
         value = getattr(plan, name)
+        if isinstance(value, tuple):  # recompute_modules: a+b ("" for none), as parse_plan reads it
+            value = "+".join(value)
         parts.append(f"{name}={str(value).lower() if isinstance(value, bool) else value}")
     return ",".join(parts)
 

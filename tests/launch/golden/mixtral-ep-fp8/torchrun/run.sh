@@ -11,4 +11,4 @@ set -euo pipefail
 cd "$(dirname "$0")"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT -m stratagem.launch.harness --scenario scenario.yaml --plan dp=8,tp=2,pp=1,cp=1,ep=4,etp=2,dp_replicate=1,zero_stage=3,sequence_parallel=true,micro_batch_size=1,precision=fp8,activation_checkpointing=selective,recompute_layers=0,pp_schedule=1f1b,virtual_stages=1,first_stage_layers=0,last_stage_layers=0,pp_split=layers,optimizer_offload=none --steps 20 --out result.json --seed 0
+torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT -m stratagem.launch.harness --scenario scenario.yaml --plan dp=8,tp=2,pp=1,cp=1,ep=4,etp=2,dp_replicate=1,zero_stage=3,sequence_parallel=true,micro_batch_size=1,precision=fp8,activation_checkpointing=selective,recompute_layers=0,recompute_modules=,pp_schedule=1f1b,virtual_stages=1,first_stage_layers=0,last_stage_layers=0,pp_split=layers,optimizer_offload=none --steps 20 --out result.json --seed 0
