@@ -256,9 +256,10 @@ _DEGREE_FIELDS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "e
 
 
 def is_label(text: str) -> bool:
-    """Whether `text` is a compact label (its first word has no "=": `dp8 tp2 ...`) rather than key=value pairs."""
+    """Whether `text` is a compact label rather than key=value pairs: its first word is `dp<N>`, as every label
+    format_plan writes begins (`dp8 tp2 ...`)."""
     words = text.replace(",", " ").split()
-    return bool(words) and "=" not in words[0] and _LABEL_TOKEN.match(words[0]) is not None
+    return bool(words) and re.fullmatch(r"dp\d+", words[0]) is not None
 
 
 def parse_label(text: str) -> Plan:

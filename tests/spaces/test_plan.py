@@ -49,6 +49,7 @@ def test_compact_label() -> None:
 
 @pytest.mark.parametrize("text,fragment", [
     ("dq8", "plan ('dq8'): write key=value pairs"),
+    ("tp2 pp2", "plan ('tp2'): write key=value pairs"),  # a label begins with dp<N>, as format_plan writes it
     ("dp8 tp2 fancy", "plan label ('fancy'): not a label part"),
     ("dp8 tp2 tp4", "plan label ('tp4'): tp given twice"),
     ("dp8 z5", "plan.zero_stage (5)"),
