@@ -138,3 +138,15 @@ def test_cli_json_and_refusal(tmp_path: Path) -> None:
     bad = subprocess.run(cmd[:5] + ["--plan", "pp=2,cp=2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "plan.cp" in bad.stderr
+
+
+def test_a_plan_whose_step_fails_is_one_line() -> None:
+    """Issue 28 item 5: a plan whose harness step raises under tracing (here op-level recompute under the
+    zero-bubble schedule's split backward on the MoE model) is a one-line StratagemError naming the plan, so
+    `search --traced` records the reason and traces the next plan."""
+    from stratagem.errors import StratagemError
+
+    plan = parse_plan("dp=2,pp=2,ep=2,zero=2,mbs=4,ac=op,schedule=zero_bubble")
+    with pytest.raises(StratagemError) as e:
+        trace_plan(load_scenario(MOE), plan)
+    assert "\n" not in str(e.value) and plan.short() in str(e.value), str(e.value)

@@ -64,7 +64,8 @@ from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
 
-__all__ = ["ANALYTIC_BLOCKS", "TracedRole", "role_ranks", "trace_role", "trace_plan", "analytic_blocks"]
+__all__ = ["ANALYTIC_BLOCKS", "TracedRole", "TraceFailed", "role_ranks", "trace_role", "trace_plan",
+           "analytic_blocks"]
 
 ANALYTIC_BLOCKS = ("weights", "gradients", "optimizer", "activations", "transient")
 """The analytic model's blocks in the order of `BLOCKS` (its transient is compared with the traced rest)."""
@@ -388,7 +389,19 @@ def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0, kernels: str = "cu
         raise StratagemError(f"plan.cp ({plan.cp}): tracing a pipeline with context parallelism is not supported yet "
                              "(its stages' inputs are sequence shards with their positions); trace cp=1 or pp=1")
     _warm_imports()
-    return [_forked(_role_or_reason, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
+    try:
+        return [_forked(_role_or_reason, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
+    except TraceFailed as e:  # one line naming the plan; a traced search records it and goes on
+        raise TraceFailed(f"plan ({plan.short()}): {e}", e.details) from None
+
+
+class TraceFailed(StratagemError):
+    """The harness's own step raised while a plan was traced (what a real run of the plan would likely meet
+    too): one line; the child process's traceback is kept in `details`."""
+
+    def __init__(self, message: str, details: str) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 def _role_or_reason(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int, kernels: str) -> TracedRole:
@@ -453,4 +466,5 @@ def _forked(fn: Any, *args: Any) -> Any:
         return value
     if kind == "error":
         raise value
-    raise RuntimeError(f"tracing failed: {value}")
+    first = value.splitlines()[0] if value else "no result"
+    raise TraceFailed(f"the harness's step failed under tracing ({first[:400]})", value)
