@@ -10,10 +10,12 @@ from stratagem.spaces.expert_grid import expert_grid_problem, grid_layout_proble
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import split_problem
 from stratagem.spaces.plan import Plan
+from stratagem.spaces.recompute import modules_problem
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import StackRecord, stack_record
 
-__all__ = ["Rule", "RULES", "violations", "check_plan", "divisors", "capability_violations"]
+__all__ = ["Rule", "RULES", "violations", "check_plan", "divisors", "capability_violations",
+           "recompute_modules_problem"]
 
 
 def _valid(values: list[int]) -> str:
@@ -168,11 +170,9 @@ def capability_violations(rec: StackRecord, p: Plan) -> list[str]:
     return out
 
 
-def _modules(s: Scenario, p: Plan) -> str | None:
-    """recompute_modules as Megatron validates them (megatron/core/transformer/transformer_config.py
-    __post_init__): only with selective granularity; mla_up_proj only with MLA; MoE modules need experts."""
-    if not p.recompute_modules:
-        return None
+def recompute_modules_problem(s: Scenario, p: Plan) -> str | None:
+    """recompute_modules as Megatron validates them (spaces/recompute.py modules_problem)."""
+    return modules_problem(s.model, p)
     if p.activation_checkpointing != "selective":
         return (f"recompute_modules ({'+'.join(p.recompute_modules)}) needs activation_checkpointing=selective "
                 f"(got {p.activation_checkpointing}); set it, or recompute_modules=")
@@ -213,7 +213,7 @@ RULES: tuple[Rule, ...] = (
     Rule("fp8_hardware", _fp8),
     Rule("offload_needs_zero", _offload),
     Rule("stack_can_run", _stack),
-    Rule("recompute_modules", _modules),
+    Rule("recompute_modules", recompute_modules_problem),
 )
 
 

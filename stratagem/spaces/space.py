@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stratagem.errors import StratagemError
 from stratagem.spaces.canonical import canonical_plan, canonical_split
@@ -36,6 +36,7 @@ from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_pro
 from stratagem.spaces.plan import (
     PIPELINE_SPLITS,
     PRECISIONS,
+    RECOMPUTE_MODULES,
     RECOMPUTES,
     SCHEDULES,
     PipelineSplit,
@@ -44,6 +45,7 @@ from stratagem.spaces.plan import (
     Recompute,
     Schedule,
 )
+from stratagem.spaces.recompute import modules_problem
 
 if TYPE_CHECKING:
     import optuna
@@ -60,7 +62,7 @@ IntArray = NDArray[np.int64]
 AXES: tuple[str, ...] = (
     "tp", "pp", "cp", "dp", "ep", "etp", "zero_stage", "dp_replicate", "optimizer_offload", "sequence_parallel",
     "micro_batch_size", "pp_schedule", "virtual_stages", "pp_split", "first_stage_layers", "last_stage_layers",
-    "precision", "activation_checkpointing",
+    "precision", "activation_checkpointing", "recompute_modules",
 )
 SPACE_VERSION = "canonical-1"  # what the enumeration yields; bumped when the same search section yields other plans
 # (canonical-1: one canonical plan per job, spaces/canonical.py; the Optuna choices of the split axes changed)
@@ -124,6 +126,10 @@ class SearchConfig(BaseModel):
     """Compute precision. Default: fp32, bf16 and fp8 where the GPU has FP8 tensor cores."""
     activation_checkpointing: Recompute | list[Recompute] | None = None
     """Recomputation. Default: none, selective, full."""
+    recompute_modules: list[str] | None = None
+    """Module sets to try with selective recompute, each written `a+b` (Megatron --recompute-modules: core_attn,
+    moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts); "" is stratagem's own selective. Default (unset):
+    no module sets, only ""; stacks without module recompute (StackRecord.recompute_modules) refuse a list."""
     pp_schedule: Schedule | list[Schedule] | None = None
     """Pipeline schedule (applies to pp > 1). Default: all four."""
     virtual_stages: IntAxis | None = None
@@ -303,6 +309,10 @@ class SearchSpace:
                      if s in rec.schedules]
         self.precisions: tuple[Precision, ...] = tuple(precisions)
         self.recomputes: tuple[Recompute, ...] = tuple(recomputes)
+        # the recompute axis: (activation_checkpointing, module set) pairs, module sets only with selective
+        self.module_sets: tuple[str, ...] = _module_sets(cfg.recompute_modules, self.scenario)
+        self.recompute_pairs: tuple[tuple[Recompute, str], ...] = tuple(
+            (r, sets) for r in self.recomputes for sets in (self.module_sets if r == "selective" else ("",)))
 
         gbs = tr.global_batch_size
         layouts: list[_Layout] = []
@@ -454,8 +464,10 @@ class SearchSpace:
             self._sp_tab[i, : len(lay.sp)] = lay.sp
             self._pipe_tab[i, : len(lay.pipe)] = lay.pipe
         self._prec_codes = np.array([PRECISIONS.index(p) for p in self.precisions], dtype=np.int64)
-        self._ac_codes = np.array([RECOMPUTES.index(r) for r in self.recomputes], dtype=np.int64)
-        per = self._nz * self._nsp * self._npipe * len(self.precisions) * len(self.recomputes)
+        self._ac_codes = np.array([RECOMPUTES.index(r) for r, _ in self.recompute_pairs], dtype=np.int64)
+        self._module_codes = np.array([sum(2 ** RECOMPUTE_MODULES.index(x) for x in sets.split("+") if x)
+                                       for _, sets in self.recompute_pairs], dtype=np.int64)
+        per = self._nz * self._nsp * self._npipe * len(self.precisions) * len(self.recompute_pairs)
         self._ends = np.cumsum(per)
         self._starts = self._ends - per
         self._by_key = {lay.key: lay for lay in lays}
@@ -478,7 +490,7 @@ class SearchSpace:
             raise IndexError(f"plan numbers must lie in [0, {self.count()})")
         s = np.searchsorted(self._ends, idx, side="right")
         r = idx - self._starts[s]
-        n_ac, n_prec = len(self.recomputes), len(self.precisions)
+        n_ac, n_prec = len(self.recompute_pairs), len(self.precisions)
         ac, r = r % n_ac, r // n_ac
         prec, r = r % n_prec, r // n_prec
         ipipe, r = r % self._npipe[s], r // self._npipe[s]
@@ -495,6 +507,7 @@ class SearchSpace:
             precision=f(self._prec_codes[prec]), activation_checkpointing=f(self._ac_codes[ac]),
             pp_schedule=f(pipe[:, 1]), virtual_stages=f(pipe[:, 2]), optimizer_offload=f(zero[:, 2]),
             pp_split=f(pipe[:, 3]), first_stage_layers=f(pipe[:, 4]), last_stage_layers=f(pipe[:, 5]),
+            recompute_modules=f(self._module_codes[ac]),
         )
 
     def enumerate(self) -> PlanColumns:
@@ -512,7 +525,10 @@ class SearchSpace:
     def digest(self) -> str:
         """Hash of the scenario (problem), the search config and SPACE_VERSION: identifies this space (and so the
         default study name: a study made by an older enumeration is not resumed with other plans)."""
-        blob = json.dumps([self.scenario.problem_hash(), self.config.model_dump(mode="json"), SPACE_VERSION],
+        config = self.config.model_dump(mode="json")
+        if config.get("recompute_modules") is None:  # added later: unset keeps the digests of earlier studies
+            config.pop("recompute_modules", None)
+        blob = json.dumps([self.scenario.problem_hash(), config, SPACE_VERSION],
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -546,6 +562,7 @@ class SearchSpace:
             "last_stage_layers": ints(q[5] for lay in lays for q in lay.pipe),
             "precision": self.precisions,
             "activation_checkpointing": self.recomputes,
+            "recompute_modules": self.module_sets,
         }
 
     def choices(self, name: str) -> tuple[Any, ...]:
@@ -615,6 +632,10 @@ class SearchSpace:
             return list(self.precisions)
         if name == "activation_checkpointing":
             return list(self.recomputes)
+        if name == "recompute_modules":
+            if p.get("activation_checkpointing") != "selective" or self.module_sets == ("",):
+                return None
+            return list(self.module_sets)
         raise KeyError(name)
 
     def project(self, name: str, value: Any, partial: dict[str, Any]) -> Any:
@@ -664,7 +685,7 @@ class SearchSpace:
         for name in AXES:
             if self.allowed(name, params) is None:
                 continue
-            params[name] = dump[name]
+            params[name] = "+".join(plan.recompute_modules) if name == "recompute_modules" else dump[name]
             if name == "dp":
                 dists[name] = IntDistribution(plan.dp, plan.dp)
             else:
@@ -675,3 +696,28 @@ class SearchSpace:
         """Axis values and counts, for reports and the CLI."""
         return {"plans": self.count(), "layouts": len(self.layouts), "notes": list(self.notes),
                 **{k: list(v) for k, v in self._axis_choices.items()}}
+
+
+def _module_sets(sets: list[str] | None, scenario: Scenario) -> tuple[str, ...]:
+    """search.recompute_modules as canonical `a+b` strings ("" = stratagem's selective), each checked like a plan's
+    recompute_modules (spaces/rules.py): the stack must have the modules, the model must have what they recompute."""
+    if sets is None:
+        return ("",)
+    out: list[str] = []
+    rec = scenario.training.record
+    for text in sets:
+        try:
+            plan = Plan.model_validate({"activation_checkpointing": "selective", "recompute_modules": text})
+        except ValidationError:
+            raise StratagemError(f"search.recompute_modules ({text!r}): use modules among "
+                                 f"{', '.join(RECOMPUTE_MODULES)} joined by +, or \"\"") from None
+        unrun = [m for m in plan.recompute_modules if m not in rec.recompute_modules]
+        broken = modules_problem(scenario.model, plan)
+        if unrun or broken:
+            why = (f"{rec.name} does not recompute {'+'.join(unrun)} ({rec.cite('recompute_modules')})" if unrun
+                   else str(broken))
+            raise StratagemError(f"search.recompute_modules ({text!r}): {why}")
+        key = "+".join(plan.recompute_modules)
+        if key not in out:
+            out.append(key)
+    return tuple(out) or ("",)
