@@ -81,6 +81,9 @@ class Advice(BaseModel):
     """The neighbouring plan (the same plan when only the checkpoint policy changes)."""
     checkpoint_policy: CheckpointPolicy | None = None
     """The changed checkpoint policy, when the advice is about the policy rather than the plan."""
+    training: dict[str, str] | None = None
+    """Training settings changed (e.g. {"grad_dtype": "bf16"}), when the advice is about them rather than the
+    plan."""
     neighbour: NeighbourSummary
     """The neighbour's predicted figures."""
     effect: str
@@ -93,6 +96,7 @@ class _Candidate:
     plan: Plan
     rationale: str
     policy: CheckpointPolicy | None = None
+    settings: tuple[tuple[str, str], ...] = ()
 
 
 # ---- candidate neighbours, per zone, in the decision tree's order -------------------------------------------
@@ -114,6 +118,14 @@ def _memory(scn: Scenario, p: Plan) -> Iterator[_Candidate]:
         yield _Candidate("hbm", _with(p, activation_checkpointing=nxt),
                          f"{nxt.capitalize()} recomputation keeps fewer activations and recomputes the rest in "
                          "backward.")
+    tr = scn.training
+    if p.precision != "fp32" and tr.grad_bytes > 2.0:
+        # the stack's fp32 gradient buffers (Megatron --accumulate-allreduce-grads-in-fp32, nanotron
+        # accumulate_grad_in_fp32, FSDP2 fp32 params): the stack's lighter gradient dtype halves them
+        yield _Candidate("hbm", p, "Gradients accumulate in fp32 by the stack's default; "
+                         "training.grad_dtype bf16 halves the gradient buffers (Megatron: drop "
+                         "--accumulate-allreduce-grads-in-fp32), at some cost in accumulation precision.",
+                         settings=(("grad_dtype", "bf16"),))
     if p.tp > 1 and not p.sequence_parallel:
         yield _Candidate("hbm", _with(p, sequence_parallel=True),
                          "Sequence parallelism shards the norm and dropout activations over the TP group at no "
@@ -257,7 +269,11 @@ def _summary(cols: PlanFigures, i: int) -> NeighbourSummary:
     )
 
 
-def _change(base: Plan, new: Plan, policy: CheckpointPolicy | None, scn: Scenario) -> str:
+def _change(base: Plan, new: Plan, policy: CheckpointPolicy | None, scn: Scenario,
+            settings: tuple[tuple[str, str], ...] = ()) -> str:
+    if settings:
+        tr = scn.training
+        return ", ".join(f"training.{k} {getattr(tr, k) or tr.record.grad_dtype} -> {v}" for k, v in settings)
     if policy is not None:
         old = scn.training.checkpoint
         parts = [f"checkpoint.{k} {getattr(old, k)} -> {getattr(policy, k)}" for k in CheckpointPolicy.model_fields
@@ -308,27 +324,31 @@ def _advise_zone(
     cands: list[_Candidate] = []
     generate = _spend_headroom if (zone == "hbm" and strict) else GENERATORS[zone]
     for c in generate(scn, plan):
-        key = c.plan.model_dump_json() + (c.policy.model_dump_json() if c.policy else "")
-        if key in seen or (c.policy is None and c.plan == plan) or violations(scn, c.plan):
+        key = c.plan.model_dump_json() + (c.policy.model_dump_json() if c.policy else "") + repr(c.settings)
+        if key in seen or (c.policy is None and not c.settings and c.plan == plan) or violations(scn, c.plan):
             continue
         seen.add(key)
         cands.append(c)
     out: list[Advice] = []
-    plain = [c for c in cands if c.policy is None]
+    plain = [c for c in cands if c.policy is None and not c.settings]
     summaries: dict[int, NeighbourSummary] = {}
     if plain:
         cols = evaluate_many(scn, PlanColumns.from_plans([c.plan for c in plain]), cal)
         summaries = {id(c): _summary(cols, i) for i, c in enumerate(plain)}
     for c in cands:
-        if c.policy is not None:
-            s2 = scn.model_copy(update={"training": scn.training.model_copy(update={"checkpoint": c.policy})})
+        if c.policy is not None or c.settings:
+            update: dict[str, Any] = dict(c.settings)
+            if c.policy is not None:
+                update["checkpoint"] = c.policy
+            s2 = scn.model_copy(update={"training": scn.training.model_copy(update=update)})
             summaries[id(c)] = _summary(evaluate_many(s2, PlanColumns.from_plans([c.plan]), cal), 0)
         new = summaries[id(c)]
         if not _helps(zone, base, new, strict):
             continue
-        change = _change(plan, c.plan, c.policy, scn)
+        change = _change(plan, c.plan, c.policy, scn, c.settings)
         out.append(Advice(zone=zone, rationale=c.rationale, change=change, plan=c.plan, checkpoint_policy=c.policy,
-                          neighbour=new, effect=_effect(zone, change, base, new)))
+                          training=dict(c.settings) or None, neighbour=new,
+                          effect=_effect(zone, change, base, new)))
     if zone == "hbm" and not strict:  # the decision tree's order, but plans that fit first
         out.sort(key=lambda a: a.neighbour.status != "ok")
     else:
@@ -409,4 +429,18 @@ def advise(
         out += _advise_zone(scenario, plan, zones.bottleneck, base, cal, strict=True)
         if zones.bottleneck != "hbm":
             out += _advise_zone(scenario, plan, "hbm", base, cal, strict=True)
-    return out
+    # the bottleneck's advice first, each zone's items by their effect on that zone (stable: ties keep the tree's
+    # order)
+    return sorted(out, key=lambda a: (a.zone != zones.bottleneck, -_gain(a.zone, base, a.neighbour)))
+
+
+def _gain(zone: ZoneName, old: NeighbourSummary, new: NeighbourSummary) -> float:
+    """How much an advised neighbour improves `zone`'s figure (fraction of the step, or GiB freed for HBM; a
+    neighbour that fits an OOM plan ranks above any that does not)."""
+    if zone == "hbm":
+        return (1e6 if new.status == "ok" and old.status != "ok" else 0.0) + new.headroom_gib - old.headroom_gib
+    if zone == "communication":
+        return old.exposed_comm_fraction - new.exposed_comm_fraction
+    if zone == "bubbles":
+        return old.bubble_fraction - new.bubble_fraction
+    return old.goodput_loss - new.goodput_loss

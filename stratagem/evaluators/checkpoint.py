@@ -22,7 +22,8 @@ from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import stack_record
 from stratagem.units import GIB
 
-__all__ = ["CHECKPOINT_KEYS", "STAGING_BYTES_S", "young_interval", "daly_interval", "checkpoint_columns"]
+__all__ = ["CHECKPOINT_KEYS", "STAGING_BYTES_S", "young_interval", "daly_interval", "failure_floor",
+           "checkpoint_columns"]
 
 Array = NDArray[np.float64]
 GB = 1e9
@@ -47,6 +48,12 @@ def daly_interval(cost: Array | float, mtbf: Array | float) -> Array:
     x = c / (2.0 * m)
     tau = np.sqrt(2.0 * c * m) * (1.0 + np.sqrt(x) / 3.0 + x / 9.0) - c
     return np.where(c < 2.0 * m, tau, m)
+
+
+def failure_floor(stall_s: float, lag_s: float, restart_s: float, mtbf_s: float) -> float:
+    """The least goodput loss any checkpoint interval can reach: stall/tau + tau/(2M) is smallest at
+    tau = sqrt(2 stall M) [Young], leaving sqrt(2 stall / M) + (lag + restart) / M."""
+    return float(np.sqrt(2.0 * stall_s / mtbf_s) + (lag_s + restart_s) / mtbf_s)
 
 
 def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
@@ -84,9 +91,9 @@ def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
     if policy.interval_minutes is not None:
         interval = np.full(n, policy.interval_minutes * 60.0)
     else:
-        interval = daly_interval(stall, mtbf)
-        if policy.mode == "async":  # a new save cannot start before the previous one is written
-            interval = np.maximum(interval, save)
+        # async: a save may not start before the previous one is written (its lag) plus the Daly interval of
+        # compute after it, so the interval never falls below what the storage sustains
+        interval = daly_interval(stall, mtbf) + lag
     restart = policy.restart_minutes * 60.0 + load
     loss = np.minimum(1.0, stall / interval + (interval / 2.0 + lag + restart) / mtbf)
     return {

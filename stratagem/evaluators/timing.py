@@ -180,8 +180,11 @@ def dp_terms(ctx: StepContext, rec_mb: Array, idle_mb: Array) -> tuple[Array, Ar
     fsdp_zero2_keeps = not rec.master_weights
     once_per_step = (pc.pp > 1) & (z == 3) & (not rec.reshard_after_forward_with_pp)
     compute_only = ctx.compute_mb + rec_mb + idle_mb  # the GPU's wall time of a micro-batch (launch waits too)
-    unit_fwd = ctx.fwd_layer
-    unit_bwd = ctx.fwd_bwd_layer - ctx.fwd_layer + rec_mb / ctx.layers
+    # a unit's wall time: its compute plus its share of launch waits (the GPU idles, the links do not)
+    idle_layer = idle_mb / ctx.layers
+    fwd_share = ctx.fwd_layer / ctx.fwd_bwd_layer
+    unit_fwd = ctx.fwd_layer + idle_layer * fwd_share
+    unit_bwd = ctx.fwd_bwd_layer - ctx.fwd_layer + rec_mb / ctx.layers + idle_layer * (1.0 - fwd_share)
 
     def sync(link: Link, params: Array) -> tuple[Array, Array, Array]:
         g, w = params * grad_bytes, params * ctx.act_bytes

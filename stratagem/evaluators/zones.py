@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from stratagem.evaluators.checkpoint import failure_floor
 from stratagem.evaluators.evaluation import (
     BLOCKS,
     LEVELS,
@@ -174,11 +175,20 @@ def _bubble_sentence(plan: Plan, micro: float, value: float) -> str:
 
 
 def _ckpt_sentence(scn: Scenario, ck: CheckpointRisk) -> str:
-    mode = scn.training.checkpoint.mode
+    policy = scn.training.checkpoint
+    mode = policy.mode
     stall = f"blocks {_duration(ck.stall_s)}" if mode == "blocking" else f"stalls {_duration(ck.stall_s)} (async)"
-    return (f"Saving {ck.state_gib:,.0f} GiB takes {_duration(ck.save_s)} and {stall} every "
+    head = (f"Saving {ck.state_gib:,.0f} GiB takes {_duration(ck.save_s)} and {stall} every "
             f"{_duration(ck.interval_s)}; with a job MTBF of {_duration(ck.job_mtbf_h * 3600)} the expected "
-            f"goodput loss is {_pct(ck.goodput_loss)}.")
+            f"goodput loss is {_pct(ck.goodput_loss)}")
+    lag = ck.save_s - ck.stall_s if mode == "async" else 0.0
+    restart = policy.restart_minutes * 60.0 + ck.load_s
+    floor = failure_floor(ck.stall_s, lag, restart, ck.job_mtbf_h * 3600.0)
+    if floor >= THRESHOLDS["checkpoint"].warn:  # no interval brings it to ok: the failures, not the saves
+        return (f"{head}. Failures, not checkpoints: job MTBF {_duration(ck.job_mtbf_h * 3600)} against "
+                f"{_duration(restart)} to restart and reload, so no interval gets below {_pct(floor)}; fewer "
+                "nodes, faster restarts or a faster checkpoint store are the levers.")
+    return head + "."
 
 
 def build_zones(

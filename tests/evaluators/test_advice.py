@@ -191,3 +191,18 @@ def test_explain_names_the_missing_stack_capability(tmp_path: Path) -> None:
     assert proc.stderr.strip().count("\n") == 0
     assert "deepspeed: ZeRO stage 2 with pipeline parallelism is not supported" in proc.stderr
     assert "deepspeed/runtime/pipe/engine.py" in proc.stderr and "use zero_stage <= 1" in proc.stderr
+
+
+def test_fp32_gradients_alone_point_to_grad_dtype() -> None:
+    # Megatron's fp32 main grads (--accumulate-allreduce-grads-in-fp32) are the only reason this plan does not fit:
+    # the advice names training.grad_dtype bf16 first (it fits, and frees the most)
+    scn = Scenario(model=model_preset("llama3-70b"), cluster=cluster_preset("h100-sxm-80g", 64),
+                   training={"seq_len": 4096, "global_batch_size": 64, "stack": "megatron"})
+    plan = Plan(dp=8, tp=4, pp=2, zero_stage=1, sequence_parallel=True, activation_checkpointing="selective")
+    ev = evaluate(scn, plan)
+    assert ev.status == "oom"
+    advice = advise(scn, plan, ev)
+    assert advice[0].change == "training.grad_dtype fp32 -> bf16" and advice[0].training == {"grad_dtype": "bf16"}
+    assert advice[0].neighbour.status == "ok" and advice[0].plan == plan
+    bf16 = scn.model_copy(update={"training": scn.training.model_copy(update={"grad_dtype": "bf16"})})
+    assert not any(a.training for a in advise(bf16, plan))  # already bf16: not offered again

@@ -91,3 +91,19 @@ def test_evaluation_carries_checkpoint_risk() -> None:
     ev = evaluate(scenario("async"), Plan(dp=8, tp=8, zero_stage=1))
     assert ev.checkpoint is not None and 0 < ev.checkpoint.goodput_loss < 1
     assert ev.zones is not None and ev.zones.checkpoint.value == ev.checkpoint.goodput_loss
+
+
+def test_interval_waits_for_the_previous_save_and_names_failures() -> None:
+    # 405B on 16k GPUs (issue 24 item 8): an async save of ~5.3 TB is still being written when Daly's interval would
+    # start the next one; the interval counts from the end of the write, and no interval fixes a 3.1 h job MTBF
+    from stratagem.evaluators import evaluate
+    from stratagem.spaces import MODEL_PRESETS, Plan, Scenario, cluster_preset
+
+    scn = Scenario(model=MODEL_PRESETS["llama3-405b"], cluster=cluster_preset("h100-sxm-80g", 16384),
+                   training={"seq_len": 8192, "global_batch_size": 2048, "stack": "megatron"})
+    ev = evaluate(scn, Plan(dp=128, tp=8, pp=16, zero_stage=1, sequence_parallel=True,
+                            activation_checkpointing="full", pp_schedule="interleaved", virtual_stages=2))
+    ck = ev.checkpoint
+    assert ck is not None and ev.zones is not None
+    assert ck.interval_s >= ck.save_s
+    assert "Failures, not checkpoints: job MTBF 3.1 h" in ev.zones.checkpoint.sentence
