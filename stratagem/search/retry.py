@@ -40,7 +40,9 @@ _FIRST_DELAY_S = 0.5
 _MAX_DELAY_S = 10.0
 _OS_TRANSIENT = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ENETDOWN,
                  errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EAGAIN}
-_SQLITE_TRANSIENT = ("database is locked", "disk i/o error", "unable to open database file")
+_SQLITE_TRANSIENT = ("database is locked",)
+"""A local SQLite file has no outages, only a lock another process holds; its "disk I/O error" is a full disk
+or a file-size limit (EFBIG, ENOSPC), which waiting does not mend: one line at once."""
 
 T = TypeVar("T")
 _window_minutes: float | None = None
@@ -98,7 +100,7 @@ def _chain(e: BaseException) -> list[BaseException]:
 
 def transient(e: BaseException, kind: str) -> bool:
     """Whether `e` (or what caused it) is a storage being briefly unreachable, so retrying can succeed: an
-    RDB's lost or refused connection; SQLite's lock or I/O error; a journal's NFS-style I/O error."""
+    RDB's lost or refused connection; SQLite's lock; a journal's NFS-style I/O error."""
     from sqlalchemy import exc as sa
 
     for x in _chain(e):
@@ -198,8 +200,11 @@ class Outages:
                 if not transient(e, kind):
                     if isinstance(e, optuna.exceptions.StorageInternalError) or type(e).__module__.startswith(
                             "sqlalchemy"):  # disk full, a read-only file, a dropped table: one line, exit 2
-                        raise StratagemError(f"storage ({self.url}): {_first_line(e)}; the storage is unchanged "
-                                             "by this write (rolled back)") from None
+                        text = _first_line(e)
+                        fix = (" Free space (or raise the file-size limit) and rerun: the search resumes" if any(
+                            w in text.lower() for w in ("disk", "full", "too large", "space")) else "")
+                        raise StratagemError(f"storage ({self.url}): {text}; this write was rolled back.{fix}"
+                                             ) from None
                     raise
                 deadline = self.failed(e)
                 left = deadline - time.monotonic()

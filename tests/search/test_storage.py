@@ -495,3 +495,29 @@ def _wait_for_study(url: str, timeout: float = 180) -> bool:
         return False
     finally:
         engine.dispose()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ulimit -f through bash")
+def test_a_full_disk_under_a_sqlite_storage_is_one_line_and_the_search_resumes(tmp_path) -> None:
+    """A second study into an existing database with no room left (the file-size limit at its size): one line
+    at once (no retrying a full disk), exit 2; the first study is intact and the second resumes later."""
+    import subprocess
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text((ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    db = tmp_path / "stratagem.db"
+    cli = [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--no-report", "--study"]
+    assert subprocess.run([*cli, "a"], capture_output=True, timeout=300).returncode == 0
+    limit_kib = db.stat().st_size // 1024 + 4
+    t0 = time.monotonic()
+    full = subprocess.run(["bash", "-c", f"ulimit -f {limit_kib}; exec \"$@\"", "bash", *cli, "b"],
+                          capture_output=True, text=True, timeout=300)
+    assert time.monotonic() - t0 < 120  # not the 5-minute outage window
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-2000:]
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: storage (sqlite:") and "rolled back" in last and "Free space" in last, last
+    import optuna
+
+    assert len(optuna.load_study(study_name="a", storage=f"sqlite:///{db}").trials) > 0
+    again = subprocess.run([*cli, "b"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
