@@ -501,3 +501,32 @@ def _sparse(t: Path, size: int) -> Path:
     with open(t / "big.json", "wb") as f:
         f.truncate(size)
     return t / "big.json"
+
+
+def test_disk_full_calibrate_keeps_the_previous_calibration(tmp_path: Path) -> None:
+    """The real command under `ulimit -f 2` (KiB): every run succeeds, the calibration file (4 KB) cannot be
+    written: one line, the previous calibration and its runs byte-identical, no temporary file left."""
+    scn = scenario(tmp_path)
+    shutil.copy(CPU_CAL, tmp_path / "calibration.yaml")
+    shutil.copytree(CPU_CAL.with_name(CPU_CAL.stem + "-runs"), tmp_path / "calibration-runs")
+    before = snapshot(tmp_path)
+    proc = sub("calibrate", str(scn), "--gpus", "1", "--steps", "1", "--warmup", "0", cwd=tmp_path, limit_kib=2,
+               timeout=400)
+    err = [x for x in proc.stderr.strip().splitlines() if x.startswith("error:")]
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr[-2000:]
+    assert "file too large" in err[0] and "previous calibration is unchanged" in err[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert snapshot(tmp_path) == before
+
+
+def test_disk_full_report_is_one_line(tmp_path: Path) -> None:
+    """A searched study reported under a 64 KiB file limit (the HTML embeds plotly.js): one line, the previous
+    report byte-identical, nothing else written."""
+    scn = scenario(tmp_path)
+    db = f"sqlite:///{tmp_path / 'study.db'}"
+    assert sub("search", str(scn), "--no-report", "--storage", db, cwd=tmp_path, timeout=300).returncode == 0
+    assert sub("report", "--storage", db, "-o", str(tmp_path / "r.html"), cwd=tmp_path).returncode == 0
+    before = snapshot(tmp_path)
+    proc = sub("report", "--storage", db, "-o", str(tmp_path / "r.html"), cwd=tmp_path, limit_kib=64)
+    one_line(proc.returncode, proc.stderr, "r.html", "file too large")
+    assert snapshot(tmp_path) == before
