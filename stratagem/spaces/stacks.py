@@ -79,8 +79,9 @@ class ScheduleExclusion(BaseModel):
 
     schedule: str
     """Plan.pp_schedule value."""
-    when: Literal["cp>1", "one_chunk"]
-    """The combination: with context parallelism, or with one model chunk per rank (virtual_stages = 1)."""
+    when: Literal["cp>1", "one_chunk", "op_recompute"]
+    """The combination: with context parallelism, with one model chunk per rank (virtual_stages = 1), or with
+    op-level selective activation checkpointing (activation_checkpointing = op)."""
     refused_by: Literal["harness", "export"]
     """harness: stratagem's own real runs refuse it; export: the stack's shipped trainer has no such schedule,
     so an export would have to convert it (the harness may still run it when given explicitly)."""
@@ -89,10 +90,12 @@ class ScheduleExclusion(BaseModel):
     source: str
     """The engine code (or measurement) behind it."""
 
-    def applies(self, schedule: str, cp: int, virtual_stages: int) -> bool:
-        """Whether this exclusion covers a plan with this schedule, cp and chunks per rank (pp > 1)."""
+    def applies(self, schedule: str, cp: int, virtual_stages: int, recompute: str = "none") -> bool:
+        """Whether this exclusion covers a plan with this schedule, cp, chunks per rank and recompute (pp > 1)."""
         if schedule != self.schedule:
             return False
+        if self.when == "op_recompute":
+            return recompute == "op"
         return cp > 1 if self.when == "cp>1" else virtual_stages == 1
 
 
@@ -219,12 +222,13 @@ class StackRecord(BaseModel):
     sources: dict[str, str]
     """Per capability and speed-term field: the engine code that enforces or defines it (file: function)."""
 
-    def schedule_exclusion(self, schedule: str, cp: int, virtual_stages: int,
-                           refused_by: str | None = None) -> ScheduleExclusion | None:
-        """The first exclusion covering (schedule, cp, virtual_stages), of `refused_by` when given; None if the
-        stack honours the combination."""
+    def schedule_exclusion(self, schedule: str, cp: int, virtual_stages: int, refused_by: str | None = None,
+                           recompute: str = "none") -> ScheduleExclusion | None:
+        """The first exclusion covering (schedule, cp, virtual_stages, recompute), of `refused_by` when given;
+        None if the stack honours the combination."""
         for ex in self.schedule_exclusions:
-            if (refused_by is None or ex.refused_by == refused_by) and ex.applies(schedule, cp, virtual_stages):
+            if ((refused_by is None or ex.refused_by == refused_by)
+                    and ex.applies(schedule, cp, virtual_stages, recompute)):
                 return ex
         return None
 
@@ -289,6 +293,14 @@ _TORCH = StackRecord(
                    "from the single-process reference (torch 2.13); use pp_schedule 1f1b, gpipe or interleaved "
                    "with cp > 1, or cp=1",
             source="measured in stratagem's harness: parameter rel. error 1e-2 (launch/harness/support.py)"),
+        ScheduleExclusion(
+            schedule="zero_bubble", when="op_recompute", refused_by="harness",
+            reason="op-level selective activation checkpointing under zero_bubble's split input/weight backward "
+                   "runs the checkpointed region's backward twice ('Trying to backward an extra time', "
+                   "torch/utils/checkpoint.py selective checkpoint context); use activation_checkpointing full or "
+                   "none, or pp_schedule 1f1b / interleaved",
+            source="measured in stratagem's harness on tiny-moe dp=2,pp=2,ep=2,ac=op,schedule=zero_bubble "
+                   "(torch 2.13, ScheduleInterleavedZeroBubble backward_input / backward_weight)"),
     ),
     moe_dispatchers=("alltoall",),
     grouped_gemm=True,

@@ -30,6 +30,7 @@ def test_importing_unsupported_imports_no_torch() -> None:
 # Plans the harness stops on and the field its line names (the same line the harness raises).
 REFUSED = [
     ("pp=2,cp=2,schedule=zero_bubble", "plan.cp"),
+    ("pp=2,dp=2,schedule=zero_bubble,ac=op", "plan.activation_checkpointing"),
     ("dp=2,dp_replicate=2,cp=2", "plan.cp"),
     ("pp=2,dp=2,mbs=4,schedule=1f1b", "plan.micro_batch_size"),
     ("dp=4,precision=fp8", "plan.precision"),

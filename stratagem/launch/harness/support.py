@@ -63,10 +63,12 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     out: list[str] = []
     # schedule combinations the torch stack's record marks as refused by the harness (spaces/stacks.py
     # ScheduleExclusion): the same data the search space reads, so the space never proposes them
-    ex = stack_record("torch").schedule_exclusion(plan.pp_schedule, plan.cp, plan.virtual_stages, "harness")
+    ex = stack_record("torch").schedule_exclusion(plan.pp_schedule, plan.cp, plan.virtual_stages, "harness",
+                                                  plan.activation_checkpointing)
     if plan.pp > 1 and ex is not None:
-        field = "plan.cp" if ex.when == "cp>1" else "plan.pp_schedule"
-        value = plan.cp if ex.when == "cp>1" else plan.pp_schedule
+        field, value = {"cp>1": ("plan.cp", plan.cp),
+                        "op_recompute": ("plan.activation_checkpointing", plan.activation_checkpointing)
+                        }.get(ex.when, ("plan.pp_schedule", plan.pp_schedule))
         out.append(f"{field} ({value}): {ex.reason}")
     if plan.cp > 1 and spec.moe is not None:
         out.append(f"plan.cp ({plan.cp}): the MoE balance loss is sequence-wise (it needs each whole sequence) and the "
