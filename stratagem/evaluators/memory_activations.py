@@ -68,6 +68,8 @@ class Saved:
     module: RecomputeModule | None = None
     linear_input: bool = False
     selective: bool = True
+    act_input: bool = False
+    """The MLP activation's input (fp8 with training.activation_func_fp8_input_store [SWI])."""
 
 
 def _mlp_group(prefix: str, sbf: Array | float, glu: bool, fused: bool, module: RecomputeModule,
@@ -75,7 +77,7 @@ def _mlp_group(prefix: str, sbf: Array | float, glu: bool, fused: bool, module: 
     """The saved tensors of one MLP group of width f (sbf = s b f / t x copies). Selective keeps the activation's
     input only (the harness's policy: down(silu(g) * u) is recomputed)."""
     act_in = 2.0 * sbf if glu else sbf
-    out = [Saved(f"{prefix}act_input", act_in, module)]
+    out = [Saved(f"{prefix}act_input", act_in, module, act_input=True)]
     if glu and not fused:  # eager silu(g) * u: silu(g) kept for the product's backward
         out.append(Saved(f"{prefix}act_mid", sbf, act_module or module, selective=False))
     out.append(Saved(f"{prefix}act_output", sbf, act_module or module, linear_input=True, selective=False))
@@ -121,7 +123,7 @@ def saved_tensors(scn: Scenario, pc: PlanColumns, s: Array | float, b: Array | f
     if e.shared_experts:
         shared = e.shared_experts * s * b * e.shared_ffn / t
         out += [Saved(x.name, x.elements, "shared_experts" if x.module == "moe" else x.module, x.linear_input,
-                      x.selective)
+                      x.selective, x.act_input)
                 for x in _mlp_group("shared_", shared, glu, rec.fused_glu, "moe", None)]
     dispatched = e.top_k * imb * sbh / t * pc.etp
     out += [
@@ -158,13 +160,17 @@ def layer_elements(scn: Scenario, pc: PlanColumns, s: Array | float, b: Array | 
 def layer_bytes(scn: Scenario, pc: PlanColumns, s: Array | float, b: Array | float, act_bytes: Array,
                 dense_mlp: bool = False) -> tuple[Array, Array, Array]:
     """`layer_elements` in bytes: `act_bytes` per element (the compute dtype), a linear's input at 1 byte on
-    fp8 plans of a stack whose fp8 linears keep the quantized input [TE] (torchao keeps bf16 [AO])."""
+    fp8 plans of a stack whose fp8 linears keep the quantized input [TE] (torchao keeps bf16 [AO]), the MLP
+    activation's input at 1 byte with training.activation_func_fp8_input_store [SWI]."""
     rec = stack_record(scn.training.stack)
     fp8_in = pc.fp8 & (rec.fp8_activation_store == "fp8")
+    fp8_act = scn.training.activation_func_fp8_input_store and rec.fused_glu
     saved = saved_tensors(scn, pc, s, b, dense_mlp)
     z = np.zeros(len(pc))
 
     def width(x: Saved) -> Array:
+        if x.act_input and fp8_act:
+            return FP8_BYTES + z
         return np.where(fp8_in, FP8_BYTES, act_bytes) if x.linear_input else act_bytes + z
 
     none = sum((x.elements * width(x) for x in saved), z)

@@ -91,6 +91,10 @@ class TrainingSpec(BaseModel):
     fp8_recipe: Fp8Recipe | None = None
     """fp8 scaling recipe for plans in fp8: tensorwise, rowwise, blockwise, mxfp8 (Blackwell); None = the
     stack's first recipe (StackRecord.fp8_recipes)."""
+    activation_func_fp8_input_store: bool = False
+    """Save the MLP activation's input (SwiGLU's gate and up) in fp8 for backward: Megatron
+    --activation-func-fp8-input-store (megatron/core/fusions/fused_bias_swiglu.py: input.to(float8_e4m3fn)),
+    DeepSeek-V3's fp8 caching of the SwiGLU inputs (tech report sec. 3.3.2). Stacks with a fused GLU only."""
     kernels: KernelPath | None = None
     """Kernel path of the layers: eager (PyTorch ops one by one), compiled (torch.compile fuses the elementwise
     ops around the GEMMs) or fused (Transformer Engine); None = the stack's default (compiled when compile is on,
@@ -106,6 +110,10 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="after")
     def _settings_the_stack_has(self) -> TrainingSpec:
         rec = self.record
+        if self.activation_func_fp8_input_store and not rec.fused_glu:
+            raise StratagemError(
+                f"training.activation_func_fp8_input_store (true): {rec.name} has no fused activation that stores "
+                "its input in fp8 (Megatron's fused_bias_swiglu.py does); set it false")
         if self.fp8_recipe is not None and self.fp8_recipe not in rec.fp8_recipes:
             raise StratagemError(
                 f"fp8_recipe ({self.fp8_recipe}): {rec.name} does not ship it ({rec.cite('fp8_recipes')}); "

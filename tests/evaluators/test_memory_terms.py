@@ -13,11 +13,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate_many
 from stratagem.evaluators.memory import _moe_share
 from stratagem.evaluators.memory_activations import layer_bytes, module_recompute_elements
 from stratagem.evaluators.memory_copies import optimizer_step_bytes
-from stratagem.spaces import MODEL_PRESETS, ClusterSpec, Plan, Scenario, gpu_preset
+from stratagem.spaces import MODEL_PRESETS, ClusterSpec, Plan, Scenario, gpu_preset, scenario_from_dict
 from stratagem.spaces.columns import PlanColumns
 
 
@@ -44,6 +45,17 @@ def test_transformer_engine_keeps_linear_inputs_in_fp8() -> None:
     fp8 = _bytes(scn, Plan(dp=8, precision="fp8"))[0]
     assert bf16 == 26624
     assert fp8 == 26624 - 5120 + 2048
+
+
+def test_activation_input_stored_in_fp8() -> None:
+    """Megatron --activation-func-fp8-input-store (fused_bias_swiglu.py: input.to(float8_e4m3fn)): SwiGLU's
+    2 sbf input (4096 elements) at 1 byte instead of 2; refused on a stack without the fused activation."""
+    plain = _bytes(_scn("tiny", "megatron"), Plan(dp=8))[0]
+    stored = _bytes(_scn("tiny", "megatron", activation_func_fp8_input_store=True), Plan(dp=8))[0]
+    assert plain - stored == 4096
+    with pytest.raises(StratagemError, match="activation_func_fp8_input_store"):
+        scenario_from_dict({"model": "tiny", "cluster": {"gpu": "h100-sxm-80g"},
+                            "training": {"stack": "torch", "activation_func_fp8_input_store": True}})
 
 
 def test_torchao_fp8_keeps_high_precision_inputs() -> None:
@@ -93,13 +105,13 @@ def test_first_stage_of_deepseek_holds_dense_layers() -> None:
 
 def test_deepseek_v3_layout_runs_with_its_recipe() -> None:
     """DeepSeek-V3 tech report (arXiv 2412.19437) sec. 3.2.3 and 3.3.2: PP16 x EP64 x ZeRO-1 on H800 80 GB, fp8
-    caching of linear inputs, RMSNorm and MLA up-projection recomputed, SwiGLU output recomputed, bf16 Adam
+    caching of linear inputs and SwiGLU inputs, RMSNorm and MLA up-projection recomputed, SwiGLU output recomputed, bf16 Adam
     moments: the run exists, so the predicted peak fits the GPU; the same layout without the module recompute
     is not (the report recomputes to fit). A check, not a fit: no constant was set from it."""
     scn = Scenario(model="deepseek-v3", cluster=ClusterSpec(gpu=gpu_preset("h100-sxm-80g"), num_nodes=256,
                                                             gpus_per_node=8),
                    training={"seq_len": 4096, "global_batch_size": 15360, "stack": "megatron", "precision": "fp8",
-                             "optimizer_state_dtype": "bf16"})
+                             "optimizer_state_dtype": "bf16", "activation_func_fp8_input_store": True})
     base = {"dp": 128, "pp": 16, "ep": 64, "zero_stage": 1, "precision": "fp8", "activation_checkpointing": "selective"}
     with_recipe = evaluate_many(scn, [Plan(**base, recompute_modules="layernorm+mla_up_proj+moe_act")])
     without = evaluate_many(scn, [Plan(**base)])
