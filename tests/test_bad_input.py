@@ -212,12 +212,19 @@ def test_calibrate_output_refused_before_runs(tmp_path: Path, monkeypatch: pytes
     (tmp_path / "adir").mkdir()
     code, _, err = run(monkeypatch, capsys, "calibrate", str(scn), "-o", str(tmp_path / "adir"))
     one_line(code, err, "is a directory")
-    if os.geteuid() != 0:  # root writes anywhere: a read-only directory only binds other users
-        ro = tmp_path / "ro"
-        ro.mkdir()
-        ro.chmod(0o555)
-        code, _, err = run(monkeypatch, capsys, "calibrate", str(scn), "-o", str(ro / "cal.yaml"))
-        one_line(code, err, "cannot write in")
+    # the scenario in a directory nothing can be created in (immutable as root, read-only otherwise): the
+    # default output beside it is refused before the runs
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    inside = scenario(locked)
+    lock = ["chattr", "+i", str(locked)] if os.geteuid() == 0 else ["chmod", "555", str(locked)]
+    unlock = ["chattr", "-i", str(locked)] if os.geteuid() == 0 else ["chmod", "755", str(locked)]
+    subprocess.run(lock, check=True)
+    try:
+        code, _, err = run(monkeypatch, capsys, "calibrate", str(inside))
+        one_line(code, err, "cannot write in", str(locked))
+    finally:
+        subprocess.run(unlock, check=True)
     (tmp_path / "cal-runs").mkdir()  # a runs directory holding the user's file
     (tmp_path / "cal-runs" / "mine.txt").write_text("x")
     code, _, err = run(monkeypatch, capsys, "calibrate", str(scn), "-o", str(tmp_path / "cal.yaml"))
