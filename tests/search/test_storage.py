@@ -507,7 +507,9 @@ def test_a_full_disk_under_a_sqlite_storage_is_one_line_and_the_search_resumes(t
     scenario.write_text((ROOT / "examples" / "tiny-cpu.yaml").read_text())
     db = tmp_path / "stratagem.db"
     cli = [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--no-report", "--study"]
-    assert subprocess.run([*cli, "a"], capture_output=True, timeout=300).returncode == 0
+    first = _study_on(f"sqlite:///{db}", "a")  # an existing database (another study in it)
+    for i in range(3):
+        first.add_trial(__import__("optuna").trial.create_trial(values=[float(i), 1.0, 1.0]))
     limit_kib = db.stat().st_size // 1024 + 4
     t0 = time.monotonic()
     full = subprocess.run(["bash", "-c", f"ulimit -f {limit_kib}; exec \"$@\"", "bash", *cli, "b"],
