@@ -4,6 +4,10 @@ Reference data (bench/reference/, or the folder named by STRATAGEM_REFERENCE):
   playbook_sweep_calibration.json   503 nanotron runs on H100 80GB (the Ultra-Scale Playbook sweep): seq 4096,
                                     bf16, AdamW, fp32 grad accumulation, SP when tp > 1, 1F1B when pp > 1.
   published_cases_calibration.json  the cases of kind memory+... (torchtitan on H100 96GB / H200: FSDP2, CP).
+  published_moe_runs.json           published MoE pre-training runs (NVIDIA Megatron-Bridge / Megatron-MoE-ModelZoo on
+                                    H100, DeepSeek-V3 on H800): no peak memory is published, but each ran, so each
+                                    must fit its GPU. Printed as a check ("fits" or "OOM" per run, with the recipe's
+                                    recompute modules where the row states them), not part of the figure.
 
 What is compared, per source (never per run):
   playbook   nanotron's benchmark CSV is written by world rank 0 (src/nanotron/helpers.py log_throughput, from
@@ -134,6 +138,34 @@ def torchtitan_cases(path: Path) -> list[Case]:
     return cases
 
 
+def moe_fit_check(path: Path, cal: Calibration) -> tuple[int, int]:
+    """Print the predicted peak of every published MoE run (they ran: each should fit); (fits, runs)."""
+    runs = json.loads(path.read_text())["runs"]
+    fits = 0
+    print("\npublished MoE runs (they ran; megatron record; GiB):")
+    for r in runs:
+        gpu = "h100-sxm-80g" if r["gpu"] in ("h800", "h100-sxm-80g") else r["gpu"]  # H800: H100 SXM's 80 GB
+        training = {"seq_len": r["seq"], "global_batch_size": r["gbs"], "stack": "megatron",
+                    "precision": r["precision"],
+                    **{k: r[k] for k in ("activation_func_fp8_input_store", "optimizer_state_dtype") if k in r}}
+        scn = Scenario(model=r["model"], cluster=ClusterSpec(gpu=gpu_preset(gpu), num_nodes=r["gpus"] // 8,
+                                                             gpus_per_node=8), training=training)
+        plan = Plan(dp=r["gpus"] // (r["tp"] * r["pp"] * r["cp"]), tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"],
+                    etp=r["etp"], zero_stage=3 if r["fsdp"] else 1, micro_batch_size=r["mbs"],
+                    precision=r["precision"], sequence_parallel=r["tp"] > 1, activation_checkpointing=r["recompute"],
+                    recompute_modules=r.get("recompute_modules", ""),
+                    pp_schedule="interleaved" if r["vp"] > 1 else "1f1b", virtual_stages=r["vp"])
+        mem = memory_columns(scn, PlanColumns.from_plans([plan]), cal)
+        peak, hbm = float(mem["peak"][0]) / GIB, float(mem["hbm"][0]) / GIB
+        fits += peak <= hbm
+        broken = violations(scn, plan)
+        note = f"  (breaks: {broken[0][:70]})" if broken else ""
+        print(f"  {'fits' if peak <= hbm else 'OOM ':4s} {peak:6.1f} / {hbm:5.1f}  {r['id']}"
+              f"{' [' + r['recompute_modules'] + ']' if r.get('recompute_modules') else ''}{note}")
+    print(f"  {fits} of {len(runs)} published MoE runs fit")
+    return fits, len(runs)
+
+
 def predict(case: Case, cal: Calibration) -> dict[str, float]:
     """Predicted blocks and peak (GiB) of the rank that was measured."""
     broken = violations(case.scenario, case.plan)
@@ -231,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
           f"logits_bytes={cal.logits_bytes:.2f}; reference {ref}; {len(cases)} runs predicted in "
           f"{elapsed:.2f} s")
     print(f"versions: stratagem {__version__}, numpy {np.__version__}, python {platform.python_version()}")
+    moe = ref / "published_moe_runs.json"
+    if moe.is_file():
+        moe_fit_check(moe, cal)
     subset = np.array([in_subset(c) for c in cases])
     es = np.abs(err[subset])
     print(f"subset (rule: {SUBSET_RULE}): median abs error {np.median(es):.1f}%, "
