@@ -281,6 +281,8 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
                       loss_owner=is_last, experts_apart=experts is not None,
                       edp_group=experts["edp"].get_group() if experts is not None and experts["edp"].size() > 1
                       else None)
+            if kernels == "cuda" and scenario.cluster.gpu.kind != "cpu":
+                _foreach(optimizer)
             _warm_up_optimizer(params, optimizer)
             tracker.label(_optimizer_states(optimizer), "optimizer")
             states = {"param_bytes": sum(_nbytes(p) for p in params),
@@ -328,6 +330,16 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
                       states=states, analytic=analytic_blocks(scenario, plan, role),
                       seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu_start, microbatches=(micro, traced),
                       top_ops=[(b, op, n) for b, op, n in by_op[:12]])
+
+
+def _foreach(optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's multi-tensor (foreach) implementation, the one torch picks for CUDA tensors
+    (torch/optim/optimizer.py _default_to_fused_or_foreach; on CPU tensors it picks the for-loop): its step
+    holds a transient copy of the states (torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt)."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: this rank's partition
+    for group in inner.param_groups:
+        if "foreach" in group:
+            group["foreach"] = True
 
 
 def _warm_up_optimizer(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
