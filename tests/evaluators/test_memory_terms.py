@@ -18,6 +18,7 @@ from stratagem.evaluators import evaluate_many
 from stratagem.evaluators.memory import _moe_share
 from stratagem.evaluators.memory_activations import layer_bytes, module_recompute_elements
 from stratagem.evaluators.memory_copies import optimizer_step_bytes
+from stratagem.evaluators.memory_pipeline import IN_FLIGHT
 from stratagem.spaces import MODEL_PRESETS, ClusterSpec, Plan, Scenario, gpu_preset, scenario_from_dict
 from stratagem.spaces.columns import PlanColumns
 
@@ -170,3 +171,40 @@ def test_fused_optimizer_step_has_no_transient() -> None:
     scn = _scn("tiny", "megatron")
     pc = PlanColumns.from_plans([Plan(dp=8)])
     assert optimizer_step_bytes(scn, pc, np.array([8e9]), np.array([1e6]))[0] == 0.0
+
+
+# ---- pipeline schedules ------------------------------------------------------------------------------------
+def _torch_peak_chunks(schedule: str, p: int, v: int, m: int, rank: int) -> float:
+    """Most micro-batch chunks whose forward is done and backward not, on `rank`, in torch's own action list
+    (torch/distributed/pipelining/schedules.py), in units of the rank's whole stage (v chunks)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining import schedules as sched
+
+    if schedule == "interleaved":
+        rounds = max(1, m // p)
+        state = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m, number_of_rounds=rounds,
+                                microbatches_per_round=m // rounds)
+        ops = sched.ScheduleInterleaved1F1B._calculate_single_rank_operations(state, rank)  # type: ignore[arg-type]
+        kinds = [a.computation_type for a in ops if a is not None]
+    else:  # Schedule1F1B._step_microbatches: min(m, p - rank) warm-up forwards, then backward before forward
+        warm = min(m, p - rank)
+        kinds = [sched._ComputationType.FORWARD] * warm
+        for _ in range(m - warm):
+            kinds += [sched._ComputationType.FULL_BACKWARD, sched._ComputationType.FORWARD]
+        kinds += [sched._ComputationType.FULL_BACKWARD] * warm
+    now = peak = 0
+    for kind in kinds:
+        now += 1 if kind == sched._ComputationType.FORWARD else -1
+        peak = max(peak, now)
+    return peak / v
+
+
+@pytest.mark.parametrize("schedule,p,v,m", [
+    ("1f1b", 4, 1, 8), ("1f1b", 8, 1, 4), ("interleaved", 4, 2, 8), ("interleaved", 8, 2, 8),
+    ("interleaved", 8, 2, 32), ("interleaved", 4, 4, 16), ("interleaved", 8, 4, 64), ("interleaved", 2, 24, 32),
+])
+def test_in_flight_table_follows_torch_action_lists(schedule: str, p: int, v: int, m: int) -> None:
+    first, last = IN_FLIGHT[schedule](np.float64(p), np.float64(v), np.float64(m))  # type: ignore[index]
+    assert float(first) == pytest.approx(_torch_peak_chunks(schedule, p, v, m, 0))
+    assert float(last) == pytest.approx(_torch_peak_chunks(schedule, p, v, m, p - 1))
