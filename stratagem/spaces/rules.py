@@ -134,7 +134,8 @@ def capability_violations(rec: StackRecord, p: Plan) -> list[str]:
                 f"use zero_stage <= {rec.max_zero_with_pp} or pp=1")
     if p.pp > 1 and p.pp_schedule not in rec.schedules:
         missing("schedules", f"pp_schedule {p.pp_schedule}", f"use pp_schedule in {', '.join(rec.schedules)}")
-    ex = rec.schedule_exclusion(p.pp_schedule, p.cp, p.virtual_stages) if p.pp > 1 else None
+    ex = (rec.schedule_exclusion(p.pp_schedule, p.cp, p.virtual_stages, recompute=p.activation_checkpointing)
+          if p.pp > 1 else None)
     if ex is not None:  # stacks.py schedule_exclusions: the same data the harness refuses from
         out.append(f"{rec.name}: pp_schedule {p.pp_schedule} with {ex.when} is not supported ({ex.source}): "
                    f"{ex.reason}")

@@ -3,8 +3,9 @@ suggested to an Optuna trial.
 
 A plan is a *layout* (tp, pp, cp, dp, ep: how the world is cut) plus per-layout choices. Each layout keeps
 three small joint lists -- sharding (zero_stage, dp_replicate, optimizer_offload), sequence_parallel and
-pipelining (micro_batch_size, pp_schedule, virtual_stages) -- and two global ones (precision,
-activation_checkpointing). Plan number i is a mixed-radix number over those lists, so counting is a sum of
+pipelining with recomputation (micro_batch_size, pp_schedule, virtual_stages, the split, activation_checkpointing
+with recompute_modules: a schedule the stack cannot run with a recompute mode is left out) -- and one global one
+(precision). Plan number i is a mixed-radix number over those lists, so counting is a sum of
 products and enumeration (or sampling) is a vectorised decode: no Plan object on the hot path.
 
 Conditional axes apply only where they mean something: sequence_parallel with tp > 1, pp_schedule with
@@ -164,8 +165,9 @@ class _Layout:
     etp: int
     zero: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_replicate, offload 0/1)
     sp: tuple[int, ...]  # 0/1
-    # (micro_batch_size, schedule code, virtual_stages, pp_split code, first_stage_layers, last_stage_layers)
-    pipe: tuple[tuple[int, int, int, int, int, int], ...]
+    # (micro_batch_size, schedule code, virtual_stages, pp_split code, first_stage_layers, last_stage_layers,
+    #  index into SearchSpace.recompute_pairs)
+    pipe: tuple[tuple[int, int, int, int, int, int, int], ...]
 
     @property
     def key(self) -> tuple[int, int, int, int, int]:
@@ -328,7 +330,7 @@ class SearchSpace:
                     # the non-interleaved ones)
                     honoured = [x for x in schedules if SCHEDULES[x] == "interleaved"
                                 or rec.schedule_exclusion(SCHEDULES[x], c, 1) is None]
-                    pipe = self._pipe(p, gbs // d, honoured)
+                    pipe = self._pipe(p, gbs // d, honoured, c)
                     sp = tuple(sps) if t > 1 else (0,)
                     if t > 1 and m.moe is not None and rec.moe_tp_requires_sp:  # stacks.py: MoE + TP needs SP
                         sp = tuple(x for x in sp if x)
@@ -389,10 +391,12 @@ class SearchSpace:
         name, first, last = canonical_split(self.scenario, plan)
         return PIPELINE_SPLITS.index(name), first, last
 
-    def _pipe(self, pp: int, per_replica: int, schedules: list[int]
-              ) -> tuple[tuple[int, int, int, int, int, int], ...]:
-        """(micro_batch_size, schedule, virtual_stages, pp_split, first, last) for one pp degree and per-replica
-        batch."""
+    def _pipe(self, pp: int, per_replica: int, schedules: list[int], cp: int = 1
+              ) -> tuple[tuple[int, int, int, int, int, int, int], ...]:
+        """(micro_batch_size, schedule, virtual_stages, pp_split, first, last, recompute pair) for one pp degree,
+        per-replica batch and cp: the recompute pair (index into recompute_pairs) is joined here, so a schedule
+        the stack cannot run with a recompute mode (stacks.py schedule_exclusions, e.g. torch's zero_bubble with
+        op recompute) is never enumerated."""
         cfg, layers = self.config, self.scenario.model.num_layers
         div = divisors(per_replica)
         mbs = [b for b in _choices(cfg.micro_batch_size, div, div, "micro_batch_size") if per_replica % b == 0]
@@ -418,7 +422,9 @@ class SearchSpace:
                     out.extend((b, s, 1, *x) for x in splits[1])
                 elif micro % pp == 0:
                     out.extend((b, s, v, *x) for v in vs for x in splits[v])
-        return tuple(out)
+        rec = self.scenario.training.record
+        return tuple((*q, i) for q in out for i, (ac, _) in enumerate(self.recompute_pairs)
+                     if pp == 1 or rec.schedule_exclusion(SCHEDULES[q[1]], cp, q[2], recompute=ac) is None)
 
     def _zero(self, dp: int, cp: int, zeros: list[int], offloads: list[int]) -> tuple[tuple[int, int, int], ...]:
         """(zero_stage, dp_replicate, offload) triples for one layout."""
@@ -458,7 +464,7 @@ class SearchSpace:
         self._npipe = np.array([len(lay.pipe) for lay in lays], dtype=np.int64)
         self._zero_tab = np.zeros((n, int(self._nz.max()), 3), dtype=np.int64)
         self._sp_tab = np.zeros((n, int(self._nsp.max())), dtype=np.int64)
-        self._pipe_tab = np.zeros((n, int(self._npipe.max()), 6), dtype=np.int64)
+        self._pipe_tab = np.zeros((n, int(self._npipe.max()), 7), dtype=np.int64)
         for i, lay in enumerate(lays):
             self._zero_tab[i, : len(lay.zero)] = lay.zero
             self._sp_tab[i, : len(lay.sp)] = lay.sp
@@ -467,7 +473,7 @@ class SearchSpace:
         self._ac_codes = np.array([RECOMPUTES.index(r) for r, _ in self.recompute_pairs], dtype=np.int64)
         self._module_codes = np.array([sum(2 ** RECOMPUTE_MODULES.index(x) for x in sets.split("+") if x)
                                        for _, sets in self.recompute_pairs], dtype=np.int64)
-        per = self._nz * self._nsp * self._npipe * len(self.precisions) * len(self.recompute_pairs)
+        per = self._nz * self._nsp * self._npipe * len(self.precisions)  # the recompute pair is in the pipe table
         self._ends = np.cumsum(per)
         self._starts = self._ends - per
         self._by_key = {lay.key: lay for lay in lays}
@@ -490,12 +496,12 @@ class SearchSpace:
             raise IndexError(f"plan numbers must lie in [0, {self.count()})")
         s = np.searchsorted(self._ends, idx, side="right")
         r = idx - self._starts[s]
-        n_ac, n_prec = len(self.recompute_pairs), len(self.precisions)
-        ac, r = r % n_ac, r // n_ac
+        n_prec = len(self.precisions)
         prec, r = r % n_prec, r // n_prec
         ipipe, r = r % self._npipe[s], r // self._npipe[s]
         isp, iz = r % self._nsp[s], r // self._nsp[s]
         zero, pipe = self._zero_tab[s, iz], self._pipe_tab[s, ipipe]
+        ac = pipe[:, 6]
 
         def f(a: NDArray[Any]) -> NDArray[np.float64]:
             return np.asarray(a, dtype=np.float64)
@@ -631,11 +637,13 @@ class SearchSpace:
         if name == "precision":
             return list(self.precisions)
         if name == "activation_checkpointing":
-            return list(self.recomputes)
+            pairs = {self.recompute_pairs[q[6]] for q in _matching_pipe(lay, p)}
+            return [r for r in self.recomputes if any(ac == r for ac, _ in pairs)]
         if name == "recompute_modules":
             if p.get("activation_checkpointing") != "selective" or self.module_sets == ("",):
                 return None
-            return list(self.module_sets)
+            pairs = {self.recompute_pairs[q[6]] for q in _matching_pipe(lay, p)}
+            return [x for x in self.module_sets if ("selective", x) in pairs]
         raise KeyError(name)
 
     def project(self, name: str, value: Any, partial: dict[str, Any]) -> Any:
@@ -696,6 +704,15 @@ class SearchSpace:
         """Axis values and counts, for reports and the CLI."""
         return {"plans": self.count(), "layouts": len(self.layouts), "notes": list(self.notes),
                 **{k: list(v) for k, v in self._axis_choices.items()}}
+
+
+def _matching_pipe(lay: _Layout, partial: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The layout's pipe entries (with their recompute pair) that match the partial plan's micro-batch, schedule,
+    virtual stages and split (absent fields: the Plan defaults, as a plan without pipelining has them)."""
+    key = (partial["micro_batch_size"], SCHEDULES.index(partial.get("pp_schedule", "1f1b")),
+           partial.get("virtual_stages", 1), PIPELINE_SPLITS.index(partial.get("pp_split", "layers")),
+           partial.get("first_stage_layers", 0), partial.get("last_stage_layers", 0))
+    return [q for q in lay.pipe if q[:6] == key]
 
 
 def _module_sets(sets: list[str] | None, scenario: Scenario) -> tuple[str, ...]:

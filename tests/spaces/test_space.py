@@ -312,3 +312,23 @@ def test_suggest_covers_splits_and_expert_layouts() -> None:
         study.tell(t, [float(plan.dp), float(plan.pp)])
     assert ("embedding_loss", False, False) in {(a, b, False) for a, b, _ in seen}
     assert any(b for _, b, _ in seen) and any(c for _, _, c in seen)
+
+
+def test_schedule_and_recompute_the_stack_cannot_run_together_are_not_enumerated() -> None:
+    # torch: zero_bubble with op-level recompute runs the checkpointed backward twice (stacks.py
+    # schedule_exclusions); the space leaves out the pair only, and Optuna's suggestions follow
+    s = tiny(gbs=16, pp_schedule=["1f1b", "zero_bubble"], activation_checkpointing=["none", "full", "op"],
+             precision="bf16")
+    space = SearchSpace(s)
+    pc = space.enumerate()
+    pairs = {(pc.plan(i).pp_schedule, pc.plan(i).activation_checkpointing) for i in range(len(pc)) if pc.pp[i] > 1}
+    assert ("zero_bubble", "op") not in pairs and {("zero_bubble", "full"), ("1f1b", "op")} <= pairs
+    assert all(violations(s, pc.plan(i)) == [] for i in range(0, len(pc), 7))
+    study = optuna.create_study(directions=["maximize"],
+                                sampler=ProjectingSampler(optuna.samplers.RandomSampler(seed=5), space))
+    for _ in range(150):
+        t = study.ask()
+        plan = space.suggest(t)
+        assert not (plan.pp > 1 and plan.pp_schedule == "zero_bubble" and plan.activation_checkpointing == "op")
+        assert violations(s, plan) == [], plan
+        study.tell(t, [float(plan.dp)])
