@@ -187,7 +187,7 @@ def _check_finite(data: Any, source: str, where: str = "") -> None:
 def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file (bounded: stratagem.files.read_yaml, SCENARIO_MAX_BYTES)."""
     p = Path(path)
-    data = read_yaml(p, "scenario", SCENARIO_MAX_BYTES, hint="give a scenario YAML file")
+    data = read_yaml(p, "scenario", SCENARIO_MAX_BYTES)
     model = data.get("model") if isinstance(data, dict) else None
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
         # A relative hf_config path is relative to the scenario file, not to the working directory.

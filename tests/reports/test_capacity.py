@@ -93,7 +93,7 @@ def test_capacity_command(tmp_path) -> None:
     out = tmp_path / "cap.md"
     res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "1,2", "-o", str(out)], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    assert "dp" in res.output and out.read_text().startswith("# Capacity planning")
+    assert "dp" in res.output and out.read_text().startswith("<!-- generator: stratagem -->\n# Capacity planning")
     res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "a"])
     assert isinstance(res.exception, StratagemError) and "--nodes" in str(res.exception)
     res = CliRunner().invoke(app, ["capacity", str(path), "-o", str(tmp_path / "c.csv")])
