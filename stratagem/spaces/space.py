@@ -681,6 +681,16 @@ class SearchSpace:
         """`spaces.canonical.canonical_plan` in this space's scenario: the one Plan for the job `plan` builds."""
         return canonical_plan(self.scenario, plan)
 
+    def canonical_columns(self, plans: PlanColumns) -> PlanColumns:
+        """`plans` (e.g. a user's candidates) with each row replaced by its canonical plan and rows naming a job
+        already seen dropped (first kept, order kept): one row per job. Row by row: for small sets only."""
+        from stratagem.spaces.columns import PlanColumns
+
+        seen: dict[Plan, None] = {}
+        for i in range(len(plans)):
+            seen.setdefault(self.canonical(plans.plan(i)), None)
+        return PlanColumns.from_plans(list(seen))
+
     def params(self, plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
         """(params, distributions) that `suggest` records for `plan`: the applicable axes only, of its canonical
         plan (`canonical`: a plan that builds the same job as an enumerated one is stored as that one)."""

@@ -27,6 +27,7 @@ from stratagem.spaces import (
     violations,
 )
 from stratagem.spaces.canonical import canonical_plan, job_description
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.plan import PIPELINE_SPLITS
 
@@ -159,3 +160,11 @@ def test_params_store_the_canonical_plan() -> None:
         params, dists = space.params(parse_plan(f"dp2 pp2 z1 mb2 bf16 {split}"))
         assert Plan(**params) == parse_plan("dp2 pp2 z1 mb2 bf16 1f1b")
         assert all(dists[k].to_internal_repr(v) is not None for k, v in params.items())
+
+
+def test_canonical_columns_keep_one_row_per_job() -> None:
+    s = load_scenario(EXAMPLES / "demo-cpu.yaml")
+    plans = [parse_plan(f"dp2 pp2 z1 mb2 bf16 {split}") for split in DEMO_SPLITS] + [parse_plan("dp4 z1 mb2 bf16")]
+    out = SearchSpace(s).canonical_columns(PlanColumns.from_plans(plans))
+    assert [out.plan(i) for i in range(len(out))] == [parse_plan("dp2 pp2 z1 mb2 bf16 1f1b"),
+                                                      parse_plan("dp4 z1 mb2 bf16")]
