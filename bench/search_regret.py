@@ -12,9 +12,10 @@ search methods. Instances:
             dp x mbs x gas are left out, as are plans the validity rules refuse (counted).
   --table   a table measured here (bench/data/*.json, written by bench/measure_table.py), OOM runs included.
 Methods (each spends "runs": one table lookup = one real run):
-  stratagem         the multi-fidelity loop as shipped (search.multifidelity.run_multifidelity), restricted to the
-                    candidates, one run per batch, recalibrating after each run;
-  no_recalibration  the same loop with recalibrate=False (the default constants throughout);
+  stratagem         the real-run loop as shipped (search.session.SearchSession.measure with the shipped
+                    run-order policy search.run_order.RankedOrder), restricted to the candidates, one run per
+                    batch, refitting after each run (a refit kept only when it predicts held-out runs better);
+  no_recalibration  the same loop and policy with recalibrate=False (the default constants throughout);
   analytic_order    the candidates in predicted order (fitting plans by predicted tokens/s, then the rest);
   random            a seeded random order;
   tpe, nsga2        Optuna's TPESampler / NSGAIISampler as black boxes over the candidates' axes (no analytic
@@ -136,26 +137,33 @@ class _Enough(Exception):
 
 
 def order_stratagem(truth: Truth, budget: int, seed: int, recalibrate: bool = True) -> list[str]:
-    """The shipped multi-fidelity loop against the table (journal storage in a temp dir, one run per batch).
-    The replay stops once the best plan has been run and at least max(AT) runs are spent: later runs change
-    none of the figures (runs to the best, regret at 1..10)."""
-    from stratagem.search.multifidelity import run_multifidelity
+    """The shipped loop and run-order policy against the table: a SearchSession (journal storage in a temp dir)
+    measuring with RankedOrder restricted to the candidates, one run per batch, exactly as `search --real-runs`
+    drives them. The replay stops once the best plan has been run and at least max(AT) runs are spent: later
+    runs change none of the figures (runs to the best, regret at 1..10)."""
+    from stratagem.search.events import BatchDone, Event
+    from stratagem.search.run_order import RankedOrder
+    from stratagem.search.session import SearchSession
 
     scn = truth.scenario
     if seed and scn.search is not None:  # the loop is seeded by the scenario's search.seed
         scn = scn.model_copy(update={"search": scn.search.model_copy(update={"seed": seed})})
     evaluator = TableEvaluator(truth.table, slots=scn.cluster.num_gpus)
 
-    def enough(_: dict[str, Any]) -> None:
+    def enough(event: Event) -> None:
+        if not isinstance(event, BatchDone):
+            return
         found = any(truth.value[k] >= truth.best * (1 - 1e-9) for k in evaluator.runs)
         if found and len(evaluator.runs) >= max(AT):
             raise _Enough
 
     with tempfile.TemporaryDirectory() as tmp:
+        session = SearchSession(scn, f"journal:{tmp}/study.log", "regret", listener=enough)
         try:
-            run_multifidelity(scn, f"journal:{tmp}/study.log", "regret", evaluator, min(budget, len(truth.plans)),
-                              candidates=PlanColumns.from_plans(truth.plans), recalibrate=recalibrate,
-                              on_batch=enough)
+            session.screen()
+            session.store()
+            session.measure(min(budget, len(truth.plans)), evaluator,
+                            RankedOrder(candidates=PlanColumns.from_plans(truth.plans)), recalibrate=recalibrate)
         except _Enough:
             pass
     return list(evaluator.runs)

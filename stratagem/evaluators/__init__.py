@@ -3,7 +3,7 @@
 
 from stratagem.evaluators.advice import Advice, NeighbourSummary, advise
 from stratagem.evaluators.analytic import AnalyticEvaluator, evaluate, evaluate_many
-from stratagem.evaluators.base import BatchEvaluator, Evaluator
+from stratagem.evaluators.base import BatchEvaluator, Evaluator, MeasuringEvaluator
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
 from stratagem.evaluators.evaluation import (
     BLOCKS,
@@ -22,6 +22,7 @@ from stratagem.evaluators.zones import THRESHOLDS, ZONE_NAMES
 __all__ = [
     "Advice", "NeighbourSummary", "advise", "THRESHOLDS", "ZONE_NAMES",
     "AnalyticEvaluator", "evaluate", "evaluate_many", "PlanFigures", "Evaluator", "BatchEvaluator",
+    "MeasuringEvaluator",
     "DEFAULT_CALIBRATION", "Calibration",
     "StepSpread", "distinct", "spread_of", "spread_of_samples",
     "BLOCKS", "CheckpointRisk", "Evaluation", "MemoryBreakdown", "Throughput", "TimeBreakdown", "Zone", "Zones",

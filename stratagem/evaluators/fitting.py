@@ -17,7 +17,8 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
 
-__all__ = ["FACTORS", "FINE_FACTORS", "field_bounds", "candidates", "coupled", "descend", "polish", "median_error"]
+__all__ = ["FACTORS", "FINE_FACTORS", "field_bounds", "candidates", "coupled", "descend", "polish", "median_error",
+           "lower_bound_loss"]
 
 Array = NDArray[np.float64]
 FACTORS: Array = np.exp(np.linspace(np.log(1 / 16), np.log(16), 33))
@@ -150,3 +151,10 @@ def polish(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration]
 def median_error(pred: Array, meas: Array) -> float:
     """Median |predicted / measured - 1| (0 for no runs)."""
     return float(np.median(np.abs(pred / meas - 1.0))) if len(meas) else 0.0
+
+
+def lower_bound_loss(pred: Array, bound: float) -> float:
+    """Sum of squared log shortfalls below a lower bound: max(0, log bound - log pred)^2 per value. A measured
+    OOM says only that the peak exceeded the device's memory: a prediction above the bound costs nothing."""
+    short = np.maximum(0.0, np.log(bound) - np.log(np.maximum(pred, 1e-300)))
+    return float(np.sum(short**2))

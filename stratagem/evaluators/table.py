@@ -126,6 +126,18 @@ class TableEvaluator:
     def close(self) -> None:
         """Nothing to release (the same interface as the real-run evaluator)."""
 
+    def unsupported(self, scenario: Scenario, plan: Plan) -> str | None:
+        """None: a table holds only plans that were run (evaluators.base.MeasuringEvaluator)."""
+        return None
+
+    def run_seconds(self, scenario: Scenario, plan: Plan) -> float:
+        """0: a lookup takes no time (a replay has no budget in minutes)."""
+        return 0.0
+
+    def stop(self) -> int:
+        """Nothing is ever in flight."""
+        return 0
+
 
 def measured_from_table(scenario: Scenario, plan: Plan, out: TableOutcome, prediction: Evaluation) -> Evaluation:
     """A measured Evaluation from a table row: tokens/s and peak as measured; the state blocks (weights,

@@ -17,14 +17,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from stratagem.evaluators.zones import bottleneck_label
+from stratagem.search.events import BatchDone, Event, Notice, Phase, WindowOpened
 from stratagem.search.records import TrialKey, trial_evaluation, trial_fidelity, trial_key, trial_plan
 from stratagem.search.runner import SearchResult
+from stratagem.search.session import MeasureResult
 
 __all__ = ["progress_bar", "front_table", "print_result", "summary_lines", "result_json", "print_measured",
-           "trial_kinds"]
+           "measured_lines", "trial_kinds", "EventPrinter", "batch_line", "window_line", "traced_line"]
 
 _PHASES = {"screen": "screening plans", "explore": "sampler exploring", "store": "storing trials",
-           "evaluate": "measured runs"}
+           "evaluate": "measured runs", "real runs": "measured runs"}
 
 
 @contextmanager
@@ -159,21 +161,94 @@ def result_json(result: SearchResult) -> str:
     }, indent=2)
 
 
-def print_measured(console: Console, mf: Any) -> None:
-    """The real runs of a multi-fidelity search: measured vs predicted per plan, and the calibration."""
-    from stratagem.search.multifidelity import measured_trials
-    from stratagem.search.storage import open_storage
+def batch_line(event: BatchDone) -> str:
+    """One line per batch of real runs: what each run became and the calibration step. A batch whose runs gave
+    no step time (OOM, timeout) says so instead of an unchanged 0% -> 0% error."""
+    runs = ", ".join(f"{r.plan} {r.status}" + (" (re-measured)" if r.remeasure else "") for r in event.runs)
+    head = f"measured {event.measured}/{event.target}: {runs}"
+    step = event.step
+    if not step.runs_used:
+        return f"{head}; calibration unchanged: no ok run to fit yet" + (
+            f" ({step.ooms} OOM run(s) kept as memory lower bounds)" if step.ooms else "")
+    line = (f"{head}; step-time error {step.step_error_before:.0%} -> {step.step_error_after:.0%}, peak-memory "
+            f"error {step.memory_error_before:.0%} -> {step.memory_error_after:.0%} on {step.runs_used} run(s)")
+    return line + (f" ({step.note})" if step.note else "")
 
-    study = mf.search.study  # the study the search opened (opened again only for a result without it)
-    if study is None:
-        study = optuna.load_study(study_name=mf.search.study_name, storage=open_storage(mf.search.storage))
-    table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {mf.seconds:.0f} s)",
-                  title_justify="left", box=box.SIMPLE_HEAD)
+
+def window_line(event: WindowOpened) -> str:
+    """The budget window this call counts against."""
+    if event.joined:
+        return (f"budget: joining window {event.index} ({event.minutes:g} min, {event.left_s / 60:.1f} min left) "
+                "that another worker opened")
+    return (f"budget: new window {event.index} of {event.minutes:g} min"
+            + (" (the earlier windows are closed; stratagem status shows each)" if event.index > 1 else ""))
+
+
+def traced_line(key: str, ev: Any, reason: str) -> str:
+    """One traced plan: its traced peak beside the analytic one, or why it was not traced."""
+    if ev is None or ev.memory is None:
+        return f"traced {key}: not traced: {reason}"
+    predicted = ev.prediction.memory.peak_gib if ev.prediction and ev.prediction.memory else float("nan")
+    return f"traced {key}: peak {ev.memory.peak_gib:.2f} GiB (analytic {predicted:.2f}), {ev.status}"
+
+
+class EventPrinter:
+    """A session listener printing events: a progress bar per phase (stderr), one line per notice, batch and
+    budget window. Use as a context manager around the session's steps."""
+
+    def __init__(self, console: Console, progress: bool = True) -> None:
+        self.console = console
+        self._bar = progress_bar(Console(stderr=True), enabled=progress)
+        self._update: Any = None
+
+    def __enter__(self) -> EventPrinter:
+        self._update = self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._bar.__exit__(*exc)
+
+    def __call__(self, event: Event) -> None:
+        """Print one event."""
+        if isinstance(event, Phase):
+            if self._update is not None:
+                self._update(event.phase, event.done, event.total)
+            return
+        if isinstance(event, Notice):
+            text = event.text
+        elif isinstance(event, BatchDone):
+            text = batch_line(event)
+        elif isinstance(event, WindowOpened):
+            text = window_line(event)
+        else:
+            return
+        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
+
+
+def _spread_cell(ev: Any) -> str:
+    from stratagem.evaluators.spread import spread_of
+
+    spread = spread_of(ev.measurements)
+    if spread is None:
+        return "-"
+    runs = int((ev.measurements or {}).get("runs", 1))
+    return f"+-{spread.relative_half_width:.0%}" + (f" x{runs}" if runs > 1 else "")
+
+
+def print_measured(console: Console, mf: MeasureResult) -> None:
+    """The real runs of a multi-fidelity search: measured (with the 95 % interval of its step) vs predicted per
+    plan, and the calibration."""
     from stratagem.evaluators import evaluate
     from stratagem.search.records import study_scenario
+    from stratagem.search.run_order import measured_trials
 
+    study = mf.search.study
+    if study is None:
+        return
+    table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {mf.seconds:.0f} s)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
     scenario = study_scenario(study)
-    for col in ("#", "plan", "role", "status", "tok/s meas", "pred", "calibrated", "peak MiB meas", "pred",
+    for col in ("#", "plan", "role", "status", "tok/s meas", "95%", "pred", "calibrated", "peak MiB meas", "pred",
                 "calibrated"):
         table.add_column(col, justify="left" if col in ("plan", "role", "status") else "right",
                          no_wrap=col != "plan", min_width=max(len(col), {"#": 3, "plan": 16, "role": 9}.get(col, 0)))
@@ -193,21 +268,35 @@ def print_measured(console: Console, mf: Any) -> None:
         cal_tok = f"{cal.throughput.tokens_per_s:,.0f}" if cal.throughput else "-"
         cal_mem = f"{cal.memory.peak_gib * 1024:,.1f}" if cal.memory else "-"
         table.add_row(str(t.number), ev.plan.short(), str(t.user_attrs.get(TrialKey.ROLE, "")), status, meas_tok,
-                      pred_tok, cal_tok, meas_mem, pred_mem, cal_mem)
-    out = console if console.is_terminal else Console(width=max(console.width, 150))
+                      _spread_cell(ev), pred_tok, cal_tok, meas_mem, pred_mem, cal_mem)
+    out = console if console.is_terminal else Console(width=max(console.width, 160))
     out.print(table)
-    if getattr(mf, "skipped", 0):
-        console.print(f"skipped {mf.skipped} plan(s) the harness cannot run, e.g. {mf.skipped_example}",
-                      markup=False, soft_wrap=True)
-    if getattr(mf, "traced_out", 0):
-        console.print(f"not run: {mf.traced_out} plan(s) whose traced memory does not fit, e.g. "
-                      f"{mf.traced_out_example}", markup=False, soft_wrap=True)
+    for line in measured_lines(mf):
+        console.print(line, markup=False, soft_wrap=True, highlight=False)
+
+
+def measured_lines(mf: MeasureResult) -> list[str]:
+    """The lines under the run table: plans not run, why the loop stopped, the calibration, the best plan."""
+    lines = []
+    if mf.skipped:
+        lines.append(f"skipped {mf.skipped} plan(s) the harness cannot run, e.g. {mf.skipped_example}")
+    if mf.traced_out:
+        lines.append(f"not run: {mf.traced_out} plan(s) whose traced memory does not fit, e.g. {mf.traced_out_example}")
+    if mf.ended:
+        lines.append(f"real runs stopped: {mf.ended}")
     if mf.history:
         last = mf.history[-1]
-        console.print(f"calibration on {last['runs_used']} measured runs: median step-time error "
-                      f"{last['step_error_before']:.0%} (starting calibration) -> {last['step_error_after']:.0%}, peak "
-                      f"memory {last['memory_error_before']:.0%} -> {last['memory_error_after']:.0%} ('pred': the "
-                      "calibration the search started from; 'calibrated': refitted on this study's runs); the front "
-                      "below uses "
-                      "measured figures where they exist and calibrated predictions elsewhere",
-                      markup=False, soft_wrap=True)
+        first = mf.history[0]
+        adopted = [h for h in mf.history if h.adopted]
+        state = ("refitted on this study's runs" if adopted else
+                 "the starting calibration, kept: no refit predicted held-out runs better")
+        lines.append(
+            f"calibration ({state}; id {last.calibration_id or '-'}, the latest of {len(mf.history)} step(s)): median "
+            f"step-time error {first.step_error_before:.0%} at the start -> {last.step_error_after:.0%}, peak memory "
+            f"{first.memory_error_before:.0%} -> {last.memory_error_after:.0%} on {last.runs_used} run(s)"
+            + (f"; last refit: {last.note}" if last.note else "")
+            + " ('pred': the calibration the search started from; 'calibrated': the one in force; the front uses "
+              "measured figures where they exist and the latest calibration's predictions elsewhere)")
+    if mf.best_note:
+        lines.append(mf.best_note)
+    return lines

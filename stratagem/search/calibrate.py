@@ -7,6 +7,15 @@ Loss: mean squared log error (a 2x miss costs the same whether too fast or too s
 descent over a multiplicative grid within each field's bounds, sweeps until no field improves (at most 8).
 With fewer runs than constants the fit is underdetermined but still moves predictions of similar plans toward
 what was measured. Deterministic, no scipy.
+
+A refit must earn its place (issue 22 item 5, `refit_step`): the time constants and the memory constants are
+each adopted only when the refit procedure predicts runs it was not fitted on better than the calibration in
+force: leave-one-out over the study's latest HELD_OUT runs (each held out in turn, the rest refitted, the held-out
+run predicted; median relative error), against the calibration in force's median error on the same runs. Else
+the previous constants stay and the calibration line says so (CalibrationStep.adopted/note).
+Measured OOMs inform the memory fit as a lower bound: the run died at the device's memory (the harness's cap is
+the scenario's HBM), so its true peak is above it; a prediction below it costs (log HBM - log predicted)^2, one
+above it nothing (a one-sided, hinge loss; `fitting.lower_bound_loss`).
 """
 
 from __future__ import annotations
@@ -21,11 +30,20 @@ from pydantic import BaseModel, ConfigDict
 
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
 from stratagem.evaluators.calibration import default_calibration
-from stratagem.evaluators.fitting import FACTORS, candidates, coupled, descend, field_bounds, median_error
+from stratagem.evaluators.fitting import (
+    FACTORS,
+    candidates,
+    coupled,
+    descend,
+    field_bounds,
+    lower_bound_loss,
+    median_error,
+)
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["CalibrationStep", "calibration_history", "CalibrationFit", "fit_calibration", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS"]
+__all__ = ["CalibrationStep", "calibration_history", "CalibrationFit", "fit_calibration", "refit_step",
+           "calibration_id", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS", "HELD_OUT"]
 
 Array = NDArray[np.float64]
 TIME_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s")
@@ -55,6 +73,14 @@ class CalibrationStep(BaseModel):
     """Whether the refitted constants replaced the previous ones (False: the refit did not earn its place)."""
     note: str = ""
     """Why a refit was refused, or how it was judged ('' when there is nothing to say)."""
+    step_error_held_out: float | None = None
+    """Median step-time error of the refit on runs it was not fitted on (leave-one-out); None: not judged."""
+    memory_error_held_out: float | None = None
+    """Median peak-memory error of the refit on held-out runs; None: not judged."""
+    calibration_id: str = ""
+    """calibration_id() of the calibration in force after this step (re-predicted trials carry it)."""
+    ooms: int = 0
+    """Measured OOM runs the memory fit used as lower bounds."""
 
 
 def calibration_history(raw: Any) -> list[CalibrationStep]:
@@ -82,6 +108,25 @@ class CalibrationFit:
     memory_error_before: float
     """Median |predicted / measured - 1| of peak memory before the fit."""
     memory_error_after: float
+    adopted: bool = True
+    """Whether any refitted constant replaced the previous one (refit_step; fit_calibration always adopts)."""
+    note: str = ""
+    """How the refit was judged (refit_step)."""
+    time_error_held_out: float | None = None
+    """Leave-one-out median step-time error of the refit procedure (refit_step)."""
+    memory_error_held_out: float | None = None
+    """Leave-one-out median peak-memory error (refit_step)."""
+    ooms: int = 0
+    """OOM runs used as lower bounds on the memory fit."""
+
+    def step(self, measured: int) -> CalibrationStep:
+        """This fit as the study's calibration-history entry."""
+        return CalibrationStep(measured=measured, runs_used=self.runs, step_error_before=self.time_error_before,
+                               step_error_after=self.time_error_after, memory_error_before=self.memory_error_before,
+                               memory_error_after=self.memory_error_after, adopted=self.adopted, note=self.note,
+                               step_error_held_out=self.time_error_held_out,
+                               memory_error_held_out=self.memory_error_held_out,
+                               calibration_id=calibration_id(self.calibration), ooms=self.ooms)
 
 
 def _usable(measured: Sequence[Evaluation]) -> list[Evaluation]:
@@ -89,10 +134,26 @@ def _usable(measured: Sequence[Evaluation]) -> list[Evaluation]:
             and e.memory is not None and "step_s" in e.measurements]
 
 
+def _ooms(measured: Sequence[Evaluation]) -> list[Evaluation]:
+    return [e for e in measured if e.fidelity == "measured" and e.status == "oom"]
+
+
 # The coordinate descent lives in evaluators.fitting (shared with the hardware calibration, which must not
 # import this package: stratagem.search imports optuna).
 _bounds, _candidates, _descend = field_bounds, candidates, descend
 _coupled, _median_error = coupled, median_error
+HELD_OUT = 6
+"""Runs held out in turn when a refit is judged (the latest ones): leave-one-out costs one fit per held-out run."""
+LOO_SWEEPS = 2
+"""Coordinate-descent sweeps of each leave-one-out refit (warm-started; see _held_out)."""
+
+
+def calibration_id(cal: Calibration) -> str:
+    """A short stable id of a calibration's constants (re-predicted trials carry the id they were made with)."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(cal.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def fields_to_fit(fields: Sequence[str], runs: int) -> tuple[str, ...]:
@@ -103,36 +164,116 @@ def fields_to_fit(fields: Sequence[str], runs: int) -> tuple[str, ...]:
     return tuple(fields[: max(0, min(len(fields), runs - 1))])
 
 
+class _Data:
+    """The measured runs a fit sees: ok runs (step time, peak) and OOM runs (a peak above the device's memory)."""
+
+    def __init__(self, scenario: Scenario, runs: Sequence[Evaluation], ooms: Sequence[Evaluation]) -> None:
+        self.scenario = scenario
+        self.runs, self.ooms = list(runs), list(ooms)
+        self.pc = PlanColumns.from_plans([e.plan for e in self.runs])
+        self.oom_pc = PlanColumns.from_plans([e.plan for e in self.ooms]) if self.ooms else None
+        self.step = np.array([float(e.measurements["step_s"]) for e in self.runs if e.measurements])
+        self.peak = np.array([e.memory.peak_gib for e in self.runs if e.memory])
+        self.bound = scenario.cluster.gpu.hbm_gib  # the harness's cap: an OOM run's peak was above it
+
+    def subset(self, keep: Sequence[int]) -> _Data:
+        return _Data(self.scenario, [self.runs[i] for i in keep], self.ooms)
+
+    def predict(self, cal: Calibration) -> tuple[Array, Array]:
+        cols = evaluate_many(self.scenario, self.pc, cal)
+        return cols.step_s, cols.peak_gib
+
+    def time_loss(self, cal: Calibration) -> float:
+        return float(np.mean((np.log(self.predict(cal)[0]) - np.log(self.step)) ** 2))
+
+    def memory_loss(self, cal: Calibration) -> float:
+        loss = float(np.sum((np.log(self.predict(cal)[1]) - np.log(self.peak)) ** 2))
+        if self.oom_pc is not None:
+            loss += lower_bound_loss(evaluate_many(self.scenario, self.oom_pc, cal).peak_gib, self.bound)
+        return loss / (len(self.runs) + len(self.ooms))
+
+
+def _fit(data: _Data, start: Calibration, sweeps: int = 8) -> Calibration:
+    fitted = _descend(start, fields_to_fit(TIME_FIELDS, len(data.runs)), data.time_loss, sweeps=sweeps)
+    return _descend(fitted, fields_to_fit(MEMORY_FIELDS, len(data.runs) + len(data.ooms)), data.memory_loss,
+                    sweeps=sweeps)
+
+
 def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
                     base: Calibration | None = None, refit: bool = True) -> CalibrationFit:
-    """Fit TIME_FIELDS on measured step times and MEMORY_FIELDS on measured peaks of `measured`, starting at
-    `base` (refit=False: keep `base`; the errors before and after are then both `base`'s)."""
+    """Fit TIME_FIELDS on measured step times and MEMORY_FIELDS on measured peaks (and OOM lower bounds) of
+    `measured`, starting at `base` (refit=False: keep `base`; the errors before and after are then both
+    `base`'s). Adopts the fit unconditionally: the loop judges it with `refit_step`."""
     base = base or default_calibration(scenario.cluster.gpu.name)  # the device's defaults
     runs = _usable(measured)
     if not runs:
-        return CalibrationFit(base, 0, 0.0, 0.0, 0.0, 0.0)
-    pc = PlanColumns.from_plans([e.plan for e in runs])
-    step = np.array([float(e.measurements["step_s"]) for e in runs if e.measurements])
-    peak = np.array([e.memory.peak_gib for e in runs if e.memory])
-
-    def predict(cal: Calibration) -> tuple[Array, Array]:
-        cols = evaluate_many(scenario, pc, cal)
-        return cols.step_s, cols.peak_gib
-
-    def time_loss(cal: Calibration) -> float:
-        return float(np.mean((np.log(predict(cal)[0]) - np.log(step)) ** 2))
-
-    def memory_loss(cal: Calibration) -> float:
-        return float(np.mean((np.log(predict(cal)[1]) - np.log(peak)) ** 2))
-
-    before_t, before_m = predict(base)
-    fitted = base
-    if refit:
-        fitted = _descend(fitted, fields_to_fit(TIME_FIELDS, len(runs)), time_loss)
-        fitted = _descend(fitted, fields_to_fit(MEMORY_FIELDS, len(runs)), memory_loss)
-    after_t, after_m = predict(fitted)
+        return CalibrationFit(base, 0, 0.0, 0.0, 0.0, 0.0, ooms=len(_ooms(measured)))
+    data = _Data(scenario, runs, _ooms(measured))
+    fitted = _fit(data, base) if refit else base
+    before_t, before_m = data.predict(base)
+    after_t, after_m = data.predict(fitted)
     return CalibrationFit(
         calibration=fitted, runs=len(runs),
-        time_error_before=_median_error(before_t, step), time_error_after=_median_error(after_t, step),
-        memory_error_before=_median_error(before_m, peak), memory_error_after=_median_error(after_m, peak),
+        time_error_before=_median_error(before_t, data.step), time_error_after=_median_error(after_t, data.step),
+        memory_error_before=_median_error(before_m, data.peak), memory_error_after=_median_error(after_m, data.peak),
+        ooms=len(data.ooms),
     )
+
+
+def _held_out(data: _Data, candidate: Calibration) -> tuple[Array, Array]:
+    """Leave-one-out predictions (step, peak) of the latest HELD_OUT runs: each refitted without it, warm-started
+    at the full fit `candidate` (which the held-out run helped make) with LOO_SWEEPS sweeps of the full grid
+    (1/16..16): the descent can move anywhere the other runs pull, at a fraction of a fit from the defaults."""
+    n = len(data.runs)
+    held = list(range(max(0, n - HELD_OUT), n))
+    step, peak = np.empty(len(held)), np.empty(len(held))
+    for j, i in enumerate(held):
+        fitted = _fit(data.subset([k for k in range(n) if k != i]), candidate, sweeps=LOO_SWEEPS)
+        s, p = data.subset([i]).predict(fitted)
+        step[j], peak[j] = s[0], p[0]
+    return step, peak
+
+
+def refit_step(scenario: Scenario, measured: Sequence[Evaluation], base: Calibration, current: Calibration,
+               refit: bool = True) -> CalibrationFit:
+    """Refit on `measured` from `base` and keep each group of constants (time, memory) only where the refit
+    predicts held-out runs better than `current` (the calibration in force) does (see the module docstring).
+    The errors "after" are those of the calibration in force after the step."""
+    runs, ooms = _usable(measured), _ooms(measured)
+    if not runs:
+        note = (f"{len(ooms)} OOM run(s), no step time to fit; constants unchanged" if ooms
+                else "no measured run to fit; constants unchanged")
+        return CalibrationFit(current, 0, 0.0, 0.0, 0.0, 0.0, adopted=False, note=note, ooms=len(ooms))
+    data = _Data(scenario, runs, ooms)
+    now_t, now_m = data.predict(current)
+    before = (_median_error(now_t, data.step), _median_error(now_m, data.peak))
+    kept = {"time_error_before": before[0], "time_error_after": before[0], "memory_error_before": before[1],
+            "memory_error_after": before[1]}
+    if not refit:
+        return CalibrationFit(current, len(runs), **kept, adopted=False, note="refit off", ooms=len(ooms))
+    if len(runs) < 3:
+        return CalibrationFit(current, len(runs), **kept, adopted=False, ooms=len(ooms),
+                              note=f"{len(runs)} run(s): a refit cannot be judged on held-out runs before 3; "
+                                   "constants unchanged")
+    candidate = _fit(data, base)
+    loo_t, loo_m = _held_out(data, candidate)
+    held = slice(max(0, len(runs) - HELD_OUT), len(runs))
+    loo = (_median_error(loo_t, data.step[held]), _median_error(loo_m, data.peak[held]))
+    incumbent = (_median_error(now_t[held], data.step[held]), _median_error(now_m[held], data.peak[held]))
+    take_time, take_memory = loo[0] < incumbent[0], loo[1] < incumbent[1]
+    update: dict[str, Any] = {}
+    if take_time:
+        update.update({f: getattr(candidate, f) for f in (*TIME_FIELDS, "attention_efficiency")})
+    if take_memory:
+        update.update({f: getattr(candidate, f) for f in MEMORY_FIELDS})
+    cal = current.model_copy(update=update)
+    after_t, after_m = data.predict(cal)
+    parts = []
+    for what, took, i in (("step time", take_time, 0), ("memory", take_memory, 1)):
+        verb = "adopted" if took else "refused"
+        parts.append(f"{what} refit {verb} (held-out error {loo[i]:.0%} vs {incumbent[i]:.0%})")
+    return CalibrationFit(
+        calibration=cal, runs=len(runs), time_error_before=before[0], memory_error_before=before[1],
+        time_error_after=_median_error(after_t, data.step), memory_error_after=_median_error(after_m, data.peak),
+        adopted=take_time or take_memory, note="; ".join(parts), time_error_held_out=loo[0],
+        memory_error_held_out=loo[1], ooms=len(ooms))

@@ -1,6 +1,6 @@
-"""`run_search`: screen the space analytically and store the front and a bounded sample as Optuna trials;
-resumable, and safe to run twice at once on one storage. (Measured trials: search/multifidelity.py, the one
-real-run path.)
+"""What a search stores and what it returns: `select_plans` (which screened plans become trials), `SearchResult`,
+and `run_search`, the screen-and-store steps of a SearchSession (search/session.py) for callers that need no
+more; resumable, and safe to run twice at once on one storage. (Measured trials: SearchSession.measure.)
 
 What is stored: Optuna costs ~14 ms per trial written whole to SQLite (`study.add_trial`, one transaction
 of ~37 statements, CPU-bound in SQLAlchemy; journal file ~0.7 ms) and 60-70 ms through ask/tell, so the
@@ -11,7 +11,6 @@ deterministic (seeded), so a rerun selects the same plans and stores only those 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,13 +18,10 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import AnalyticEvaluator, Calibration, Evaluator
-from stratagem.search.records import StudyKey, front_trials, plan_key
-from stratagem.search.screening import Mode, Progress, ScreenCounts, Screening, screen
-from stratagem.search.storage import StorageSpec, check_storage, open_storage, parse_storage, storage_lock
-from stratagem.search.study import evaluation_trial, held_keys, open_study, provenance
+from stratagem.evaluators import Calibration, Evaluator
+from stratagem.search.screening import Mode, Progress, ScreenCounts, Screening
+from stratagem.search.storage import StorageSpec
 from stratagem.spaces.scenario import Scenario
-from stratagem.spaces.space import SearchSpace
 
 __all__ = ["SearchResult", "run_search", "select_plans"]
 
@@ -53,7 +49,7 @@ class SearchResult:
     study: optuna.Study | None = field(default=None, repr=False, compare=False)
     """The study, open (callers reuse it rather than opening the storage again)."""
     backend: optuna.storages.BaseStorage | None = field(default=None, repr=False, compare=False)
-    """The storage the study lives in, open (with `study`, what run_multifidelity continues in)."""
+    """The storage the study lives in, open (with `study`, what the session continues in)."""
 
 
 def select_plans(screening: Screening, sample: int, seed: int) -> list[tuple[int, str]]:
@@ -86,54 +82,21 @@ def run_search(
     progress: Progress | None = None,
     calibration: Calibration | None = None,
 ) -> SearchResult:
-    """Search the scenario's plan space into an Optuna study.
+    """Search the scenario's plan space into an Optuna study: a SearchSession's `screen` and `store` steps
+    (search/session.py). A measured evaluator (real runs) runs through `SearchSession.measure` instead.
+    Everything checks the input before the study is touched; rerunning resumes."""
+    from stratagem.search.events import Event, Phase
+    from stratagem.search.session import SearchSession
 
-    The analytic model screens the space (`screen`); the selected plans (select_plans) become trials, written
-    finished. A measured evaluator (real runs) is run by `run_multifidelity` instead. Everything checks the
-    input before the study is touched; rerunning resumes.
-    """
-    t0 = time.perf_counter()
-    space = SearchSpace(scenario)
-    spec = parse_storage(storage)
-    if n_trials is not None and n_trials < 0:
-        raise StratagemError(f"--n-trials ({n_trials}): must be >= 0")
-    if timeout is not None and timeout <= 0:
-        raise StratagemError(f"--timeout ({timeout}): must be > 0 seconds")
-    check_storage(spec)  # a storage problem is one line before any screening (issue 12 item 4)
-    if evaluator is None:
-        evaluator = AnalyticEvaluator(calibration)
-    if evaluator.fidelity != "analytic":
-        raise StratagemError(f"run_search: a {evaluator.fidelity} evaluator runs through "
-                             "stratagem.search.multifidelity.run_multifidelity (the one measured-run path)")
-    screening = screen(scenario, calibration, space=space, sampler=sampler, n_trials=n_trials, timeout=timeout,
-                       progress=progress)
-    chosen = select_plans(screening, space.config.stored_sample, space.config.seed)
-    prov = provenance(scenario, space, screening=screening.mode)
-    with storage_lock(spec):
-        backend = open_storage(spec)  # inside the lock: two processes must not create the schema at once
-        study = open_study(backend, spec, study_name, scenario, space)
-        held = held_keys(study)
-        keyed = [(i, role, screening.plan(i)) for i, role in chosen]
-        todo = [(i, role, plan) for i, role, plan in keyed if plan_key(plan) not in held]
-        already = len(keyed) - len(todo)
-        stored = 0
-        state = {"what": "screened plans", "planned": len(keyed)}
-        if todo:  # a search killed while storing leaves this unfinished: reports say so (reports.unfinished_note)
-            study.set_user_attr(StudyKey.SEARCH_STATE, {**state, "finished": False})
-        for n, (i, role, plan) in enumerate(todo):
-            ev = evaluator.evaluate(scenario, plan)
-            study.add_trial(evaluation_trial(space, ev, screening.usable_gib, role, prov,
-                                             screening.pruned_reason(i)))
-            stored += 1
-            if progress:
-                progress("store", n + 1, len(todo))
-        c = screening.counts
-        study.set_user_attr(StudyKey.COUNTS, {"valid": c.valid, "screened": c.screened, "pruned": c.pruned,
-                                       "feasible": c.feasible, "front": c.front})
-        study.set_user_attr(StudyKey.SCREENING, screening.mode)
-        if todo or not study.user_attrs.get(StudyKey.SEARCH_STATE, {}).get("finished", True):
-            study.set_user_attr(StudyKey.SEARCH_STATE, {**state, "finished": True})
-    return SearchResult(study_name=study_name, storage=spec, counts=screening.counts, mode=screening.mode,
-                        stored=stored, already=already, front=front_trials(study), trials=len(study.trials),
-                        seconds=time.perf_counter() - t0, screening=screening, study=study,
-                        backend=backend)
+    if evaluator is not None and evaluator.fidelity != "analytic":
+        raise StratagemError(f"run_search: a {evaluator.fidelity} evaluator runs through SearchSession.measure "
+                             "(stratagem.search.multifidelity.run_multifidelity: the one measured-run path)")
+
+    def listener(event: Event) -> None:
+        if isinstance(event, Phase) and progress is not None:
+            progress(event.phase, event.done, event.total)
+
+    session = SearchSession(scenario, storage, study_name, calibration=calibration, sampler=sampler,
+                            listener=listener)
+    session.screen(n_trials=n_trials, timeout=timeout)
+    return session.store(evaluator)

@@ -18,27 +18,30 @@ Never imports torch or ray: the tracer is given (the CLI passes `stratagem.launc
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import optuna
 
-from stratagem.evaluators.calibration import Calibration, default_calibration
+from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.evaluation import Evaluation, MemoryBreakdown
 from stratagem.search.records import StudyKey, plan_key, standings
-from stratagem.search.runner import SearchResult, run_search
+from stratagem.search.runner import SearchResult
 from stratagem.search.screening import Mode, Progress, Screening
 from stratagem.search.study import evaluation_trial, provenance
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
-from stratagem.spaces.space import SearchSpace
 from stratagem.units import GIB
 
+if TYPE_CHECKING:
+    from stratagem.search.session import SearchSession
+
 __all__ = ["TracedRoleLike", "Tracer", "TracedResult", "traced_order", "traced_evaluation", "refit_logits_bytes",
-           "run_traced", "TRACED_CALIBRATION"]
+           "run_traced", "trace_session", "TRACED_CALIBRATION"]
 
 TRACED_CALIBRATION = StudyKey.TRACED_CALIBRATION
 """Study attribute: the Calibration refitted on the study's traced trials (model_dump)."""
@@ -149,16 +152,35 @@ def run_traced(scenario: Scenario, storage: str, study_name: str, tracer: Tracer
                on_trace: Callable[[str, Evaluation | None, str], None] | None = None,
                calibration: Calibration | None = None) -> TracedResult:
     """Analytic search (stored as usual), then traced trials until the study holds `traced` of them (a rerun
-    after a kill traces only the missing ones, as `--real-runs` counts measured trials), the refit, a re-screen."""
+    after a kill traces only the missing ones, as `--real-runs` counts measured trials), the refit, a re-screen.
+    (A SearchSession's `trace` step, on a session of its own.)"""
+    from stratagem.search.events import Event, Notice, Phase
+    from stratagem.search.session import SearchSession
+
+    def listener(event: Event) -> None:
+        if isinstance(event, Phase) and progress is not None:
+            progress(event.phase, event.done, event.total)
+        elif isinstance(event, Notice):
+            print(event.text, file=sys.stderr, flush=True)
+
+    session = SearchSession(scenario, storage, study_name, calibration=calibration, sampler=sampler,
+                            listener=listener)
+    return trace_session(session, tracer, traced, on_trace)
+
+
+def trace_session(session: SearchSession, tracer: Tracer, traced: int,
+                  on_trace: Callable[[str, Evaluation | None, str], None] | None = None) -> TracedResult:
+    """The traced step of an open session: store the screening if not yet, trace up to `traced` plans (the
+    study's count), refit logits_bytes, and re-screen and store with the refit (which becomes the session's
+    calibration)."""
     from stratagem.errors import StratagemError
 
     t0 = time.perf_counter()
     if traced < 0:
         raise StratagemError(f"--traced ({traced}): must be >= 0")
-    cal = calibration or default_calibration(scenario.cluster.gpu.name)
-    result = run_search(scenario, storage, study_name, sampler=sampler, progress=progress, calibration=cal)
-    study = result.study or optuna.load_study(study_name=study_name, storage=result.storage.url)
-    space = SearchSpace(scenario)
+    scenario, cal = session.scenario, session.start_calibration
+    result = session.store() if session.screening is None else session.result()
+    study, space = session.study, session.space
     prior = {k: s.latest("traced") for k, s in standings(study.get_trials(deepcopy=False)).items()}
     done = {k for k, t in prior.items() if t is not None}
     skipped: dict[str, str] = {}
@@ -176,7 +198,7 @@ def run_traced(scenario: Scenario, storage: str, study_name: str, tracer: Tracer
 
         ev = traced_evaluation(evaluate(scenario, plan, cal), roles, cal)
         prov = provenance(scenario, space, tracer="stratagem.launch.trace")
-        study.add_trial(evaluation_trial(space, ev, result.screening.usable_gib, role, prov))
+        study.add_trial(evaluation_trial(space, ev, session.usable_gib, role, prov))
         count += 1
         if on_trace is not None:
             on_trace(key, ev, "")
@@ -184,7 +206,9 @@ def run_traced(scenario: Scenario, storage: str, study_name: str, tracer: Tracer
     refit = refit_logits_bytes(scenario, pairs, cal) if pairs else cal
     if pairs:
         study.set_user_attr(TRACED_CALIBRATION, refit.model_dump(mode="json"))
-        result = run_search(scenario, storage, study_name, sampler=sampler, calibration=refit)
+        session.calibration = refit
+        session.screen()
+        result = session.store()
     return TracedResult(search=result, traced=count, skipped=skipped, calibration=refit,
                         seconds=time.perf_counter() - t0)
 

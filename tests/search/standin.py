@@ -8,13 +8,16 @@ plans as a harness would refuse a mechanism it lacks. Run as a script it is one 
 from __future__ import annotations
 
 import sys
-import time
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from stratagem.evaluators import Evaluation, evaluate, evaluate_many
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.evaluators.evaluation import MemoryBreakdown, Throughput
+from stratagem.evaluators.spread import SPREAD_KEY, spread_of_samples
 from stratagem.spaces import Plan, load_scenario
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
@@ -33,21 +36,42 @@ class KnownConstants:
     fidelity = "measured"
     slots = 4
 
-    def __init__(self, delay_s: float = 0.0, infra: set[str] | None = None) -> None:
+    def __init__(self, delay_s: float = 0.0, infra: set[str] | None = None, oom: set[str] | None = None,
+                 noise: float = 0.0, steps: int = 8, seed: int = 0, run_s: float | None = None,
+                 fail: set[str] | None = None) -> None:
         self.delay_s = delay_s
         self.infra = set(infra or ())
         """Plan texts (Plan.short()) whose next run fails for the cluster's sake (once each)."""
+        self.oom = set(oom or ())
+        """Plan texts whose runs end oom."""
+        self.fail = set(fail or ())
+        """Plan texts whose runs crash (status failed)."""
+        self.noise = noise
+        """Relative spread of the timed steps (0: no per-step times, the spread unknown, as a table)."""
+        self.steps, self.rng = steps, np.random.default_rng(seed)
+        self.run_s = delay_s if run_s is None else run_s
+        """The predicted run time `run_seconds` reports."""
         self.ran: list[Plan] = []
+        self._stop = threading.Event()
 
     def unsupported(self, scenario: Scenario, plan: Plan) -> str | None:
         return "ZeRO-3 is not in this harness" if plan.zero_stage == 3 else None
+
+    def run_seconds(self, scenario: Scenario, plan: Plan) -> float:
+        return self.run_s
+
+    def stop(self) -> int:
+        self._stop.set()
+        return 1
 
     def evaluate(self, scenario: Scenario, plan: Plan) -> Evaluation:
         return self.evaluate_batch(scenario, [plan])[0]
 
     def evaluate_batch(self, scenario: Scenario, plans: Sequence[Plan]) -> list[Evaluation]:
         self.ran += plans
-        time.sleep(self.delay_s)
+        self._stop.wait(self.delay_s)
+        if self._stop.is_set():
+            return [Evaluation(plan=p, status="infra", reason="stopped", fidelity="measured") for p in plans]
         cols = evaluate_many(scenario, PlanColumns.from_plans(list(plans)), TRUTH)
         out = []
         for i, plan in enumerate(plans):
@@ -56,17 +80,29 @@ class KnownConstants:
                 out.append(Evaluation(plan=plan, status="infra", reason="ActorUnavailableError: node lost",
                                       fidelity="measured"))
                 continue
+            if plan.short() in self.oom or plan.short() in self.fail:
+                status = "oom" if plan.short() in self.oom else "failed"
+                out.append(Evaluation(plan=plan, status=status, reason=f"{status} (stand-in)", fidelity="measured",
+                                      prediction=evaluate(scenario, plan)))
+                continue
             peak = float(cols.peak_gib[i])
             hbm = scenario.cluster.gpu.hbm_gib
             mem = MemoryBreakdown(weights_gib=0, gradients_gib=0, optimizer_gib=0, activations_gib=peak,
                                   transient_gib=0, overhead_gib=0, peak_gib=peak, hbm_gib=hbm, headroom_gib=hbm - peak,
                                   first_block_to_break=None, worst_stage=0)
             tok = float(cols.tokens_per_s[i])
+            step = float(cols.step_s[i])
+            measurements: dict = {"step_s": step}
+            if self.noise:  # timed steps around the true step time; the run's median is what it reports
+                times = step * (1.0 + self.noise * self.rng.standard_normal(self.steps)).clip(0.5, None)
+                measurements = {"step_s": float(np.median(times)), "step_times_s": times.tolist(), "warmup": 0,
+                                SPREAD_KEY: spread_of_samples(times.tolist()).model_dump(mode="json")}
+                tok *= step / measurements["step_s"]
             pred = evaluate(scenario, plan)
             out.append(Evaluation(plan=plan, status="ok", fidelity="measured", memory=mem,
                                   throughput=Throughput(tokens_per_s=tok, tokens_per_s_per_gpu=tok / plan.world_size,
                                                         mfu=0.01),
-                                  checkpoint=pred.checkpoint, measurements={"step_s": float(cols.step_s[i])},
+                                  checkpoint=pred.checkpoint, measurements=measurements,
                                   prediction=pred))
         return out
 

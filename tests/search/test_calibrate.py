@@ -53,3 +53,67 @@ def test_fit_without_measurements_keeps_base() -> None:
     failed = Evaluation(plan=Plan(dp=4), status="failed", reason="crash", fidelity="measured")
     fit = fit_calibration(scn, [failed], base)
     assert fit.calibration == base and fit.runs == 0
+
+
+def _with_step(ev: Evaluation, factor: float) -> Evaluation:
+    return ev.model_copy(update={"measurements": {"step_s": ev.measurements["step_s"] * factor}})
+
+
+def test_a_refit_that_worsens_held_out_error_is_refused() -> None:
+    """The calibration in force predicts three of four runs exactly; the fourth ran 3x slower (a noisy host).
+    A refit would pull every prediction toward the outlier: on the runs it was not fitted on it predicts worse
+    than the calibration in force, so the time constants are kept and the step says why."""
+    from stratagem.search.calibrate import refit_step
+
+    scn = load_scenario("examples/tiny-cpu.yaml")
+    current = default_calibration(scn.cluster.gpu.name)
+    runs = synthetic_measurements(scn, current)[:4]
+    runs[1] = _with_step(runs[1], 3.0)
+    fit = refit_step(scn, runs, current, current)
+    assert fit.calibration.matmul_efficiency == current.matmul_efficiency  # the time refit refused
+    assert fit.time_error_held_out is not None and fit.time_error_held_out > fit.time_error_before
+    assert "step time refit refused" in fit.note
+    assert fit.step(4).adopted is False or "memory refit adopted" in fit.note
+
+
+def test_a_refit_that_predicts_held_out_runs_better_is_adopted() -> None:
+    from stratagem.search.calibrate import refit_step
+
+    scn = load_scenario("examples/tiny-cpu.yaml")
+    base = default_calibration(scn.cluster.gpu.name)
+    truth = base.model_copy(update=dict(matmul_efficiency=base.matmul_efficiency / 3))
+    fit = refit_step(scn, synthetic_measurements(scn, truth), base, base)
+    assert fit.adopted and "step time refit adopted" in fit.note
+    assert fit.time_error_after < 0.2 * fit.time_error_before
+    assert fit.step(7).calibration_id and fit.step(7).step_error_held_out == fit.time_error_held_out
+
+
+def test_two_runs_cannot_judge_a_refit() -> None:
+    from stratagem.search.calibrate import refit_step
+
+    scn = load_scenario("examples/tiny-cpu.yaml")
+    base = default_calibration(scn.cluster.gpu.name)
+    fit = refit_step(scn, synthetic_measurements(scn, base.model_copy(update=dict(matmul_efficiency=0.001)))[:2],
+                     base, base)
+    assert fit.calibration == base and not fit.adopted and "before 3" in fit.note
+
+
+def test_a_measured_oom_is_a_lower_bound_on_the_memory_fit() -> None:
+    """Three ok runs fitted exactly by the defaults, and an OOM of a plan the defaults predict well under the
+    device's memory: the memory fit moves so that plan's predicted peak rises toward the device's memory; without
+    the OOM it stays put."""
+    scn = load_scenario("examples/tiny-cpu.yaml")
+    base = default_calibration(scn.cluster.gpu.name)
+    ok = synthetic_measurements(scn, base)[:3]
+    big = Plan(dp=4, micro_batch_size=2)
+    oom = Evaluation(plan=big, status="oom", reason="CUDA out of memory", fidelity="measured")
+    without = fit_calibration(scn, ok, base)
+    with_oom = fit_calibration(scn, [*ok, oom], base)
+    assert with_oom.ooms == 1 and without.ooms == 0
+    hbm = scn.cluster.gpu.hbm_gib
+    before = evaluate(scn, big, without.calibration).memory.peak_gib
+    after = evaluate(scn, big, with_oom.calibration).memory.peak_gib
+    assert before < hbm and after > before  # predicted to fit by the defaults: the OOM pushes the prediction up
+    from stratagem.evaluators.fitting import lower_bound_loss
+
+    assert lower_bound_loss(np.array([2.0, 0.5]), 1.0) == np.log(2.0) ** 2  # only the one below the bound costs

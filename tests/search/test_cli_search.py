@@ -253,7 +253,7 @@ def test_every_option_and_storage_is_checked_before_any_work(tmp_path, capsys, m
         "usage": ["--top", "many"],
     }[case]
     words = {"real-runs": "--real-runs", "top": "--top", "steps": "--steps", "budget": "--budget-minutes",
-             "report-dir": "does not exist", "report-ro": "not writable", "report-md": "name it .html",
+             "report-dir": "does not exist", "report-ro": "cannot write in", "report-md": "name it .html",
              "journal": "is not an Optuna journal", "sqlite": "is an SQLite database but not an Optuna storage",
              "postgres-driver": "stratagem[postgres]", "storage-ro": "not writable", "usage": "--top"}[case]
     monkeypatch.setitem(sys.modules, "psycopg", None)  # the driver is missing, installed or not
@@ -368,11 +368,11 @@ def test_the_demo_shows_the_mission() -> None:
 
 
 def test_a_real_run_search_opens_its_storage_once(tmp_path, monkeypatch) -> None:
-    """Issue 11 item 1: screening, the real-run loop, the run table and the report share one open study (it
-    was opened four times)."""
+    """Issue 11 item 1 / issue 23 item 1: screening, the real-run loop, the run table and the report share one
+    open study (a SearchSession opens it once; nothing loads it again)."""
     from standin import SCENARIO, KnownConstants
 
-    from stratagem.search import multifidelity, runner, storage
+    from stratagem.search import session, storage
     from stratagem.spaces import Plan
     from stratagem.spaces.columns import PlanColumns
 
@@ -382,14 +382,44 @@ def test_a_real_run_search_opens_its_storage_once(tmp_path, monkeypatch) -> None
         opened.append(spec.url)
         return storage.open_storage(spec, **kw)
 
-    monkeypatch.setattr(runner, "open_storage", counting)
-    monkeypatch.setattr(multifidelity, "open_storage", counting)
+    monkeypatch.setattr(session, "open_storage", counting)
     loads: list[str] = []
     real_load = optuna.load_study
-    monkeypatch.setattr(multifidelity.optuna, "load_study", lambda **kw: loads.append(kw["study_name"])
-                        or real_load(**kw))
+    monkeypatch.setattr(optuna, "load_study", lambda **kw: loads.append(kw["study_name"]) or real_load(**kw))
     url = f"sqlite:///{tmp_path / 's.db'}"
+    from stratagem.search import multifidelity
+
     mf = multifidelity.run_multifidelity(load_scenario(SCENARIO), url, "once", KnownConstants(), real_runs=1,
                                          candidates=PlanColumns.from_plans([Plan(dp=4)]))
     assert mf.measured == 1 and opened == [url] and loads == []
     assert mf.search.study is not None and mf.search.study.study_name == "once"
+
+
+RAY_SCENARIO = {
+    "model": {"name": "oom-test", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
+              "ffn_hidden_size": 128, "vocab_size": 256},
+    "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 4},
+    "training": {"seq_len": 32, "global_batch_size": 8, "stack": "torch"},
+    "search": {"pp": 1, "tp": 1, "precision": "fp32", "memory_margin_gib": 0.0},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_oom_only_real_run_search_exits_0(tmp_path) -> None:
+    """Issue 22 item 6 / 27 item 7, through Ray and the CLI: the one real run ends OOM (the harness's memory cap
+    set below the plan's peak by the private fault hook): exit 0, the run is a result, and its batch line says
+    there was no step time to fit rather than "step-time error 0% -> 0%"."""
+    from stratagem.search.run_order import rank_candidates
+    from stratagem.spaces import scenario_from_dict
+
+    path = tmp_path / "oom.yaml"
+    path.write_text(yaml.safe_dump(RAY_SCENARIO))
+    scn = scenario_from_dict(RAY_SCENARIO)
+    first = rank_candidates(screen(scn), set(), 1)[0][0]
+    env = {**ENV, "STRATAGEM_FAULTS": json.dumps({plan_key(first): "cap=1e-6"})}
+    res = subprocess.run([*CLI, str(path), "--real-runs", "1", "--no-report", "--steps", "2"], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=540)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert f"measured 1/1: {first.short()} oom" in out and "0% -> 0%" not in out, out[-3000:]

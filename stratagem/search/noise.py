@@ -1,0 +1,195 @@
+"""Noise-aware ranking of measured plans (issue 22 item 4): which measured plan is best, whether that is
+within noise, which plans to run again, and how the runs of one plan combine.
+
+Combining runs of one plan: the timed steps of every ok run of the plan are pooled into one sample and its
+spread taken afresh (`spread_of_samples`: median and the order-statistic 95 % interval of the median). Pooling
+rather than keeping each run as one sample: two or three runs' medians cannot give a 95 % interval (n < 6), and
+pooled steps can; a systematic difference between runs (a slower node, a load spike over one run) widens the
+pooled distribution and so the interval, so between-run noise is not hidden. The pooled figures are stored
+with the re-measurement's trial (role "remeasured"), which then stands for the plan: tokens/s = tokens per step
+/ pooled median step, peak memory = the highest of the runs. A run without per-step times (a table, an older
+harness) cannot be pooled: the runs' medians are then combined as their median, and the interval as the hull of
+the runs' intervals (when every run has one; else the spread stays unknown).
+
+Ranking: measured feasible plans by tokens/s. The best plan is "within noise" of every other whose tokens/s
+interval (from its step-time interval) overlaps the best's (`distinct`). A run without a spread (a table, a
+harness before spreads) is of unknown spread: it neither triggers a re-measurement nor is called distinct.
+Re-measurement (`remeasure_due`): the best and the plans within its noise, each at most MAX_RUNS runs, best
+first; the loop spends the last runs of its budget on them (search/run_order.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import optuna
+
+from stratagem.evaluators.evaluation import Evaluation, Throughput
+from stratagem.evaluators.spread import SPREAD_KEY, StepSpread, spread_of, spread_of_samples
+from stratagem.search.records import (
+    Standing,
+    standings,
+    trial_evaluation,
+    trial_fidelity,
+    trial_plan,
+    trial_status,
+)
+from stratagem.spaces.plan import Plan
+
+__all__ = ["MAX_RUNS", "timed_steps", "pooled_evaluation", "BestMeasured", "best_measured", "remeasure_due",
+           "tokens_interval"]
+
+MAX_RUNS = 3
+"""Runs of one plan at most (the first and two re-measurements): past that, more runs of the same plan narrow
+the interval only as 1/sqrt(n) and the budget is better spent elsewhere."""
+
+
+def timed_steps(ev: Evaluation) -> list[float] | None:
+    """The run's timed step times (warm-up dropped), or None when the run kept none."""
+    m = ev.measurements or {}
+    steps = m.get("step_times_s")
+    if not steps:
+        return None
+    warmup = int(m.get("warmup") or 0)
+    timed = [float(t) for t in steps[warmup:] if float(t) > 0]
+    return timed or None
+
+
+def _own_step(ev: Evaluation) -> float:
+    """The run's own median step (a pooled trial keeps its own as the last of "run_step_s")."""
+    m = ev.measurements or {}
+    own = m.get("run_step_s")
+    return float(own[-1]) if own else float(m.get("step_s", 0.0))
+
+
+def _combined_spread(runs: Sequence[Evaluation]) -> StepSpread | None:
+    samples = [timed_steps(e) for e in runs]
+    if all(s is not None for s in samples):
+        return spread_of_samples([t for s in samples if s for t in s])
+    spreads = [spread_of(e.measurements) for e in runs]
+    if any(s is None for s in spreads):
+        return None
+    known = [s for s in spreads if s is not None]
+    return StepSpread(median_s=statistics.median(s.median_s for s in known), low_s=min(s.low_s for s in known),
+                      high_s=max(s.high_s for s in known), q1_s=min(s.q1_s for s in known),
+                      q3_s=max(s.q3_s for s in known), n=sum(s.n for s in known),
+                      confident=all(s.confident for s in known))
+
+
+def pooled_evaluation(runs: Sequence[Evaluation]) -> Evaluation:
+    """The latest of `runs` (ok runs of one plan, oldest first) with the figures of all of them pooled (see the
+    module docstring); `measurements["runs"]` = how many, `measurements["run_step_s"]` = each run's median."""
+    last = runs[-1]
+    if len(runs) < 2 or last.throughput is None or last.memory is None:
+        return last
+    spread = _combined_spread(runs)
+    medians = [_own_step(e) for e in runs]
+    own = medians[-1]
+    step = spread.median_s if spread is not None else statistics.median(m for m in medians if m > 0)
+    scale = own / step if own > 0 and step > 0 else 1.0  # same plan, same tokens per step
+    tp = last.throughput
+    throughput = Throughput(tokens_per_s=tp.tokens_per_s * scale, tokens_per_s_per_gpu=tp.tokens_per_s_per_gpu * scale,
+                            mfu=tp.mfu * scale)
+    peak_run = max((e for e in runs if e.memory is not None), key=lambda e: e.memory.peak_gib if e.memory else 0.0)
+    measurements = {**(last.measurements or {}), "step_s": step, "runs": len(runs), "run_step_s": medians}
+    if spread is not None:
+        measurements[SPREAD_KEY] = spread.model_dump(mode="json")
+    return last.model_copy(update={"throughput": throughput, "memory": peak_run.memory,
+                                   "measurements": measurements})
+
+
+def tokens_interval(tokens_per_s: float, spread: StepSpread) -> tuple[float, float]:
+    """The tokens/s interval matching a step-time interval (tokens per step fixed: tokens/s ~ 1 / step)."""
+    return tokens_per_s * spread.median_s / spread.high_s, tokens_per_s * spread.median_s / spread.low_s
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    standing: Standing
+    tokens: float
+    spread: StepSpread | None
+    runs: int
+
+
+@dataclass(frozen=True)
+class BestMeasured:
+    """The best measured plan of a study, with what is known of its noise."""
+
+    plan: Plan
+    key: str
+    trial: optuna.trial.FrozenTrial
+    """The trial that stands for it (pooled figures when it was re-measured)."""
+    tokens_per_s: float
+    spread: StepSpread | None
+    """Its pooled step-time spread (None: unknown)."""
+    runs: int
+    """Measured ok runs of the plan."""
+    within_noise: tuple[str, ...]
+    """Labels (Plan.short()) of measured plans whose tokens/s interval overlaps the best's."""
+    note: str
+    """One line: the plan, its figure with its interval, and whether the ranking is settled."""
+
+
+def _ranked(study: optuna.Study) -> list[_Ranked]:
+    out = []
+    for s in standings(study.get_trials(deepcopy=False)).values():
+        if s.fidelity != "measured" or not s.feasible or not s.trial.values:
+            continue
+        ev = trial_evaluation(s.trial)
+        runs = sum(trial_fidelity(t) == "measured" and trial_status(t) == "ok" for t in s.trials)
+        out.append(_Ranked(s, float(s.trial.values[0]), spread_of(ev.measurements) if ev else None, runs))
+    return sorted(out, key=lambda r: (-r.tokens, r.standing.trial.number))
+
+
+def _overlapping(best: _Ranked, others: Sequence[_Ranked]) -> list[_Ranked]:
+    if best.spread is None:
+        return []
+    lo, _ = tokens_interval(best.tokens, best.spread)
+    out = []
+    for r in others:
+        if r.spread is not None and tokens_interval(r.tokens, r.spread)[1] >= lo:
+            out.append(r)
+    return out
+
+
+def best_measured(study: optuna.Study) -> BestMeasured | None:
+    """The measured feasible plan with the highest tokens/s (pooled over its runs), and the plans within its
+    noise; None when no measured plan fits. The one rule front, report, status and `export --best` use."""
+    ranked = _ranked(study)
+    if not ranked:
+        return None
+    best, rest = ranked[0], ranked[1:]
+    close = _overlapping(best, rest)
+    plan = best.standing.trial
+
+    label = trial_plan(plan).short()
+    if best.spread is None:
+        figure = f"{best.tokens:,.0f} tok/s (spread unknown)"
+        verdict = "ranking not judged for noise"
+    else:
+        lo, hi = tokens_interval(best.tokens, best.spread)
+        figure = f"{best.tokens:,.0f} tok/s (95% {lo:,.0f}-{hi:,.0f}, {best.runs} run(s), n={best.spread.n})"
+        verdict = ("distinct from every other measured plan" if not close else
+                   f"within noise of {len(close)} plan(s): " + ", ".join(
+                       trial_plan(r.standing.trial).short() for r in close[:3]) + (" ..." if len(close) > 3 else ""))
+    return BestMeasured(plan=trial_plan(plan), key=best.standing.key, trial=plan, tokens_per_s=best.tokens,
+                        spread=best.spread, runs=best.runs,
+                        within_noise=tuple(trial_plan(r.standing.trial).short() for r in close),
+                        note=f"best measured: {label}: {figure}; {verdict}")
+
+
+def remeasure_due(study: optuna.Study, limit: int) -> list[tuple[Plan, str]]:
+    """Up to `limit` (plan, "remeasured") to run again: the best measured plan and the plans within its noise,
+    each measured fewer than MAX_RUNS times, the fewest runs first (the best first among equals)."""
+    ranked = _ranked(study)
+    if not ranked or limit <= 0:
+        return []
+    close = _overlapping(ranked[0], ranked[1:])
+    if not close:
+        return []
+
+    due = [r for r in [ranked[0], *close] if r.runs < MAX_RUNS]
+    due.sort(key=lambda r: r.runs)  # stable: the best first among equals
+    return [(trial_plan(r.standing.trial), "remeasured") for r in due[:limit]]

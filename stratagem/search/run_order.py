@@ -1,0 +1,267 @@
+"""Which plans the real-run loop measures next: the `RunOrder` policy, apart from the loop that drives it
+(search/session.py), as DeepSpeed's autotuner separates its tuners from its loop. bench/search_regret.py drives
+the same policy through the same loop.
+
+`RankedOrder` (the shipped policy), re-ranked before every batch with the calibration in force:
+  0. plans whose run was lost (an infra failure, a dead or stopped worker: claims.orphaned) run again first;
+  1. when the runs left of the budget are no more than the re-measurements due (search/noise.py: the best
+     measured plan and those within its noise), those: the last runs settle the ranking;
+  2. plans that may fit by predicted tokens/s, fastest first: predicted to fit, or predicted over the limit by
+     less than the memory model's error on this study's runs (a boundary run only where it can pay);
+  3. what an Optuna NSGA-II sampler proposes, given the measured trials so far.
+Plans the evaluator cannot run (`unsupported`) are skipped and remembered (`skipped`); a plan whose runs failed
+for the cluster's sake more than INFRA_RETRIES times in this call is not proposed again (`update`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from stratagem.errors import StratagemError
+from stratagem.evaluators import Calibration, Evaluation
+from stratagem.search.calibrate import calibration_history
+from stratagem.search.claims import orphaned
+from stratagem.search.noise import remeasure_due
+from stratagem.search.records import DIRECTIONS, StudyKey, plan_key, standings
+from stratagem.search.screening import Screening, screen
+from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.plan import Plan
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.space import SearchSpace
+
+__all__ = ["Pick", "RunState", "RunOrder", "RankedOrder", "rank_candidates", "memory_band", "screen_candidates",
+           "check_candidates", "measured_trials", "DEFAULT_MEMORY_BAND", "INFRA_RETRIES"]
+
+Pick = tuple[Plan, str]
+"""A plan to run and its role (records.ROLES)."""
+INFRA_RETRIES = 2
+"""Times one call retries a plan whose run failed for the cluster's sake (a rerun retries again)."""
+DEFAULT_MEMORY_BAND = 0.05
+"""Relative memory error assumed before a study has measured peaks to fit on: a plan predicted within 5 % over
+the limit may still fit (bench/memory_accuracy.py: median error 6.6 % on published runs)."""
+_MAX_RANK_ROUNDS = 50  # rounds of ranking per batch when the harness keeps refusing plans
+
+
+def measured_trials(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
+    """Plan key -> the finished measured trial that stands for the plan (records.standings: the latest)."""
+    return {k: s.trial for k, s in standings(study.get_trials(deepcopy=False)).items() if s.fidelity == "measured"}
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What the policy sees before a batch."""
+
+    scenario: Scenario
+    space: SearchSpace
+    study: optuna.Study
+    calibration: Calibration
+    """The calibration in force (the latest adopted refit)."""
+    excluded: frozenset[str]
+    """Plan keys not to propose as new: measured, claimed by any worker, or known not to run (traced over the
+    limit)."""
+    measured_runs: int
+    """Finished measured runs in the study (every worker's, re-measurements included)."""
+    runs_left: int
+    """Runs the study's K leaves after the finished and claimed ones."""
+    unsupported: Callable[[Scenario, Plan], str | None]
+    """The evaluator's `unsupported`."""
+    claimed: frozenset[str] = frozenset()
+    """Plan keys another run holds now (never re-measured at the same time)."""
+
+
+class RunOrder(Protocol):
+    """A run-order policy: proposes plans, learns from results."""
+
+    skipped: dict[str, str]
+    """Plan key -> "plan: why" for plans the evaluator cannot run (never stored as trials)."""
+
+    def next_batch(self, state: RunState, want: int) -> list[Pick]:
+        """Up to `want` plans to run next, in order; none of them in state.excluded."""
+        ...
+
+    def update(self, results: Sequence[Evaluation]) -> None:
+        """What the last batch measured (infra failures included)."""
+        ...
+
+
+@dataclass
+class RankedOrder:
+    """The shipped policy (see the module docstring)."""
+
+    candidates: PlanColumns | None = None
+    """Run only these plans (ranked among themselves, the ones predicted not to fit last; no sampler)."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    infra: dict[str, int] = field(default_factory=dict)
+    """Plan key -> infra failures in this call."""
+
+    def next_batch(self, state: RunState, want: int) -> list[Pick]:
+        """Lost plans first, then due re-measurements at the budget's end, then the ranking (module docstring)."""
+        given_up = {k for k, n in self.infra.items() if n > INFRA_RETRIES}
+        excluded = set(state.excluded) | given_up
+        picks = [(p, r) for p, r in orphaned(state.study) if plan_key(p) not in excluded][:want]
+        excluded |= {plan_key(p) for p, _ in picks}
+        busy = set(state.claimed) | given_up | {plan_key(p) for p, _ in picks}
+        due = [(p, r) for p, r in remeasure_due(state.study, want) if plan_key(p) not in busy]
+        if due and state.runs_left <= len(due):
+            picks += due[: want - len(picks)]
+            excluded |= {plan_key(p) for p, _ in due}
+        if len(picks) < want:
+            more = self._ranked(state, excluded, want - len(picks))
+            if not more and due:  # nothing new left to explore: settle the ranking with what remains
+                more = due[: want - len(picks)]
+            picks += more
+        return picks
+
+    def update(self, results: Sequence[Evaluation]) -> None:
+        """Count infra failures per plan (retried at most INFRA_RETRIES times in this call)."""
+        for ev in results:
+            if ev.status == "infra":
+                key = plan_key(ev.plan)
+                self.infra[key] = self.infra.get(key, 0) + 1
+
+    def _ranked(self, state: RunState, excluded: set[str], want: int) -> list[Pick]:
+        """Up to `want` new plans by the ranking; plans the evaluator refuses go to `skipped`."""
+        if self.candidates is not None:
+            screening = screen_candidates(state.scenario, state.space, state.calibration, self.candidates)
+        else:
+            screening = screen(state.scenario, state.calibration, space=state.space)
+        excluded = set(excluded) | set(self.skipped)
+        band = memory_band(state.study)
+        ranked: list[Pick] = []
+        for _ in range(_MAX_RANK_ROUNDS):
+            if len(ranked) >= want:
+                break
+            more = rank_candidates(screening, excluded, want - len(ranked),
+                                   include_infeasible=self.candidates is not None, memory_band=band)
+            if len(more) < want - len(ranked) and self.candidates is None:
+                more += _sampler_proposals(screening, state.study, excluded | {plan_key(p) for p, _ in more},
+                                           want - len(ranked) - len(more),
+                                           state.space.config.seed + state.measured_runs)
+            if not more:
+                break
+            for plan, role in more:
+                key = plan_key(plan)
+                excluded.add(key)
+                why = state.unsupported(state.scenario, plan)
+                if why:
+                    self.skipped[key] = f"{plan.short()}: {why}"
+                else:
+                    ranked.append((plan, role))
+        return ranked
+
+
+def rank_candidates(screening: Screening, measured: set[str], limit: int, include_infeasible: bool = False,
+                    memory_band: float = DEFAULT_MEMORY_BAND) -> list[Pick]:
+    """Up to `limit` unmeasured plans in run order, for finding the fastest plan that fits in few runs.
+
+    1. Plans that may fit, by predicted tokens/s (fastest first): those predicted to fit, and those predicted
+       over the usable memory by less than `memory_band` (the memory model's relative error on this study's
+       measured runs): the best plan often sits at the limit, and only there does the memory model decide which
+       plan is best, so a boundary run is spent only where it can pay (it is also the fastest left). Roles:
+       "front" (on the predicted Pareto front), "boundary" (predicted over the limit, within the band),
+       "candidate" (the rest).
+    2. (include_infeasible) the plans predicted not to fit beyond the band, nearest the limit first.
+    bench/search_regret.py measured the previous order (the whole predicted front, then the feasible plans with
+    least headroom) against this one: see the README's "How many real runs" figures."""
+    cols = screening.columns
+    tokens, peak = cols.tokens_per_s, cols.peak_gib
+    plausible = peak * (1.0 - max(0.0, memory_band)) <= screening.usable_gib
+    on_front = np.zeros(len(tokens), dtype=bool)
+    on_front[screening.front] = True
+    first = np.flatnonzero(plausible)
+    first = first[np.argsort(-tokens[first], kind="stable")]
+    roles = np.where(on_front, "front", np.where(screening.feasible, "candidate", "boundary"))
+    groups: list[tuple[np.ndarray, np.ndarray]] = [(first, roles[first])]
+    if include_infeasible:
+        rest = np.flatnonzero(~plausible)
+        rest = rest[np.argsort(-cols.headroom_gib[rest], kind="stable")]
+        groups.append((rest, np.full(len(rest), "candidate")))
+    out: list[Pick] = []
+    seen = set(measured)
+    for indices, labels in groups:
+        for i, role in zip(indices, labels, strict=True):
+            plan = screening.plan(int(i))
+            key = plan_key(plan)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append((plan, str(role)))
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def memory_band(study: optuna.Study) -> float:
+    """The memory model's relative error on this study's measured peaks after the latest refit (the last
+    calibration_history entry), at least 2 %; DEFAULT_MEMORY_BAND before any measured run."""
+    history = calibration_history(study.user_attrs.get(StudyKey.CALIBRATION_HISTORY))
+    if not history or not history[-1].runs_used:
+        return DEFAULT_MEMORY_BAND
+    return max(0.02, float(history[-1].memory_error_after))
+
+
+def _sampler_proposals(screening: Screening, study: optuna.Study, measured: set[str], limit: int,
+                       seed: int) -> list[Pick]:
+    """Plans an NSGA-II sampler proposes after seeing the measured trials (in a scratch in-memory study)."""
+    from stratagem.search.samplers import ProjectingSampler, make_sampler
+
+    space = screening.space
+    scratch = optuna.create_study(directions=list(DIRECTIONS),
+                                  sampler=ProjectingSampler(make_sampler("nsga2", seed), space))
+    for t in measured_trials(study).values():
+        if t.state == TrialState.COMPLETE and t.values:
+            scratch.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                        values=t.values))
+    out: list[Pick] = []
+    seen = set(measured)
+    for _ in range(20 * limit):
+        trial = scratch.ask()
+        plan = space.suggest(trial)
+        scratch.tell(trial, state=TrialState.PRUNED)
+        key = plan_key(plan)
+        if key not in seen:
+            seen.add(key)
+            out.append((plan, "sampler"))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def screen_candidates(scenario: Scenario, space: SearchSpace, calibration: Calibration,
+                      candidates: PlanColumns) -> Screening:
+    """A Screening of exactly `candidates` (duplicates dropped): the analytic figures, feasibility and front
+    among them, so the real runs are ranked as usual but never leave this set."""
+    from stratagem.search.screening import ScreenCounts, _broke, _evaluate, _feasible, _front, _unique
+
+    t0 = time.perf_counter()
+    plans = _unique(candidates)
+    usable = scenario.cluster.gpu.hbm_gib - space.config.memory_margin_gib
+    columns = _evaluate(scenario, plans, calibration, None)
+    feasible = _feasible(columns, usable)
+    front = _front(columns, usable)
+    counts = ScreenCounts(valid=len(plans), screened=len(plans), pruned=int((~feasible).sum()),
+                          feasible=int(feasible.sum()), front=len(front))
+    return Screening(space=space, plans=plans, columns=columns, feasible=feasible, front=front, counts=counts,
+                     usable_gib=usable, broke=_broke(columns, usable), mode="candidates",
+                     seconds=time.perf_counter() - t0)
+
+
+def check_candidates(space: SearchSpace, candidates: PlanColumns) -> None:
+    """Raise StratagemError naming the first candidate plan outside the space (its trial could not be stored)."""
+    for i in range(len(candidates)):
+        plan = candidates.plan(i)
+        params, dists = space.params(plan)
+        for name, value in params.items():
+            try:
+                dists[name].to_internal_repr(value)
+            except ValueError:
+                raise StratagemError(
+                    f"candidates: plan '{plan.short()}' has {name}={value!r}, outside the scenario's search space "
+                    f"({dists[name]}); widen the search section or drop the plan") from None

@@ -1,0 +1,96 @@
+"""The run-order policy (search/run_order.py) apart from the loop: lost plans first, refused plans skipped and
+remembered, infra retries bounded, re-measurements only at the budget's end and only when the best measured
+plan is within noise (search/noise.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from standin import SCENARIO, KnownConstants
+
+from stratagem.evaluators import Evaluation
+from stratagem.search.calibrate import calibration_id
+from stratagem.search.claims import claim, release
+from stratagem.search.events import Event
+from stratagem.search.records import plan_key
+from stratagem.search.run_order import INFRA_RETRIES, RankedOrder, RunState
+from stratagem.search.session import SearchSession
+from stratagem.spaces import Plan, load_scenario
+from stratagem.spaces.columns import PlanColumns
+
+PLANS = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=4, zero_stage=3)]
+
+
+def _session(tmp_path: Path, name: str = "o") -> SearchSession:
+    events: list[Event] = []
+    s = SearchSession(load_scenario(SCENARIO), f"sqlite:///{tmp_path / 'o.db'}", name, listener=events.append)
+    s.screen()
+    s.store()
+    return s
+
+
+def _state(s: SearchSession, runs_left: int = 4, excluded: frozenset[str] = frozenset()) -> RunState:
+    return RunState(scenario=s.scenario, space=s.space, study=s.study, calibration=s.start_calibration,
+                    excluded=excluded, measured_runs=0, runs_left=runs_left,
+                    unsupported=KnownConstants().unsupported)
+
+
+def test_refused_plans_are_skipped_and_the_rest_ranked(tmp_path: Path) -> None:
+    s = _session(tmp_path)
+    order = RankedOrder(candidates=PlanColumns.from_plans(PLANS))
+    picks = order.next_batch(_state(s), 10)
+    keys = [plan_key(p) for p, _ in picks]
+    assert sorted(keys) == sorted(plan_key(p) for p in PLANS if p.zero_stage != 3)
+    assert list(order.skipped) == [plan_key(Plan(dp=4, zero_stage=3))]
+    assert "ZeRO-3 is not in this harness" in order.skipped[plan_key(Plan(dp=4, zero_stage=3))]
+    fewer = order.next_batch(_state(s, excluded=frozenset(keys[:1])), 10)
+    assert keys[0] not in [plan_key(p) for p, _ in fewer]  # excluded plans are never proposed
+
+
+def test_a_lost_plan_runs_first(tmp_path: Path) -> None:
+    s = _session(tmp_path)
+    order = RankedOrder(candidates=PlanColumns.from_plans(PLANS))
+    last = order.next_batch(_state(s), 10)[-1][0]  # the ranking's last choice
+    release(s.backend, claim(s.backend, s.study, s.space, last, "candidate"), "infra: node lost")
+    assert plan_key(order.next_batch(_state(s), 1)[0][0]) == plan_key(last)
+
+
+def test_infra_failures_are_retried_a_bounded_number_of_times(tmp_path: Path) -> None:
+    s = _session(tmp_path)
+    order = RankedOrder(candidates=PlanColumns.from_plans(PLANS))
+    first = order.next_batch(_state(s), 1)[0][0]
+    lost = Evaluation(plan=first, status="infra", reason="ActorUnavailableError", fidelity="measured")
+    for _ in range(INFRA_RETRIES):
+        order.update([lost])
+        assert plan_key(order.next_batch(_state(s), 1)[0][0]) == plan_key(first)
+    order.update([lost])
+    assert plan_key(first) not in [plan_key(p) for p, _ in order.next_batch(_state(s), 10)]
+
+
+def test_no_remeasure_without_a_spread(tmp_path: Path) -> None:
+    """Runs without a spread (a table, the stand-in without noise) are of unknown spread: never re-measured,
+    whatever the budget left."""
+    s = _session(tmp_path)
+    cands = PlanColumns.from_plans(PLANS[:3])
+    mf = s.measure(5, KnownConstants(), RankedOrder(candidates=cands))
+    roles = [t.user_attrs.get("role") for t in s.study.trials if t.user_attrs.get("fidelity") == "measured"]
+    assert mf.measured == 3 and "remeasured" not in roles
+    assert "spread unknown" in mf.best_note
+
+
+def test_the_last_runs_settle_a_ranking_within_noise(tmp_path: Path) -> None:
+    """With a 40 % step-time noise every interval overlaps: the runs beyond the candidates' count re-measure the
+    best plan and its rivals, and each re-measured trial holds the plan's runs pooled."""
+    s = _session(tmp_path)
+    cands = PlanColumns.from_plans(PLANS[:3])
+    mf = s.measure(5, KnownConstants(noise=0.4, seed=1), RankedOrder(candidates=cands))
+    measured = [t for t in s.study.trials if t.user_attrs.get("fidelity") == "measured"]
+    again = [t for t in measured if t.user_attrs.get("role") == "remeasured"]
+    assert mf.measured == 5 and len(again) == 2
+    assert len({t.user_attrs["plan"] for t in measured}) == 3  # no new plan for the last two runs
+    from stratagem.search.records import trial_evaluation
+
+    pooled = trial_evaluation(again[-1])
+    assert pooled.measurements["runs"] >= 2 and pooled.measurements["step_spread"]["n"] >= 16  # 8 steps a run
+    assert mf.best_note.startswith("best measured: ")
+    assert calibration_id(s.start_calibration)  # the session's calibration is resolved once
