@@ -396,6 +396,9 @@ INPUTS: dict[str, tuple[dict, str]] = {
     "mtbf-inf": ({"cluster": {"node_mtbf_hours": float("inf")}}, "cluster.node_mtbf_hours (inf)"),
     "bandwidth-nan": ({"cluster": {"inter_node_gbps": float("nan")}}, "cluster.inter_node_gbps (nan)"),
     "tokens-inf": ({"training": {"training_tokens": float("inf")}}, "training.training_tokens (inf)"),
+    "price-negative": ({"cluster": {"price_per_gpu_hour": -5}}, "cluster.price_per_gpu_hour (-5)"),
+    "mtbf-negative": ({"cluster": {"node_mtbf_hours": -1}}, "cluster.node_mtbf_hours (-1)"),
+    "bandwidth-negative": ({"cluster": {"inter_node_gbps": -10}}, "cluster.inter_node_gbps (-10)"),
     "name-escape": ({"model": {"name": "tiny\x1b[2J\x1b[31mred"}}, "control character"),
     "gpu-name-bell": ({"cluster": {"gpu": {"preset": "cpu", "name": "cpu\x07"}}}, "control character"),
 }

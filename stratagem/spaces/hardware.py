@@ -142,8 +142,8 @@ class ClusterSpec(BaseModel):
     power_cap_w: float = Field(default=0.0, ge=0)
     """Power limit each GPU runs under, W (nvidia-smi -pl); 0 = the GPU's datasheet TDP. A cap below the TDP
     lowers the sustained clock and with it every compute term (evaluators.timing.clock_factor)."""
-    price_per_gpu_hour: float = Field(default=-1.0)
-    """USD per GPU-hour (negative = the GPU preset's illustrative default)."""
+    price_per_gpu_hour: float = Field(default=0.0, ge=0)
+    """USD per GPU-hour (left out or null: the GPU preset's illustrative default; a negative price is refused)."""
     calibration: str | None = None
     """Calibration file written by `stratagem calibrate` on this hardware (relative to the scenario file);
     None = the published constants. Not part of the problem hash."""
@@ -172,8 +172,7 @@ class ClusterSpec(BaseModel):
                     data["intra_node_gbps"] = intra
                 if not data.get("inter_node_gbps"):
                     data["inter_node_gbps"] = inter
-            price = data.get("price_per_gpu_hour", -1.0)
-            if isinstance(price, int | float) and not isinstance(price, bool) and price < 0:
+            if data.get("price_per_gpu_hour") is None:
                 data["price_per_gpu_hour"] = _PRICE.get(name or "", 0.0)
         return data
 
