@@ -112,8 +112,11 @@ def test_no_two_enumerated_plans_build_the_same_job(s: Scenario) -> None:
 
 def _variants(s: Scenario, plan: Plan) -> list[Plan]:
     """Other valid plans the stack runs that build the same job as `plan`: every split encoding, the other of
-    gpipe/1f1b, recompute_layers past the largest chunk."""
+    gpipe/1f1b, recompute_layers past the largest chunk, pipeline fields without a pipeline."""
     layers, out = s.model.num_layers, []
+    if plan.pp == 1:
+        out += [plan.model_copy(update={"pp_schedule": x}) for x in ("gpipe", "zero_bubble")]
+        out.append(plan.model_copy(update={"pp_split": "embedding_loss"}))
     if plan.pp > 1:
         for split, first, last in itertools.product(PIPELINE_SPLITS, range(layers + 1), range(layers + 1)):
             out.append(plan.model_copy(update={"pp_split": split, "first_stage_layers": first,
