@@ -94,6 +94,13 @@ def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldN
             "section configures that function)",
         ))
 
+    if p.recompute_modules:  # Megatron --recompute-modules; DeepSpeed checkpoints whole wrapped layers
+        un.append(FieldNote(
+            "plan.recompute_modules",
+            f"{'+'.join(p.recompute_modules)}: DeepSpeed's activation checkpointing recomputes whole wrapped layers "
+            "(deepspeed/runtime/activation_checkpointing/checkpointing.py checkpoint); per-module recompute is "
+            "not expressible in its config",
+        ))
     if p.recompute_layers:
         un.append(FieldNote(
             "plan.recompute_layers",

@@ -200,7 +200,16 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
     if p.precision in ("bf16", "fp8"):
         train.append("--bf16")
     if p.precision == "fp8":
-        train += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+        # the recipe the time model used (training.fp8_recipe, else the stack's first): megatron/core/fp8_utils.py
+        recipe = tr.fp8_recipe_used
+        train += ["--fp8-format", "e4m3" if recipe == "blockwise" else "hybrid", "--fp8-recipe", recipe]
+    if tr.tp_overlap and p.tp > 1 and p.sequence_parallel:  # TE userbuffers (evaluators/step_terms.tp_layer_s)
+        train.append("--tp-comm-overlap")
+    if m.moe is not None:  # the dispatcher and EP overlap the time model used (evaluators/experts.py)
+        train += (["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if tr.dispatcher == "deepep"
+                  else ["--moe-token-dispatcher-type", "alltoall"])
+        if tr.ep_overlap:
+            train += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if p.activation_checkpointing == "full" and p.recompute_layers:
         # arguments.py / transformer_block.py _checkpointed_forward: method block recomputes the first N layers of
         # each pipeline stage (of each virtual chunk) in full and keeps the rest: stratagem's partial recompute
@@ -216,6 +225,9 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
             "Megatron has no per-op policy; written as its default selective recompute (core attention "
             "recomputed, every other activation kept): more activation memory, less recompute than planned",
         ))
+    elif p.activation_checkpointing == "selective" and p.recompute_modules:
+        # transformer_config.py recompute_modules: Megatron's module list, exactly as planned
+        train += ["--recompute-granularity", "selective", "--recompute-modules", *p.recompute_modules]
     elif p.activation_checkpointing == "selective":
         if m.moe is not None:
             train += ["--recompute-granularity", "selective", "--recompute-modules", "moe_act"]

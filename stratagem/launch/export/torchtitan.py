@@ -337,6 +337,12 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
             f"{p.recompute_layers}: torchtitan applies {p.activation_checkpointing} recompute to every layer; it "
             "cannot limit it to some layers (only full recompute of every k-th layer)",
         ))
+    if p.recompute_modules:  # Megatron --recompute-modules; torchtitan's AC is per layer or per op
+        un.append(FieldNote(
+            "plan.recompute_modules",
+            f"{'+'.join(p.recompute_modules)}: torchtitan's apply_ac recomputes whole layers or by an op save "
+            "list (torchtitan/distributed/activation_checkpoint.py); per-module recompute is not expressible",
+        ))
     if p.activation_checkpointing == "selective":
         ac["selective_ac_option"] = "op"
         ap.append(FieldNote(

@@ -60,6 +60,8 @@ TRAINING_ARGS=(
   --global-batch-size 1024
   --train-iters 238419
   --bf16
+  --tp-comm-overlap
+  --moe-token-dispatcher-type alltoall
   --recompute-granularity full
   --recompute-method uniform
   --recompute-num-layers 1

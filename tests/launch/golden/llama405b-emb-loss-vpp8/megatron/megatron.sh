@@ -47,6 +47,7 @@ TRAINING_ARGS=(
   --global-batch-size 64
   --train-iters 1907349
   --bf16
+  --tp-comm-overlap
   --recompute-granularity full
   --recompute-method uniform
   --recompute-num-layers 1

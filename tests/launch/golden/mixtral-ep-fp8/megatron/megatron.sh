@@ -53,6 +53,7 @@ TRAINING_ARGS=(
   --bf16
   --fp8-format hybrid
   --fp8-recipe tensorwise
+  --moe-token-dispatcher-type alltoall
   --recompute-granularity selective
   --recompute-modules moe_act
   --optimizer adam

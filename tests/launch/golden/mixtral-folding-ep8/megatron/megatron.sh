@@ -51,6 +51,7 @@ TRAINING_ARGS=(
   --global-batch-size 64
   --train-iters 3814698
   --bf16
+  --moe-token-dispatcher-type alltoall
   --optimizer adam
   --ckpt-format torch_dist
   --save "$CHECKPOINT_DIR"
