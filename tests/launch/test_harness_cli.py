@@ -137,6 +137,7 @@ def test_torchrun(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(40 * DEADLINE_S)  # 40 launches, each under its own deadline (~13 s idle, ~30 s loaded)
 def test_torchrun_40_launches_without_an_abort_at_exit(tmp_path: Path) -> None:
     """Issue 22 item 7: the tp=2 case once died with SIGABRT ("terminate called without an active exception")
     after training, in interpreter teardown with gloo threads alive; the harness now leaves by os._exit
