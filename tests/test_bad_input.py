@@ -540,3 +540,13 @@ def test_disk_full_report_is_one_line(tmp_path: Path) -> None:
     proc = sub("report", "--storage", db, "-o", str(tmp_path / "r.html"), cwd=tmp_path, limit_kib=64)
     one_line(proc.returncode, proc.stderr, "r.html", "file too large")
     assert snapshot(tmp_path) == before
+
+
+def test_search_budget_nan_is_refused_before_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`search --budget-minutes nan` (which once led a real-run search to prune every plan) is one line."""
+    db = tmp_path / "s.db"
+    code, _, err = run(monkeypatch, capsys, "search", str(scenario(tmp_path)), "--real-runs", "1",
+                       "--budget-minutes", "nan", "--storage", f"sqlite:///{db}")
+    one_line(code, err, "--budget-minutes (nan)")
+    assert not db.exists()
