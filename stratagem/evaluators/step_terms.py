@@ -54,6 +54,7 @@ __all__ = [
     "matmul_params_per_layer",
     "fp8_cast_elements",
     "recompute_per_layer",
+    "module_recompute_per_layer",
     "forward_repeats",
     "tp_layer_s",
     "ep_layer_s",
@@ -93,6 +94,8 @@ class StepContext:
     """Forward matmul FLOPs of one layer per rank, timed at mm_rate (routed experts' imbalance and GEMM size in)."""
     fwd_layer: Array
     """Forward seconds of one layer."""
+    attn_fwd: Array
+    """Forward seconds of one layer's core attention (flash kernel)."""
     fwd_bwd_layer: Array
     """Forward + backward seconds of one layer (backward 2x matmul, 2.5x attention [FA2]), fp8 casts and the
     MoE permute included."""
@@ -151,6 +154,7 @@ def step_context(scn: Scenario, pc: PlanColumns, cal: Calibration) -> StepContex
     compute_mb = slowest_rank_s(st, p, fwd_bwd_layer, 3.0 * head_mm / mm_rate)
     return StepContext(scn=scn, pc=pc, cal=cal, act_bytes=act_bytes, micro=micro, tokens=tokens, st=st,
                        layers=layers, mm_rate=mm_rate, layer_mm=layer_mm, fwd_layer=fwd_layer,
+                       attn_fwd=layer_attn / attn_rate,
                        fwd_bwd_layer=fwd_bwd_layer, compute_mb=compute_mb,
                        activation=tokens * m.hidden_size * act_bytes)
 
@@ -166,8 +170,46 @@ def recompute_per_layer(ctx: StepContext) -> Array:
     dropped = 4.0 if m.mlp == "swiglu" else 2.0
     selective = dropped * ctx.tokens * ffn / t * ctx.act_bytes / (gpu.hbm_tbps * 1e12)
     op_mm = 2.0 * ctx.tokens * (m.hidden_size * m.kv_size + m.q_size * m.hidden_size + m.hidden_size * ffn) / t
+    selective = np.where(pc.by_module, module_recompute_per_layer(ctx), selective)
     return np.select([pc.recompute_is("full"), pc.recompute_is("selective"), pc.recompute_is("op")],
                      [ctx.fwd_layer, selective, op_mm / ctx.mm_rate + selective], 0.0)
+
+
+def module_recompute_per_layer(ctx: StepContext) -> Array:
+    """Seconds one layer spends re-running the modules of Megatron's --recompute-modules (transformer_config.py
+    recompute_modules; transformer_layer.py / moe_layer.py / multi_latent_attention.py wrap each in
+    CheckpointWithoutOutput), per micro-batch, averaged over dense and MoE layers:
+      core_attn       the flash-attention forward;
+      layernorm       the two norms: read the input, write the output (HBM, sequence-parallel shard);
+      moe_act         the routed experts' SwiGLU / GELU: read gate (+ up), write the activation (HBM);
+      mla_up_proj     MLA's up-projections, q_lora -> heads x (nope + rope), kv_lora -> heads x (nope + v) (GEMMs);
+      mlp             the dense layers' MLP forward (GEMMs); moe: the routed experts' forward (GEMMs);
+      shared_experts  the shared experts' forward (GEMMs)."""
+    m, pc, gpu = ctx.scn.model, ctx.pc, ctx.scn.cluster.gpu
+    t, tok, hbm = pc.tp, ctx.tokens, gpu.hbm_tbps * 1e12
+    moe = m.moe
+    share = m.num_moe_layers() / m.num_layers if moe is not None else 0.0
+    mats = 3.0 if m.mlp == "swiglu" else 2.0
+    h = float(m.hidden_size)
+    cost = {
+        "core_attn": ctx.attn_fwd,
+        "layernorm": 2.0 * 2.0 * tok * h / t * ctx.act_bytes / hbm,
+        "mlp": (1.0 - share) * 2.0 * tok * mats * h * m.ffn_hidden_size / t / ctx.mm_rate,
+    }
+    if moe is not None:
+        f_e = float(moe.expert_ffn_hidden_size)
+        cost["moe_act"] = share * tok * moe.top_k * f_e * mats / t * ctx.act_bytes / hbm
+        cost["moe"] = share * 2.0 * tok * moe.top_k * mats * h * f_e / t / ctx.mm_rate
+        cost["shared_experts"] = share * 2.0 * tok * mats * h * moe.shared_experts * moe.shared_ffn / t / ctx.mm_rate
+    if m.mla is not None:
+        a, ml = float(m.num_attention_heads), m.mla
+        up = (ml.q_lora_rank or 0) * a * (ml.qk_nope_head_dim + ml.qk_rope_head_dim) + ml.kv_lora_rank * a * (
+            ml.qk_nope_head_dim + ml.v_head_dim)
+        cost["mla_up_proj"] = 2.0 * tok * up / t / ctx.mm_rate
+    out = np.zeros(len(pc))
+    for name, seconds in cost.items():
+        out = out + np.where(pc.recomputes_module(name), seconds, 0.0)  # type: ignore[arg-type]
+    return out
 
 
 def recompute_mb(ctx: StepContext) -> Array:

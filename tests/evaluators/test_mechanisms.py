@@ -182,3 +182,16 @@ def test_kernel_path_is_a_setting_with_each_stacks_default() -> None:
     assert scn(8, stack="megatron").training.kernel_path == "fused"
     with pytest.raises(StratagemError, match="training.kernels"):
         scn(8, stack="torch", kernels="fused")
+
+
+def test_module_recompute_costs_what_its_modules_rerun() -> None:
+    # Megatron --recompute-modules: elementwise modules (layernorm, moe_act) cost HBM passes, GEMM modules
+    # (mla_up_proj, moe) their forward FLOPs; every set costs less than full recompute
+    s = scn(256, model="deepseek-v3", stack="megatron", gbs=1024)
+    base = dict(dp=8, tp=2, pp=16, ep=8, zero_stage=1, sequence_parallel=True, first_stage_layers=1)
+    sets = [(), ("layernorm", "moe_act"), ("layernorm", "moe_act", "mla_up_proj"), ("moe",)]
+    plans = [Plan(**base, activation_checkpointing="selective", recompute_modules=r) for r in sets]
+    c = evaluate_many(s, plans + [Plan(**base, activation_checkpointing="full")])
+    elementwise, with_mla, moe, full = c.recompute_s[1], c.recompute_s[2], c.recompute_s[3], c.recompute_s[4]
+    assert elementwise < 0.01 * c.compute_s[1] < with_mla < moe < full
+    assert np.all(c.compute_s == c.compute_s[0])
