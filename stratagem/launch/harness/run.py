@@ -23,7 +23,8 @@ the cap, torch.cuda.OutOfMemoryError on a CUDA OOM.
 
 Result keys: plan, plan_text, world_size, backend, device, steps, warmup, seed, losses (one per optimizer
 step, warm-up first), step_times_s (one per step), step_s (median of the timed steps), step_spread (their
-median and 95 % interval: stratagem.evaluators.spread.StepSpread), step_budget (or null), tokens_per_s,
+median and 95 % interval: stratagem.evaluators.spread.StepSpread), step_budget (or null), host_load (the
+1-minute load average when the timed steps began and ended), tokens_per_s,
 tokens_per_step, build_s, memory_tracked_step, mechanisms, ranks (per rank: stage ids, param_bytes,
 unsharded_param_bytes, grad_bytes, optimizer_bytes (on the compute device), host_state_bytes (offloaded params, grads
 and optimizer states), peak_bytes and its source figures, rss_bytes,
