@@ -180,6 +180,7 @@ def moe_points(ref: Path) -> list[Point]:
         plan = Plan(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=r["ep"], etp=r["etp"],
                     zero_stage=3 if r["fsdp"] else 1, micro_batch_size=r["mbs"], sequence_parallel=tp > 1,
                     precision=precision, activation_checkpointing=r["recompute"],
+                    recompute_modules=tuple(r.get("recompute_modules", ())),
                     pp_schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp)
         meas = r["measured"]
         tps = meas.get("tokens_per_s_per_gpu") or r["gbs"] * r["seq"] / (meas["step_s"] * gpus)

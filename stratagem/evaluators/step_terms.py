@@ -58,6 +58,9 @@ __all__ = [
     "forward_repeats",
     "tp_layer_s",
     "ep_layer_s",
+    "comm_sm_share",
+    "GPU_SMS",
+    "DEEPEP_SMS",
     "cp_layer_s",
     "pp_micro_batch_s",
     "pipeline_poll_s",
@@ -250,8 +253,26 @@ def ep_layer_s(ctx: StepContext, layer_compute: Array) -> tuple[Array, Array]:
     if not scn.training.ep_overlap:
         return total, total
     paired = np.maximum(0.0, ctx.micro - np.minimum(ctx.micro, pc.pp)) / ctx.micro
-    hidden = np.maximum(0.0, total - ctx.cal.overlap * layer_compute)
+    # while DeepEP's kernels run beside the compute they hold their SMs (comm_sm_share): the overlapped compute
+    # runs that much slower
+    overlapped = np.minimum(total, ctx.cal.overlap * layer_compute)
+    hidden = total - overlapped + overlapped * comm_sm_share(scn)
     return paired * hidden + (1.0 - paired) * total, total
+
+
+# Streaming multiprocessors per GPU (NVIDIA datasheets / whitepapers: A100 108, H100 / H200 / H800 SXM 132,
+# B200 148); DeepEP's dispatch / combine kernels take DEEPEP_SMS of them (deep_ep/buffer.py Buffer.num_sms = 20;
+# Megatron transformer_config.py moe_deepep_num_sms, "historical default 20").
+GPU_SMS: dict[str, int] = {"a100-40g": 108, "a100-80g": 108, "h100-sxm-80g": 132, "h100-96g": 132, "h200": 132,
+                           "h800": 132, "b200": 148}
+DEEPEP_SMS = 20
+
+
+def comm_sm_share(scn: Scenario) -> float:
+    """Share of the GPU's SMs the EP communication kernels hold while they overlap compute: DeepEP's SMs over the
+    GPU's (0 for NCCL all-to-all, whose channel count varies, and for GPUs whose SM count is not listed)."""
+    sms = GPU_SMS.get(scn.cluster.gpu.name)
+    return DEEPEP_SMS / sms if scn.training.dispatcher == "deepep" and sms else 0.0
 
 
 def cp_layer_s(ctx: StepContext) -> Array:

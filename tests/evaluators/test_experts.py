@@ -142,3 +142,13 @@ def test_grouped_gemm_pads_each_expert_to_whole_tiles() -> None:
                               PlanColumns.from_plans([Plan(dp=8, ep=8)]), CAL)[0]
     rows = 8 * 100 * 8 / 128  # 50 rows in a 128-row tile
     assert padded < full * rows / 128 * 1.0001
+
+
+def test_deepep_overlap_costs_the_sms_its_kernels_hold() -> None:
+    # DeepEP's kernels hold 20 of the H100's 132 SMs while they run beside compute (deep_ep Buffer.num_sms)
+    from stratagem.evaluators.step_terms import comm_sm_share
+    assert comm_sm_share(moe_scenario("qwen3-30b-a3b", 64, "deepep")) == pytest.approx(20 / 132)
+    assert comm_sm_share(moe_scenario("qwen3-30b-a3b", 64, "alltoall")) == 0.0
+    pc = [Plan(dp=64, ep=32, micro_batch_size=1)]
+    over = evaluate_many(moe_scenario("qwen3-30b-a3b", 64, "deepep", ep_comm_overlap=True, global_batch_size=512), pc)
+    assert over.ep_comm_s[0] > 0  # never hidden for free
