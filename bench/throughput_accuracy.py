@@ -174,7 +174,9 @@ def moe_points(ref: Path) -> list[Point]:
         precision: Precision = "fp8" if r["precision"] == "fp8" else "bf16"
         training = TrainingSpec(seq_len=r["seq"], global_batch_size=r["gbs"], stack="megatron", precision=precision,
                                 fp8_recipe=r.get("fp8_recipe"), moe_dispatcher=r["dispatcher"],
-                                ep_comm_overlap=r["a2a_overlap"])
+                                ep_comm_overlap=r["a2a_overlap"],
+                                activation_func_fp8_input_store=bool(r.get("activation_func_fp8_input_store")),
+                                optimizer_state_dtype=r.get("optimizer_state_dtype") or "fp32")
         scn = Scenario(model=MODEL_PRESETS[r["model"]], cluster=cluster, training=training)
         vp = r["vp"]
         plan = Plan(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=r["ep"], etp=r["etp"],
