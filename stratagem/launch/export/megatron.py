@@ -210,6 +210,13 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
                   else ["--moe-token-dispatcher-type", "alltoall"])
         if tr.ep_overlap:
             train += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if p.precision == "fp8" and tr.activation_func_fp8_input_store:  # fused_bias_swiglu.py: SwiGLU input in fp8
+        un.append(FieldNote(
+            "training.activation_func_fp8_input_store",
+            "true: TransformerConfig.activation_func_fp8_input_store has no command-line flag in Megatron-LM "
+            f"{MEGATRON_VERSION} (arguments.py leaves it out of the generated options); set it in the model "
+            "provider's TransformerConfig",
+        ))
     if p.activation_checkpointing == "full" and p.recompute_layers:
         # arguments.py / transformer_block.py _checkpointed_forward: method block recomputes the first N layers of
         # each pipeline stage (of each virtual chunk) in full and keeps the rest: stratagem's partial recompute
