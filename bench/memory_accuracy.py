@@ -153,15 +153,16 @@ def moe_fit_check(path: Path, cal: Calibration) -> tuple[int, int]:
         plan = Plan(dp=r["gpus"] // (r["tp"] * r["pp"] * r["cp"]), tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"],
                     etp=r["etp"], zero_stage=3 if r["fsdp"] else 1, micro_batch_size=r["mbs"],
                     precision=r["precision"], sequence_parallel=r["tp"] > 1, activation_checkpointing=r["recompute"],
-                    recompute_modules=r.get("recompute_modules", ""),
+                    recompute_modules=r.get("recompute_modules") or (),  # a list or "a+b"
                     pp_schedule="interleaved" if r["vp"] > 1 else "1f1b", virtual_stages=r["vp"])
+        modules = "+".join(plan.recompute_modules)
         mem = memory_columns(scn, PlanColumns.from_plans([plan]), cal)
         peak, hbm = float(mem["peak"][0]) / GIB, float(mem["hbm"][0]) / GIB
         fits += peak <= hbm
         broken = violations(scn, plan)
         note = f"  (breaks: {broken[0][:70]})" if broken else ""
         print(f"  {'fits' if peak <= hbm else 'OOM ':4s} {peak:6.1f} / {hbm:5.1f}  {r['id']}"
-              f"{' [' + r['recompute_modules'] + ']' if r.get('recompute_modules') else ''}{note}")
+              f"{' [' + modules + ']' if modules else ''}{note}")
     print(f"  {fits} of {len(runs)} published MoE runs fit")
     return fits, len(runs)
 
