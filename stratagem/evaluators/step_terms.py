@@ -232,14 +232,20 @@ def tp_layer_s(ctx: StepContext) -> tuple[Array, Array]:
     """(exposed, total) seconds of one layer's TP collectives per micro-batch: 4 all-reduces of the b s h
     activation [MLM-TP], 2 more on layers whose forward is recomputed (forward_repeats). Where the stack pipelines them with their GEMMs [TE-UB, AsyncTP] (training.tp_overlap,
     with sequence parallelism), each collective and the GEMM it feeds (forward and input-gradient GEMMs: 2x the
-    forward matmuls) run in tp chunks: max(comm, gemm) + min(comm, gemm) / tp, of which the GEMM is the rest."""
+    forward matmuls) run in tp chunks: max(comm, gemm) + min(comm, gemm) / tp, of which the GEMM is the rest; inside
+    a node the chunks move by direct copies (no NCCL per-step cost)."""
     scn, pc, cal = ctx.scn, ctx.pc, ctx.cal
     link = group_link(scn.cluster, cal, pc.tp, 1.0)
     total = (4.0 + 2.0 * forward_repeats(ctx)) * all_reduce_s(link, ctx.activation)
     if not scn.training.tp_overlap:
         return total, total
+    # TE userbuffers and symmetric memory move the chunks with direct NVLink copies (CUDA IPC / copy engines),
+    # not NCCL kernels: each ring step pays the link latency, not NCCL's per-step software cost
+    direct = group_link(scn.cluster, cal.model_copy(update={"collective_step_us": 0.0}), pc.tp, 1.0)
+    inside = direct.n <= direct.per_node
+    comm = np.where(inside, (4.0 + 2.0 * forward_repeats(ctx)) * all_reduce_s(direct, ctx.activation), total)
     gemm = 2.0 * ctx.layer_mm / ctx.mm_rate
-    pipelined = np.maximum(0.0, total - gemm) + np.minimum(total, gemm) / pc.tp
+    pipelined = np.maximum(0.0, comm - gemm) + np.minimum(comm, gemm) / pc.tp
     return np.where(pc.sequence_parallel > 0, pipelined, total), total
 
 
