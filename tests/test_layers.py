@@ -18,6 +18,7 @@ LAYER: dict[str, int] = {
     "stratagem": 0,  # the root package (__version__, re-exports): importing any submodule runs it anyway
     "errors": 0,
     "units": 0,
+    "quantities": 0,
     "procfs": 0,
     "files": 0,
     "spaces": 1,
@@ -29,9 +30,9 @@ LAYER: dict[str, int] = {
 }
 """Top-level part of the package -> its layer; a module may import from its own layer's part and lower layers."""
 
-KNOWN: set[tuple[str, str]] = {("stratagem.files", "stratagem.errors")}
+KNOWN: set[tuple[str, str]] = {("stratagem.files", "stratagem.errors"), ("stratagem.quantities", "stratagem.units")}
 """(importing module, imported module) edges tolerated, each with its reason: files raises errors' StratagemError
-(both layer 0, below everything). (The real-run evaluator moved from evaluators/ to launch/runners/real.py,
+(both layer 0, below everything); quantities formats in units' KIB..TIB (both layer 0). (The real-run evaluator moved from evaluators/ to launch/runners/real.py,
 issue 11 item 5.)"""
 
 LIGHT = ("spaces", "evaluators", "search")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 from functools import lru_cache
 from html import escape
 from importlib import resources
@@ -20,6 +21,7 @@ from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo, CapacityRow
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.reports.payload import PAYLOAD_VERSION, capacity_payload, report_payload, scenario_summary
+from stratagem.reports.runs import RealRun, history_table, real_runs, runs_summary, runs_table
 
 __all__ = ["render_html", "render_capacity_html", "encode_payload", "decode_payload"]
 
@@ -188,6 +190,51 @@ def _cards(info: ParetoInfo, open_first: int = 3) -> str:
     return "".join(out)
 
 
+def _plain_table(head: list[str], rows: list[list[str]], cls: str, ident: str) -> str:
+    th = "".join(f"<th>{_e(x)}</th>" for x in head)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="data {cls}" id="{ident}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _real_runs_section(info: ParetoInfo, runs: list[RealRun]) -> str:
+    """Every measured run against its predictions (table and parity plot), the calibration's refits, and the
+    plans the runs left out."""
+    out = [f"<p>{_e(runs_summary(runs))}</p>"]
+    if runs:
+        head, rows = runs_table(runs)
+        out += ['<p class="note">Predicted: the prediction each run was chosen on (the calibration in force then); '
+                "re-predicted: the same plan with a later, refitted calibration. Errors are (predicted - measured) / "
+                "measured, from the latest prediction. The plot puts each run's predicted step time against the "
+                "measured one (the diagonal is a perfect prediction).</p>",
+                _plain_table(head, rows, "runs", "runs-table"), '<div id="parity-plot" class="plot"></div>']
+    if info.history:
+        head, rows = history_table(info)
+        out += ["<h3>Calibration refits</h3>",
+                '<p class="note">One per batch of runs; median relative errors over the measured runs.</p>',
+                _plain_table(head, rows, "history", "history-table")]
+    if info.not_run:
+        out += ["<h3>Plans the real runs left out</h3>",
+                "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in info.not_run) + "</ul>"]
+    return "".join(out)
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _runs_payload(runs: list[RealRun]) -> dict[str, Any]:
+    """The runs for the page's script: the parity plot and the measured step of each measured plan's card."""
+    return {
+        "trial": [r.trial for r in runs], "label": [r.label for r in runs], "status": [r.status for r in runs],
+        "plan": [r.plan_index for r in runs],
+        "before": [_finite(r.step_s.before) for r in runs], "after": [_finite(r.step_s.after) for r in runs],
+        "measured": [_finite(r.step_s.measured) for r in runs],
+        "low": [_finite(r.spread.low_s) if r.spread else None for r in runs],
+        "high": [_finite(r.spread.high_s) if r.spread else None for r in runs],
+        "n": [r.spread.n if r.spread else None for r in runs],
+    }
+
+
 def capacity_table(cap: CapacityInfo) -> str:
     """The capacity rows as an HTML table."""
     heads = ["nodes", "GPUs", "best plan", "tokens/s", "days to train", "GPU-hours", "cost (USD)",
@@ -224,12 +271,13 @@ def _capacity_section(cap: CapacityInfo | None) -> str:
 def render_html(info: ParetoInfo, capacity: CapacityInfo | None = None) -> str:
     """The study's report as one offline HTML page."""
     s = scenario_summary(info.scenario)
+    runs = real_runs(info)
     title = f"stratagem: {info.scenario.name}"
     body = f"""
 <h1>{_e(title)}</h1>
 <p class="note">Study <code>{_e(info.study_name)}</code>, scenario hash {_e(info.scenario_hash)}.
 Calibration: {_e(info.calibration or "published defaults")}.</p>
-<nav><a href="#pareto">Pareto plots</a><a href="#front">Front</a><a href="#cards">Plans</a><a href="#explore">Explorer</a><a href="#capacity">Capacity</a></nav>
+<nav><a href="#pareto">Pareto plots</a><a href="#front">Front</a><a href="#cards">Plans</a><a href="#runs">Real runs</a><a href="#explore">Explorer</a><a href="#capacity">Capacity</a></nav>
 <h2 id="scenario">Scenario</h2>
 {_scenario_table(s)}
 {_counts(info)}
@@ -250,6 +298,8 @@ analytic. Click a point to open it in the explorer.</p>
 <h2 id="cards">Plans on the front</h2>
 <p class="note">Memory stack of the worst rank against HBM, step-time breakdown, the four zones and advice.</p>
 {_cards(info)}
+<h2 id="runs">Real runs</h2>
+{_real_runs_section(info, runs)}
 <h2 id="explore">Plan explorer</h2>
 <p class="note">Move through the evaluated plans: the memory stack, zones and advice follow. Combinations the
 study did not evaluate say so.</p>
@@ -258,7 +308,9 @@ study did not evaluate say so.</p>
 {_capacity_section(capacity)}
 {_footer(info)}
 """
-    return _page(title, body, report_payload(info, capacity))
+    payload = report_payload(info, capacity)
+    payload["runs"] = _runs_payload(runs)
+    return _page(title, body, payload)
 
 
 def _footer(info: ParetoInfo) -> str:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
 from stratagem.reports.advice import AdviceView, advice_for, study_calibration
-from stratagem.search.calibrate import calibration_history
+from stratagem.search.calibrate import CalibrationStep, calibration_history
 from stratagem.search.pareto import nondominated
 from stratagem.search.records import (
     DIRECTIONS,
@@ -136,6 +136,8 @@ class ParetoInfo:
     calibration: str = ""
     """Which calibration the predictions used: the search's starting one (its `calibration_source`, e.g. a
     `stratagem calibrate` file) and whether real runs refitted it."""
+    history: tuple[CalibrationStep, ...] = ()
+    """One entry per refit of the calibration on the real runs (study attribute "calibration_history")."""
 
     @property
     def feasible(self) -> list[int]:
@@ -327,6 +329,7 @@ def pareto_info(
         trials=tuple(sorted((t for ts in by_key.values() for t in ts), key=lambda t: t.number)),
         plan_of_trial={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
         calibration=_calibration_text(attrs), not_run=_not_run_lines(attrs),
+        history=tuple(calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))),
     )
 
 

@@ -9,6 +9,7 @@ from stratagem.reports.capacity import CapacityInfo
 from stratagem.reports.html import fmt, pct
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.reports.payload import scenario_summary
+from stratagem.reports.runs import history_table, real_runs, runs_summary, runs_table
 
 __all__ = ["render_markdown", "capacity_markdown", "MAX_ZONE_SECTIONS"]
 
@@ -88,6 +89,26 @@ def _zones(p: PlanResult) -> list[str]:
     return out
 
 
+def _real_runs(info: ParetoInfo) -> list[str]:
+    """The "Real runs" section: every measured run against its predictions, the calibration's refits, and
+    which plans the runs left out and why."""
+    runs = real_runs(info)
+    out = ["## Real runs", "", runs_summary(runs), ""]
+    if runs:
+        head, rows = runs_table(runs)
+        out += ["Predicted: the prediction each run was chosen on; re-predicted: the same plan with a later, "
+                "refitted calibration. Errors are (predicted - measured) / measured, from the latest prediction.",
+                ""]
+        out += _table(head, [[_md(c) for c in r] for r in rows]) + [""]
+    if info.history:
+        head, rows = history_table(info)
+        out += ["Calibration refits (one per batch of runs; median relative errors over the measured runs):", ""]
+        out += _table(head, [[_md(c) for c in r] for r in rows]) + [""]
+    if info.not_run:
+        out += ["Plans the real runs left out:"] + [f"- {_md(line)}" for line in info.not_run] + [""]
+    return out
+
+
 def capacity_markdown(cap: CapacityInfo, heading: str = "##") -> str:
     """Capacity planning as a Markdown section."""
     out = [f"{heading} Capacity planning", "",
@@ -145,6 +166,7 @@ def render_markdown(info: ParetoInfo, capacity: CapacityInfo | None = None) -> s
                     "HTML report.)", ""]
     else:
         out += ["No feasible plan: nothing is on the front.", ""]
+    out += _real_runs(info)
     if capacity is not None:
         out += [capacity_markdown(capacity)]
     return "\n".join(out).rstrip() + "\n"

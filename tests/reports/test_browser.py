@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from report_studies import EVIL, add_many, small_study
 
+from stratagem.quantities import sig
 from stratagem.reports import capacity_plan, pareto_info, render_html
 
 CHROMIUM = os.environ.get("STRATAGEM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -149,10 +150,10 @@ def test_explorer_moves_among_evaluated_plans(report, info) -> None:
     page = report.page
     start = info.plans[info.front[0]]
     peak = page.locator("#explorer-plan .mem-peak")
-    assert peak.inner_text() == f"{start.evaluation.memory.peak_gib:.2f}"
+    assert peak.inner_text() == sig(start.evaluation.memory.peak_gib)  # GiB, 3 significant figures
     target = next(p for p in info.plans if p.plan == start.plan.model_copy(update={"zero_stage": 3}))
     page.select_option("#ex-zero_stage", "3")
-    assert peak.inner_text() == f"{target.evaluation.memory.peak_gib:.2f}" != f"{start.evaluation.memory.peak_gib:.2f}"
+    assert peak.inner_text() == sig(target.evaluation.memory.peak_gib) != sig(start.evaluation.memory.peak_gib)
     assert target.label in page.locator("#explorer-plan .plan-label").first.inner_text()
     zones = page.locator("#explorer-plan tr[data-zone='checkpoint']").inner_text()
     assert target.evaluation.zones.checkpoint.sentence in zones
@@ -253,3 +254,57 @@ def test_empty_study_and_capacity_page(browser, tmp_path) -> None:
             assert loaded.page.locator("#front + p.why").inner_text() == "No feasible plan: nothing is on the front."
             assert loaded.page.locator("#explorer select").count() == 0
         loaded.page.close()
+
+
+def test_real_runs_in_the_browser(browser, tmp_path) -> None:
+    """Issue 26 item 1: the real-runs table and the parity plot render; a measured plan's card shows its
+    measured step (median, 95 % interval, n) instead of 'No step-time figures'."""
+    from test_real_runs import STEPS, runs_study
+
+    from stratagem.evaluators.spread import spread_of_samples
+
+    info = pareto_info(runs_study())
+    path = tmp_path / "runs.html"
+    path.write_text(render_html(info), encoding="utf-8")
+    loaded = load(browser, path)
+    page = loaded.page
+    assert [m for m in loaded.console if m[0] in ("error", "pageerror")] == []
+    assert page.locator("#runs-table tbody tr").count() == 3
+    assert page.locator("#history-table tbody tr").count() == 2
+    # parity plot: one point per ok run in each prediction trace (before, after) plus the diagonal
+    assert page.locator("#parity-plot[data-drawn='1'] .scatterlayer .point").count() == 2
+    ok = next(p for p in info.plans if p.fidelity == "measured" and p.status == "ok")
+    card = page.locator(f"details.card[data-plan='{ok.index}']")
+    if card.count() == 0:  # not on the front: open it in the explorer
+        page.evaluate("document.getElementById('explorer').scrollIntoView()")
+        view = page.locator("#explorer-plan")
+        for axis, value in (("zero_stage", "3"),):
+            page.select_option(f"#ex-{axis}", value)
+    else:
+        if card.locator(".plan-view").count() == 0:
+            card.locator("summary").click()
+        view = card
+    spread = spread_of_samples(STEPS)
+    line = view.locator(".measured-step")
+    expect(line).to_contain_text(f"Measured step {spread.median_s * 1000:.3g} ms")
+    expect(line).to_contain_text(f"n={len(STEPS)}")
+    assert "No step-time figures" not in view.inner_text()
+    expect(view.locator("table.pvm")).to_contain_text(f"{spread.median_s * 1000:.3g}")
+    page.close()
+
+
+def test_tiny_memory_reads_in_mib(browser, tmp_path) -> None:
+    """Issue 26 item 2: 10 MiB workers (the CPU demo) read in MiB, never 'Peak 0.0 of 0.0 GiB'."""
+    from report_studies import add, full_evaluation, new_study, plan, scenario
+
+    study = new_study(scenario())
+    add(study, full_evaluation(plan(zero_stage=1), tps=1000.0, headroom=0.0007, loss=0.01, hbm=0.01))
+    info = pareto_info(study)
+    path = tmp_path / "tiny.html"
+    path.write_text(render_html(info), encoding="utf-8")
+    loaded = load(browser, path)
+    view = loaded.page.locator("#explorer-plan")
+    assert view.locator(".mem-hbm").inner_text() == "10.2"  # 0.01 GiB = 10.24 MiB
+    assert view.locator(".mem-peak").inner_text() == sig(0.0093 * 1024)
+    assert "MiB" in view.locator("table.mini").first.inner_text()
+    loaded.page.close()

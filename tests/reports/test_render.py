@@ -41,7 +41,9 @@ def embedded(page: str) -> dict:
 
 def test_payload_is_the_info(info, page) -> None:
     data = embedded(page)
+    runs = data.pop("runs")  # the real runs (html._runs_payload), beside the payload
     assert data == json.loads(json.dumps(report_payload(info)))
+    assert len(runs["trial"]) == len(info.measured)
     plans = data["plans"]
     assert plans["label"] == [p.label for p in info.plans]
     assert data["front"] == list(info.front)

@@ -28,6 +28,33 @@
     return Number(x).toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d });
   }
   function pct(x, d) { return x == null ? "–" : fmt(100 * x, d == null ? 1 : d) + "%"; }
+  // The one rule for numbers (stratagem/quantities.py): 3 significant figures, memory in the binary unit of the
+  // largest figure shown together, one duration unit per card, fractions as percentages.
+  function sig(x, n) {
+    if (x == null || !isFinite(x)) return "–";
+    if (x === 0) return "0";
+    n = n || 3;
+    var r = Number(Number(x).toPrecision(n)), mag = Math.floor(Math.log10(Math.abs(r)));
+    return r.toLocaleString("en-US", { maximumFractionDigits: Math.max(0, n - 1 - mag) });
+  }
+  function percent(x) { return x == null || !isFinite(x) ? "–" : sig(100 * x) + "%"; }
+  var MEM_UNITS = [["B", 1], ["KiB", 1024], ["MiB", 1048576], ["GiB", 1073741824], ["TiB", 1099511627776]];
+  function memUnit(gibs) {  // [name, bytes per unit] for GiB figures shown together
+    var big = 0, u = MEM_UNITS[0];
+    gibs.forEach(function (g) { if (g != null && isFinite(g)) big = Math.max(big, Math.abs(g)); });
+    MEM_UNITS.forEach(function (m) { if (big * 1073741824 >= m[1] * (1 - 5e-4)) u = m; });
+    return u;
+  }
+  function memIn(g, u) { return g == null || !isFinite(g) ? "–" : sig(g * 1073741824 / u[1]); }
+  var DUR_UNITS = [["ms", 1e-3], ["s", 1], ["min", 60], ["h", 3600], ["days", 86400]];
+  function durUnit(secs) {
+    var big = 0, u = DUR_UNITS[1];
+    secs.forEach(function (x) { if (x != null && isFinite(x)) big = Math.max(big, Math.abs(x)); });
+    DUR_UNITS.forEach(function (d) { if (big >= d[1] * (d[1] > 1 ? 2 : 1)) u = d; });
+    if (big > 0 && big < 1) u = DUR_UNITS[0];
+    return u;
+  }
+  function durIn(x, u) { return x == null || !isFinite(x) ? "–" : sig(x / u[1]); }
   // Plotly reads a few tags in hover text; escape data so it stays text there too.
   function plotlyText(s) { return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;"); }
 
@@ -51,13 +78,15 @@
   function memObj(row) { return rec(row, F.mem); }
 
   // ---------- plots ----------
+  function newPlot(el, data, layout) { return Plotly.newPlot(el, data, layout, { displaylogo: false, responsive: true }); }
   var COLORS = { front: "#c0392b", feasible: "#2e86c1", infeasible: "#9aa0a6" };
   function hoverText(i) {
     var v = P.values[i], lines = ["<b>" + plotlyText(P.label[i]) + "</b>"];
     if (v) {
-      lines.push("tokens/s " + fmt(v[0], 0));
-      lines.push("headroom " + fmt(v[1], 2) + " GiB");
-      lines.push("checkpoint goodput loss " + pct(v[2], 2));
+      var hu = memUnit([v[1]]);
+      lines.push("tokens/s " + sig(v[0]));
+      lines.push("headroom " + memIn(v[1], hu) + " " + hu[0]);
+      lines.push("checkpoint goodput loss " + percent(v[2]));
     }
     lines.push((P.measured[i] ? "measured" : "analytic") + ", trial " + P.trial[i]);
     if (!P.feasible[i]) lines.push("not feasible: " + plotlyText(P.why[i]));
@@ -99,10 +128,10 @@
   function plot2d(id, xk, yk) {
     var el = document.getElementById(id);
     if (!el) return;
-    Plotly.newPlot(el, traces(xk, yk), {
+    newPlot(el, traces(xk, yk), {
       margin: { l: 70, r: 20, t: 10, b: 50 }, hovermode: "closest", legend: { orientation: "h", y: -0.2 },
       xaxis: { title: { text: AXIS[xk] }, zeroline: false }, yaxis: { title: { text: AXIS[yk] } }
-    }, { displaylogo: false, responsive: true });
+    });
     el.on("plotly_click", function (ev) { if (ev.points.length) Explorer.show(ev.points[0].customdata, true); });
   }
   var webgl = null;
@@ -124,10 +153,10 @@
     io.observe(el);
   }
   function draw3d(el) {
-    Plotly.newPlot(el, traces(1, 2, 0), {
+    newPlot(el, traces(1, 2, 0), {
       margin: { l: 0, r: 0, t: 0, b: 0 }, legend: { orientation: "h" },
       scene: { xaxis: { title: { text: "headroom GiB" } }, yaxis: { title: { text: "goodput loss" } }, zaxis: { title: { text: "tokens/s" } } }
-    }, { displaylogo: false, responsive: true });
+    });
     el.on("plotly_click", function (ev) { if (ev.points.length) Explorer.show(ev.points[0].customdata, true); });
     el.setAttribute("data-drawn", "1");
   }
@@ -136,50 +165,68 @@
   var BLOCK_COLORS = { weights: "#1f77b4", gradients: "#ff7f0e", optimizer: "#2ca02c", activations: "#d62728", transient: "#9467bd", overhead: "#8c564b" };
   function memoryStack(mem) {
     if (!mem) return h("p", { class: "note", text: "No memory figures (the plan breaks a validity rule)." });
-    var scale = Math.max(mem.peak_gib, mem.hbm_gib) * 1.04;
+    var scale = Math.max(mem.peak_gib, mem.hbm_gib) * 1.04, u = memUnit([mem.peak_gib, mem.hbm_gib]);
     var bar = h("div", { class: "stack", role: "img", "aria-label": "memory stack against HBM" });
     D.blocks.forEach(function (b) {
       var g = mem[b + "_gib"];
-      if (g > 0) bar.appendChild(h("div", { class: "seg", style: "width:" + (100 * g / scale) + "%;background:" + BLOCK_COLORS[b], title: b + " " + fmt(g, 2) + " GiB" }));
+      if (g > 0) bar.appendChild(h("div", { class: "seg", style: "width:" + (100 * g / scale) + "%;background:" + BLOCK_COLORS[b], title: b + " " + memIn(g, u) + " " + u[0] }));
     });
-    bar.appendChild(h("div", { class: "hbm-line", style: "left:" + (100 * mem.hbm_gib / scale) + "%", title: "HBM " + fmt(mem.hbm_gib, 1) + " GiB" }));
+    bar.appendChild(h("div", { class: "hbm-line", style: "left:" + (100 * mem.hbm_gib / scale) + "%", title: "HBM " + memIn(mem.hbm_gib, u) + " " + u[0] }));
     var rows = D.blocks.map(function (b) {
       var g = mem[b + "_gib"];
       return h("tr", { "data-block": b }, h("td", null, h("span", { class: "swatch", style: "background:" + BLOCK_COLORS[b] }), b,
         b === mem.first_block_to_break ? h("span", { class: "badge bad", text: "first to break" }) : null),
-        h("td", { class: "num gib", text: fmt(g, 2) }), h("td", { class: "num", text: pct(g / mem.hbm_gib, 0) }));
+        h("td", { class: "num gib", text: memIn(g, u) }), h("td", { class: "num", text: percent(g / mem.hbm_gib) }));
     });
     var head = mem.headroom_gib;
-    rows.push(h("tr", { class: "total" }, h("td", { text: "peak" }), h("td", { class: "num mem-peak", text: fmt(mem.peak_gib, 2) }), h("td", { class: "num", text: pct(mem.peak_gib / mem.hbm_gib, 0) })));
-    rows.push(h("tr", null, h("td", { text: "HBM" }), h("td", { class: "num mem-hbm", text: fmt(mem.hbm_gib, 2) }), h("td", { class: "num", text: "100%" })));
-    rows.push(h("tr", { class: head >= 0 ? "ok" : "bad" }, h("td", { text: "headroom" }), h("td", { class: "num mem-headroom", text: fmt(head, 2) }), h("td", { class: "num", text: pct(head / mem.hbm_gib, 0) })));
+    rows.push(h("tr", { class: "total" }, h("td", { text: "peak" }), h("td", { class: "num mem-peak", text: memIn(mem.peak_gib, u) }), h("td", { class: "num", text: percent(mem.peak_gib / mem.hbm_gib) })));
+    rows.push(h("tr", null, h("td", { text: "HBM" }), h("td", { class: "num mem-hbm", text: memIn(mem.hbm_gib, u) }), h("td", { class: "num", text: "100%" })));
+    rows.push(h("tr", { class: head >= 0 ? "ok" : "bad" }, h("td", { text: "headroom" }), h("td", { class: "num mem-headroom", text: memIn(head, u) }), h("td", { class: "num", text: percent(head / mem.hbm_gib) })));
     return h("div", null, h("h4", { text: "Memory per GPU (worst rank, stage " + mem.worst_stage + ")" }), bar,
-      h("table", { class: "mini" }, h("thead", null, h("tr", null, h("th", { text: "block" }), h("th", { text: "GiB" }), h("th", { text: "of HBM" }))), h("tbody", null, rows)));
+      h("table", { class: "mini" }, h("thead", null, h("tr", null, h("th", { text: "block" }), h("th", { text: u[0] }), h("th", { text: "of HBM" }))), h("tbody", null, rows)));
   }
   var STEP_PARTS = [["compute_s", "compute", "#2e86c1"], ["recompute_s", "recompute", "#85c1e9"], ["exposed_comm_s", "exposed communication", "#e67e22"], ["bubble_s", "pipeline bubble", "#c0392b"], ["optimizer_s", "optimizer step", "#27ae60"]];
   var COMM_PARTS = [["tp_comm_s", "TP"], ["dp_comm_s", "DP/FSDP"], ["pp_comm_s", "PP"], ["cp_comm_s", "CP"]];
-  function timeBreakdown(time, tput) {
-    if (!time) return h("p", { class: "note", text: "No step-time figures for this plan." });
-    var t = rec(time, F.time), sum = 0, bar = h("div", { class: "stack" });
+  function latestRun(i) {  // the latest real run of plan i with a measured step (D.runs), or null
+    var R = D.runs, best = null;
+    if (!R) return null;
+    for (var k = 0; k < R.trial.length; k++) if (R.plan[k] === i && R.measured[k] != null) best = k;
+    return best;
+  }
+  function timeBreakdown(i) {
+    var time = P.time[i], tput = P.tput[i], pr = P.prediction[String(i)], run = P.measured[i] ? latestRun(i) : null;
+    var measuredLine = null;
+    if (run != null) {
+      var R = D.runs, mu = durUnit([R.measured[run], R.high[run]]);
+      measuredLine = h("p", { class: "measured-step", text: "Measured step " + durIn(R.measured[run], mu) + " " + mu[0] +
+        (R.low[run] != null ? " (95% interval " + durIn(R.low[run], mu) + "–" + durIn(R.high[run], mu) + " " + mu[0] + ", n=" + R.n[run] + ")" : "") +
+        ", trial " + R.trial[run] + (time ? "." : "; the parts below are the prediction's (a run times whole steps only).") });
+    }
+    if (!time && pr && pr.time && P.measured[i]) time = pr.time;
+    if (!time) return h("div", null, h("h4", { text: "Step time" }), measuredLine || h("p", { class: "note", text: "No step-time figures for this plan." }), throughputLine(tput));
+    var t = rec(time, F.time), sum = 0, bar = h("div", { class: "stack" }), su = durUnit([t.step_s]);
     var rows = STEP_PARTS.map(function (p) {
       var v = t[p[0]] || 0; sum += v;
-      if (v > 0) bar.appendChild(h("div", { class: "seg", style: "width:" + (100 * v / t.step_s) + "%;background:" + p[2], title: p[1] + " " + fmt(v, 3) + " s" }));
-      return h("tr", null, h("td", null, h("span", { class: "swatch", style: "background:" + p[2] }), p[1]), h("td", { class: "num", text: fmt(v, 3) }), h("td", { class: "num", text: pct(v / t.step_s, 1) }));
+      if (v > 0) bar.appendChild(h("div", { class: "seg", style: "width:" + (100 * v / t.step_s) + "%;background:" + p[2], title: p[1] + " " + durIn(v, su) + " " + su[0] }));
+      return h("tr", null, h("td", null, h("span", { class: "swatch", style: "background:" + p[2] }), p[1]), h("td", { class: "num", text: durIn(v, su) }), h("td", { class: "num", text: percent(v / t.step_s) }));
     });
     var other = t.step_s - sum;
-    if (Math.abs(other) > 1e-6 * t.step_s) rows.push(h("tr", null, h("td", { text: "other (step minus the parts above)" }), h("td", { class: "num", text: fmt(other, 3) }), h("td", { class: "num", text: pct(other / t.step_s, 1) })));
-    rows.push(h("tr", { class: "total" }, h("td", { text: "step" }), h("td", { class: "num step-s", text: fmt(t.step_s, 3) }), h("td", { class: "num", text: "100%" })));
-    var comm = COMM_PARTS.map(function (p) { return p[1] + " " + fmt(t[p[0]], 3) + " s"; }).join(", ");
+    if (Math.abs(other) > 1e-6 * t.step_s) rows.push(h("tr", null, h("td", { text: "other (step minus the parts above)" }), h("td", { class: "num", text: durIn(other, su) }), h("td", { class: "num", text: percent(other / t.step_s) })));
+    rows.push(h("tr", { class: "total" }, h("td", { text: P.measured[i] && !P.time[i] ? "predicted step" : "step" }), h("td", { class: "num step-s", text: durIn(t.step_s, su) }), h("td", { class: "num", text: "100%" })));
+    var comm = COMM_PARTS.map(function (p) { return p[1] + " " + durIn(t[p[0]], su) + " " + su[0]; }).join(", ");
+    return h("div", null, h("h4", { text: "Step time" }), measuredLine, bar,
+      h("table", { class: "mini" }, h("thead", null, h("tr", null, h("th", { text: "part" }), h("th", { text: su[0] }), h("th", { text: "of step" }))), h("tbody", null, rows)),
+      h("p", { class: "note", text: "Communication before overlap: " + comm + "." }), throughputLine(tput));
+  }
+  function throughputLine(tput) {
     var u = rec(tput, F.tput);
-    return h("div", null, h("h4", { text: "Step time" }), bar,
-      h("table", { class: "mini" }, h("thead", null, h("tr", null, h("th", { text: "part" }), h("th", { text: "s" }), h("th", { text: "of step" }))), h("tbody", null, rows)),
-      h("p", { class: "note", text: "Communication before overlap: " + comm + "." }),
-      u ? h("p", { text: "Throughput " + fmt(u.tokens_per_s, 0) + " tokens/s (" + fmt(u.tokens_per_s_per_gpu, 0) + " per GPU), MFU " + pct(u.mfu, 1) + "." }) : null);
+    return u ? h("p", { text: "Throughput " + sig(u.tokens_per_s) + " tokens/s (" + sig(u.tokens_per_s_per_gpu) + " per GPU), MFU " + percent(u.mfu) + "." }) : null;
   }
   function checkpointLine(ckpt) {
     var c = rec(ckpt, F.ckpt);
     if (!c) return null;
-    return h("p", { class: "ckpt", text: "Checkpoint: " + fmt(c.state_gib, 1) + " GiB state, save " + fmt(c.save_s, 1) + " s (stall " + fmt(c.stall_s, 1) + " s), every " + fmt(c.interval_s / 60, 1) + " min; job MTBF " + fmt(c.job_mtbf_h, 1) + " h; expected goodput loss " + pct(c.goodput_loss, 2) + "." });
+    var mu = memUnit([c.state_gib]), du = durUnit([c.save_s, c.stall_s, c.interval_s]);  // one unit per line
+    return h("p", { class: "ckpt", text: "Checkpoint: " + memIn(c.state_gib, mu) + " " + mu[0] + " state, save " + durIn(c.save_s, du) + " " + du[0] + " (stall " + durIn(c.stall_s, du) + " " + du[0] + "), every " + durIn(c.interval_s, du) + " " + du[0] + "; job MTBF " + sig(c.job_mtbf_h) + " h; expected goodput loss " + percent(c.goodput_loss) + "." });
   }
   var ZONE_TITLES = { hbm: "HBM", communication: "communication", bubbles: "pipeline bubbles", checkpoint: "checkpoint I/O" };
   function zonesView(z) {
@@ -215,15 +262,17 @@
     var pr = P.prediction[String(i)];
     if (!P.measured[i] || !pr) return null;
     var rows = [], mm = memObj(P.mem[i]), pm = memObj(pr.mem), mt = rec(P.time[i], F.time), pt = rec(pr.time, F.time), mu = rec(P.tput[i], F.tput), pu = rec(pr.tput, F.tput);
-    function add(name, p, m, d) {
+    var run = latestRun(i), mstep = mt ? mt.step_s : run != null ? D.runs.measured[run] : null;
+    function add(name, p, m, show) {
       if (p == null && m == null) return;
       var err = p != null && m != null && m !== 0 ? (p - m) / m : null;
-      rows.push(h("tr", null, h("td", { text: name }), h("td", { class: "num", text: fmt(p, d) }), h("td", { class: "num", text: fmt(m, d) }), h("td", { class: "num", text: err == null ? "–" : (err >= 0 ? "+" : "") + pct(err, 1) })));
+      rows.push(h("tr", null, h("td", { text: name }), h("td", { class: "num", text: show(p) }), h("td", { class: "num", text: show(m) }), h("td", { class: "num", text: err == null ? "–" : (err >= 0 ? "+" : "") + percent(err) })));
     }
-    add("peak memory GiB", pm && pm.peak_gib, mm && mm.peak_gib, 2);
-    add("step time s", pt && pt.step_s, mt && mt.step_s, 3);
-    add("tokens/s", pu && pu.tokens_per_s, mu && mu.tokens_per_s, 0);
-    add("MFU", pu && pu.mfu, mu && mu.mfu, 3);
+    var ppeak = pm && pm.peak_gib, mpeak = mm && mm.peak_gib, u = memUnit([ppeak, mpeak]), pstep = pt && pt.step_s, su = durUnit([pstep, mstep]);
+    add("peak memory " + u[0], ppeak, mpeak, function (x) { return memIn(x, u); });
+    add("step time " + su[0], pstep, mstep, function (x) { return durIn(x, su); });
+    add("tokens/s", pu && pu.tokens_per_s, mu && mu.tokens_per_s, sig);
+    add("MFU", pu && pu.mfu, mu && mu.mfu, percent);
     return h("div", null, h("h4", { text: "Predicted vs measured" }), h("table", { class: "mini pvm" },
       h("thead", null, h("tr", null, h("th", { text: "figure" }), h("th", { text: "predicted" }), h("th", { text: "measured" }), h("th", { text: "prediction error" }))), h("tbody", null, rows)));
   }
@@ -233,7 +282,7 @@
       h("span", { class: "badge " + (P.feasible[i] ? "ok" : "bad"), text: P.feasible[i] ? "feasible" : P.status[i] }),
       h("span", { class: "note", text: " trial " + P.trial[i] + ", " + P.key[i] }));
     return h("div", { class: "plan-view" }, head, P.feasible[i] ? null : h("p", { class: "why", text: "Not feasible: " + P.why[i] }),
-      h("div", { class: "cols" }, memoryStack(memObj(P.mem[i])), timeBreakdown(P.time[i], P.tput[i])),
+      h("div", { class: "cols" }, memoryStack(memObj(P.mem[i])), timeBreakdown(i)),
       checkpointLine(P.ckpt[i]), zonesView(P.zones[i]), adviceView(i), predictedVsMeasured(i));
   }
 
@@ -341,19 +390,46 @@
     });
   }
 
+  // ---------- real runs: predicted vs measured step time ----------
+  function parityPlot() {
+    var el = document.getElementById("parity-plot"), R = D.runs;
+    if (!el || !R) return;
+    var ok = [];
+    for (var k = 0; k < R.trial.length; k++) if (R.measured[k] != null && (R.before[k] != null || R.after[k] != null)) ok.push(k);
+    if (!ok.length) return;
+    var all = [];
+    ok.forEach(function (k) { [R.before[k], R.after[k], R.measured[k], R.high[k]].forEach(function (x) { if (x != null) all.push(x); }); });
+    var u = durUnit(all), top = Math.max.apply(null, all) / u[1] * 1.1;
+    function trace(name, key, color, symbol) {
+      var idx = ok.filter(function (k) { return R[key][k] != null; });
+      return { type: "scatter", mode: "markers", name: name + " (" + idx.length + ")", marker: { color: color, size: 9, symbol: symbol },
+        x: idx.map(function (k) { return R.measured[k] / u[1]; }), y: idx.map(function (k) { return R[key][k] / u[1]; }),
+        error_x: { type: "data", symmetric: false, array: idx.map(function (k) { return R.high[k] == null ? 0 : (R.high[k] - R.measured[k]) / u[1]; }), arrayminus: idx.map(function (k) { return R.low[k] == null ? 0 : (R.measured[k] - R.low[k]) / u[1]; }), thickness: 1 },
+        text: idx.map(function (k) { return "trial " + R.trial[k] + ": " + plotlyText(R.label[k]); }), hovertemplate: "%{text}<br>measured %{x:.3g}, predicted %{y:.3g} " + u[0] + "<extra></extra>" };
+    }
+    newPlot(el, [
+      { type: "scatter", mode: "lines", name: "perfect prediction", x: [0, top], y: [0, top], line: { color: "#999", dash: "dot" }, hoverinfo: "skip" },
+      trace("predicted when run", "before", "#2e86c1", "circle"), trace("re-predicted (refitted calibration)", "after", "#c0392b", "diamond")
+    ], {
+      margin: { l: 70, r: 20, t: 10, b: 50 }, legend: { orientation: "h", y: -0.25 },
+      xaxis: { title: { text: "measured step time (" + u[0] + ", 95% interval)" }, range: [0, top] }, yaxis: { title: { text: "predicted step time (" + u[0] + ")" }, range: [0, top] }
+    });
+    el.setAttribute("data-drawn", "1");
+  }
+
   // ---------- capacity ----------
   function capacityPlot() {
     var el = document.getElementById("capacity-plot"), c = D.capacity;
     if (!el || !c || !c.nodes.length) return;
     var text = c.nodes.map(function (n, k) { return n + " nodes (" + c.gpus[k] + " GPUs): " + plotlyText(c.label[k]); });
-    Plotly.newPlot(el, [
+    newPlot(el, [
       { type: "scatter", mode: "lines+markers", name: "days to train", x: c.nodes, y: c.days, text: text, hovertemplate: "%{text}<br>%{y:.1f} days<extra></extra>" },
       { type: "scatter", mode: "lines+markers", name: "cost (" + c.currency + ")", x: c.nodes, y: c.cost, yaxis: "y2", text: text, hovertemplate: "%{text}<br>%{y:,.0f} " + c.currency + "<extra></extra>" }
     ], {
       margin: { l: 70, r: 80, t: 10, b: 50 }, legend: { orientation: "h", y: -0.25 },
       xaxis: { title: { text: "nodes" }, type: "log", tickvals: c.nodes },
       yaxis: { title: { text: "days to train" } }, yaxis2: { title: { text: "cost (" + c.currency + ")" }, overlaying: "y", side: "right" }
-    }, { displaylogo: false, responsive: true });
+    });
   }
 
   function start() {
@@ -367,6 +443,7 @@
       if (P) {  // absent on a capacity-only page
         Explorer.init(); mark("explorer");
         cards(); mark("cards");
+        parityPlot(); mark("parity");
         plot2d("plot-headroom", 1, 0); mark("plot-headroom");
         plot2d("plot-risk", 2, 0); mark("plot-risk");
         plot3d("plot-3d"); mark("plot-3d");
