@@ -80,6 +80,8 @@ def _render(out: Console, s: StudyStatus) -> None:
         "calibration (measured: step-time / peak-memory median error): "
         + (", ".join(f"{n}: {t:.0%}/{m:.0%}" for n, t, m in s.calibration_trend[-6:]) or "-"),
         f"real runs{ended}: {_minutes(s.elapsed_s)} spent, {_minutes(s.budget_left_s)} left of the budget",
+        *(f"budget window {i} of {len(s.windows)} ({m:g} min): {_minutes(spent)} spent, {_minutes(left)} left"
+          for i, (m, spent, left) in enumerate(s.windows, 1)),
     ]
     for line in lines:
         out.print(line, markup=False, soft_wrap=True)

@@ -22,8 +22,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from stratagem.errors import StratagemError
+from stratagem.search.budget import budget_windows
 from stratagem.search.calibrate import calibration_history
 from stratagem.search.claims import live_claims
+from stratagem.search.noise import best_measured
 from stratagem.search.records import StudyKey, TrialKey, front_trials, trial_evaluation, trial_status
 from stratagem.search.study import worker_alive, worker_id
 
@@ -55,7 +57,8 @@ class StudyStatus:
     workers: list[str]
     """host:pid of each worker alive: a fresh heartbeat, or a claim that has not expired."""
     best_measured: str
-    """The measured plan with the highest tokens/s ('' when none): "plan (N tok/s)"."""
+    """The best measured plan ('' when none): `noise.best_measured`'s line (tokens/s with its interval, runs,
+    whether other plans are within its noise) and its trial."""
     best_predicted: str
     """The predicted front's highest tokens/s plan ('' when none)."""
     calibration_trend: list[tuple[int, float, float]] = field(default_factory=list)
@@ -74,6 +77,8 @@ class StudyStatus:
     """Plans measured after a lost run."""
     finished: bool = False
     """No worker alive and nothing claimed: the search has ended (or stopped); elapsed_s is frozen."""
+    windows: list[tuple[float, float, float]] = field(default_factory=list)
+    """Per --budget-minutes window, oldest first: (minutes, seconds spent, seconds left)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -91,11 +96,10 @@ class _Lost:
     expired: int = 0
 
 
-def _measured(trials: list[FrozenTrial]) -> tuple[dict[str, int], FrozenTrial | None, _Lost, int, int, float]:
-    """(statuses, best, lost runs by kind, retries pending, retries done, last finish time) of the measured
-    trials, in number order."""
+def _measured(trials: list[FrozenTrial]) -> tuple[dict[str, int], _Lost, int, int, float]:
+    """(statuses, lost runs by kind, retries pending, retries done, last finish time) of the measured trials,
+    in number order."""
     measured: dict[str, int] = {}
-    best: FrozenTrial | None = None
     lost = _Lost()
     latest: dict[str, FrozenTrial] = {}
     lost_plans: set[str] = set()
@@ -107,8 +111,6 @@ def _measured(trials: list[FrozenTrial]) -> tuple[dict[str, int], FrozenTrial | 
         key = str(t.user_attrs.get(TrialKey.PLAN, ""))
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             measured[trial_status(t)] = measured.get(trial_status(t), 0) + 1
-            if t.state == TrialState.COMPLETE and (best is None or _tokens(t) > _tokens(best)):
-                best = t
             if key in lost_plans:
                 retried.add(key)
             if t.datetime_complete is not None:
@@ -123,7 +125,7 @@ def _measured(trials: list[FrozenTrial]) -> tuple[dict[str, int], FrozenTrial | 
         if t.state != TrialState.WAITING:
             latest[key] = t
     pending = sum(1 for k in lost_plans if latest[k].state == TrialState.FAIL)
-    return measured, best, lost, pending, len(retried), last_finish
+    return measured, lost, pending, len(retried), last_finish
 
 
 def _heartbeats(attrs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -147,7 +149,7 @@ def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
     trials = study.get_trials(deepcopy=False)
     attrs = study.user_attrs
     analytic = sum(t.user_attrs.get(TrialKey.FIDELITY) == "analytic" for t in trials)
-    measured, best, lost, pending, done, last_finish = _measured(trials)
+    measured, lost, pending, done, last_finish = _measured(trials)
     claims = [t for t in trials if t.state == TrialState.RUNNING and TrialKey.CLAIM in t.user_attrs]
     beats = _heartbeats(attrs)
     alive = {_name(b.get("worker", {})) for b in beats if _beating(b, now)}
@@ -156,20 +158,34 @@ def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
     predicted = [t for t in front_trials(study) if t.user_attrs.get(TrialKey.FIDELITY) != "measured"]
     started = attrs.get(StudyKey.REAL_RUNS_STARTED)
     budget = attrs.get(StudyKey.REAL_RUNS_BUDGET_MINUTES)
+    windows = budget_windows(study)
     finished = started is not None and not alive and not claims
     end = now
     if finished:  # frozen: the last heartbeat or result, not the clock of whoever asks
         end = max([last_finish, *(float(b.get("seen", 0.0)) for b in beats)]) or now
     elapsed = None if started is None else max(0.0, end - float(started))
     left = None if budget is None or elapsed is None else max(0.0, 60.0 * float(budget) - elapsed)
+    if windows:  # the current window's (a rerun with --budget-minutes opens a new one: search/budget.py)
+        left = 0.0 if finished else windows[-1].left_s(now)
     trend = [(h.measured, h.step_error_after, h.memory_error_after)
              for h in calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))]
     ks = [int(b["k"]) for b in beats if isinstance(b.get("k"), int)]
     return StudyStatus(study=study.study_name, analytic=analytic, measured=measured, claimed=len(live_claims(study)),
-                       infra=lost.infra, expired=lost.expired, workers=sorted(alive), best_measured=_describe(best),
+                       infra=lost.infra, expired=lost.expired, workers=sorted(alive),
+                       best_measured=_best_measured(study),
                        best_predicted=_describe(max(predicted, key=_tokens) if predicted else None),
                        calibration_trend=trend, elapsed_s=elapsed, budget_left_s=left, k=max(ks) if ks else None,
-                       signal_released=lost.signal, retries_pending=pending, retries_done=done, finished=finished)
+                       signal_released=lost.signal, retries_pending=pending, retries_done=done, finished=finished,
+                       windows=[(w.minutes, w.spent_s(end), 0.0 if finished else w.left_s(now)) for w in windows])
+
+
+def _best_measured(study: optuna.Study) -> str:
+    """The best measured plan by the one rule (`noise.best_measured`: pooled over re-measures, with its noise),
+    its trial; '' when no measured plan fits."""
+    best = best_measured(study)
+    if best is None:
+        return ""
+    return f"{best.note.removeprefix('best measured: ')} (trial {best.trial.number})"
 
 
 def _describe(t: FrozenTrial | None) -> str:

@@ -1,7 +1,8 @@
 """The read side of a study: `StudyView.open(storage, study)` opens a stored study read-only (never creating a
 storage, its tables or a study) and answers what `report`, `export`, `status` and `reproduce` ask of it: the
-standings (one standing trial per plan), the front, the calibration and its typed history, the counts and the
-status. Every read goes through the retrying storage of `open_storage` (an outage is waited out).
+standings (one standing trial per plan), the front, the best measured plan, the calibration and its typed
+history, the counts and the status. Every read goes through the retrying storage of `open_storage` (an outage
+is waited out).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from stratagem.errors import StratagemError
 from stratagem.evaluators.calibration import Calibration
 from stratagem.search.calibrate import CalibrationStep, calibration_history
+from stratagem.search.noise import BestMeasured, best_measured
 from stratagem.search.records import Standing, StudyKey, TrialKey, front_trials, standings
 from stratagem.search.storage import StorageSpec, load_study, open_storage, parse_storage, study_names
 
@@ -85,6 +87,10 @@ class StudyView:
     def front(self) -> list[optuna.trial.FrozenTrial]:
         """The Pareto front's standing trials, highest tokens/s first (`records.front_trials`)."""
         return front_trials(self.study)
+
+    def best_measured(self) -> BestMeasured | None:
+        """The best measured plan by the one rule (`noise.best_measured`: pooled re-measures, its noise)."""
+        return best_measured(self.study)
 
     def calibration(self) -> Calibration | None:
         """The calibration the study's real runs refitted; None before any run."""

@@ -42,7 +42,8 @@ def test_status_counts_measured_claimed_infra_and_budget(tmp_path: Path) -> None
     assert len(s.workers) == 1 and s.workers[0].endswith(f":{__import__('os').getpid()}")
     assert s.best_measured and "tok/s" in s.best_measured and s.best_predicted
     assert s.analytic > 0 and len(s.calibration_trend) >= 1
-    assert s.elapsed_s is not None and 0 < s.budget_left_s <= 30 * 60
+    assert s.elapsed_s is not None and s.budget_left_s == 0.0  # K reached: the search closed its window
+    assert len(s.windows) == 1 and s.windows[0][0] == 30 and 0 < s.windows[0][1] < 30 * 60
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["measured"] == {"ok": 2}
@@ -51,6 +52,10 @@ def test_status_counts_measured_claimed_infra_and_budget(tmp_path: Path) -> None
     assert f"lost runs: {s.infra} infra failure(s)" in res.output, res.output
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "nope"])
     assert res.exit_code != 0
+    run_multifidelity(scn, url, "s", KnownConstants(), real_runs=3, budget_minutes=60,
+                      candidates=PlanColumns.from_plans(PLANS))  # a rerun with a new budget: a new window
+    res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
+    assert "budget window 1 of 2 (30 min)" in res.output and "budget window 2 of 2 (60 min)" in res.output, res.output
 
 
 def test_status_tells_heartbeats_retries_signal_releases_and_freezes_elapsed(tmp_path: Path) -> None:

@@ -523,3 +523,15 @@ def test_a_full_disk_under_a_sqlite_storage_is_one_line_and_the_search_resumes(t
     assert len(optuna.load_study(study_name="a", storage=f"sqlite:///{db}").trials) > 0
     again = subprocess.run([*cli, "b"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_one_storage_opener() -> None:
+    """Issue 23 item 2: Optuna storages are built and studies loaded only in search/storage.py (through the
+    retrying, torn-write-safe opener): no `optuna.load_study`, RDBStorage or JournalStorage elsewhere."""
+    import re
+
+    pattern = re.compile(r"optuna\.load_study\(|\bRDBStorage\(|\bJournalStorage\(|JournalFileBackend\(")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "stratagem").rglob("*.py"))
+             if p.name not in ("storage.py", "journal.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []

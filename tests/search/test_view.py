@@ -53,3 +53,15 @@ def test_opening_names_what_is_there(tmp_path: Path) -> None:
     assert StudyView.open(url, "b").name == "b"
     names = [s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)]
     assert names == ["a", "b"]  # no study created by a wrong name
+
+
+def test_best_measured_is_the_one_rule(tmp_path: Path) -> None:
+    from stratagem.search.noise import best_measured
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    run_multifidelity(load_scenario(SCENARIO), url, "s", KnownConstants(noise=0.05), real_runs=2,
+                      candidates=PlanColumns.from_plans(PLANS))
+    view = StudyView.open(url, "s")
+    best, rule = view.best_measured(), best_measured(view.study)
+    assert best is not None and rule is not None and best.key == rule.key and best.note == rule.note
+    assert best.note.removeprefix("best measured: ") in view.status().best_measured
