@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install browser postgres demo test test-slow lint clean wheelhouse wheelhouse-calibrate
+.PHONY: install browser postgres demo test test-integration test-all test-slow lint clean wheelhouse wheelhouse-calibrate
 
 $(BIN)/stratagem: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,8 +36,15 @@ postgres:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) || \
 	  echo "postgresql not installed: PostgreSQL tests will skip"
 
+# `make test`: lint and the default suite (under 10 minutes on 2 cores; the 25 slowest tests are listed).
+# `make test-all`: that, then the integration and slow suites (tests/conftest.py INTEGRATION; what CI runs).
 test: lint browser postgres
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
+
+test-integration: install browser postgres
+	$(BIN)/pytest -q -m "integration or slow" --durations=25
+
+test-all: test test-integration
 
 test-slow: install
 	$(BIN)/pytest -q -m slow
