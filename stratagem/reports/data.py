@@ -96,6 +96,8 @@ def render_json(info: ParetoInfo) -> str:
         "objectives": list(info.objectives), "directions": list(info.directions),
         "front": [info.plans[i].trial_number for i in info.front],
         "best": {k: info.plans[i].trial_number for k, i in info.best.items()},
+        "best_measured": None if info.best_measured_trial is None else {"trial": info.best_measured_trial,
+                                                                        "note": info.best_measured},
         "trials": trials,
     }
     return json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n"

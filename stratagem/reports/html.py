@@ -200,6 +200,9 @@ def _real_runs_section(info: ParetoInfo, runs: list[RealRun]) -> str:
     """Every measured run against its predictions (table and parity plot), the calibration's refits, and the
     plans the runs left out."""
     out = [f"<p>{_e(runs_summary(runs))}</p>"]
+    if info.best_measured:
+        out += [f"<p>{_e(info.best_measured[:1].upper() + info.best_measured[1:])} (trial "
+                f"{info.best_measured_trial}).</p>"]
     if runs:
         head, rows = runs_table(runs)
         out += ['<p class="note">Predicted: the prediction each run was chosen on (the calibration in force then); '

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
 from stratagem.reports.advice import AdviceView, advice_for, study_calibration
 from stratagem.search.calibrate import CalibrationStep, calibration_history
+from stratagem.search.noise import best_measured
 from stratagem.search.pareto import nondominated
 from stratagem.search.records import (
     DIRECTIONS,
@@ -130,6 +131,11 @@ class ParetoInfo:
     plan_of_trial: dict[int, int]
     """Trial number -> index of its plan in plans."""
     advice_limit: int
+    best_measured: str = ""
+    """The best measured plan by the search's one rule (`search.noise.best_measured`): its tokens/s with the
+    95 % interval, runs, and whether other plans are within its noise ('' when no measured plan fits)."""
+    best_measured_trial: int | None = None
+    """The trial that stands for it (None: no measured plan fits)."""
     not_run: tuple[str, ...] = ()
     """Why the real runs left plans out, one line each (the harness cannot run them; their traced memory does
     not fit), from the study attribute "not_run"."""
@@ -319,6 +325,7 @@ def pareto_info(
             rows[i] = replace(rows[i], advice=advice_for(scn, ev, rows[i].prediction, calibration))
 
     attrs: dict[str, Any] = study.user_attrs
+    top = best_measured(study)
     return ParetoInfo(
         study_name=study.study_name, scenario=scn,
         scenario_hash=str(attrs.get(StudyKey.SCENARIO_HASH) or scn.problem_hash()),
@@ -329,6 +336,7 @@ def pareto_info(
         trials=tuple(sorted((t for ts in by_key.values() for t in ts), key=lambda t: t.number)),
         plan_of_trial={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
         calibration=_calibration_text(attrs), not_run=_not_run_lines(attrs),
+        best_measured=top.note if top else "", best_measured_trial=top.trial.number if top else None,
         history=tuple(calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))),
     )
 

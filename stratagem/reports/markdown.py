@@ -94,6 +94,9 @@ def _real_runs(info: ParetoInfo) -> list[str]:
     which plans the runs left out and why."""
     runs = real_runs(info)
     out = ["## Real runs", "", runs_summary(runs), ""]
+    if info.best_measured:
+        line = info.best_measured[:1].upper() + info.best_measured[1:]
+        out += [f"{_md(line)} (trial {info.best_measured_trial}).", ""]
     if runs:
         head, rows = runs_table(runs)
         out += ["Predicted: the prediction each run was chosen on; re-predicted: the same plan with a later, "

@@ -65,3 +65,20 @@ def test_best_measured_is_the_one_rule(tmp_path: Path) -> None:
     best, rule = view.best_measured(), best_measured(view.study)
     assert best is not None and rule is not None and best.key == rule.key and best.note == rule.note
     assert best.note.removeprefix("best measured: ") in view.status().best_measured
+
+
+def test_the_report_states_the_best_measured_plan_by_the_one_rule(tmp_path: Path) -> None:
+    import json
+
+    from stratagem.reports import build_report
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    run_multifidelity(load_scenario(SCENARIO), url, "s", KnownConstants(noise=0.05), real_runs=2,
+                      candidates=PlanColumns.from_plans(PLANS))
+    view = StudyView.open(url, "s")
+    best = view.best_measured()
+    assert best is not None
+    md = build_report(view.study, "md").text
+    assert f"Best measured: {best.plan.short()}" in md and f"(trial {best.trial.number})" in md
+    doc = json.loads(build_report(view.study, "json").text)
+    assert doc["best_measured"] == {"trial": best.trial.number, "note": best.note}
