@@ -3,7 +3,7 @@
 - Memory: the binary unit that keeps the figure between 1 and 1024 (KiB, MiB, GiB, TiB; IEC 80000-13, the
   constants of `stratagem.units`); figures shown together (one card, one table column) share the unit of the
   largest, so "peak 9.6 of 10.2 MiB" never reads "Peak 0.0 of 0.0 GiB".
-- Every figure: 3 significant figures (trailing zeros dropped), thousands separated by commas; counts and
+- Every figure: 3 significant figures (trailing zeros kept: 10.0 MiB), thousands separated by commas; counts and
   money past a million with a suffix (k, M, B, T: 722k parameters, 13.2M USD).
 - A fraction is a percentage (MFU, goodput loss, headroom share, prediction error): `percent`.
 - Durations: one unit per card, chosen by the largest (s, min, h, days): `duration_unit`.
@@ -37,7 +37,7 @@ def _absent(x: float | None) -> bool:
 
 def sig(x: float | None, digits: int = 3) -> str:
     """`x` to `digits` significant figures, thousands separated (3 sig: 13207585 -> '13,200,000', 80.94 ->
-    '80.9', 0.000722 -> '0.000722', 2.0 -> '2')."""
+    '80.9', 0.000722 -> '0.000722', 2.0 -> '2.00')."""
     if x is None or _absent(x):
         return DASH
     if x == 0:
@@ -45,10 +45,7 @@ def sig(x: float | None, digits: int = 3) -> str:
     rounded = float(f"{x:.{digits}g}")
     magnitude = math.floor(math.log10(abs(rounded)))
     decimals = max(0, digits - 1 - magnitude)
-    text = f"{rounded:,.{decimals}f}"
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return text
+    return f"{rounded:,.{decimals}f}"
 
 
 def count(x: float | None, digits: int = 3) -> str:

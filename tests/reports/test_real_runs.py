@@ -96,7 +96,7 @@ def test_markdown_real_runs_section(info) -> None:
     assert f"| {TOKENS / 1_200_000 * 1000:.3g} | {TOKENS / 1_010_000 * 1000:.3g} |" in ok_row
     assert "step measured (ms, 95% interval)" in section
     # refits: before -> after, adopted or not, and why not
-    assert "35% → 2%" in section and "| yes |" in section and "| no |" in section
+    assert "35.0% → 2.00%" in section and "| yes |" in section and "| no |" in section
     assert "refit predicts held-out runs worse" in section
     assert "not runnable by the harness: 2 plan(s), e.g. dp2 pp4 zb" in section
 
