@@ -7,14 +7,13 @@ import io
 import json
 from typing import Any
 
-from stratagem.evaluators.evaluation import BLOCKS
+from stratagem.evaluators.evaluation import BLOCKS, ZONE_NAMES
 from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.info import ParetoInfo, TrialRecord
-from stratagem.spaces.plan import Plan, format_plan
+from stratagem.spaces.plan import Plan
 
 __all__ = ["trial_rows", "render_json", "render_csv", "CSV_COLUMNS"]
 
-_ZONES = ("hbm", "communication", "bubbles", "checkpoint")
 CSV_COLUMNS: tuple[str, ...] = (
     "trial", "plan_key", "label", "fidelity", "status", "feasible", "on_front", "superseded_by",
     "tokens_per_s", "headroom_gib", "goodput_loss", "constraint",
@@ -23,7 +22,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "step_s", "compute_s", "recompute_s", "exposed_comm_s", "bubble_s", "optimizer_s",
     "tokens_per_s_per_gpu", "mfu",
     "checkpoint_state_gib", "checkpoint_save_s", "checkpoint_stall_s", "checkpoint_interval_s", "job_mtbf_h",
-    *(f"zone_{z}" for z in _ZONES), "bottleneck", "reason",
+    *(f"zone_{z}" for z in ZONE_NAMES), "bottleneck", "reason",
 )
 
 
@@ -36,7 +35,7 @@ def _flat(info: ParetoInfo, t: TrialRecord) -> dict[str, Any]:
     plan = info.plans[info.plan_of_trial[t.number]]
     sup = _superseded_by(info, t)
     row: dict[str, Any] = {
-        "trial": t.number, "plan_key": format_plan(t.plan), "label": t.plan.short(), "fidelity": t.fidelity,
+        "trial": t.number, "plan_key": plan.key, "label": t.plan.short(), "fidelity": t.fidelity,
         "status": t.status, "feasible": t.feasible, "on_front": plan.on_front and sup is None,
         "superseded_by": sup, "constraint": t.constraint, "reason": t.reason,
     }
@@ -58,7 +57,7 @@ def _flat(info: ParetoInfo, t: TrialRecord) -> dict[str, Any]:
         row.update(checkpoint_state_gib=c.state_gib, checkpoint_save_s=c.save_s, checkpoint_stall_s=c.stall_s,
                    checkpoint_interval_s=c.interval_s, job_mtbf_h=c.job_mtbf_h)
     if ev is not None and ev.zones is not None:
-        row.update({f"zone_{z}": getattr(ev.zones, z).level for z in _ZONES}, bottleneck=bottleneck_label(ev.zones))
+        row.update({f"zone_{z}": getattr(ev.zones, z).level for z in ZONE_NAMES}, bottleneck=bottleneck_label(ev.zones))
     return row
 
 
