@@ -152,6 +152,8 @@ def _check_journal(url: str, path: Path) -> None:
     if not head:
         return
     line = head.split(b"\n", 1)[0]
+    if b"\n" not in head and line.startswith(b'{"op_code":'):
+        return  # its first record torn (the disk filled during the first write): the next append cuts it
     try:
         first = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):

@@ -535,3 +535,12 @@ def test_one_storage_opener() -> None:
              if p.name not in ("storage.py", "journal.py")
              for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []
+
+
+def test_a_journal_whose_first_record_is_torn_is_still_ours(tmp_path, capfd) -> None:
+    log = tmp_path / "j.log"
+    log.write_bytes(b'{"op_code":0,"worker_id":"x","study_name":"j","dir')  # the disk filled at once
+    study = _study_on(f"journal:{log}", "j")
+    study.set_user_attr("ok", 1)
+    assert "last record was torn" in capfd.readouterr().err
+    assert _study_on_existing(log).user_attrs == {"ok": 1}
