@@ -17,6 +17,7 @@ from html import escape
 from importlib import resources
 from typing import Any
 
+from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo, CapacityRow
 from stratagem.reports.info import ParetoInfo, PlanResult
@@ -59,18 +60,22 @@ def _e(x: object) -> str:
 
 
 def fmt(x: float | None, digits: int = 0) -> str:
-    """A number for a table cell ('–' when absent)."""
-    return "–" if x is None else f"{x:,.{digits}f}"
+    """A number for a table cell, 3 significant figures (`stratagem.quantities.sig`; '–' when absent).
+    `digits` is ignored (kept for callers of the earlier fixed-decimals form)."""
+    return q.sig(x)
 
 
 def pct(x: float | None, digits: int = 1) -> str:
-    """A fraction as a percentage with `digits` decimals, or an en dash for None."""
-    return "–" if x is None else f"{100 * x:.{digits}f}%"
+    """A fraction as a percentage, 3 significant figures (`stratagem.quantities.percent`); `digits` ignored."""
+    return q.percent(x)
 
 
-def _td(x: float | None, digits: int = 0, percent: bool = False) -> str:
+def _td(x: float | None, digits: int = 0, percent: bool = False, unit: tuple[str, float] | None = None) -> str:
+    """A numeric cell: the exact value in data-v (sorting), the shown text by the one rule; `unit`: a memory
+    figure in GiB shown in that unit."""
     v = "" if x is None else f' data-v="{x!r}"'
-    return f'<td class="num"{v}>{pct(x, digits) if percent else fmt(x, digits)}</td>'
+    text = q.memory_in(x, unit) if unit is not None else pct(x) if percent else fmt(x)
+    return f'<td class="num"{v}>{text}</td>'
 
 
 def _page(title: str, body: str, payload: dict[str, Any]) -> str:
@@ -93,13 +98,13 @@ def _page(title: str, body: str, payload: dict[str, Any]) -> str:
 
 def _scenario_table(s: dict[str, Any]) -> str:
     rows = [
-        ("model", f"{s['model']} ({s['params_b']:g} B parameters)"),
+        ("model", f"{s['model']} ({q.count(s['params_b'] * 1e9)} parameters)"),
         ("cluster", f"{s['nodes']} node{'s' if s['nodes'] != 1 else ''} x {s['gpus_per_node']} {s['gpu']} "
                     f"({s['num_gpus']} GPUs, "
-                    f"{s['hbm_gib']:g} GiB HBM each)"),
+                    f"{q.memory(s['hbm_gib'])} HBM each)"),
         ("training", f"seq_len {s['seq_len']}, global batch {s['global_batch_size']} sequences, "
                      f"{s['optimizer']}, {s['stack']} memory conventions"),
-        ("target", f"{s['training_tokens']:.3g} tokens at {s['price_per_gpu_hour']:g} USD per GPU-hour"),
+        ("target", f"{q.count(s['training_tokens'])} tokens at {s['price_per_gpu_hour']:g} USD per GPU-hour"),
     ]
     return '<table class="summary">' + "".join(
         f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"
@@ -133,21 +138,26 @@ def _bottleneck(p: PlanResult) -> str:
     return bottleneck_label(z) if z else "–"
 
 
-def _front_row(rank: int, p: PlanResult) -> str:
+def _unit(info: ParetoInfo) -> tuple[str, float]:
+    """The memory unit of the report's tables: the one HBM figure every plan is measured against."""
+    return q.memory_unit(info.scenario.cluster.gpu.hbm_gib)
+
+
+def _front_row(rank: int, p: PlanResult, unit: tuple[str, float]) -> str:
     ev = p.evaluation
     mem = ev.memory if ev else None
     tp = ev.throughput if ev else None
     ck = ev.checkpoint if ev else None
     return (
-        f'<tr data-plan="{p.index}"><td class="num" data-v="{rank}">{rank}</td>'
+        f'<tr data-plan="{p.index}" data-rank="{rank}"><td class="num" data-v="{p.trial_number}">{p.trial_number}</td>'
         f'<td class="plan-label">{_e(p.label)}</td><td>{_e(p.fidelity)}</td>'
         + _td(p.value("tokens_per_s"))
         + _td(tp.tokens_per_s_per_gpu if tp else None)
         + _td(tp.mfu if tp else None, 1, percent=True)
-        + _td(mem.peak_gib if mem else None, 2)
-        + _td(p.value("headroom_gib"), 2)
-        + _td(p.value("goodput_loss"), 2, percent=True)
-        + _td(ck.interval_s / 60 if ck else None, 1)
+        + _td(mem.peak_gib if mem else None, unit=unit)
+        + _td(p.value("headroom_gib"), unit=unit)
+        + _td(p.value("goodput_loss"), percent=True)
+        + _td(ck.interval_s / 60 if ck else None)
         + f"<td>{_e(_bottleneck(p))}</td></tr>"
     )
 
@@ -155,11 +165,12 @@ def _front_row(rank: int, p: PlanResult) -> str:
 def _front_table(info: ParetoInfo) -> str:
     if not info.front:
         return '<p class="why">No feasible plan: nothing is on the front.</p>'
-    heads = [("#", "num"), ("plan", "text"), ("fidelity", "text"), ("tokens/s", "num"), ("tokens/s/GPU", "num"),
-             ("MFU", "num"), ("peak GiB", "num"), ("headroom GiB", "num"), ("checkpoint goodput loss", "num"),
+    heads = [("trial", "num"), ("plan", "text"), ("fidelity", "text"), ("tokens/s", "num"), ("tokens/s/GPU", "num"),
+             ("MFU", "num"), (f"peak {_unit(info)[0]}", "num"), (f"headroom {_unit(info)[0]}", "num"),
+             ("checkpoint goodput loss", "num"),
              ("checkpoint every (min)", "num"), ("bottleneck", "text")]
     th = "".join(f'<th data-type="{t}" class="{"num" if t == "num" else ""}">{_e(h)}</th>' for h, t in heads)
-    rows = "".join(_front_row(k + 1, info.plans[i]) for k, i in enumerate(info.front))
+    rows = "".join(_front_row(k + 1, info.plans[i], _unit(info)) for k, i in enumerate(info.front))
     return (f'<table class="data sortable front" id="front-table"><thead><tr>{th}</tr></thead>'
             f"<tbody>{rows}</tbody></table>"
             '<p class="note">Click a heading to sort; double-click a row to open the plan in the explorer.</p>')
@@ -172,7 +183,8 @@ def _best(info: ParetoInfo) -> str:
     for name, i in info.best.items():
         p = info.plans[i]
         v = p.value(name)
-        shown = {"tokens_per_s": fmt(v), "headroom_gib": f"{fmt(v, 2)} GiB", "goodput_loss": pct(v, 2)}[name]
+        shown = {"tokens_per_s": fmt(v), "headroom_gib": q.memory_in(v, _unit(info), True),
+                 "goodput_loss": pct(v)}[name]
         items.append(f'<li>{_e(_OBJECTIVE_TITLE.get(name, name))}: <span class="plan-label">{_e(p.label)}</span>'
                      f" ({_e(shown)})</li>")
     return "<ul>" + "".join(items) + "</ul>"
@@ -182,8 +194,9 @@ def _cards(info: ParetoInfo, open_first: int = 3) -> str:
     out = []
     for k, i in enumerate(info.front):
         p = info.plans[i]
-        bits = [f"{fmt(p.value('tokens_per_s'))} tokens/s", f"headroom {fmt(p.value('headroom_gib'), 2)} GiB",
-                f"goodput loss {pct(p.value('goodput_loss'), 2)}", f"bottleneck {_bottleneck(p)}"]
+        bits = [f"{fmt(p.value('tokens_per_s'))} tokens/s",
+                f"headroom {q.memory_in(p.value('headroom_gib'), _unit(info), True)}",
+                f"goodput loss {pct(p.value('goodput_loss'))}", f"bottleneck {_bottleneck(p)}"]
         opened = " open" if k < open_first else ""
         out.append(f'<details class="card" data-plan="{p.index}"{opened}><summary><span class="plan-label">'
                    f"{_e(p.label)}</span> — {_e(', '.join(bits))}</summary></details>")
@@ -251,9 +264,9 @@ def capacity_table(cap: CapacityInfo) -> str:
             return (f'<tr><td class="num">{r.num_nodes}</td><td class="num">{r.num_gpus}</td>{note}'
                     f'<td class="num">{r.n_feasible} / {r.n_plans}</td></tr>')
         return (f'<tr><td class="num">{r.num_nodes}</td><td class="num">{r.num_gpus}</td>'
-                f'<td class="plan-label">{_e(r.best.label)}</td>' + _td(r.tokens_per_s) + _td(r.days, 1)
-                + _td(r.gpu_hours) + _td(r.cost_usd) + _td(r.checkpoint_overhead, 2, percent=True)
-                + _td(r.failure_loss, 2, percent=True) + _td(r.failure_hours, 1)
+                f'<td class="plan-label">{_e(r.best.label)}</td>' + _td(r.tokens_per_s) + _td(r.days)
+                + _td(r.gpu_hours) + _td(r.cost_usd) + _td(r.checkpoint_overhead, percent=True)
+                + _td(r.failure_loss, percent=True) + _td(r.failure_hours)
                 + f'<td class="num">{r.n_feasible} / {r.n_plans}</td></tr>')
 
     return (f'<table class="data sortable capacity" id="capacity-table"><thead><tr>{th}</tr></thead><tbody>'
@@ -265,7 +278,7 @@ def _capacity_section(cap: CapacityInfo | None) -> str:
         return ('<p class="note">Not computed for this report: add <code>--nodes 8,16,32</code> to '
                 "<code>stratagem report</code>, or run <code>stratagem capacity SCENARIO.yaml --nodes ...</code>."
                 "</p>")
-    return (f"<p>Training {cap.training_tokens:.3g} tokens at {cap.price_per_gpu_hour:g} USD per GPU-hour. "
+    return (f"<p>Training {q.count(cap.training_tokens)} tokens at {cap.price_per_gpu_hour:g} USD per GPU-hour. "
             "At each size the feasible plan with the most useful throughput, tokens/s x (1 - goodput loss), "
             "is chosen; time includes expected checkpoint stalls and failure losses.</p>"
             + capacity_table(cap) + '<div id="capacity-plot" class="plot"></div>')

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from html import escape
 
+from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo
 from stratagem.reports.html import fmt, pct
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.reports.payload import scenario_summary
-from stratagem.reports.runs import history_table, real_runs, runs_summary, runs_table
+from stratagem.reports.runs import history_table, measured_step_s, real_runs, runs_summary, runs_table
 
 __all__ = ["render_markdown", "capacity_markdown", "MAX_ZONE_SECTIONS"]
 
@@ -34,44 +37,50 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 def _scenario(info_scenario: object) -> list[str]:
     s = scenario_summary(info_scenario)
     return [
-        f"- model: {_md(s['model'])} ({s['params_b']:g} B parameters)",
+        f"- model: {_md(s['model'])} ({q.count(s['params_b'] * 1e9)} parameters)",
         f"- cluster: {s['nodes']} node{'s' if s['nodes'] != 1 else ''} x {s['gpus_per_node']} {_md(s['gpu'])} "
         f"({s['num_gpus']} GPUs, "
-        f"{s['hbm_gib']:g} GiB HBM each)",
+        f"{q.memory(s['hbm_gib'])} HBM each)",
         f"- training: seq_len {s['seq_len']}, global batch {s['global_batch_size']}, {_md(s['optimizer'])}, "
         f"{_md(s['stack'])} memory conventions",
-        f"- target: {s['training_tokens']:.3g} tokens at {s['price_per_gpu_hour']:g} USD per GPU-hour",
+        f"- target: {q.count(s['training_tokens'])} tokens at {s['price_per_gpu_hour']:g} USD per GPU-hour",
     ]
+
+
+def _unit(info: ParetoInfo) -> tuple[str, float]:
+    """The memory unit of the report's tables: the one HBM figure every plan is measured against."""
+    return q.memory_unit(info.scenario.cluster.gpu.hbm_gib)
 
 
 def _front_rows(info: ParetoInfo) -> list[list[str]]:
     rows = []
-    for k, i in enumerate(info.front):
+    unit = _unit(info)
+    for i in info.front:
         p = info.plans[i]
         ev = p.evaluation
         tp = ev.throughput if ev else None
         mem = ev.memory if ev else None
         z = ev.zones if ev else None
-        rows.append([str(k + 1), f"`{_md(p.label)}`", p.fidelity, fmt(p.value("tokens_per_s")),
+        rows.append([str(p.trial_number), f"`{_md(p.label)}`", p.fidelity, fmt(p.value("tokens_per_s")),
                      fmt(tp.tokens_per_s_per_gpu if tp else None), pct(tp.mfu if tp else None),
-                     fmt(mem.peak_gib if mem else None, 2), fmt(p.value("headroom_gib"), 2),
-                     pct(p.value("goodput_loss"), 2), bottleneck_label(z) if z else "–"])
+                     q.memory_in(mem.peak_gib if mem else None, unit), q.memory_in(p.value("headroom_gib"), unit),
+                     pct(p.value("goodput_loss")), bottleneck_label(z) if z else "–"])
     return rows
 
 
-def _zones(p: PlanResult) -> list[str]:
+def _zones(p: PlanResult, unit: tuple[str, float]) -> list[str]:
     ev = p.evaluation
     out = [f"### `{_md(p.label)}`", ""]
     if ev is not None and ev.memory is not None:
         m = ev.memory
-        blocks = ", ".join(f"{b} {m.block_gib(b):.2f}" for b in ("weights", "gradients", "optimizer", "activations",
-                                                                 "transient", "overhead"))
-        out += [f"Memory (GiB, worst rank): {blocks}; peak {m.peak_gib:.2f} of {m.hbm_gib:.2f}, "
-                f"headroom {m.headroom_gib:.2f}.", ""]
+        blocks = ", ".join(f"{b} {q.memory_in(m.block_gib(b), unit)}"
+                           for b in ("weights", "gradients", "optimizer", "activations", "transient", "overhead"))
+        out += [f"Memory ({unit[0]}, worst rank): {blocks}; peak {q.memory_in(m.peak_gib, unit)} of "
+                f"{q.memory_in(m.hbm_gib, unit)}, headroom {q.memory_in(m.headroom_gib, unit)}.", ""]
     if ev is not None and ev.zones is not None:
         z = ev.zones
         rows = [[n + (" (bottleneck)" if n == bottleneck_label(z) else ""), getattr(z, n).level,
-                 f"{getattr(z, n).value:.3g}", _md(getattr(z, n).sentence)]
+                 q.sig(getattr(z, n).value), _md(getattr(z, n).sentence)]
                 for n in ("hbm", "communication", "bubbles", "checkpoint")]
         out += _table(["zone", "level", "value*", "diagnosis"], rows) + [""]
     else:
@@ -81,10 +90,13 @@ def _zones(p: PlanResult) -> list[str]:
                               + (f" ({_md(a.effect)})" if a.effect else "") for a in p.advice] + [""]
     if p.fidelity == "measured" and p.prediction is not None and ev is not None:
         pr = p.prediction
-        pairs = [("peak GiB", pr.memory.peak_gib if pr.memory else None, ev.memory.peak_gib if ev.memory else None),
+
+        pairs: list[tuple[str, float | None, float | None, Callable[[float | None], str]]] = [(f"peak {unit[0]}", pr.memory.peak_gib if pr.memory else None,
+                  ev.memory.peak_gib if ev.memory else None, partial(q.memory_in, unit=unit)),
+                 ("step s", pr.time.step_s if pr.time else None, measured_step_s(ev), q.sig),
                  ("tokens/s", pr.throughput.tokens_per_s if pr.throughput else None,
-                  ev.throughput.tokens_per_s if ev.throughput else None)]
-        rows = [[n, fmt(a, 2), fmt(b, 2), pct((a - b) / b) if a is not None and b else "–"] for n, a, b in pairs]
+                  ev.throughput.tokens_per_s if ev.throughput else None, q.sig)]
+        rows = [[n, show(a), show(b), pct((a - b) / b) if a is not None and b else "–"] for n, a, b, show in pairs]
         out += ["Predicted vs measured:", ""] + _table(["figure", "predicted*", "measured*", "error*"], rows) + [""]
     return out
 
@@ -115,7 +127,7 @@ def _real_runs(info: ParetoInfo) -> list[str]:
 def capacity_markdown(cap: CapacityInfo, heading: str = "##") -> str:
     """Capacity planning as a Markdown section."""
     out = [f"{heading} Capacity planning", "",
-           f"Training {cap.training_tokens:.3g} tokens at {cap.price_per_gpu_hour:g} USD per GPU-hour; at each size "
+           f"Training {q.count(cap.training_tokens)} tokens at {cap.price_per_gpu_hour:g} USD per GPU-hour; at each size "
            "the feasible plan with the most useful throughput, tokens/s x (1 - goodput loss). Time includes expected "
            "checkpoint stalls and failure losses.", ""]
     rows = []
@@ -125,14 +137,14 @@ def capacity_markdown(cap: CapacityInfo, heading: str = "##") -> str:
                         + [f"{r.n_feasible} / {r.n_plans}"])
             continue
         rows.append([str(r.num_nodes), str(r.num_gpus), f"`{_md(r.best.label)}`", fmt(r.tokens_per_s),
-                     fmt(r.days, 1), fmt(r.gpu_hours), fmt(r.cost_usd), pct(r.checkpoint_overhead, 2),
-                     pct(r.failure_loss, 2), fmt(r.failure_hours, 1), f"{r.n_feasible} / {r.n_plans}"])
+                     fmt(r.days), fmt(r.gpu_hours), fmt(r.cost_usd), pct(r.checkpoint_overhead),
+                     pct(r.failure_loss), fmt(r.failure_hours), f"{r.n_feasible} / {r.n_plans}"])
     out += _table(["nodes*", "GPUs*", "best plan", "tokens/s*", "days*", "GPU-hours*", "cost USD*",
                    "checkpoint overhead*", "failure loss*", "failure hours*", "fit / screened*"], rows)
     for name, row in (("Fastest", cap.fastest), ("Cheapest", cap.cheapest)):
         if row is not None and row.best is not None:
-            out += ["", f"{name}: {row.num_nodes} nodes, `{_md(row.best.label)}`, {fmt(row.days, 1)} days, "
-                        f"{fmt(row.cost_usd)} USD."]
+            out += ["", f"{name}: {row.num_nodes} nodes, `{_md(row.best.label)}`, {fmt(row.days)} days, "
+                        f"{q.money(row.cost_usd)}."]
     return "\n".join(out) + "\n"
 
 
@@ -152,18 +164,19 @@ def render_markdown(info: ParetoInfo, capacity: CapacityInfo | None = None) -> s
     out += ["## Best plan per objective", ""]
     if info.best:
         rows = [[_TITLES.get(k, k), f"`{_md(info.plans[i].label)}`", fmt(info.plans[i].value("tokens_per_s")),
-                 fmt(info.plans[i].value("headroom_gib"), 2), pct(info.plans[i].value("goodput_loss"), 2)]
+                 q.memory_in(info.plans[i].value("headroom_gib"), _unit(info)), pct(info.plans[i].value("goodput_loss"))]
                 for k, i in info.best.items()]
-        out += _table(["objective", "plan", "tokens/s*", "headroom GiB*", "goodput loss*"], rows) + [""]
+        out += _table(["objective", "plan", "tokens/s*", f"headroom {_unit(info)[0]}*", "goodput loss*"], rows) + [""]
     else:
         out += ["No feasible plan.", ""]
     out += ["## Pareto front", ""]
     if info.front:
-        out += _table(["#*", "plan", "fidelity", "tokens/s*", "tokens/s/GPU*", "MFU*", "peak GiB*", "headroom GiB*",
+        out += _table(["trial*", "plan", "fidelity", "tokens/s*", "tokens/s/GPU*", "MFU*", f"peak {_unit(info)[0]}*",
+                       f"headroom {_unit(info)[0]}*",
                        "goodput loss*", "bottleneck"], _front_rows(info)) + [""]
         out += ["## Zones of the plans on the front", ""]
         for i in info.front[:MAX_ZONE_SECTIONS]:
-            out += _zones(info.plans[i])
+            out += _zones(info.plans[i], _unit(info))
         if len(info.front) > MAX_ZONE_SECTIONS:
             out += [f"({len(info.front) - MAX_ZONE_SECTIONS} more plans on the front: see the table above or the "
                     "HTML report.)", ""]

@@ -59,7 +59,7 @@ class RealRun:
 
 def measured_step_s(ev: Evaluation | None) -> float | None:
     """The measured median step time of a measured evaluation (`measurements["step_s"]`, else the spread's
-    median, else tokens per step / tokens/s); None for a run without one (oom, failed)."""
+    median, else tokens per step / tokens/s, else a stored time breakdown's step); None for a run without one (oom, failed)."""
     if ev is None or ev.fidelity != "measured":
         return None
     m = ev.measurements or {}
@@ -72,7 +72,7 @@ def measured_step_s(ev: Evaluation | None) -> float | None:
     tokens = m.get("tokens_per_step")
     if isinstance(tokens, int | float) and ev.throughput is not None and ev.throughput.tokens_per_s > 0:
         return float(tokens) / ev.throughput.tokens_per_s
-    return None
+    return ev.time.step_s if ev.time is not None else None
 
 
 def _predicted(ev: Evaluation | None) -> tuple[float | None, float | None, float | None]:

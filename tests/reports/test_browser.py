@@ -286,10 +286,10 @@ def test_real_runs_in_the_browser(browser, tmp_path) -> None:
         view = card
     spread = spread_of_samples(STEPS)
     line = view.locator(".measured-step")
-    expect(line).to_contain_text(f"Measured step {spread.median_s * 1000:.3g} ms")
+    expect(line).to_contain_text(f"Measured step {sig(spread.median_s * 1000)} ms")
     expect(line).to_contain_text(f"n={len(STEPS)}")
     assert "No step-time figures" not in view.inner_text()
-    expect(view.locator("table.pvm")).to_contain_text(f"{spread.median_s * 1000:.3g}")
+    expect(view.locator("table.pvm")).to_contain_text(sig(spread.median_s * 1000))
     page.close()
 
 

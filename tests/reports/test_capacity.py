@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from stratagem.cli import app
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
+from stratagem.quantities import sig
 from stratagem.reports import (
     capacity_markdown,
     capacity_plan,
@@ -79,7 +80,7 @@ def test_markdown_and_html(cap) -> None:
     rows = [ln for ln in md.splitlines() if re.match(r"\| \d+ \| \d+ \|", ln)]
     assert len(rows) == 3
     first = cap.rows[0]
-    assert f"| 1 | 8 | `{first.best.label}` | {first.tokens_per_s:,.0f} | {first.days:,.1f} |" in md
+    assert f"| 1 | 8 | `{first.best.label}` | {sig(first.tokens_per_s)} | {sig(first.days)} |" in md  # 3 sig. figures
     page = render_capacity_html(capacity_plan(scenario(EVIL), [1]))
     assert EVIL not in page and "&lt;script&gt;" in page
     data = decode_payload(re.search(r'id="stratagem-data">([^<]*)<', page).group(1))

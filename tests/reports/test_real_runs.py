@@ -12,6 +12,7 @@ from report_studies import add, full_evaluation, new_study, plan, scenario
 
 from stratagem.evaluators.evaluation import Evaluation, MemoryBreakdown, Throughput
 from stratagem.evaluators.spread import spread_of_samples
+from stratagem.quantities import sig
 from stratagem.reports import pareto_info, render_html, render_markdown
 from stratagem.reports.html import decode_payload
 from stratagem.reports.runs import real_runs
@@ -92,8 +93,9 @@ def test_markdown_real_runs_section(info) -> None:
     spread = spread_of_samples(STEPS)
     # the ok run: measured median in ms (one unit for the table) with its interval, predicted before and after
     ok_row = next(line for line in section.splitlines() if "| ok |" in line)
-    assert f"{spread.median_s * 1000:.3g} ({spread.low_s * 1000:.3g}–{spread.high_s * 1000:.3g}, n=8)" in ok_row
-    assert f"| {TOKENS / 1_200_000 * 1000:.3g} | {TOKENS / 1_010_000 * 1000:.3g} |" in ok_row
+    ms = 1000.0
+    assert f"{sig(spread.median_s * ms)} ({sig(spread.low_s * ms)}–{sig(spread.high_s * ms)}, n=8)" in ok_row
+    assert f"| {sig(TOKENS / 1_200_000 * ms)} | {sig(TOKENS / 1_010_000 * ms)} |" in ok_row
     assert "step measured (ms, 95% interval)" in section
     # refits: before -> after, adopted or not, and why not
     assert "35.0% → 2.00%" in section and "| yes |" in section and "| no |" in section

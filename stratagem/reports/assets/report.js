@@ -35,7 +35,8 @@
     if (x === 0) return "0";
     n = n || 3;
     var r = Number(Number(x).toPrecision(n)), mag = Math.floor(Math.log10(Math.abs(r)));
-    return r.toLocaleString("en-US", { maximumFractionDigits: Math.max(0, n - 1 - mag) });
+    var d = Math.max(0, n - 1 - mag);  // trailing zeros kept, as quantities.sig
+    return r.toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d });
   }
   function percent(x) { return x == null || !isFinite(x) ? "–" : sig(100 * x) + "%"; }
   var MEM_UNITS = [["B", 1], ["KiB", 1024], ["MiB", 1048576], ["GiB", 1073741824], ["TiB", 1099511627776]];
