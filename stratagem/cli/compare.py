@@ -12,7 +12,6 @@ from rich.table import Table
 from rich.text import Text
 
 from stratagem.cli.app import (
-    JsonOpt,
     RetryOpt,
     ScenarioArg,
     StorageOpt,
@@ -31,6 +30,9 @@ PlansArg = Annotated[list[str], typer.Argument(
     help="Two or more plans: a label as the front prints it ('dp2 pp2 z1 mb2 bf16 1f1b', quoted), key=value "
          "pairs ('dp=4,zero=2,mbs=4'), or a trial of the scenario's study: 'trial:N' or N.",
     show_default=False)]
+
+CompareJsonOpt = Annotated[bool, typer.Option(
+    "--json", help="Print each plan's name, label and evaluation, the winner and the sentences as JSON.")]
 
 _TRIAL = re.compile(r"^(?:trial:)?#?(\d+)$")
 
@@ -78,7 +80,7 @@ def resolve_plans(scenario: Scenario, scenario_path: Path, given: list[str], sto
 
 @app.command("compare")
 def compare_cmd(scenario: ScenarioArg, plans: PlansArg, storage: StorageOpt = None, study: StudyOpt = None,
-                retry: RetryOpt = None, as_json: JsonOpt = False, calibration: CalibrationOpt = None) -> None:
+                retry: RetryOpt = None, as_json: CompareJsonOpt = False, calibration: CalibrationOpt = None) -> None:
     """Compare plans side by side: memory blocks, step-time parts, zones, and why the fastest wins."""
     from stratagem.evaluators import evaluate
     from stratagem.reports.compare import Compared, compare
