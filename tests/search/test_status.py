@@ -36,7 +36,7 @@ def test_status_counts_measured_claimed_infra_and_budget(tmp_path: Path) -> None
     backend = open_storage(parse_storage(url))
     study = optuna.load_study(study_name="s", storage=backend)
     left = [p for p in PLANS if plan_key(p) not in measured_trials(study)]
-    claim(backend, study, SearchSpace(scn), left[0], "front")  # a worker (this process) measuring a plan left
+    held = claim(backend, study, SearchSpace(scn), left[0], "front")  # a worker (this process) measuring a plan left
     s = study_status(study)
     assert s.measured == {"ok": 2} and s.claimed == 1 and s.infra == 2 and s.expired == 0  # each plan failed once
     assert len(s.workers) == 1 and s.workers[0].endswith(f":{__import__('os').getpid()}")
@@ -52,6 +52,7 @@ def test_status_counts_measured_claimed_infra_and_budget(tmp_path: Path) -> None
     assert f"lost runs: {s.infra} infra failure(s)" in res.output, res.output
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "nope"])
     assert res.exit_code != 0
+    release(backend, held, "the test's worker stopped")  # (else the rerun waits for it to expire)
     run_multifidelity(scn, url, "s", KnownConstants(), real_runs=3, budget_minutes=60,
                       candidates=PlanColumns.from_plans(PLANS))  # a rerun with a new budget: a new window
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
