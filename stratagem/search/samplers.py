@@ -10,12 +10,12 @@ crossover, multivariate TPE) are kept per trial and projected one axis at a time
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
-from optuna.study import Study, StudyDirection
+from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from stratagem.errors import StratagemError
@@ -23,9 +23,8 @@ from stratagem.errors import StratagemError
 if TYPE_CHECKING:
     from stratagem.spaces.space import SearchSpace
 
-__all__ = ["SamplerName", "SAMPLERS", "ProjectingSampler", "make_sampler"]
+__all__ = ["SAMPLERS", "ProjectingSampler", "make_sampler"]
 
-SamplerName = Literal["nsga2", "tpe", "random"]
 SAMPLERS: tuple[str, ...] = ("nsga2", "tpe", "random")
 
 
@@ -88,7 +87,3 @@ class ProjectingSampler(BaseSampler):
         """Reseed the base sampler."""
         self.base.reseed_rng()
 
-
-def directions_of(study: Study) -> list[str]:
-    """The study's directions as 'maximize'/'minimize' strings."""
-    return ["maximize" if d == StudyDirection.MAXIMIZE else "minimize" for d in study.directions]
