@@ -71,6 +71,7 @@ def capacity_cmd(
     force: Annotated[bool, typer.Option("--force", help="Replace -o even if stratagem did not write it.")] = False,
 ) -> None:
     """Best plan, time, GPU-hours and cost to train the scenario's training_tokens at each cluster size."""
+    from stratagem import quantities as q
     from stratagem import reports
 
     scn = load_scenario(scenario)
@@ -85,8 +86,9 @@ def capacity_cmd(
     from rich.markup import escape
 
     table = Table(title=escape(f"Training {scn.training.training_tokens:.3g} tokens of {scn.model.name} on "
-                               f"{scn.cluster.gpu.name}"), title_justify="left")
-    for col in ("nodes", "GPUs", "best plan", "tokens/s", "days", "GPU-h", "USD", "ckpt", "fail"):
+                               f"{scn.cluster.gpu.name} at {cap.price_per_gpu_hour:g} USD per GPU-hour"),
+                  title_justify="left")
+    for col in ("nodes", "GPUs", "best plan", "tokens/s", "days", "GPU-h", "USD", "headroom", "ckpt", "fail"):
         table.add_column(col, justify="left" if col == "best plan" else "right", no_wrap=col != "best plan",
                          overflow="fold")
 
@@ -95,13 +97,15 @@ def capacity_cmd(
 
     for r in cap.rows:
         if r.best is None or r.hours is None or r.days is None:
-            table.add_row(str(r.num_nodes), str(r.num_gpus), f"[red]{escape(r.note)}", *["-"] * 6)
+            table.add_row(str(r.num_nodes), str(r.num_gpus), f"[red]{escape(r.note)}", *["-"] * 7)
             continue
         table.add_row(str(r.num_nodes), str(r.num_gpus), r.best.label, si(r.tokens_per_s or 0), f"{r.days:,.1f}",
-                      si(r.gpu_hours or 0), si(r.cost_usd or 0), f"{r.checkpoint_overhead:.2%}",
+                      si(r.gpu_hours or 0), si(r.cost_usd or 0),
+                      f"{q.memory(r.headroom_gib)} ({q.percent(r.headroom_fraction)})", f"{r.checkpoint_overhead:.2%}",
                       f"{r.failure_loss:.2%}")
-    table.caption = ("ckpt: time stalled by checkpoint saves; fail: expected time lost to failures "
-                     "(rework since the last checkpoint + restarts). Days include both.")
+    table.caption = ("headroom: HBM left over the plan's predicted peak (share of HBM); ckpt: time stalled by "
+                     "checkpoint saves; fail: expected time lost to failures (rework since the last checkpoint + "
+                     "restarts). Days include both.")
     console.print(table)
     if output is not None:
         text = reports.capacity_markdown(cap, heading="#") if kind == "md" else reports.render_capacity_html(cap)

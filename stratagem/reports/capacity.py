@@ -69,6 +69,18 @@ class CapacityRow:
         """Training time in days, None when the plan does not fit."""
         return None if self.hours is None else self.hours / 24.0
 
+    @property
+    def headroom_gib(self) -> float | None:
+        """HBM left over the chosen plan's predicted peak (worst rank), None without a plan."""
+        mem = self.best.evaluation.memory if self.best is not None else None
+        return None if mem is None else mem.headroom_gib
+
+    @property
+    def headroom_fraction(self) -> float | None:
+        """headroom_gib as a share of HBM (a plan chosen at 94 % of HBM has 0.06), None without a plan."""
+        mem = self.best.evaluation.memory if self.best is not None else None
+        return None if mem is None or mem.hbm_gib <= 0 else mem.headroom_gib / mem.hbm_gib
+
 
 @dataclass(frozen=True)
 class CapacityInfo:

@@ -251,21 +251,30 @@ def _runs_payload(runs: list[RealRun]) -> dict[str, Any]:
     }
 
 
+def _headroom(r: CapacityRow, unit: tuple[str, float]) -> str:
+    """'5.10 (6.41%)': the chosen plan's headroom and its share of HBM."""
+    return f"{q.memory_in(r.headroom_gib, unit)} ({q.percent(r.headroom_fraction)})"
+
+
 def capacity_table(cap: CapacityInfo) -> str:
     """The capacity rows as an HTML table."""
-    heads = ["nodes", "GPUs", "best plan", "tokens/s", "days to train", "GPU-hours", "cost (USD)",
+    unit = q.memory_unit(cap.scenario.cluster.gpu.hbm_gib)
+    heads = ["nodes", "GPUs", "best plan", "tokens/s", "days to train", "GPU-hours",
+             f"cost (USD at {cap.price_per_gpu_hour:g}/GPU-hour)", f"headroom ({unit[0]}, share of HBM)",
              "checkpoint overhead", "failure loss", "failure hours", "plans fitting / screened"]
     th = "".join(f"<th>{_e(h)}</th>" for h in heads)
 
     def row(r: CapacityRow) -> str:
         if r.best is None or r.hours is None:
             label = r.best.label if r.best else ""
-            note = f'<td colspan="8" class="why">{_e(label + (": " if label else "") + r.note)}</td>'
+            note = f'<td colspan="9" class="why">{_e(label + (": " if label else "") + r.note)}</td>'
             return (f'<tr><td class="num">{r.num_nodes}</td><td class="num">{r.num_gpus}</td>{note}'
                     f'<td class="num">{r.n_feasible} / {r.n_plans}</td></tr>')
         return (f'<tr><td class="num">{r.num_nodes}</td><td class="num">{r.num_gpus}</td>'
                 f'<td class="plan-label">{_e(r.best.label)}</td>' + _td(r.tokens_per_s) + _td(r.days)
-                + _td(r.gpu_hours) + _td(r.cost_usd) + _td(r.checkpoint_overhead, percent=True)
+                + _td(r.gpu_hours) + _td(r.cost_usd)
+                + f'<td class="num" data-v="{r.headroom_gib!r}">{_e(_headroom(r, unit))}</td>'
+                + _td(r.checkpoint_overhead, percent=True)
                 + _td(r.failure_loss, percent=True) + _td(r.failure_hours)
                 + f'<td class="num">{r.n_feasible} / {r.n_plans}</td></tr>')
 
@@ -326,6 +335,7 @@ study did not evaluate say so.</p>
 """
     payload = report_payload(info, capacity)
     payload["runs"] = _runs_payload(runs)
+    _price(payload, capacity)
     return _page(title, body, payload)
 
 
@@ -335,6 +345,12 @@ def _footer(info: ParetoInfo) -> str:
             "from the study's stored evaluations (analytic formulas or measured runs).</footer>")
 
 
+def _price(payload: dict[str, Any], cap: CapacityInfo | None) -> None:
+    """The price per GPU-hour beside the capacity plot's data (the cost axis names it)."""
+    if cap is not None and payload.get("capacity") is not None:
+        payload["capacity"]["price"] = cap.price_per_gpu_hour
+
+
 def render_capacity_html(cap: CapacityInfo) -> str:
     """Capacity planning alone, as one offline HTML page."""
     s = scenario_summary(cap.scenario)
@@ -342,4 +358,5 @@ def render_capacity_html(cap: CapacityInfo) -> str:
     body = (f"<h1>{_e(title)}</h1>{_scenario_table(s)}<h2>Capacity planning</h2>{_capacity_section(cap)}"
             "<footer>Made by stratagem from analytic screening of every valid plan at each size.</footer>")
     payload = {"version": PAYLOAD_VERSION, "plans": None, "fields": None, "capacity": capacity_payload(cap)}
+    _price(payload, cap)
     return _page(title, body, payload)

@@ -131,20 +131,24 @@ def capacity_markdown(cap: CapacityInfo, heading: str = "##") -> str:
            "the feasible plan with the most useful throughput, tokens/s x (1 - goodput loss). Time includes expected "
            "checkpoint stalls and failure losses.", ""]
     rows = []
+    unit = q.memory_unit(cap.scenario.cluster.gpu.hbm_gib)
     for r in cap.rows:
         if r.best is None or r.hours is None:
-            rows.append([str(r.num_nodes), str(r.num_gpus), _md(r.note)] + ["–"] * 7
+            rows.append([str(r.num_nodes), str(r.num_gpus), _md(r.note)] + ["–"] * 8
                         + [f"{r.n_feasible} / {r.n_plans}"])
             continue
         rows.append([str(r.num_nodes), str(r.num_gpus), f"`{_md(r.best.label)}`", fmt(r.tokens_per_s),
-                     fmt(r.days), fmt(r.gpu_hours), fmt(r.cost_usd), pct(r.checkpoint_overhead),
+                     fmt(r.days), fmt(r.gpu_hours), fmt(r.cost_usd),
+                     f"{q.memory_in(r.headroom_gib, unit)} ({pct(r.headroom_fraction)})", pct(r.checkpoint_overhead),
                      pct(r.failure_loss), fmt(r.failure_hours), f"{r.n_feasible} / {r.n_plans}"])
-    out += _table(["nodes*", "GPUs*", "best plan", "tokens/s*", "days*", "GPU-hours*", "cost USD*",
+    out += _table(["nodes*", "GPUs*", "best plan", "tokens/s*", "days*", "GPU-hours*",
+                   f"cost USD at {cap.price_per_gpu_hour:g}/GPU-hour*", f"headroom {unit[0]} (share of HBM)*",
                    "checkpoint overhead*", "failure loss*", "failure hours*", "fit / screened*"], rows)
     for name, row in (("Fastest", cap.fastest), ("Cheapest", cap.cheapest)):
         if row is not None and row.best is not None:
             out += ["", f"{name}: {row.num_nodes} nodes, `{_md(row.best.label)}`, {fmt(row.days)} days, "
-                        f"{q.money(row.cost_usd)}."]
+                        f"{q.money(row.cost_usd)}, headroom {q.memory_in(row.headroom_gib, unit, True)} "
+                        f"({pct(row.headroom_fraction)} of HBM)."]
     return "\n".join(out) + "\n"
 
 

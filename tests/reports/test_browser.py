@@ -196,6 +196,10 @@ def test_capacity_section(report) -> None:
     page = report.page
     assert page.locator("#capacity-table tbody tr").count() == 2
     assert page.locator("#capacity-plot .scatterlayer .point").count() == 4  # days and cost at 2 sizes
+    # issue 26 item 7: both axes start at zero (a 39% rise in cost must not fill the chart); the price is named
+    ranges = page.evaluate("() => { const l = document.getElementById('capacity-plot')._fullLayout; "
+                           "return [l.yaxis.range[0], l.yaxis2.range[0], l.yaxis2.title.text]; }")
+    assert ranges[0] == 0 and ranges[1] == 0 and "per GPU-hour" in ranges[2]
 
 
 def test_axes_fit_the_feasible_plans(browser, tmp_path) -> None:

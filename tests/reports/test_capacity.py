@@ -81,6 +81,11 @@ def test_markdown_and_html(cap) -> None:
     assert len(rows) == 3
     first = cap.rows[0]
     assert f"| 1 | 8 | `{first.best.label}` | {sig(first.tokens_per_s)} | {sig(first.days)} |" in md  # 3 sig. figures
+    # issue 26 item 7: the price and each chosen plan's headroom (and its share of HBM) in every output
+    assert f"cost USD at {cap.price_per_gpu_hour:g}/GPU-hour" in md
+    mem = first.best.evaluation.memory
+    assert first.headroom_gib == mem.headroom_gib and first.headroom_fraction == pytest.approx(mem.headroom_gib / mem.hbm_gib)
+    assert f"| {sig(mem.headroom_gib)} ({sig(100 * first.headroom_fraction)}%) |" in md
     page = render_capacity_html(capacity_plan(scenario(EVIL), [1]))
     assert EVIL not in page and "&lt;script&gt;" in page
     data = decode_payload(re.search(r'id="stratagem-data">([^<]*)<', page).group(1))
@@ -94,6 +99,7 @@ def test_capacity_command(tmp_path) -> None:
     out = tmp_path / "cap.md"
     res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "1,2", "-o", str(out)], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
+    assert "USD per GPU-hour" in res.output and "headroom" in res.output
     assert "dp" in res.output and out.read_text().startswith("<!-- generator: stratagem -->\n# Capacity planning")
     res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "a"])
     assert isinstance(res.exception, StratagemError) and "--nodes" in str(res.exception)

@@ -429,7 +429,9 @@
     ], {
       margin: { l: 70, r: 80, t: 10, b: 50 }, legend: { orientation: "h", y: -0.25 },
       xaxis: { title: { text: "nodes" }, type: "log", tickvals: c.nodes },
-      yaxis: { title: { text: "days to train" } }, yaxis2: { title: { text: "cost (" + c.currency + ")" }, overlaying: "y", side: "right" }
+      // both from zero: a 39% rise in cost must not fill the chart (issue 26 item 7)
+      yaxis: { title: { text: "days to train" }, rangemode: "tozero" },
+      yaxis2: { title: { text: "cost (" + c.currency + (c.price != null ? " at " + c.price + " per GPU-hour" : "") + ")" }, overlaying: "y", side: "right", rangemode: "tozero" }
     });
   }
 
