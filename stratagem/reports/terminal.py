@@ -284,9 +284,13 @@ def measured_lines(mf: MeasureResult) -> list[str]:
         lines.append(f"not run: {mf.traced_out} plan(s) whose traced memory does not fit, e.g. {mf.traced_out_example}")
     if mf.ended:
         lines.append(f"real runs stopped: {mf.ended}")
-    if mf.history:
+    if mf.history and not mf.history[-1].runs_used:
         last = mf.history[-1]
-        first = mf.history[0]
+        lines.append("calibration: the starting one, kept: no measured run with a step time to fit yet"
+                     + (f" ({last.ooms} OOM run(s) kept as memory lower bounds)" if last.ooms else ""))
+    elif mf.history:
+        last = mf.history[-1]
+        first = next(h for h in mf.history if h.runs_used)  # the first step that had a run to judge
         adopted = [h for h in mf.history if h.adopted]
         state = ("refitted on this study's runs" if adopted else
                  "the starting calibration, kept: no refit predicted held-out runs better")
