@@ -480,7 +480,7 @@ def test_two_workers_survive_a_20_s_database_outage(fresh_postgres, postgres_out
     assert sum(runs) == k and all(r > 0 for r in runs), outs
 
 
-def _wait_for_study(url: str, timeout: float = 180) -> bool:
+def _wait_for_study(url: str, timeout: float = 180, name: str = "out") -> bool:
     from sqlalchemy import create_engine, inspect, text
 
     engine = create_engine(url)
@@ -489,7 +489,7 @@ def _wait_for_study(url: str, timeout: float = 180) -> bool:
         while time.monotonic() < deadline:
             if "studies" in inspect(engine).get_table_names():
                 with engine.connect() as con:
-                    if con.execute(text("SELECT count(*) FROM studies WHERE study_name = 'out'")).scalar():
+                    if con.execute(text("SELECT count(*) FROM studies WHERE study_name = :n"), {"n": name}).scalar():
                         return True
             time.sleep(0.5)
         return False
@@ -544,3 +544,47 @@ def test_a_journal_whose_first_record_is_torn_is_still_ours(tmp_path, capfd) -> 
     study.set_user_attr("ok", 1)
     assert "last record was torn" in capfd.readouterr().err
     assert _study_on_existing(log).user_attrs == {"ok": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_exits_2_in_one_line_when_the_outage_outlasts_the_window(fresh_postgres, postgres_outage) -> None:
+    """Past --storage-retry-minutes (here 0.1 min via the environment) the worker stops with StorageUnavailable
+    (a StratagemError: the CLI prints its one line and exits 2; this stand-in worker calls the library, so it
+    ends on the exception); a rerun after the database is back finishes K without a duplicate."""
+    import subprocess
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from stratagem.spaces import Plan
+    from stratagem.spaces.plan import format_plan
+
+    url = fresh_postgres
+    plans = [format_plan(p) for p in (Plan(dp=4), Plan(dp=2, tp=2))]
+    open_storage(parse_storage(url))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "STRATAGEM_STORAGE_RETRY_MINUTES": "0.1"}
+    cmd = [sys.executable, str(Path(__file__).with_name("standin.py")), url, "win", "2", "8", *plans]
+    worker = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for_study(url, name="win")
+        poller = open_storage(parse_storage(url), write=False)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not optuna.load_study(
+                study_name="win", storage=poller).get_trials(states=(TrialState.RUNNING,)):
+            time.sleep(0.5)
+        postgres_outage(25.0)
+        _, err = worker.communicate(timeout=300)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    last = err.strip().splitlines()[-1]
+    assert worker.returncode != 0 and last.startswith("stratagem.search.retry.StorageUnavailable: storage ("), err[-3000:]
+    assert "unreachable for 0.1 min" in last and "--storage-retry-minutes" in last, err[-3000:]
+    assert err.count("retrying for up to 0.1 min") == 1, err[-3000:]  # one line per outage, from every thread
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = optuna.load_study(study_name="win", storage=open_storage(parse_storage(url), write=False))
+    keys = [t.user_attrs["plan"] for t in study.trials if t.user_attrs.get("fidelity") == "measured"
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(keys) == 2 == len(set(keys)) and not study.get_trials(states=(TrialState.RUNNING,))
