@@ -90,6 +90,14 @@ def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> lis
     overlap = next(t for t in speed_terms(scn) if t.name == "tp_overlap")
     rows.append(("TP comm exposed / hidden", f"{cols['tp_comm_s'][0]:.3g} s / {cols['tp_hidden_s'][0]:.3g} s",
                  overlap.source))
+    if scn.model.moe is not None and plan.zero_stage == 3:
+        edp = plan.tp * plan.dp * plan.cp // (plan.ep * plan.etp)
+        how = {"torch": "torchtitan fully_shard on the experts over the dp_shard_mod_ep mesh",
+               "megatron": "Megatron-FSDP over the expert data-parallel group"}.get(scn.training.stack,
+                                                                                  "ZeRO-3 over the expert dp group")
+        rows.append(("expert shards (ZeRO-3)", f"edp {edp}",
+                     f"{how}: each unit's experts gathered and their gradients reduce-scattered every micro-batch "
+                     "(once per step with torchtitan's PP), hidden per unit behind its compute (timing.dp_terms)"))
     if scn.model.moe is not None:
         tr = scn.training
         rows.append(("EP comm exposed / hidden", f"{cols['ep_comm_s'][0]:.3g} s / {cols['ep_hidden_s'][0]:.3g} s",
