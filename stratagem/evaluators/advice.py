@@ -25,6 +25,7 @@ from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.evaluators.evaluation import Evaluation, Status, ZoneName
 from stratagem.evaluators.figures import PlanFigures
 from stratagem.evaluators.zones import LEVELS, THRESHOLDS, ZONE_NAMES
+from stratagem.quantities import memory_in, memory_unit
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import divisors, violations
@@ -291,7 +292,8 @@ def _effect(zone: ZoneName, change: str, old: NeighbourSummary, new: NeighbourSu
     step = new.step_s / old.step_s - 1
     step_txt = f"step {step:+.0%}" if abs(step) >= 0.005 else "step unchanged"
     if zone == "hbm":
-        what = f"peak {old.peak_gib:.1f} -> {new.peak_gib:.1f} GiB"
+        unit = memory_unit(old.peak_gib, new.peak_gib)  # one unit for both (quantities: MiB on the CPU demo)
+        what = f"peak {memory_in(old.peak_gib, unit)} -> {memory_in(new.peak_gib, unit, True)}"
     elif zone == "communication":
         what = f"exposed comm {_pct(old.exposed_comm_fraction)} -> {_pct(new.exposed_comm_fraction)}"
     elif zone == "bubbles":

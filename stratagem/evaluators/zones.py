@@ -34,6 +34,7 @@ from stratagem.evaluators.evaluation import (
     Zones,
 )
 from stratagem.evaluators.figures import PlanFigures
+from stratagem.quantities import duration, memory, memory_in, memory_unit, percent
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -106,27 +107,24 @@ def bottleneck_label(zones: Zones) -> str:
 
 
 def _pct(x: float) -> str:
-    return f"{x:.0%}" if abs(x) >= 0.01 else f"{x:.1%}"
+    return f"{x:.0%}" if abs(x) >= 0.01 else percent(x)  # below 1 %: 3 significant figures, never "0.0%"
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    return duration(seconds)  # stratagem.quantities: 3 significant figures, ms to days
 
 
 def _hbm_sentence(mem: MemoryBreakdown, level: Level) -> str:
     largest = max(BLOCKS, key=mem.block_gib)
+    unit = memory_unit(mem.peak_gib, mem.hbm_gib)  # one unit for the sentence (quantities: MiB on the CPU demo)
+    peak, hbm, big = (memory_in(x, unit, True) for x in (mem.peak_gib, mem.hbm_gib, mem.block_gib(largest)))
     if mem.first_block_to_break is not None:
-        return (f"Does not fit: peak {mem.peak_gib:.1f} GiB exceeds {mem.hbm_gib:.1f} GiB; "
+        return (f"Does not fit: peak {peak} exceeds {hbm}; "
                 f"{mem.first_block_to_break} is the first block that breaks HBM ({largest} is the largest).")
-    head = f"Peak {mem.peak_gib:.1f} of {mem.hbm_gib:.1f} GiB leaves {_pct(mem.headroom_fraction)} headroom"
+    head = f"Peak {peak.split()[0]} of {hbm} leaves {_pct(mem.headroom_fraction)} headroom"
     if level == "ok":
-        return f"{head}; {largest} is the largest block ({mem.block_gib(largest):.1f} GiB)."
-    return (f"{head}, too little for allocator spikes; {largest} is the largest block "
-            f"({mem.block_gib(largest):.1f} GiB).")
+        return f"{head}; {largest} is the largest block ({big})."
+    return f"{head}, too little for allocator spikes; {largest} is the largest block ({big})."
 
 
 def group_placement(scn: Scenario, plan: Plan) -> list[tuple[str, int, int]]:
@@ -178,7 +176,7 @@ def _ckpt_sentence(scn: Scenario, ck: CheckpointRisk) -> str:
     policy = scn.training.checkpoint
     mode = policy.mode
     stall = f"blocks {_duration(ck.stall_s)}" if mode == "blocking" else f"stalls {_duration(ck.stall_s)} (async)"
-    head = (f"Saving {ck.state_gib:,.0f} GiB takes {_duration(ck.save_s)} and {stall} every "
+    head = (f"Saving {memory(ck.state_gib)} takes {_duration(ck.save_s)} and {stall} every "
             f"{_duration(ck.interval_s)}; with a job MTBF of {_duration(ck.job_mtbf_h * 3600)} the expected "
             f"goodput loss is {_pct(ck.goodput_loss)}")
     lag = ck.save_s - ck.stall_s if mode == "async" else 0.0

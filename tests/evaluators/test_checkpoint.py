@@ -106,4 +106,4 @@ def test_interval_waits_for_the_previous_save_and_names_failures() -> None:
     ck = ev.checkpoint
     assert ck is not None and ev.zones is not None
     assert ck.interval_s >= ck.save_s
-    assert "Failures, not checkpoints: job MTBF 3.1 h" in ev.zones.checkpoint.sentence
+    assert "Failures, not checkpoints: job MTBF 3.08 h" in ev.zones.checkpoint.sentence
