@@ -355,6 +355,10 @@ def _calibration_text(attrs: dict[str, Any]) -> str:
     """The study's calibration in words (study attributes calibration_source, calibration_history)."""
     source = str(attrs.get(StudyKey.CALIBRATION_SOURCE) or "published defaults")
     history = calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))
-    if attrs.get(StudyKey.CALIBRATION) is not None and history:
-        return f"{source}, then refitted on this study's {history[-1].runs_used} measured runs"
+    adopted = [h for h in history if h.adopted]  # a refit is adopted only when it predicts held-out runs better
+    if attrs.get(StudyKey.CALIBRATION) is not None and adopted:
+        return f"{source}, then refitted on this study's {adopted[-1].runs_used} measured runs"
+    if history:
+        return (f"{source}, kept: no refit on this study's {history[-1].runs_used} measured runs predicted "
+                "held-out runs better")
     return source

@@ -84,3 +84,20 @@ def test_the_report_states_the_best_measured_plan_by_the_one_rule(tmp_path: Path
     assert doc["best_measured"] == {"trial": best.trial.number, "note": best.note}
     stored = {t.number: t.user_attrs["plan"] for t in view.trials() if "plan" in t.user_attrs}
     assert doc["trials"] and all(row["plan_key"] == stored[row["trial"]] for row in doc["trials"])  # the study's key
+
+
+def test_the_report_says_when_no_refit_was_adopted(tmp_path: Path) -> None:
+    from stratagem.reports import pareto_info
+    from stratagem.search.records import StudyKey
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    run_multifidelity(load_scenario(SCENARIO), url, "s", KnownConstants(), real_runs=2,
+                      candidates=PlanColumns.from_plans(PLANS))
+    view = StudyView.open(url, "s")
+    history = view.calibration_history()
+    assert any(h.adopted for h in history)
+    assert "then refitted on this study's" in pareto_info(view.study).calibration
+    refused = [h.model_copy(update={"adopted": False}).model_dump(mode="json") for h in history]
+    view.study.set_user_attr(StudyKey.CALIBRATION_HISTORY, refused)
+    text = pareto_info(view.study).calibration
+    assert "kept: no refit" in text and "refitted on" not in text, text
