@@ -312,3 +312,28 @@ def test_tiny_memory_reads_in_mib(browser, tmp_path) -> None:
     assert view.locator(".mem-peak").inner_text() == sig(0.0093 * 1024)
     assert "MiB" in view.locator("table.mini").first.inner_text()
     loaded.page.close()
+
+
+def test_explorer_pins_two_plans_side_by_side(browser, info, tmp_path) -> None:
+    """Issue 26 item 5: pin a plan, move the explorer to another, and both show in one view with which is
+    faster; unpin returns to one plan."""
+    path = tmp_path / "pin.html"
+    path.write_text(render_html(info), encoding="utf-8")
+    loaded = load(browser, path)
+    page = loaded.page
+    start = info.plans[info.front[0]]
+    target = next(p for p in info.plans if p.plan == start.plan.model_copy(update={"zero_stage": 3}))
+    page.click("#ex-pin")
+    page.select_option("#ex-zero_stage", "3")
+    views = page.locator("#explorer-plan .plan-view")
+    expect(views).to_have_count(2)
+    assert start.label in views.nth(0).locator(".plan-label").first.inner_text()
+    assert target.label in views.nth(1).locator(".plan-label").first.inner_text()
+    fast, slow = sorted((start, target), key=lambda p: -p.value("tokens_per_s"))
+    gap = fast.value("tokens_per_s") / slow.value("tokens_per_s") - 1
+    expect(page.locator("#explorer-plan .pin-line")).to_contain_text(
+        f"{fast.label} is {sig(100 * gap)}% faster than {slow.label}")
+    page.click("#ex-unpin")
+    expect(views).to_have_count(1)
+    assert [m for m in loaded.console if m[0] in ("error", "pageerror")] == []
+    page.close()

@@ -298,7 +298,7 @@
 
   // ---------- plan explorer ----------
   var Explorer = {
-    index: {}, axes: [], selects: {},
+    index: {}, axes: [], selects: {}, pinned: null, current: null,
     keyOf: function (i) { var p = planObj(i); return Explorer.axes.map(function (a) { return String(p[a]); }).join("|"); },
     init: function () {
       var root = document.getElementById("explorer");
@@ -348,7 +348,19 @@
         sel.value = String(i);
         status.appendChild(h("label", null, hits.length + " evaluated plans share these settings (they differ in cp, sp, schedule, offload...): ", sel));
       } else status.appendChild(h("span", { text: "Evaluated plan" + (P.front[i] ? " on the Pareto front." : ".") }));
-      out.replaceChildren(planView(i));
+      status.appendChild(h("button", { type: "button", id: "ex-pin", class: "pin", title: "keep this plan beside the explorer's to compare them",
+        onclick: function () { Explorer.pinned = i; Explorer.render(i, hits); }, text: "pin to compare" }));
+      Explorer.current = i;
+      var p = Explorer.pinned;
+      if (p == null || p === i) { out.replaceChildren(planView(i)); return; }
+      // two plans in one view (issue 26 item 5): the pinned one beside the explorer's, and which is faster
+      var vp = P.values[p], vi = P.values[i], line = "";
+      if (vp && vi && vp[0] > 0 && vi[0] > 0) {
+        var fast = vp[0] >= vi[0] ? p : i, slow = fast === p ? i : p;
+        line = P.label[fast] + " is " + percent(P.values[fast][0] / P.values[slow][0] - 1) + " faster than " + P.label[slow] + " (" + sig(P.values[fast][0]) + " vs " + sig(P.values[slow][0]) + " tokens/s).";
+      }
+      out.replaceChildren(h("p", { class: "pin-line" }, line + " ", h("button", { type: "button", id: "ex-unpin", class: "pin", onclick: function () { Explorer.pinned = null; Explorer.render(i, hits); }, text: "unpin " + P.label[p] })),
+        h("div", { class: "compare" }, h("div", { class: "pinned" }, planView(p)), h("div", { class: "current" }, planView(i))));
     },
     missing: function (k) {
       var want = k.split("|"), near = [];
