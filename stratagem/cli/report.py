@@ -69,12 +69,18 @@ def capacity_cmd(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write .md or .html.")] = None,
     calibration: CalibrationOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Replace -o even if stratagem did not write it.")] = False,
+    price: Annotated[float | None, typer.Option("--price", min=0.0, help="USD per GPU-hour (default: the "
+                                                "scenario's cluster.price_per_gpu_hour, else the GPU preset's).")] = None,
 ) -> None:
     """Best plan, time, GPU-hours and cost to train the scenario's training_tokens at each cluster size."""
     from stratagem import quantities as q
     from stratagem import reports
 
     scn = load_scenario(scenario)
+    if price is not None:
+        if not price < float("inf"):  # nan, inf
+            raise StratagemError(f"--price ({price}): give USD per GPU-hour as a finite number >= 0, e.g. 2.5")
+        scn = scn.model_copy(update={"cluster": scn.cluster.model_copy(update={"price_per_gpu_hour": price})})
     cal, cal_label = scenario_calibration(scn, calibration)
     kind = reports.output_format(output, None) if output is not None else None
     if output is not None and kind not in ("md", "html"):

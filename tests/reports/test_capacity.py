@@ -101,6 +101,10 @@ def test_capacity_command(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     assert "USD per GPU-hour" in res.output and "headroom" in res.output
     assert "dp" in res.output and out.read_text().startswith("<!-- generator: stratagem -->\n# Capacity planning")
+    res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "1", "--price", "3.5", "-o", str(out), "--force"],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "at 3.5 USD per GPU-hour" in res.output, res.output  # issue 26 item 7
+    assert "cost USD at 3.5/GPU-hour" in out.read_text()
     res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "a"])
     assert isinstance(res.exception, StratagemError) and "--nodes" in str(res.exception)
     res = CliRunner().invoke(app, ["capacity", str(path), "-o", str(tmp_path / "c.csv")])
