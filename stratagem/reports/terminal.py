@@ -119,8 +119,8 @@ def summary_lines(result: SearchResult) -> list[str]:
     """The counts under the front table: the space, the study's trials (what they are, adding up), how to
     watch the study and report it (commands shell-quoted)."""
     c = result.counts
-    space = (f"{c.valid:,} valid plans, all screened" if c.screened == c.valid
-             else f"{c.valid:,} valid plans, {c.screened:,} screened ({result.mode})")
+    space = (f"{c.valid:,} valid plans (distinct jobs), all screened" if c.screened == c.valid
+             else f"{c.valid:,} valid plans (distinct jobs), {c.screened:,} screened ({result.mode})")
     margin = result.screening.space.config.memory_margin_gib
     notes = [f"note: {n}" for n in result.screening.space.notes]
     if result.study is not None:

@@ -30,6 +30,7 @@ from stratagem.search.records import (
     trial_plan,
     trial_status,
 )
+from stratagem.search.retry import StorageUnavailable
 from stratagem.search.run_order import RankedOrder, RunOrder, RunState
 from stratagem.search.runner import SearchResult, run_search, select_plans
 from stratagem.search.samplers import SAMPLERS, ProjectingSampler, make_sampler
@@ -39,10 +40,12 @@ from stratagem.search.storage import (
     StorageSpec,
     check_storage,
     default_storage,
+    load_study,
     open_storage,
     parse_storage,
     storage_lock,
 )
+from stratagem.search.view import StudyCounts, StudyView
 
 __all__ = [
     "check_sampler", "default_study_name",
@@ -55,4 +58,5 @@ __all__ = [
     "SAMPLERS", "ProjectingSampler", "make_sampler",
     "ScreenCounts", "Screening", "objective_matrix", "screen",
     "StorageSpec", "check_storage", "default_storage", "open_storage", "parse_storage", "storage_lock",
+    "load_study", "StorageUnavailable", "StudyView", "StudyCounts",
 ]

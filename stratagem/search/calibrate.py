@@ -31,11 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.evaluators.fitting import (
-    FACTORS,
-    candidates,
-    coupled,
     descend,
-    field_bounds,
     lower_bound_loss,
     median_error,
 )
@@ -48,7 +44,6 @@ __all__ = ["CalibrationStep", "calibration_history", "CalibrationFit", "fit_cali
 Array = NDArray[np.float64]
 TIME_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s")
 MEMORY_FIELDS: tuple[str, ...] = ("fragmentation", "context_gib")
-_FACTORS = FACTORS
 
 
 class CalibrationStep(BaseModel):
@@ -140,8 +135,6 @@ def _ooms(measured: Sequence[Evaluation]) -> list[Evaluation]:
 
 # The coordinate descent lives in evaluators.fitting (shared with the hardware calibration, which must not
 # import this package: stratagem.search imports optuna).
-_bounds, _candidates, _descend = field_bounds, candidates, descend
-_coupled, _median_error = coupled, median_error
 HELD_OUT = 6
 """Runs held out in turn when a refit is judged (the latest ones): leave-one-out costs one fit per held-out run."""
 LOO_SWEEPS = 2
@@ -194,8 +187,8 @@ class _Data:
 
 
 def _fit(data: _Data, start: Calibration, sweeps: int = 8) -> Calibration:
-    fitted = _descend(start, fields_to_fit(TIME_FIELDS, len(data.runs)), data.time_loss, sweeps=sweeps)
-    return _descend(fitted, fields_to_fit(MEMORY_FIELDS, len(data.runs) + len(data.ooms)), data.memory_loss,
+    fitted = descend(start, fields_to_fit(TIME_FIELDS, len(data.runs)), data.time_loss, sweeps=sweeps)
+    return descend(fitted, fields_to_fit(MEMORY_FIELDS, len(data.runs) + len(data.ooms)), data.memory_loss,
                     sweeps=sweeps)
 
 
@@ -214,8 +207,8 @@ def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
     after_t, after_m = data.predict(fitted)
     return CalibrationFit(
         calibration=fitted, runs=len(runs),
-        time_error_before=_median_error(before_t, data.step), time_error_after=_median_error(after_t, data.step),
-        memory_error_before=_median_error(before_m, data.peak), memory_error_after=_median_error(after_m, data.peak),
+        time_error_before=median_error(before_t, data.step), time_error_after=median_error(after_t, data.step),
+        memory_error_before=median_error(before_m, data.peak), memory_error_after=median_error(after_m, data.peak),
         ooms=len(data.ooms),
     )
 
@@ -246,7 +239,7 @@ def refit_step(scenario: Scenario, measured: Sequence[Evaluation], base: Calibra
         return CalibrationFit(current, 0, 0.0, 0.0, 0.0, 0.0, adopted=False, note=note, ooms=len(ooms))
     data = _Data(scenario, runs, ooms)
     now_t, now_m = data.predict(current)
-    before = (_median_error(now_t, data.step), _median_error(now_m, data.peak))
+    before = (median_error(now_t, data.step), median_error(now_m, data.peak))
     kept = {"time_error_before": before[0], "time_error_after": before[0], "memory_error_before": before[1],
             "memory_error_after": before[1]}
     if not refit:
@@ -258,8 +251,8 @@ def refit_step(scenario: Scenario, measured: Sequence[Evaluation], base: Calibra
     candidate = _fit(data, base)
     loo_t, loo_m = _held_out(data, candidate)
     held = slice(max(0, len(runs) - HELD_OUT), len(runs))
-    loo = (_median_error(loo_t, data.step[held]), _median_error(loo_m, data.peak[held]))
-    incumbent = (_median_error(now_t[held], data.step[held]), _median_error(now_m[held], data.peak[held]))
+    loo = (median_error(loo_t, data.step[held]), median_error(loo_m, data.peak[held]))
+    incumbent = (median_error(now_t[held], data.step[held]), median_error(now_m[held], data.peak[held]))
     take_time, take_memory = loo[0] < incumbent[0], loo[1] < incumbent[1]
     update: dict[str, Any] = {}
     if take_time:
@@ -274,6 +267,6 @@ def refit_step(scenario: Scenario, measured: Sequence[Evaluation], base: Calibra
         parts.append(f"{what} refit {verb} (held-out error {loo[i]:.0%} vs {incumbent[i]:.0%})")
     return CalibrationFit(
         calibration=cal, runs=len(runs), time_error_before=before[0], memory_error_before=before[1],
-        time_error_after=_median_error(after_t, data.step), memory_error_after=_median_error(after_m, data.peak),
+        time_error_after=median_error(after_t, data.step), memory_error_after=median_error(after_m, data.peak),
         adopted=take_time or take_memory, note="; ".join(parts), time_error_held_out=loo[0],
         memory_error_held_out=loo[1], ooms=len(ooms))

@@ -289,7 +289,9 @@ class Measurement:
         worker is still measuring (one set per calibration, keyed by its id). Returns trials re-predicted."""
         s = self.s
         with s.lock():
-            s.study.set_user_attr(StudyKey.NOT_RUN, {
+            kept = {k: v for k, v in (s.study.user_attrs.get(StudyKey.NOT_RUN) or {}).items()
+                    if k not in ("harness", "traced")}  # other steps' reasons (the traced step's) stay
+            s.study.set_user_attr(StudyKey.NOT_RUN, kept | {
                 why: {"count": len(plans), "example": next(iter(plans.values()), "")}
                 for why, plans in (("harness", self.order.skipped), ("traced", self.traced_out)) if plans})
             if live_claims(s.study):

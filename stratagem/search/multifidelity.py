@@ -26,11 +26,8 @@ from stratagem.search.session import MeasureResult, SearchSession
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["MultiFidelityResult", "run_multifidelity", "rank_candidates", "measured_trials", "screen_candidates",
+__all__ = ["run_multifidelity", "rank_candidates", "measured_trials", "screen_candidates",
            "check_candidates", "Stopped", "INFRA_RETRIES", "traced_over_limit", "memory_band", "DEFAULT_MEMORY_BAND"]
-
-MultiFidelityResult = MeasureResult
-"""The result of run_multifidelity (search/session.py's MeasureResult)."""
 
 
 def run_multifidelity(

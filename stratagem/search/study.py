@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
 from stratagem.procfs import start_ticks, state
+from stratagem.search.naming import check_study_name
 from stratagem.search.records import (
     CONSTRAINT,
     DIRECTIONS,
@@ -73,8 +74,7 @@ def open_study(storage: optuna.storages.BaseStorage, spec: StorageSpec, study_na
     """Create the study, or load it and check it was made for this scenario and search section. Call it
     under `storage_lock`; the scenario attribute is written last, so a study killed while being created is
     recognised (no scenario, no trials) and completed on the next run."""
-    if not study_name or len(study_name) > 512:
-        raise StratagemError(f"--study ({study_name!r}): give a name of 1-512 characters")
+    check_study_name(study_name)  # the one naming rule (search/naming.py), for library callers too
     study = optuna.create_study(storage=storage, study_name=study_name, directions=list(DIRECTIONS),
                                 load_if_exists=True)
     attrs = study.user_attrs

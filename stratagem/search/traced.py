@@ -41,8 +41,10 @@ if TYPE_CHECKING:
     from stratagem.search.session import SearchSession
 
 __all__ = ["TracedRoleLike", "Tracer", "TracedResult", "traced_order", "traced_evaluation", "refit_logits_bytes",
-           "run_traced", "trace_session", "TRACED_CALIBRATION"]
+           "run_traced", "trace_session", "TRACED_CALIBRATION", "UNTRACEABLE"]
 
+UNTRACEABLE = "not traced: the trace failed"
+"""Key (and the reports' wording) of the study attribute "not_run" entry for plans whose trace failed."""
 TRACED_CALIBRATION = StudyKey.TRACED_CALIBRATION
 """Study attribute: the Calibration refitted on the study's traced trials (model_dump)."""
 _BLOCKS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer"),
@@ -202,6 +204,11 @@ def trace_session(session: SearchSession, tracer: Tracer, traced: int,
         count += 1
         if on_trace is not None:
             on_trace(key, ev, "")
+    if skipped:  # reports and status say which plans could not be traced and why (study attribute "not_run")
+        with session.lock():
+            not_run = dict(study.user_attrs.get(StudyKey.NOT_RUN) or {})
+            not_run[UNTRACEABLE] = {"count": len(skipped), "example": next(iter(skipped.values()))}
+            study.set_user_attr(StudyKey.NOT_RUN, not_run)
     pairs = _traced_pairs(study)
     refit = refit_logits_bytes(scenario, pairs, cal) if pairs else cal
     if pairs:
