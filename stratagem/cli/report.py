@@ -71,6 +71,10 @@ def capacity_cmd(
     force: Annotated[bool, typer.Option("--force", help="Replace -o even if stratagem did not write it.")] = False,
     price: Annotated[float | None, typer.Option("--price", min=0.0, help="USD per GPU-hour (default: the "
                                                 "scenario's cluster.price_per_gpu_hour, else the GPU preset's).")] = None,
+    days: Annotated[float | None, typer.Option("--days", help="The reverse question: the fewest GPUs that train "
+                                               "in D days (sizes: --nodes, else powers of two up to 1024 nodes).")] = None,
+    budget: Annotated[float | None, typer.Option("--budget", help="The reverse question: the fastest size whose cost "
+                                                 "stays within USD (sizes as for --days).")] = None,
 ) -> None:
     """Best plan, time, GPU-hours and cost to train the scenario's training_tokens at each cluster size."""
     from stratagem import quantities as q
@@ -87,7 +91,15 @@ def capacity_cmd(
         raise StratagemError(f"-o ({output}): capacity writes .md or .html")
     if output is not None:
         reports.check_output(output, force=force)
-    cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else reports.default_nodes(scn), cal)
+    for name, value in (("--days", days), ("--budget", budget)):
+        if value is not None and not 0 < value < float("inf"):
+            raise StratagemError(f"{name} ({value}): give a finite number > 0")
+    if days is not None and budget is not None:
+        raise StratagemError("--days and --budget: ask one question at a time")
+    from stratagem.reports.capacity import answer_line, reverse_nodes
+
+    sizes = reverse_nodes() if days is not None or budget is not None else reports.default_nodes(scn)
+    cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else sizes, cal)
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     from rich.markup import escape
 
@@ -105,7 +117,7 @@ def capacity_cmd(
         if r.best is None or r.hours is None or r.days is None:
             table.add_row(str(r.num_nodes), str(r.num_gpus), f"[red]{escape(r.note)}", *["-"] * 7)
             continue
-        table.add_row(str(r.num_nodes), str(r.num_gpus), r.best.label, si(r.tokens_per_s or 0), f"{r.days:,.1f}",
+        table.add_row(str(r.num_nodes), str(r.num_gpus), r.best.label, si(r.tokens_per_s or 0), q.sig(r.days),
                       si(r.gpu_hours or 0), si(r.cost_usd or 0),
                       f"{q.memory(r.headroom_gib)} ({q.percent(r.headroom_fraction)})", f"{r.checkpoint_overhead:.2%}",
                       f"{r.failure_loss:.2%}")
@@ -113,6 +125,8 @@ def capacity_cmd(
                      "checkpoint saves; fail: expected time lost to failures (rework since the last checkpoint + "
                      "restarts). Days include both.")
     console.print(table)
+    if days is not None or budget is not None:
+        console.print(answer_line(cap, days, budget), markup=False, highlight=False, soft_wrap=True)
     if output is not None:
         text = reports.capacity_markdown(cap, heading="#") if kind == "md" else reports.render_capacity_html(cap)
         reports.write_text_atomic(output, text, force)

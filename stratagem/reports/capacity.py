@@ -26,7 +26,11 @@ from stratagem.spaces.scenario import Scenario
 if TYPE_CHECKING:
     from stratagem.evaluators.calibration import Calibration
 
-__all__ = ["CapacityRow", "CapacityInfo", "capacity_plan", "parse_nodes", "default_nodes"]
+__all__ = ["CapacityRow", "CapacityInfo", "capacity_plan", "parse_nodes", "default_nodes", "REVERSE_MAX_NODES",
+           "reverse_nodes", "answer_line"]
+
+REVERSE_MAX_NODES = 1024
+"""The largest cluster the reverse questions (--days, --budget) try without --nodes."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,16 @@ class CapacityInfo:
         rows = [r for r in self.rows if r.cost_usd is not None]
         return min(rows, key=lambda r: (r.cost_usd, r.num_nodes)) if rows else None
 
+    def fewest_within(self, days: float) -> CapacityRow | None:
+        """The row with the fewest GPUs that trains within `days` (then the faster), None when none does."""
+        rows = [r for r in self.rows if r.days is not None and r.days <= days]
+        return min(rows, key=lambda r: (r.num_gpus, r.days or 0.0)) if rows else None
+
+    def fastest_within(self, budget_usd: float) -> CapacityRow | None:
+        """The fastest row whose cost stays within `budget_usd` (then the cheaper), None when none does."""
+        rows = [r for r in self.rows if r.cost_usd is not None and r.hours is not None and r.cost_usd <= budget_usd]
+        return min(rows, key=lambda r: (r.hours or 0.0, r.cost_usd or 0.0)) if rows else None
+
     @property
     def fastest(self) -> CapacityRow | None:
         """The row with the shortest training time (then fewer nodes), None when none fits."""
@@ -120,6 +134,35 @@ def default_nodes(scenario: Scenario) -> list[int]:
     """Half, the same and twice the scenario's node count."""
     n = scenario.cluster.num_nodes
     return sorted({max(1, n // 2), n, 2 * n})
+
+
+def reverse_nodes(max_nodes: int = REVERSE_MAX_NODES) -> list[int]:
+    """The node counts the reverse questions try without --nodes: powers of two up to max_nodes."""
+    return [2**k for k in range(max_nodes.bit_length()) if 2**k <= max_nodes]
+
+
+def answer_line(cap: CapacityInfo, days: float | None = None, budget_usd: float | None = None) -> str:
+    """The answer to `capacity --days D` (the fewest GPUs that train in D days) or `--budget USD` (the fastest
+    size within the budget), one line with the chosen plan's risk (headroom, checkpoint and failure losses)."""
+    from stratagem import quantities as q
+
+    if days is not None:
+        row, ask = cap.fewest_within(days), f"in {q.sig(days)} days"
+    elif budget_usd is not None:
+        if cap.price_per_gpu_hour <= 0:
+            raise StratagemError("--budget: the scenario has no price per GPU-hour; give --price USD or "
+                                 "cluster.price_per_gpu_hour")
+        row, ask = cap.fastest_within(budget_usd), f"within {q.money(budget_usd)}"
+    else:
+        raise StratagemError("answer_line: give days or budget_usd")
+    sizes = f"{cap.rows[0].num_nodes}-{cap.rows[-1].num_nodes} nodes" if cap.rows else "no sizes"
+    if row is None or row.best is None:
+        return f"no size of {sizes} tried trains {ask}; try more nodes (--nodes) or a longer time / larger budget"
+    verb = "fewest GPUs to train" if days is not None else "fastest training"
+    return (f"{verb} {ask}: {row.num_nodes} nodes ({row.num_gpus} GPUs), {row.best.label}, {q.sig(row.days)} days, "
+            f"{q.money(row.cost_usd)}; risk: headroom {q.memory(row.headroom_gib)} "
+            f"({q.percent(row.headroom_fraction)} of HBM), checkpoint overhead {q.percent(row.checkpoint_overhead)}, "
+            f"failure loss {q.percent(row.failure_loss)}")
 
 
 def _resized(scenario: Scenario, num_nodes: int) -> Scenario:

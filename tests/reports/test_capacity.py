@@ -20,6 +20,7 @@ from stratagem.reports import (
     parse_nodes,
     render_capacity_html,
 )
+from stratagem.reports.capacity import answer_line
 from stratagem.search.screening import screen
 from stratagem.spaces import Scenario, cluster_preset, model_preset
 
@@ -109,3 +110,32 @@ def test_capacity_command(tmp_path) -> None:
     assert isinstance(res.exception, StratagemError) and "--nodes" in str(res.exception)
     res = CliRunner().invoke(app, ["capacity", str(path), "-o", str(tmp_path / "c.csv")])
     assert isinstance(res.exception, StratagemError) and ".md or .html" in str(res.exception)
+
+
+def test_reverse_questions(cap, tmp_path) -> None:
+    """Issue 26 item 7: --days D (the fewest GPUs that train in D days) and --budget USD (the fastest size within
+    the budget), from the same rows; the answer names the plan's risk."""
+    days = sorted(r.days for r in cap.rows if r.days is not None)
+    # a deadline between the 2- and 4-node times: 4 nodes is the fewest that makes it
+    mid = (days[0] + days[1]) / 2
+    assert cap.fewest_within(mid) is not None and cap.fewest_within(mid).num_nodes == min(
+        r.num_nodes for r in cap.rows if r.days is not None and r.days <= mid)
+    assert cap.fewest_within(days[0] / 2) is None
+    costs = sorted(r.cost_usd for r in cap.rows if r.cost_usd is not None)
+    within = cap.fastest_within(costs[1])
+    assert within is not None and within.cost_usd <= costs[1]
+    assert within.hours == min(r.hours for r in cap.rows if r.cost_usd is not None and r.cost_usd <= costs[1])
+    line = answer_line(cap, days=mid)
+    assert line.startswith("fewest GPUs to train in") and "risk: headroom" in line and "failure loss" in line
+    assert answer_line(cap, days=days[0] / 2).startswith("no size of 1-4 nodes tried trains in")
+
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 2}\n"
+                    "training: {seq_len: 8192, global_batch_size: 64, training_tokens: 1.0e+12}\n")
+    res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "1,2,4", "--days", str(mid)],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "fewest GPUs to train in" in res.output, res.output
+    res = CliRunner().invoke(app, ["capacity", str(path), "--days", "1", "--budget", "5"])
+    assert isinstance(res.exception, StratagemError) and "one question at a time" in str(res.exception)
+    res = CliRunner().invoke(app, ["capacity", str(path), "--budget", "5", "--price", "0", "--nodes", "1"])
+    assert isinstance(res.exception, StratagemError) and "--price" in str(res.exception)
