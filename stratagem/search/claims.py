@@ -66,7 +66,7 @@ def claim(storage: optuna.storages.BaseStorage, study: optuna.Study, space: Sear
     params, dists = space.params(plan)
     template = optuna.trial.create_trial(
         state=TrialState.RUNNING, params=params, distributions=dists,
-        user_attrs={TrialKey.PLAN: plan_key(plan), TrialKey.ROLE: role, TrialKey.FIDELITY: "measured",
+        user_attrs={TrialKey.PLAN: plan_key(plan, space.scenario), TrialKey.ROLE: role, TrialKey.FIDELITY: "measured",
                     TrialKey.CLAIM: _claim_attr(time.time())})
     study_id = storage.get_study_id_from_name(study.study_name)
     trial_id = storage.create_new_trial(study_id, template_trial=template)

@@ -118,7 +118,7 @@ def evaluation_trial(space: SearchSpace, ev: Evaluation, usable_gib: float, role
         raise ValueError(f"evaluation_trial: role {role!r} is not one of the study schema's {ROLES}")
     params, dists = space.params(ev.plan)
     attrs: dict[str, Any] = {
-        TrialKey.PLAN: plan_key(ev.plan), TrialKey.FIDELITY: ev.fidelity, TrialKey.STATUS: ev.status,
+        TrialKey.PLAN: plan_key(ev.plan, space.scenario), TrialKey.FIDELITY: ev.fidelity, TrialKey.STATUS: ev.status,
         TrialKey.EVALUATION: ev.model_dump(mode="json"), TrialKey.PROVENANCE: prov, TrialKey.ROLE: role,
     }
     constraints = None if ev.memory is None else {CONSTRAINT: ev.memory.peak_gib - usable_gib}
