@@ -43,7 +43,8 @@ def search_cmd(
     run_timeout: Annotated[float | None, typer.Option(
         "--run-timeout", help="Kill a real run after S seconds (default: 3x its predicted build + step time, at "
                               "least 180 s); stored with the study.")] = None,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per real run.")] = 4,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Timed steps per real run (default: as many "
+                                              "as 6 s of steps take, 12-40: launch/harness/budget.py).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="HTML report path (default: <study>.html "
                                                 "beside the scenario).")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Do not write the HTML report.")] = False,
@@ -110,7 +111,7 @@ def search_cmd(
         raise typer.Exit(1)
 
 
-def _real_runs(session: SearchSession, scenario_path: Path, k: int, ray_address: str | None, steps: int,
+def _real_runs(session: SearchSession, scenario_path: Path, k: int, ray_address: str | None, steps: int | None,
                budget_minutes: float | None, run_timeout: float | None, n_trials: int | None,
                timeout: float | None, out: Console) -> MeasureResult:
     """The real runs through Ray (SearchSession.measure); a signal: the runs in flight killed and released, exit

@@ -170,7 +170,8 @@ def best_measured(study: optuna.Study) -> BestMeasured | None:
         verdict = "ranking not judged for noise"
     else:
         lo, hi = tokens_interval(best.tokens, best.spread)
-        figure = f"{best.tokens:,.0f} tok/s (95% {lo:,.0f}-{hi:,.0f}, {best.runs} run(s), n={best.spread.n})"
+        what = "95%" if best.spread.confident else "range"  # fewer than 6 steps: no 95 % interval (spread.py)
+        figure = f"{best.tokens:,.0f} tok/s ({what} {lo:,.0f}-{hi:,.0f}, {best.runs} run(s), n={best.spread.n})"
         verdict = ("distinct from every other measured plan" if not close else
                    f"within noise of {len(close)} plan(s): " + ", ".join(
                        trial_plan(r.standing.trial).short() for r in close[:3]) + (" ..." if len(close) > 3 else ""))

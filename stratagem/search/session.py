@@ -302,15 +302,16 @@ class SearchSession:
         if m.tally.infra:
             statuses["infra"] = m.tally.infra
         best = best_measured(study)
-        if best is not None and best.spread is not None and best.within_noise:
-            self.say(best.note + ("; no real run left to settle it (raise --real-runs)" if runs >= k else ""))
+        note = best.note if best is not None else ""
+        if best is not None and best.within_noise and runs >= k:
+            note += "; no real run left to settle it (raise --real-runs)"
         skipped = m.order.skipped
         return MeasureResult(
             search=self.result(), runs=m.tally.runs, measured=runs, statuses=statuses, calibration=m.calibration,
             history=history, seconds=seconds, skipped=len(skipped), skipped_example=next(iter(skipped.values()), ""),
             ok_runs=m.tally.ok, results=m.tally.results, first_failure=m.tally.first_failure,
             traced_out=len(m.traced_out), traced_out_example=next(iter(m.traced_out.values()), ""),
-            ended=m.tally.ended, best_note=best.note if best is not None else "", repredicted=repredicted,
+            ended=m.tally.ended, best_note=note, repredicted=repredicted,
             stopped=m.tally.stopped)
 
 

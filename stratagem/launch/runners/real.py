@@ -234,16 +234,18 @@ def _run_name(plan: Plan) -> str:
 
 
 @contextlib.contextmanager
-def open_ray_evaluator(run_dir: Path, address: str | None, num_cpus: int | None, steps: int,
+def open_ray_evaluator(run_dir: Path, address: str | None, num_cpus: int | None, steps: int | None,
                        calibration: Calibration | None, timeout_s: float | None) -> Iterator[RayRunEvaluator]:
-    """A RayRunEvaluator for `stratagem search --real-runs`, closed at the end; Ray's own start-up failures
-    become one line (StratagemError); the run folders this call created are removed again when nothing was
-    written under them."""
+    """A RayRunEvaluator for `stratagem search --real-runs`, closed at the end; `steps` None: the timed steps
+    from the harness's default time budget (StepBudget()), else that many. Ray's own start-up failures become
+    one line (StratagemError); the run folders this call created are removed again when nothing was written
+    under them."""
     fresh = [d for d in (run_dir, run_dir.parent) if not d.exists()]  # created by this call
     try:
         # its predictions ('pred' beside each run) use the calibration the search starts from
-        evaluator = RayRunEvaluator(run_dir, address=address, num_cpus=num_cpus, steps=steps, warmup=2,
-                                    calibration=calibration, timeout_s=timeout_s)
+        evaluator = RayRunEvaluator(run_dir, address=address, num_cpus=num_cpus, steps=steps or 6, warmup=2,
+                                    calibration=calibration, timeout_s=timeout_s,
+                                    budget=StepBudget.model_validate({}) if steps is None else None)
     except BaseException as e:
         _remove_empty(fresh)
         if isinstance(e, Exception) and _raised_by_ray(e):  # e.g. "node timed out during startup" on a busy host
