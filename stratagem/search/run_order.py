@@ -236,13 +236,14 @@ def _sampler_proposals(screening: Screening, study: optuna.Study, measured: set[
 
 def screen_candidates(scenario: Scenario, space: SearchSpace, calibration: Calibration,
                       candidates: PlanColumns) -> Screening:
-    """A Screening of exactly `candidates`, each as its canonical plan (SearchSpace.canonical_columns: plans that
-    build one job become one): the analytic figures, feasibility and front among them, so the real runs are ranked
-    as usual but never leave this set."""
+    """A Screening of exactly `candidates` (duplicates dropped): the analytic figures, feasibility and front
+    among them, so the real runs are ranked as usual but never leave this set."""
     from stratagem.search.screening import ScreenCounts, _broke, _evaluate, _feasible, _front, _unique
 
     t0 = time.perf_counter()
-    plans = _unique(space.canonical_columns(candidates))  # one row per job (issue 22 item 1)
+    # As given, not SearchSpace.canonical_columns: a table of measured runs (bench/search_regret.py,
+    # evaluators/table.py) looks its plans up by their own text; canonical rows would miss it.
+    plans = _unique(candidates)
     usable = scenario.cluster.gpu.hbm_gib - space.config.memory_margin_gib
     columns = _evaluate(scenario, plans, calibration, None)
     feasible = _feasible(columns, usable)
