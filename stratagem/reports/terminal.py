@@ -231,7 +231,9 @@ def _spread_cell(ev: Any) -> str:
     spread = spread_of(ev.measurements)
     if spread is None:
         return "-"
-    runs = int((ev.measurements or {}).get("runs", 1))
+    from stratagem.search.noise import pooled_runs
+
+    runs = int(pooled_runs(ev).get("runs", 1))
     return f"+-{spread.relative_half_width:.0%}" + (f" x{runs}" if runs > 1 else "")
 
 

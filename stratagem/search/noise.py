@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
@@ -38,9 +39,11 @@ from stratagem.search.records import (
 )
 from stratagem.spaces.plan import Plan
 
-__all__ = ["MAX_RUNS", "timed_steps", "pooled_evaluation", "BestMeasured", "best_measured", "remeasure_due",
+__all__ = ["MAX_RUNS", "POOLED_KEY", "pooled_runs", "timed_steps", "pooled_evaluation", "BestMeasured", "best_measured", "remeasure_due",
            "tokens_interval"]
 
+POOLED_KEY = "pooled"
+"""Provenance key of a pooled trial's runs (`pooled_runs`)."""
 MAX_RUNS = 3
 """Runs of one plan at most (the first and two re-measurements): past that, more runs of the same plan narrow
 the interval only as 1/sqrt(n) and the budget is better spent elsewhere."""
@@ -58,10 +61,15 @@ def timed_steps(ev: Evaluation) -> list[float] | None:
 
 
 def _own_step(ev: Evaluation) -> float:
-    """The run's own median step (a pooled trial keeps its own as the last of "run_step_s")."""
-    m = ev.measurements or {}
-    own = m.get("run_step_s")
-    return float(own[-1]) if own else float(m.get("step_s", 0.0))
+    """The run's own median step (a pooled trial keeps its own as the last of its pooled "run_step_s")."""
+    own = pooled_runs(ev).get("run_step_s")
+    return float(own[-1]) if own else float((ev.measurements or {}).get("step_s", 0.0))
+
+
+def pooled_runs(ev: Evaluation) -> dict[str, Any]:
+    """{"runs": n, "run_step_s": [each run's median]} of a pooled trial (its provenance["pooled"]), {} for one run.
+    Kept in the provenance: `measurements` is the harness result's stored part, read back by `reproduce`."""
+    return dict((ev.provenance or {}).get(POOLED_KEY) or {})
 
 
 def _combined_spread(runs: Sequence[Evaluation]) -> StepSpread | None:
@@ -80,7 +88,7 @@ def _combined_spread(runs: Sequence[Evaluation]) -> StepSpread | None:
 
 def pooled_evaluation(runs: Sequence[Evaluation]) -> Evaluation:
     """The latest of `runs` (ok runs of one plan, oldest first) with the figures of all of them pooled (see the
-    module docstring); `measurements["runs"]` = how many, `measurements["run_step_s"]` = each run's median."""
+    module docstring); `pooled_runs(...)` = how many and each run's median (provenance["pooled"])."""
     last = runs[-1]
     if len(runs) < 2 or last.throughput is None or last.memory is None:
         return last
@@ -93,11 +101,12 @@ def pooled_evaluation(runs: Sequence[Evaluation]) -> Evaluation:
     throughput = Throughput(tokens_per_s=tp.tokens_per_s * scale, tokens_per_s_per_gpu=tp.tokens_per_s_per_gpu * scale,
                             mfu=tp.mfu * scale)
     peak_run = max((e for e in runs if e.memory is not None), key=lambda e: e.memory.peak_gib if e.memory else 0.0)
-    measurements = {**(last.measurements or {}), "step_s": step, "runs": len(runs), "run_step_s": medians}
+    measurements = {**(last.measurements or {}), "step_s": step}
+    provenance = {**(last.provenance or {}), POOLED_KEY: {"runs": len(runs), "run_step_s": medians}}
     if spread is not None:
         measurements[SPREAD_KEY] = spread.model_dump(mode="json")
     return last.model_copy(update={"throughput": throughput, "memory": peak_run.memory,
-                                   "measurements": measurements})
+                                   "measurements": measurements, "provenance": provenance})
 
 
 def tokens_interval(tokens_per_s: float, spread: StepSpread) -> tuple[float, float]:

@@ -7,7 +7,7 @@ import pytest
 
 from stratagem.evaluators import Evaluation, spread_of, spread_of_samples
 from stratagem.evaluators.evaluation import MemoryBreakdown, Throughput
-from stratagem.search.noise import pooled_evaluation, tokens_interval
+from stratagem.search.noise import pooled_evaluation, pooled_runs, tokens_interval
 from stratagem.spaces import Plan
 
 PLAN = Plan(dp=4)
@@ -33,11 +33,10 @@ def test_runs_pool_their_timed_steps() -> None:
     assert spread is not None and spread.n == 12 and spread == spread_of_samples(a + b)
     assert spread.low_s <= 1.1 and spread.high_s >= 1.9  # the runs disagree: the interval says so
     assert pooled.throughput.tokens_per_s == pytest.approx(1000.0 / spread.median_s)
-    assert pooled.memory.peak_gib == 0.6 and pooled.measurements["runs"] == 2
-    assert pooled.measurements["run_step_s"] == [1.0, 2.0]
+    assert pooled.memory.peak_gib == 0.6 and pooled_runs(pooled) == {"runs": 2, "run_step_s": [1.0, 2.0]}
     c = [1.5, 1.4, 1.6, 1.5, 1.5, 1.5]
     again = pooled_evaluation([_run(a, 0.5), pooled, _run(c, 0.4)])  # a pooled trial brings its own run's steps only
-    assert spread_of(again.measurements).n == 18 and again.measurements["run_step_s"] == [1.0, 2.0, 1.5]
+    assert spread_of(again.measurements).n == 18 and pooled_runs(again)["run_step_s"] == [1.0, 2.0, 1.5]
 
 
 def test_runs_without_steps_hull_their_intervals() -> None:

@@ -91,6 +91,6 @@ def test_the_last_runs_settle_a_ranking_within_noise(tmp_path: Path) -> None:
     from stratagem.search.records import trial_evaluation
 
     pooled = trial_evaluation(again[-1])
-    assert pooled.measurements["runs"] >= 2 and pooled.measurements["step_spread"]["n"] >= 16  # 8 steps a run
+    assert pooled.provenance["pooled"]["runs"] >= 2 and pooled.measurements["step_spread"]["n"] >= 16  # 8 steps a run
     assert mf.best_note.startswith("best measured: ")
     assert calibration_id(s.start_calibration)  # the session's calibration is resolved once
