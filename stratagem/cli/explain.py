@@ -6,14 +6,29 @@ import json
 
 from rich.table import Table
 
-from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scenario_and_plan
+from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, StorageOpt, StudyOpt, app, console
 from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
+from stratagem.cli.plans import Picked, TrialOpt, pick_plan
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Evaluation, evaluate
 from stratagem.evaluators.zones import bottleneck_label, placement_words
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
 
-__all__ = ["memory_table"]
+__all__ = ["memory_table", "say_origin"]
+
+
+def _title(picked: Picked) -> str:
+    """`scenario  plan: LABEL` (+ `trial #N` when the plan is a study's trial)."""
+    trial = f"  trial #{picked.trial}" if picked.trial is not None else ""
+    return f"[bold]{picked.scenario.name}[/bold]  plan: {picked.plan.short()}{trial}"
+
+
+def say_origin(picked: Picked, as_json: bool) -> None:
+    """The plan's origin line: on stdout beside a table, on stderr beside JSON (stdout stays parseable)."""
+    from rich.console import Console
+
+    (Console(stderr=True) if as_json else console).print(picked.origin, markup=False, highlight=False,
+                                                          soft_wrap=True)
 
 
 def memory_table(ev: Evaluation) -> Table:
@@ -38,16 +53,19 @@ def memory_table(ev: Evaluation) -> Table:
 
 
 @app.command("evaluate")
-def evaluate_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False,
+def evaluate_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = None, storage: StorageOpt = None,
+                 study: StudyOpt = None, as_json: JsonOpt = False,
                  calibration: CalibrationOpt = None) -> None:
     """Judge one plan: the memory stack per GPU against HBM and the block that breaks first."""
-    scn, pl = scenario_and_plan(scenario, plan)
+    picked = pick_plan("evaluate", scenario, plan, trial, storage, study)
+    scn, pl = picked.scenario, picked.plan
+    say_origin(picked, as_json)
     cal, cal_label = scenario_calibration(scn, calibration)
     ev = evaluate(scn, pl, cal).model_copy(update={"provenance": {"calibration": cal_label}})
     if as_json:
         print(ev.model_dump_json(indent=2))
         return
-    console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}")
+    console.print(_title(picked))
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     if ev.status == "infeasible":
         raise StratagemError(ev.reason)
@@ -83,12 +101,15 @@ def presets_cmd(as_json: JsonOpt = False) -> None:
 
 
 @app.command("explain")
-def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False,
-                calibration: CalibrationOpt = None) -> None:
+def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = None, storage: StorageOpt = None,
+                 study: StudyOpt = None, as_json: JsonOpt = False,
+                 calibration: CalibrationOpt = None) -> None:
     """Explain one plan: memory stack, step time by part, the four zones, the bottleneck and advice."""
     from stratagem.evaluators import advise
 
-    scn, pl = scenario_and_plan(scenario, plan)
+    picked = pick_plan("explain", scenario, plan, trial, storage, study)
+    scn, pl = picked.scenario, picked.plan
+    say_origin(picked, as_json)
     cal, cal_label = scenario_calibration(scn, calibration)
     ev = evaluate(scn, pl, cal).model_copy(update={"provenance": {"calibration": cal_label}})
     if ev.status == "infeasible":
@@ -100,7 +121,7 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = 
         return
     assert ev.time is not None and ev.throughput is not None and ev.zones is not None  # set for feasible plans
     tm, tp, zones = ev.time, ev.throughput, ev.zones
-    console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}")
+    console.print(_title(picked))
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     console.print(memory_table(ev))
     times = Table(title=f"Step time: {tm.step_s:.3g} s", title_justify="left")

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, app, console, scenario_and_plan
+from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, StorageOpt, StudyOpt, app, console
+from stratagem.cli.plans import TrialOpt, pick_plan
 from stratagem.spaces import format_plan
 from stratagem.units import GIB
 
@@ -54,6 +55,7 @@ def trace_table(role: TracedRole) -> Table:
 @app.command("trace")
 def trace_cmd(
     scenario: ScenarioArg, plan: PlanOpt = None, as_json: JsonOpt = False,
+    trial: TrialOpt = None, storage: StorageOpt = None, study: StudyOpt = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the traced roles as JSON "
                                                 "(format stratagem-trace/1) to this file.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace -o even if stratagem did not write it.")] = False,
@@ -65,7 +67,12 @@ def trace_cmd(
     from stratagem.files import check_owned, write_owned
     from stratagem.launch.trace.run import trace_plan
 
-    scn, pl = scenario_and_plan(scenario, plan)
+    picked = pick_plan("trace", scenario, plan, trial, storage, study)
+    scn, pl = picked.scenario, picked.plan
+    from rich.console import Console as _Console
+
+    (_Console(stderr=True) if as_json else console).print(picked.origin, markup=False, highlight=False,
+                                                           soft_wrap=True)
     if output is not None:
         check_owned(output, force)  # before the trace: a path it must not replace is refused now
     start = time.perf_counter()
