@@ -16,7 +16,7 @@ import pytest
 
 from stratagem import cli
 from stratagem.evaluators import Evaluation
-from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
+from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS, Plan
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama3-8b-8xh100.yaml"
 
@@ -219,3 +219,46 @@ def test_study_options_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     code, _, err = run(monkeypatch, capsys, *args)
     assert_one_line_error(code, err, *fragments)
     assert list(tmp_path.iterdir()) == []  # a mistyped storage is never created
+
+
+def test_every_plan_command_takes_a_trial_and_says_where_the_plan_came_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26 items 3 and 6: --trial N on evaluate, explain, trace and export (the study beside the scenario);
+    `#` is the trial number; --plan over a scenario's plan: section says which fields came from where; export
+    with no plan option exports the study's best plan, or says it exports the scenario's plan when no search ran."""
+    from stratagem.search.storage import default_storage
+    from stratagem.search.view import StudyView
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(TINY.read_text())
+    code, out, err = run(monkeypatch, capsys, "export", str(scenario), "--to", "megatron")
+    assert code == 0, err
+    assert "exporting the scenario's plan dp4 z3 mb1 fp32: no study s-" in err and "--train-iters 50" in out
+    code, out, err = run(monkeypatch, capsys, "evaluate", str(scenario), "--plan", "tp=2")
+    assert code == 0, err
+    assert ("plan merged: --plan gave tp; the scenario's plan: section gave micro_batch_size, precision, "
+            "zero_stage; dp=2 fills the cluster; other fields default") in out
+    code, out, err = run(monkeypatch, capsys, "evaluate", str(scenario), "--plan", "dp2 tp2 z1 mb1 fp32")
+    assert code == 0 and "plan from the --plan label, the whole plan (its plan: section is not used)" in out, err
+
+    code, _, err = run(monkeypatch, capsys, "search", str(scenario), "--no-report")
+    assert code == 0, err
+    view = StudyView.open(default_storage(scenario))
+    n = min(s.trial.number for s in view.standings().values() if s.feasible)
+    label = Plan(**view.study.trials[n].params).short()
+    for command in ("evaluate", "explain"):
+        code, out, err = run(monkeypatch, capsys, command, str(scenario), "--trial", str(n))
+        assert code == 0, err
+        assert f"plan from trial #{n} of study {view.name} (" in out and f"plan: {label}  trial #{n}" in out
+    code, out, err = run(monkeypatch, capsys, "explain", str(scenario), "--trial", str(n), "--json")
+    assert code == 0 and json.loads(out)["evaluation"] and f"plan from trial #{n}" in err
+    code, out, err = run(monkeypatch, capsys, "trace", str(scenario), "--trial", str(n), "--json")
+    assert code == 0 and json.loads(out) and f"plan from trial #{n}" in err, err
+    code, out, err = run(monkeypatch, capsys, "export", str(scenario), "--trial", str(n), "--to", "torchtitan")
+    assert code == 0 and f"exporting trial #{n}: {label}" in err and f"trial #{n} (" in out, err
+    code, out, err = run(monkeypatch, capsys, "export", str(scenario), "--to", "torchrun")
+    assert code == 0 and "exporting the study's best plan (--best tokens), trial #" in err, err
+    code, _, err = run(monkeypatch, capsys, "evaluate", str(scenario), "--trial", "1", "--plan", "tp=2")
+    assert_one_line_error(code, err, "--plan and --trial: give one of them")
+    code, _, err = run(monkeypatch, capsys, "explain", str(scenario), "--trial", "100000")
+    assert_one_line_error(code, err, "--trial (100000): study", "has trials 0-")

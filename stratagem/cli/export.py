@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -18,11 +18,30 @@ from stratagem.cli.app import (
     StudyOpt,
     app,
     console,
-    scenario_and_plan,
     study_location,
 )
+from stratagem.cli.plans import pick_plan
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Evaluation, evaluate
+
+if TYPE_CHECKING:
+    from stratagem.search.view import StudyView
+
+
+def _existing_view(path: Path | None, storage: str | None, study: str | None) -> StudyView | None:
+    """The study by the one default rule (cli/app.study_location), or None when neither --storage nor --study
+    was given and the scenario's default storage does not hold its study (no search ran yet)."""
+    from stratagem.search.storage import open_storage, parse_storage, study_names
+    from stratagem.search.view import StudyView
+
+    url, name = study_location("export", path, storage, study)
+    if storage is None and study is None:
+        spec = parse_storage(url)
+        if spec.path is not None and not spec.path.exists():
+            return None
+        if name not in study_names(open_storage(spec, write=False)):
+            return None
+    return StudyView.open(url, name)
 
 
 @app.command("export")
@@ -31,15 +50,19 @@ def export_cmd(
     searched: SearchedScenarioArg = None,
     storage: StorageOpt = None,
     study: StudyOpt = None,
-    trial: Annotated[int | None, typer.Option("--trial", help="Export this trial (its number).")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Export this trial (its number, the `#` search, "
+                                              "report and status print).")] = None,
     best: Annotated[str | None, typer.Option("--best", help="tokens | headroom | risk: the best feasible trial by "
-                                             "that objective, measured runs first (default: tokens).")] = None,
-    scenario: Annotated[Path | None, typer.Option("--scenario", help="Export from a scenario YAML instead of a "
-                                                  "study (with --plan).")] = None,
+                                             "that objective, measured runs first (tokens: the best measured "
+                                             "plan, pooled over its runs).")] = None,
+    scenario: Annotated[Path | None, typer.Option("--scenario", help="The scenario YAML (same as the SCENARIO "
+                                                  "argument).")] = None,
     plan: PlanOpt = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes to launch on (default: the scenario's).")] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="torchrun: harness steps (default: the measured "
-                                              "trial's, else 20).")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps of the exported run (default: a "
+                                              "throughput check: torchrun the measured trial's timed steps, else "
+                                              "20; torchtitan and Megatron-LM 10 warm-up + 40 timed = 50, the full "
+                                              "run's count in a comment).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="torchrun: harness seed (default: the trial's, else 0).")]
     = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the files into this directory "
@@ -47,8 +70,12 @@ def export_cmd(
     force: Annotated[bool, typer.Option("--force", help="Replace files in -o even if stratagem did not write "
                                         "them.")] = False,
 ) -> None:
-    """Export a plan: torchrun + stratagem's harness, a torchtitan TOML, a DeepSpeed JSON or Megatron-LM args."""
+    """Export a plan: torchrun + stratagem's harness, a torchtitan TOML, a DeepSpeed JSON or Megatron-LM args.
+    Which plan: --plan over the scenario's plan: section; --trial N or --best from the study; with none of them
+    the study's best plan (as --best tokens), or the scenario's plan when no search has stored a study. One line
+    on stderr says which."""
     from stratagem.launch.export import choose_trial, export_plan, write_bundle
+    from stratagem.search.view import StudyView
 
     if steps is not None and steps < 1:
         raise StratagemError(f"--steps ({steps}): must be at least 1 (the harness times that many steps)")
@@ -59,31 +86,49 @@ def export_cmd(
             raise StratagemError(f"-o ({output}): exists and is not a directory")
         if output.is_dir():
             check_dir(output, output, "-o")
-    if scenario is not None:
-        if (searched is not None or storage is not None or study is not None or trial is not None
-                or best is not None):
-            raise StratagemError("--scenario: give either --scenario [--plan] or a searched study (SCENARIO or "
-                                 "--storage/--study) [--trial|--best]")
-        scn, pl = scenario_and_plan(scenario, plan)
+    if scenario is not None and searched is not None and scenario != searched:
+        raise StratagemError("--scenario: give the scenario once (SCENARIO or --scenario)")
+    path = scenario or searched
+    err = Console(stderr=True)
+    run_steps = run_seed = run_warmup = None
+    if plan is not None:
+        if trial is not None or best is not None:
+            raise StratagemError("--plan: give one of --plan, --trial, --best")
+        if path is None:
+            raise StratagemError("--plan: needs the scenario (stratagem export SCENARIO.yaml --plan ...)")
+        picked = pick_plan("export", path, plan)
+        scn, pl, source = picked.scenario, picked.plan, f"scenario {path}"
         ev: Evaluation | None = evaluate(scn, pl)
-        source, run_steps, run_seed, run_warmup = f"scenario {scenario}", None, None, None
+        which = picked.origin
     else:
-        if plan is not None:
-            raise StratagemError("--plan: only with --scenario; pick a study's trial with --trial or --best")
-        from stratagem import reports
-        from stratagem.search.view import StudyView
+        view = (StudyView.open(*study_location("export", path, storage, study)) if trial is not None
+                or best is not None else _existing_view(path, storage, study))
+        if view is None:
+            assert path is not None  # study_location refused a missing scenario and storage
+            picked = pick_plan("export", path, None)
+            scn, pl, source = picked.scenario, picked.plan, f"scenario {path}"
+            ev = evaluate(scn, pl)
+            url, name = study_location("export", path, storage, study)
+            which = (f"exporting the scenario's plan {pl.short()}: no study {name} in {url} (run stratagem search "
+                     f"{path} first to export its best plan)")
+        else:
+            from stratagem import reports
 
-        opened = StudyView.open(*study_location("export", searched, storage, study)).study
-        note = reports.unfinished_note(opened)
-        if note:
-            Console(stderr=True).print(f"note: {note}", markup=False, soft_wrap=True)
-        chosen = choose_trial(opened, trial, best)
-        scn, pl, ev, source = chosen.scenario, chosen.plan, chosen.evaluation, chosen.source
-        run_steps, run_seed, run_warmup = chosen.steps, chosen.seed, chosen.warmup
-    bundle = export_plan(scn, pl, to, nodes, evaluation=ev, steps=steps or run_steps or 20,
+            note = reports.unfinished_note(view.study)
+            if note:
+                err.print(f"note: {note}", markup=False, soft_wrap=True)
+            chosen = choose_trial(view.study, trial, best)
+            scn, pl, ev, source = chosen.scenario, chosen.plan, chosen.evaluation, chosen.source
+            run_steps, run_seed, run_warmup = chosen.steps, chosen.seed, chosen.warmup
+            which = (f"exporting trial #{chosen.trial}: {pl.short()}" if trial is not None else
+                     f"exporting the study's best plan (--best {best or 'tokens'}), trial #{chosen.trial}: "
+                     f"{pl.short()}; {chosen.why}")
+    err.print(which, markup=False, highlight=False, soft_wrap=True)
+    if steps is None and to == "torchrun":
+        steps = run_steps
+    bundle = export_plan(scn, pl, to, nodes, evaluation=ev, steps=steps,
                          seed=seed if seed is not None else (run_seed if run_seed is not None else 0), source=source,
                          warmup=run_warmup)
-    err = Console(stderr=True)
     if bundle.notes:
         fields = ", ".join(dict.fromkeys(n.field for n in bundle.notes))
         err.print(f"{to}: {len(bundle.unexpressed)} field(s) not expressible, {len(bundle.approximated)} "

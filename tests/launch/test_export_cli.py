@@ -117,8 +117,8 @@ def test_best_prefers_measured_feasible_trials(storage: str) -> None:
     assert result.exit_code == 0, result.output
     files = files_of(result.stdout)
     assert set(files) == {"run.sh", "scenario.yaml"}
-    assert "# source: study mixed trial 3 (measured; best tokens_per_s among 1 feasible measured trial(s))" \
-        in files["run.sh"]
+    assert "# source: study mixed trial #3 (best measured: " in files["run.sh"]  # search.noise.best_measured
+    assert "exporting the study's best plan (--best tokens), trial #3: dp2 tp2" in result.stderr
     cmd = shlex.split(next(x for x in files["run.sh"].splitlines() if x.startswith("torchrun ")))
     assert cmd[cmd.index("--plan") + 1].startswith("dp=2,tp=2,pp=1,cp=1,ep=1,etp=1,dp_replicate=1,zero_stage=1,")
     assert (cmd[cmd.index("--steps") + 1], cmd[cmd.index("--seed") + 1]) == ("4", "7")  # from the measured run
@@ -137,7 +137,7 @@ def test_best_by_each_objective(storage: str, best: str) -> None:
     assert chosen.trial == expected.number and chosen.plan == Plan(**expected.params)
     result = export("--storage", storage, "--study", "analytic", "--best", best, "--to", "megatron")
     assert result.exit_code == 0, result.output
-    assert f"trial {expected.number} (analytic; best" in result.stdout
+    assert f"trial #{expected.number} (analytic; best" in result.stdout
 
 
 def test_trial_to_a_directory(storage: str, tmp_path: Path) -> None:
@@ -171,7 +171,8 @@ def test_scenario_and_plan_without_a_study(tmp_path: Path) -> None:
     (["--trial", "99"], r"--trial \(99\): study 'mixed' has trials 0-6"),
     (["--trial", "1", "--best", "tokens"], "--trial and --best: give one of them"),
     (["--best", "speed"], r"--best \('speed'\): use one of tokens, headroom, risk"),
-    (["--plan", "dp=4"], "--plan: only with --scenario"),
+    (["--plan", "dp=4"], "--plan: needs the scenario"),
+    (["--plan", "dp=4", "--trial", "1"], "--plan: give one of --plan, --trial, --best"),
     (["--to", "nemo"], r"--to \('nemo'\): unknown target"),
     (["--nodes", "3"], r"nodes \(3\): must divide the plan's world size \(4\)"),
 ])
@@ -189,8 +190,9 @@ def test_unknown_study_and_storage(storage: str, tmp_path: Path) -> None:
     assert isinstance(result.exception, StratagemError) and "studies there: mixed, analytic" in str(result.exception)
     result = export("--storage", f"sqlite:///{tmp_path}/missing.db", "--study", "x", "--to", "torchrun")
     assert isinstance(result.exception, StratagemError) and "not found" in str(result.exception)
-    result = export("--storage", storage, "--study", "mixed", "--scenario", "x.yaml", "--to", "torchrun")
-    assert isinstance(result.exception, StratagemError) and "--scenario: give either" in str(result.exception)
+    result = export("a.yaml", "--scenario", "x.yaml", "--to", "torchrun")
+    assert isinstance(result.exception, StratagemError) and "--scenario: give the scenario once" in str(
+        result.exception)
 
 
 def test_output_that_is_a_file_is_refused(storage: str, tmp_path: Path) -> None:

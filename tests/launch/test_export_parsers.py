@@ -28,8 +28,9 @@ import yaml
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
-from stratagem.launch.export import TARGETS, ExportBundle, export_plan, write_bundle
+from stratagem.launch.export import TARGETS, ExportBundle, export_plan, layout, write_bundle
 from stratagem.launch.export.deepspeed import COMMENT_KEY
+from stratagem.launch.export.model_fields import model_constants, throughput_steps
 from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan, scenario_from_dict
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.rules import capability_violations, violations
@@ -264,6 +265,11 @@ def test_torchtitan(name: str) -> None:
     flavor = {"llama3-8b": "8B", "llama3-405b": "405B"}.get(scn.model.name)
     assert doc["model"]["flavor"] == (flavor or doc["model"]["flavor"])
     assert (flavor is None) == any(n.field == "model" for n in bundle.unexpressed)
+    # a throughput check, not the training run; placeholders named as such (issue 26 item 6)
+    assert tr["steps"] == throughput_steps() and doc["lr_scheduler"]["warmup_steps"] <= tr["steps"]
+    text = bundle.files["torchtitan.toml"]
+    assert f"the full run is {layout(scn, plan).train_steps} steps" in text
+    assert tr["dataset"] == "c4_test" and "PLACEHOLDER" in text and "REPLACE-ME" in doc["model"]["hf_assets_path"]
 
 
 def test_torchtitan_flavors_match_published_llama3() -> None:
@@ -422,6 +428,11 @@ def test_megatron(name: str) -> None:
             assert m.num_layers % chunks == 0
             if plan.virtual_stages > 1:
                 assert ns.num_layers_per_virtual_pipeline_stage * chunks == m.num_layers
+    # fields Megatron would default wrongly (issue 26 item 6): rotary base, norm epsilon, vocabulary padding
+    consts = model_constants(m)
+    assert ns.rotary_base == (consts.rope_theta if m.position_embedding == "rope" else None)
+    assert ns.layernorm_epsilon == consts.norm_eps and ns.make_vocab_size_divisible_by == 128
+    assert ns.train_iters == throughput_steps() and ns.mock_data and "PLACEHOLDERS" in bundle.files["megatron.sh"]
     env = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in bundle.files["megatron.sh"]
     assert env == ((plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2)
 

@@ -35,25 +35,26 @@ __all__ = [
 
 
 def export_plan(scenario: Scenario, plan: Plan, target: str, nodes: int | None = None, *,
-                evaluation: Evaluation | None = None, steps: int = 20, seed: int | None = 0,
+                evaluation: Evaluation | None = None, steps: int | None = None, seed: int | None = 0,
                 source: str = "", warmup: int | None = None) -> ExportBundle:
     """The files that run `plan` for `scenario` with `target` on `nodes` nodes (default: the scenario's).
 
     evaluation    the plan's evaluation, if known: its step time turns the checkpoint interval into steps.
-    steps, seed   optimizer steps and seed of the harness run (torchrun target only); warmup its warm-up
-                  steps (default: the harness's).
+    steps         optimizer steps of the run (default: torchrun 20 timed harness steps; the engines a
+                  throughput check, model_fields.throughput_steps, with the full run's count in a comment).
+    seed, warmup  seed and warm-up steps of the harness run (torchrun target only; default: the harness's).
     source        where the plan came from (study and trial), written into the header.
     Raises StratagemError when the plan breaks a validity rule, `nodes` does not divide the world size, or
     the target is unknown.
     """
     if target not in TARGETS:
         raise StratagemError(f"--to ({target!r}): unknown target; use one of {', '.join(TARGETS)}")
-    if steps < 1:
+    if steps is not None and steps < 1:
         raise StratagemError(f"--steps ({steps}): must be at least 1")
-    lay = layout(scenario, plan, nodes, source)
+    lay = layout(scenario, plan, nodes, source, steps=steps)
     interval = checkpoint_interval_steps(evaluation)
     if target == "torchrun":
-        return export_torchrun(lay, steps=steps, seed=seed, warmup=warmup)
+        return export_torchrun(lay, steps=steps or 20, seed=seed, warmup=warmup)
     if target == "torchtitan":
         return export_torchtitan(lay, checkpoint_interval=interval)
     if target == "deepspeed":

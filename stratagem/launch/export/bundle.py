@@ -91,6 +91,19 @@ class Layout:
     """Optimizer steps to train the scenario's training_tokens (rounded up)."""
     source: str
     """Where the plan came from (study and trial, or the scenario file), for the header."""
+    run_steps: int = 50
+    """Optimizer steps the exported run takes: a throughput check (model_fields.throughput_steps), not
+    train_steps, unless --steps says otherwise."""
+
+    def steps_comment(self) -> str:
+        """One line: the run's step count and the full run's, for a comment beside the engine's step setting."""
+        from stratagem.launch.export.model_fields import THROUGHPUT_TIMED, THROUGHPUT_WARMUP, throughput_steps
+
+        tr = self.scenario.training
+        what = (f"a throughput check ({THROUGHPUT_WARMUP} warm-up + {THROUGHPUT_TIMED} timed steps; --steps N "
+                "to change)" if self.run_steps == throughput_steps() else "as --steps asked")
+        return (f"{self.run_steps} steps, {what}; the full run is {self.train_steps} steps (training_tokens "
+                f"{tr.training_tokens:g} / {tr.tokens_per_step} tokens per step)")
 
     @property
     def world(self) -> int:
@@ -110,8 +123,12 @@ def refuse_unrunnable(lay: Layout, target: str) -> None:
         raise StratagemError(f"--to {target}: {broken[0]}")
 
 
-def layout(scenario: Scenario, plan: Plan, nodes: int | None = None, source: str = "") -> Layout:
-    """Check the plan against the scenario's rules and derive the launch layout on `nodes` nodes."""
+def layout(scenario: Scenario, plan: Plan, nodes: int | None = None, source: str = "",
+           steps: int | None = None) -> Layout:
+    """Check the plan against the scenario's rules and derive the launch layout on `nodes` nodes; the run takes
+    `steps` optimizer steps (default: a throughput check, model_fields.throughput_steps)."""
+    from stratagem.launch.export.model_fields import throughput_steps
+
     check_plan(scenario, plan)
     world = plan.world_size
     n = scenario.cluster.num_nodes if nodes is None else nodes
@@ -121,12 +138,14 @@ def layout(scenario: Scenario, plan: Plan, nodes: int | None = None, source: str
     # spaces/pipeline_split.py: even, embedding+loss counted as layers, or explicit first/last stage counts
     stages = chunk_layers(scenario.model.num_layers, plan.pp, plan.virtual_stages, plan.first_stage_layers,
                           plan.last_stage_layers, plan.pp_split)
+    run_steps = steps
     tokens_per_step = scenario.training.tokens_per_step
     steps = -(-int(scenario.training.training_tokens) // tokens_per_step)
     return Layout(
         scenario=scenario, plan=plan, nodes=n, procs_per_node=world // n,
         grad_accum=plan.grad_accumulation(scenario.training.global_batch_size),
         stage_layers=stages, train_steps=max(1, steps), source=source,
+        run_steps=run_steps if run_steps is not None else throughput_steps(),
     )
 
 

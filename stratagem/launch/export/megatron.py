@@ -21,10 +21,12 @@ from stratagem.launch.export.bundle import (
     ExportBundle,
     FieldNote,
     Layout,
+    comment_safe,
     header_lines,
     master_addr_line,
     note_lines,
 )
+from stratagem.launch.export.model_fields import model_constants
 
 __all__ = ["MEGATRON_VERSION", "MEGATRON_COMMIT", "export_megatron", "megatron_args", "pipeline_layout"]
 
@@ -75,14 +77,23 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
     if m.kv_heads != m.num_attention_heads:
         model += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
     model += ["--seq-length", str(tr.seq_len)]
+    # rotary base and norm epsilon: Megatron's defaults (--rotary-base 10000, --norm-epsilon 1e-5) are wrong for
+    # Llama 3 (500000), DeepSeek-V3 (1e-6), ...: always written (model_fields.PUBLISHED)
+    consts = model_constants(m)
+    if not consts.source:
+        ap.append(FieldNote("model.rope_theta", f"not known for {m.name}: Megatron's defaults --rotary-base "
+                            f"{consts.rope_theta} / --norm-epsilon {consts.norm_eps:g} are written; set your "
+                            "checkpoint's rope_theta and norm epsilon"))
     if m.position_embedding == "rope":
-        model += ["--position-embedding-type", "rope", "--max-position-embeddings", str(tr.seq_len)]
+        model += ["--position-embedding-type", "rope", "--max-position-embeddings", str(tr.seq_len),
+                  "--rotary-base", str(consts.rope_theta)]
     else:
         model += ["--position-embedding-type", "learned_absolute",
                   "--max-position-embeddings", str(m.max_position_embeddings)]
     if m.mlp == "swiglu":
         model.append("--swiglu")
-    model += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    model += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+              "--norm-epsilon", f"{consts.norm_eps:g}"]
     if not m.tied_embeddings:
         model.append("--untie-embeddings-and-output-weights")
     if m.bias == "none":
@@ -129,6 +140,7 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
     # stratagem's activation model has no dropout (Megatron's default is 0.1 and saves masks)
     model += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     multiple = _VOCAB_MULTIPLE * p.tp
+    model += ["--make-vocab-size-divisible-by", str(_VOCAB_MULTIPLE)]  # written, not left to the default
     padded = -(-m.vocab_size // multiple) * multiple
     if padded != m.vocab_size:
         ap.append(FieldNote(
@@ -196,7 +208,7 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
 
     # ---- training ----------------------------------------------------------------------------------------
     train = ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(tr.global_batch_size),
-             "--train-iters", str(lay.train_steps)]
+             "--train-iters", str(lay.run_steps)]
     if p.precision in ("bf16", "fp8"):
         train.append("--bf16")
     if p.precision == "fp8":
@@ -332,8 +344,12 @@ def export_megatron(lay: Layout, checkpoint_interval: int | None = None) -> Expo
     ]
     for name, args in groups.items():
         if name == "DATA_ARGS":
-            lines.append("# Synthetic data and a placeholder learning rate, for a throughput check of this layout;")
-            lines.append("# replace with your data (--data-path), tokenizer and learning-rate schedule.")
+            lines.append("# PLACEHOLDERS: synthetic data (--mock-data), no tokenizer (NullTokenizer) and a fixed learning")
+            lines.append("# rate, for a throughput check of this layout. To train, replace --mock-data with --data-path")
+            lines.append("# <your tokenized data prefix> and the tokenizer with e.g. --tokenizer-type HuggingFaceTokenizer")
+            lines.append("# --tokenizer-model <your tokenizer>, and set your learning-rate schedule.")
+        if name == "TRAINING_ARGS":
+            lines.append(f"# --train-iters {lay.run_steps}: {comment_safe(lay.steps_comment())}")
         lines += _array(name, args)
     lines += [
         "",

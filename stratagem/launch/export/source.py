@@ -39,6 +39,8 @@ class Chosen:
     """Seed of the measured run, if recorded."""
     warmup: int | None = None
     """Warm-up steps of the measured run, if recorded."""
+    why: str = ""
+    """Why this trial: its state and fidelity, or the rule that chose it (one line)."""
 
 
 def feasible(trial: optuna.trial.FrozenTrial) -> bool:
@@ -87,11 +89,17 @@ def choose_trial(study: optuna.Study, trial: int | None = None, best: str | None
         chosen = min(pool, key=lambda t: (sign * t.values[i], t.number))
         kind = "measured" if measured else "analytic"
         why = f"{kind}; best {BEST[key]} among {len(pool)} feasible {kind} trial(s)"
+        if key == "tokens" and measured:  # the one rule for the best measured plan (search.noise)
+            from stratagem.search.noise import best_measured
+
+            top = best_measured(study)
+            if top is not None:
+                chosen, why = top.trial, top.note
     ev = trial_evaluation(chosen)
     plan = trial_plan(chosen)
     return Chosen(scenario=scenario, plan=plan, evaluation=ev, trial=chosen.number,
-                  source=f"study {name} trial {chosen.number} ({why})", steps=_steps(ev),
-                  seed=_seed(ev), warmup=_warmup(ev))
+                  source=f"study {name} trial #{chosen.number} ({why})", steps=_steps(ev),
+                  seed=_seed(ev), warmup=_warmup(ev), why=why)
 
 
 def _run(ev: Evaluation | None) -> HarnessResult | None:

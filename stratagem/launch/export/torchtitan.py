@@ -30,6 +30,7 @@ from stratagem.launch.export.bundle import (
     header_lines,
     note_lines,
 )
+from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP, model_constants
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.pipeline_split import chunk_layers
 
@@ -145,7 +146,7 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
     un: list[FieldNote] = []
     ap: list[FieldNote] = []
     tables: dict[str, dict[str, Any]] = {
-        "job": {}, "model": {}, "optimizer": {}, "training": {}, "parallelism": {}, "activation_checkpoint": {},
+        "job": {}, "model": {}, "optimizer": {}, "lr_scheduler": {}, "training": {}, "parallelism": {}, "activation_checkpoint": {},
         "checkpoint": {}, "compile": {}, "quantize.linear.float8": {},
     }
     comments: dict[str, list[str]] = {}
@@ -165,7 +166,16 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
             f"none has this architecture ({arch}); flavor {flavor!r} is written so that torchtitan stops "
             "with an unknown-flavor error until you register it",
         ))
-    tables["model"] = {"name": "llama3", "flavor": flavor}
+    tables["model"] = {"name": "llama3", "flavor": flavor, "hf_assets_path": "./assets/hf/REPLACE-ME"}
+    consts = model_constants(m, default_theta=500000)  # torchtitan llama3 TransformerModelArgs defaults
+    comments["model.flavor"] = [
+        f"rope_theta {consts.rope_theta}, norm_eps {consts.norm_eps:g}: "
+        + (f"as {consts.source}; " if consts.source else f"not known for {m.name}; ")
+        + "torchtitan fixes both in the registered flavor (torchtitan/models/llama3/__init__.py: "
+        "TransformerModelArgs), so a flavor registered for this model must set them"]
+    comments["model.hf_assets_path"] = [
+        "PLACEHOLDER: the directory holding your tokenizer (torchtitan's scripts/download_hf_assets.py), "
+        f"whose vocabulary must have {m.vocab_size} entries"]
 
     # optimizer
     if tr.optimizer == "adamw":
@@ -185,8 +195,13 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
         training["local_batch_size"] = p.micro_batch_size
         comments["training.global_batch_size"] = [
             f"= local_batch_size x data-parallel degree x {lay.grad_accum} gradient accumulation step(s)"]
-    training["steps"] = lay.train_steps
-    comments["training.steps"] = [f"training_tokens {tr.training_tokens:g} / {tr.tokens_per_step} tokens per step"]
+    training["steps"] = lay.run_steps
+    comments["training.steps"] = [lay.steps_comment()]
+    training["dataset"] = "c4_test"
+    comments["training.dataset"] = ["PLACEHOLDER: torchtitan's bundled test slice of C4, for a throughput check; "
+                                    "set your dataset (and dataset_path) to train"]
+    # the scheduler's warm-up must fit in the run (torchtitan's default is 200 steps)
+    tables["lr_scheduler"]["warmup_steps"] = min(THROUGHPUT_WARMUP, lay.run_steps)
 
     # precision
     if p.precision == "fp32":

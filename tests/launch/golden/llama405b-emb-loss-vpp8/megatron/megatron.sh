@@ -26,12 +26,15 @@ MODEL_ARGS=(
   --seq-length 8192
   --position-embedding-type rope
   --max-position-embeddings 8192
+  --rotary-base 500000
   --swiglu
   --normalization RMSNorm
+  --norm-epsilon 1e-05
   --untie-embeddings-and-output-weights
   --disable-bias-linear
   --attention-dropout 0.0
   --hidden-dropout 0.0
+  --make-vocab-size-divisible-by 128
 )
 PARALLEL_ARGS=(
   --tensor-model-parallel-size 8
@@ -42,10 +45,11 @@ PARALLEL_ARGS=(
   --account-for-loss-in-pipeline-split
   --num-virtual-stages-per-pipeline-rank 8
 )
+# --train-iters 50: 50 steps, a throughput check (10 warm-up + 40 timed steps; --steps N to change); the full run is 1907349 steps (training_tokens 1e+12 / 524288 tokens per step)
 TRAINING_ARGS=(
   --micro-batch-size 1
   --global-batch-size 64
-  --train-iters 1907349
+  --train-iters 50
   --bf16
   --tp-comm-overlap
   --recompute-granularity full
@@ -57,8 +61,10 @@ TRAINING_ARGS=(
   --async-save
   --use-persistent-ckpt-worker
 )
-# Synthetic data and a placeholder learning rate, for a throughput check of this layout;
-# replace with your data (--data-path), tokenizer and learning-rate schedule.
+# PLACEHOLDERS: synthetic data (--mock-data), no tokenizer (NullTokenizer) and a fixed learning
+# rate, for a throughput check of this layout. To train, replace --mock-data with --data-path
+# <your tokenized data prefix> and the tokenizer with e.g. --tokenizer-type HuggingFaceTokenizer
+# --tokenizer-model <your tokenizer>, and set your learning-rate schedule.
 DATA_ARGS=(
   --mock-data
   --tokenizer-type NullTokenizer

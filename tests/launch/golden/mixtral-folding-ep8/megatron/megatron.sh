@@ -24,8 +24,10 @@ MODEL_ARGS=(
   --seq-length 4096
   --position-embedding-type rope
   --max-position-embeddings 4096
+  --rotary-base 1000000
   --swiglu
   --normalization RMSNorm
+  --norm-epsilon 1e-05
   --untie-embeddings-and-output-weights
   --disable-bias-linear
   --num-experts 8
@@ -34,6 +36,7 @@ MODEL_ARGS=(
   --moe-grouped-gemm
   --attention-dropout 0.0
   --hidden-dropout 0.0
+  --make-vocab-size-divisible-by 128
 )
 PARALLEL_ARGS=(
   --tensor-model-parallel-size 2
@@ -46,18 +49,21 @@ PARALLEL_ARGS=(
   --overlap-grad-reduce
   --overlap-param-gather
 )
+# --train-iters 50: 50 steps, a throughput check (10 warm-up + 40 timed steps; --steps N to change); the full run is 3814698 steps (training_tokens 1e+12 / 262144 tokens per step)
 TRAINING_ARGS=(
   --micro-batch-size 1
   --global-batch-size 64
-  --train-iters 3814698
+  --train-iters 50
   --bf16
   --moe-token-dispatcher-type alltoall
   --optimizer adam
   --ckpt-format torch_dist
   --save "$CHECKPOINT_DIR"
 )
-# Synthetic data and a placeholder learning rate, for a throughput check of this layout;
-# replace with your data (--data-path), tokenizer and learning-rate schedule.
+# PLACEHOLDERS: synthetic data (--mock-data), no tokenizer (NullTokenizer) and a fixed learning
+# rate, for a throughput check of this layout. To train, replace --mock-data with --data-path
+# <your tokenized data prefix> and the tokenizer with e.g. --tokenizer-type HuggingFaceTokenizer
+# --tokenizer-model <your tokenizer>, and set your learning-rate schedule.
 DATA_ARGS=(
   --mock-data
   --tokenizer-type NullTokenizer

@@ -1,0 +1,74 @@
+"""Model constants an engine needs and would otherwise default wrongly: the rotary base (rope_theta) and the norm
+epsilon. The scenario's ModelSpec does not carry them (they change neither memory nor time), so the exporters read
+them here, per preset, from the `config.json` of each released checkpoint on the Hugging Face hub. A model not
+listed gets the engine's default written explicitly, with a note saying to set the checkpoint's values.
+
+Engine defaults they replace: Megatron-LM core_v0.19.0 --rotary-base 10000 (megatron/training/arguments.py) and
+--norm-epsilon 1e-5 (TransformerConfig.layernorm_epsilon); torchtitan's llama3 TransformerModelArgs rope_theta
+500000 and norm_eps 1e-5 (torchtitan/models/llama3/model/args.py), fixed per registered flavor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stratagem.spaces.model import ModelSpec
+
+__all__ = ["ModelConstants", "model_constants", "PUBLISHED", "THROUGHPUT_WARMUP", "THROUGHPUT_TIMED",
+           "throughput_steps"]
+
+
+@dataclass(frozen=True)
+class ModelConstants:
+    """The rotary base and norm epsilon of a model, and where they come from."""
+
+    rope_theta: int | None
+    """Rotary base (None: learned absolute positions, no rotary embedding)."""
+    norm_eps: float
+    """Epsilon of every LayerNorm/RMSNorm."""
+    source: str
+    """The config the values are read from; empty when they are the engine's defaults (not known)."""
+
+
+# preset name -> (rope_theta, rms_norm_eps / layer_norm_epsilon, the config.json they are read from)
+PUBLISHED: dict[str, tuple[int | None, float, str]] = {
+    "llama3-8b": (500000, 1e-5, "meta-llama/Meta-Llama-3-8B config.json"),
+    "llama3-70b": (500000, 1e-5, "meta-llama/Meta-Llama-3-70B config.json"),
+    "llama3-405b": (500000, 1e-5, "meta-llama/Llama-3.1-405B config.json"),
+    "mistral-7b": (10000, 1e-5, "mistralai/Mistral-7B-v0.1 config.json"),
+    "mixtral-8x7b": (1000000, 1e-5, "mistralai/Mixtral-8x7B-v0.1 config.json"),
+    "mixtral-8x22b": (1000000, 1e-5, "mistralai/Mixtral-8x22B-v0.1 config.json"),
+    "deepseek-v3": (10000, 1e-6, "deepseek-ai/DeepSeek-V3 config.json"),
+    "qwen3-30b-a3b": (1000000, 1e-6, "Qwen/Qwen3-30B-A3B config.json"),
+    "qwen3-235b-a22b": (1000000, 1e-6, "Qwen/Qwen3-235B-A22B config.json"),
+    "llama4-scout-17b-16e": (500000, 1e-5, "meta-llama/Llama-4-Scout-17B-16E config.json (text_config)"),
+    "gpt-oss-120b": (150000, 1e-5, "openai/gpt-oss-120b config.json"),
+    "gpt3-175b": (None, 1e-5, "GPT-3 (Brown et al. 2020) as GPT-2's layer_norm_epsilon; learned positions"),
+    # stratagem's own harness model (launch/harness/model.py ROPE_THETA, RMSNorm eps)
+    "tiny": (500000, 1e-5, "stratagem harness model (launch/harness/model.py)"),
+    "tiny-4l": (500000, 1e-5, "stratagem harness model (launch/harness/model.py)"),
+    "tiny-moe": (500000, 1e-5, "stratagem harness model (launch/harness/model.py)"),
+}
+
+
+def model_constants(model: ModelSpec, default_theta: int = 10000, default_eps: float = 1e-5) -> ModelConstants:
+    """The model's rotary base and norm epsilon (PUBLISHED, by preset name); for a model not listed, the
+    engine's defaults `default_theta` / `default_eps` with an empty source (the exporter notes it)."""
+    found = PUBLISHED.get(model.name)
+    if found is not None:
+        theta, eps, source = found
+        return ModelConstants(theta if model.position_embedding == "rope" else None, eps, source)
+    return ModelConstants(default_theta if model.position_embedding == "rope" else None, default_eps, "")
+
+
+# A throughput check, not the training run: the first steps pay for compilation, allocator growth and
+# communicator set-up, so THROUGHPUT_WARMUP steps are left out of the figure; THROUGHPUT_TIMED timed steps give
+# a median whose 95 % order-statistic interval (evaluators/spread.py spread_of_samples) spans ranks 14-27 of
+# 40 (1-based), i.e. it leaves out the slowest and fastest third of the samples.
+THROUGHPUT_WARMUP = 10
+THROUGHPUT_TIMED = 40
+
+
+def throughput_steps() -> int:
+    """Optimizer steps of an exported throughput check: warm-up plus timed steps."""
+    return THROUGHPUT_WARMUP + THROUGHPUT_TIMED
