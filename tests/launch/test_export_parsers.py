@@ -152,7 +152,7 @@ def test_torchrun(name: str, tmp_path: Path) -> None:
     back = load_scenario(tmp_path / "scenario.yaml")
     assert back.plan == plan
     assert back.model_dump(exclude={"plan", "search"}) == scn.model_dump(exclude={"plan", "search"})
-    assert bundle.approximated == []
+    assert [n.field for n in bundle.approximated] in ([], ["model.rope_theta"])  # the harness model's constants
 
 
 def _harness_refusal(scn: Scenario, plan: Plan) -> str | None:
@@ -613,3 +613,20 @@ def test_export_imports_without_torch() -> None:
             "print(sorted(m for m in ('torch', 'ray', 'deepspeed') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "[]", proc.stderr[-2000:]
+
+
+def test_torchrun_notes_the_harness_model_constants() -> None:
+    """The harness's model has one rotary base and norm epsilon (launch/harness/model.py); a model with others is
+    noted as approximated, never silently."""
+    from stratagem.launch.export.torchrun import HARNESS_NORM_EPS, HARNESS_ROPE_THETA
+    from stratagem.launch.harness.model import ROPE_THETA, RMSNorm
+
+    assert HARNESS_ROPE_THETA == ROPE_THETA and RMSNorm(4).eps == HARNESS_NORM_EPS
+    for name in TORCHRUN_CASES:
+        scn, plan = CASES[name]
+        if scn.model.position_embedding != "rope":
+            continue
+        bundle = export_plan(scn, plan, "torchrun")
+        consts = model_constants(scn.model)
+        noted = any(n.field == "model.rope_theta" for n in bundle.approximated)
+        assert noted == ((consts.rope_theta, consts.norm_eps) != (ROPE_THETA, HARNESS_NORM_EPS)), name

@@ -17,6 +17,8 @@ import json
 from typing import Any
 
 from stratagem.launch.export.bundle import ExportBundle, FieldNote, Layout, header_lines, note_lines
+from stratagem.launch.export.model_fields import model_constants
+from stratagem.spaces.model import ModelSpec
 
 __all__ = ["DEEPSPEED_VERSION", "COMMENT_KEY", "export_deepspeed", "ds_config"]
 
@@ -174,7 +176,8 @@ def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldN
         "model",
         "DeepSpeed's config does not describe the model: build it in your code "
         f"({m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads}/{m.kv_heads} heads, "
-        f"ffn {m.ffn_hidden_size}, vocab {m.vocab_size}, {m.mlp}, {m.norm}, seq_len {tr.seq_len})",
+        f"ffn {m.ffn_hidden_size}, vocab {m.vocab_size}, {m.mlp}, {m.norm}, seq_len {tr.seq_len}, "
+        + _constants(m) + ")",
     ))
     un.append(FieldNote(
         "training.checkpoint",
@@ -182,6 +185,14 @@ def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldN
         "call it at the interval the evaluation gives",
     ))
     return cfg, un, ap
+
+
+def _constants(m: ModelSpec) -> str:
+    """`rope_theta X, norm eps Y (as SOURCE)`: the model constants a hand-built model must not default."""
+    c = model_constants(m)
+    rope = f"rope_theta {c.rope_theta}, " if c.rope_theta is not None else "learned positions, "
+    return rope + f"norm eps {c.norm_eps:g}" + (f" as {c.source}" if c.source else f" (not known for {m.name}: "
+                                                 "set your checkpoint's)")
 
 
 def export_deepspeed(lay: Layout, checkpoint_interval: int | None = None) -> ExportBundle:
@@ -211,7 +222,9 @@ def export_deepspeed(lay: Layout, checkpoint_interval: int | None = None) -> Exp
         f"Launch: `{launch}`",
         "",
         f"The notes below are also in the `{COMMENT_KEY}` key of {CONFIG_FILE}; DeepSpeed ignores that key.",
-        "Optimizer hyperparameters, data and the model are your training script's.",
+        "Optimizer hyperparameters, data (PLACEHOLDER: yours), tokenizer (PLACEHOLDER: yours) and the model are "
+        "your training script's.",
+        f"For a throughput check run {lay.steps_comment()}.",
         "",
         *[f"    {x}" for x in notes],
         "",

@@ -25,7 +25,13 @@ from stratagem.launch.export.bundle import (
     note_lines,
     refuse_unrunnable,
 )
+from stratagem.launch.export.model_fields import model_constants
 from stratagem.spaces.plan import Plan
+
+HARNESS_ROPE_THETA = 500000
+"""The harness model's rotary base (launch/harness/model.py ROPE_THETA; not imported: it imports torch)."""
+HARNESS_NORM_EPS = 1e-5
+"""The harness model's RMSNorm epsilon (launch/harness/model.py RMSNorm)."""
 
 __all__ = ["HARNESS_MODULE", "export_torchrun", "harness_limits", "plan_argument", "torchrun_command",
            "scenario_document"]
@@ -100,6 +106,16 @@ def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0, warmup: 
     unexpressed = harness_limits(lay)
     approximated: list[FieldNote] = []
     s = lay.scenario
+    consts = model_constants(s.model)
+    if s.model.position_embedding == "rope" and (consts.rope_theta, consts.norm_eps) != (HARNESS_ROPE_THETA,
+                                                                                        HARNESS_NORM_EPS):
+        # launch/harness/model.py: ROPE_THETA and RMSNorm's eps are fixed (same cost, other numerics)
+        approximated.append(FieldNote(
+            "model.rope_theta",
+            f"{s.model.name} has rope_theta {consts.rope_theta}, norm eps {consts.norm_eps:g}"
+            + (f" ({consts.source})" if consts.source else " (not known)") + f"; the harness's model uses "
+            f"{HARNESS_ROPE_THETA:g} and {HARNESS_NORM_EPS:g}: the same step cost, other numerics",
+        ))
     if lay.nodes != s.cluster.num_nodes:
         approximated.append(FieldNote(
             "cluster.num_nodes",

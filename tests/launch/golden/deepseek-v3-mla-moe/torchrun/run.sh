@@ -7,6 +7,8 @@
 # Not applied by the harness (passed on as given; the run stops with the harness's error):
 #   - model.mla: True: the harness builds plain GQA attention over the whole sequence, without mla; remove it for a real run: the harness stops with an error
 #   - plan.ep: 8: ZeroRedundancyOptimizer broadcasts whole parameters over the dp ranks, and the MoE experts are DTensors on the expert mesh (measured: c10d.broadcast_ has no DTensor sharding strategy); use zero_stage 0, 2 or 3: the harness stops with an error
+# Approximated in the harness (closest setting; differs as said):
+#   - model.rope_theta: deepseek-v3 has rope_theta 10000, norm eps 1e-06 (deepseek-ai/DeepSeek-V3 config.json); the harness's model uses 500000 and 1e-05: the same step cost, other numerics
 # Run this script on each of the 32 node(s); it writes result.json next to it.
 set -euo pipefail
 cd "$(dirname "$0")"
