@@ -161,7 +161,7 @@ def reproduce_cmd(
 
     view = StudyView.open(*study_location("reproduce", searched, storage, study))
     rep = reproduce_trial(view.study, trial, result_file=result, address=ray_address)
-    console.print(f"[bold]trial {rep.trial}[/bold]  plan: {rep.plan}  logs: {rep.log_dir}")
+    console.print(f"[bold]trial #{rep.trial}[/bold]  plan: {rep.plan}  logs: {rep.log_dir}")
     if rep.environment:
         for line in rep.environment:
             console.print(f"[red]environment differs[/red] {line}")

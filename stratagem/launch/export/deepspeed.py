@@ -224,7 +224,7 @@ def export_deepspeed(lay: Layout, checkpoint_interval: int | None = None) -> Exp
         f"The notes below are also in the `{COMMENT_KEY}` key of {CONFIG_FILE}; DeepSpeed ignores that key.",
         "Optimizer hyperparameters, data (PLACEHOLDER: yours), tokenizer (PLACEHOLDER: yours) and the model are "
         "your training script's.",
-        f"For a throughput check run {lay.steps_comment()}.",
+        f"Steps: {lay.steps_comment()}.",
         "",
         *[f"    {x}" for x in notes],
         "",
