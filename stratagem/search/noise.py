@@ -96,8 +96,12 @@ def pooled_evaluation(runs: Sequence[Evaluation]) -> Evaluation:
     medians = [_own_step(e) for e in runs]
     own = medians[-1]
     step = spread.median_s if spread is not None else statistics.median(m for m in medians if m > 0)
-    scale = own / step if own > 0 and step > 0 else 1.0  # same plan, same tokens per step
     tp = last.throughput
+    per_step = (last.measurements or {}).get("tokens_per_step")
+    if per_step and step > 0 and tp.tokens_per_s > 0:  # as the harness and reproduce: tokens per step / median step
+        scale = float(per_step) / step / tp.tokens_per_s
+    else:
+        scale = own / step if own > 0 and step > 0 else 1.0  # same plan, same tokens per step
     throughput = Throughput(tokens_per_s=tp.tokens_per_s * scale, tokens_per_s_per_gpu=tp.tokens_per_s_per_gpu * scale,
                             mfu=tp.mfu * scale)
     peak_run = max((e for e in runs if e.memory is not None), key=lambda e: e.memory.peak_gib if e.memory else 0.0)

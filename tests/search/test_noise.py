@@ -18,7 +18,7 @@ def _run(times: list[float], peak: float, with_steps: bool = True) -> Evaluation
     tokens = 1000.0 / spread.median_s
     m: dict = {"step_s": spread.median_s, "step_spread": spread.model_dump(mode="json")}
     if with_steps:
-        m |= {"step_times_s": [9.9, *times], "warmup": 1}  # one warm-up step, dropped
+        m |= {"step_times_s": [9.9, *times], "warmup": 1, "tokens_per_step": 1000}  # one warm-up step, dropped
     mem = MemoryBreakdown(weights_gib=0, gradients_gib=0, optimizer_gib=0, activations_gib=peak, transient_gib=0,
                           overhead_gib=0, peak_gib=peak, hbm_gib=1.0, headroom_gib=1.0 - peak,
                           first_block_to_break=None, worst_stage=0)
