@@ -52,6 +52,9 @@ def search_cmd(
     traced: Annotated[int, typer.Option("--traced", min=0, help="After screening, trace up to K plans (front "
                                         "first, then nearest the memory limit) at full size on fake tensors; "
                                         "before any real runs.")] = 0,
+    runs_dir: Annotated[Path | None, typer.Option("--runs-dir", help="Folder of the real runs' logs, one "
+                                                  "subfolder per worker (default: runs/STUDY beside the scenario; "
+                                                  "under `ray job submit`, ~/stratagem-runs/STUDY).")] = None,
 ) -> None:
     """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, optionally
     measure the best survivors as real runs through Ray (recalibrating the model), show the front and write
@@ -67,12 +70,19 @@ def search_cmd(
         if value is not None and not value > 0:
             raise StratagemError(f"{option} ({value:g}): must be > 0")
     check_run_timeout(run_timeout)
+    from stratagem.cli.runs_dir import absolute_storage, check_storage_outlives, in_ray_job_copy, runs_root
+
+    scenario = scenario.resolve()  # paths fixed at start: a Ray job's cwd is a copy Ray may delete
     scn = load_scenario(scenario)
     cal, cal_label = scenario_calibration(scn, calibration)
     mode = check_sampler(sampler)
     url, found = study_location("search", scenario, storage, study)
     name = str(found)  # a scenario always names its study
-    report_path = None if no_report else check_output(report or scenario.with_name(f"{name}.html"), "--report")
+    url = absolute_storage(url)
+    check_storage_outlives(url)
+    runs = runs_root(scenario, name, runs_dir)
+    beside = runs.parent if in_ray_job_copy(scenario) else scenario.parent  # never into Ray's job copy
+    report_path = None if no_report else check_output((report or beside / f"{name}.html").resolve(), "--report")
     if report_path is not None and output_format(report_path, None) != "html":
         raise StratagemError(f"--report ({report_path}): the search writes an HTML report; name it .html (other "
                              "formats: stratagem report -o)")
@@ -90,7 +100,7 @@ def search_cmd(
             out.print(f"traced {done.traced} plan(s) in {done.seconds:.0f} s; logits_bytes refitted to "
                       f"{done.calibration.logits_bytes:.2f}", markup=False)
             result = done.search
-        measured = _real_runs(session, scenario, real_runs, ray_address, steps, budget_minutes, run_timeout,
+        measured = _real_runs(session, runs, real_runs, ray_address, steps, budget_minutes, run_timeout,
                               n_trials, timeout, out) if real_runs else None
     if measured is not None:
         view.print_measured(out, measured)
@@ -111,16 +121,17 @@ def search_cmd(
         raise typer.Exit(1)
 
 
-def _real_runs(session: SearchSession, scenario_path: Path, k: int, ray_address: str | None, steps: int | None,
+def _real_runs(session: SearchSession, runs: Path, k: int, ray_address: str | None, steps: int | None,
                budget_minutes: float | None, run_timeout: float | None, n_trials: int | None,
                timeout: float | None, out: Console) -> MeasureResult:
     """The real runs through Ray (SearchSession.measure); a signal: the runs in flight killed and released, exit
-    128 + N."""
+    128 + N. Run logs under `runs`/<this worker's folder> (stratagem/cli/runs_dir.py)."""
+    from stratagem.cli.runs_dir import worker_folder
     from stratagem.launch.runners.real import open_ray_evaluator
     from stratagem.search.measure import Stopped
 
     scn = session.scenario
-    run_dir = scenario_path.parent / "runs" / session.study_name
+    run_dir = worker_folder(runs)
     num_cpus = scn.cluster.num_gpus if scn.cluster.gpu.kind == "cpu" and ray_address is None else None
     out.print(f"starting Ray ({ray_address or 'local cluster'}); run logs under {run_dir}", markup=False)
     run_timeout = session.run_timeout(run_timeout)  # given, else stored with the study by an earlier call

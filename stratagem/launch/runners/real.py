@@ -240,7 +240,7 @@ def open_ray_evaluator(run_dir: Path, address: str | None, num_cpus: int | None,
     from the harness's default time budget (StepBudget()), else that many. Ray's own start-up failures become
     one line (StratagemError); the run folders this call created are removed again when nothing was written
     under them."""
-    fresh = [d for d in (run_dir, run_dir.parent) if not d.exists()]  # created by this call
+    fresh = [d for d in (run_dir, *run_dir.parents[:3]) if not d.exists()]  # created by this call
     try:
         # its predictions ('pred' beside each run) use the calibration the search starts from
         evaluator = RayRunEvaluator(run_dir, address=address, num_cpus=num_cpus, steps=steps or 6, warmup=2,
