@@ -55,6 +55,15 @@ class JobCluster(Cluster):
                 return done
             time.sleep(3)
 
+    def submit_at_once(self, cwd: Path, args: list[str], n: int) -> list[subprocess.CompletedProcess]:
+        """`n` identical `ray job submit` from `cwd` started together (after one job shows the agent is up)."""
+        cmd = [RAY, "job", "submit", "--address", self.dashboard, "--working-dir", ".", "--", sys.executable, "-m",
+               "stratagem.cli", *args]
+        procs = [subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for _ in range(n)]
+        outs = [p.communicate(timeout=400)[0] for p in procs]
+        return [subprocess.CompletedProcess(cmd, p.returncode, out, "") for p, out in zip(procs, outs, strict=True)]
+
 
 @pytest.fixture
 def job_cluster() -> Iterator[JobCluster]:
@@ -91,3 +100,26 @@ def test_ray_job_submit_twice_back_to_back_from_one_directory(tmp_path: Path, jo
     assert not (here / "runs").exists() and not (here / "stratagem.db").exists()
     st = optuna.load_study(study_name="jobs", storage=url)
     assert sum(t.user_attrs.get("fidelity") == "measured" for t in st.trials) == 2
+
+
+def test_workers_submitted_at_once_from_one_directory_share_the_study(tmp_path: Path, job_cluster: JobCluster) -> None:
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "scenario.yaml").write_text(yaml.safe_dump({**SCENARIO, "model": {**SCENARIO["model"], "name": "at-once"}}))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    runs = tmp_path / "runs"
+    job_cluster.start_head(cpus=2)
+    args = ["search", "scenario.yaml", "--storage", url, "--study", "at-once", "--steps", "2", "--ray-address",
+            "auto", "--no-report", "--runs-dir", str(runs), "--real-runs", "2"]
+    warm = job_cluster.submit(here, [*args[:-1], "0"])  # analytic only: the job agent is up, the study exists
+    assert warm.returncode == 0, (warm.stdout + warm.stderr)[-3000:]
+    for done in job_cluster.submit_at_once(here, args, 2):
+        assert done.returncode == 0 and "succeeded" in done.stdout, done.stdout[-3000:]
+        assert "Traceback" not in done.stdout, done.stdout[-3000:]
+    job_cluster.stop()
+    st = optuna.load_study(study_name="at-once", storage=url)
+    measured = [t for t in st.trials if t.user_attrs.get("fidelity") == "measured"]
+    assert len(measured) == 2 and len({t.params.get("zero_stage") for t in measured}) == 2  # disjoint plans
+    # each worker writes its own subfolder (a worker that got no run leaves none): both runs' logs, apart
+    found = [d for w in runs.iterdir() if w.is_dir() for d in w.iterdir() if d.is_dir()]
+    assert len(found) == 2 and all((d / "rank1.log").is_file() for d in found), found
