@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 $(BIN)/stratagem: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	if [ -n "$(TORCH)" ] && ! $(BIN)/python -c "import torch" 2>/dev/null; then $(BIN)/pip install -q "$(TORCH)"; fi
-	$(BIN)/pip install -q -e ".[dev,postgres]"
+	$(BIN)/pip install -q -e ".[dev,postgres,cluster]"
 	touch $(BIN)/stratagem
 
 install: $(BIN)/stratagem
