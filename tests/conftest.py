@@ -36,8 +36,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # node-id prefix -> why. Each kind keeps one fast case in the default suite, named in the comment, so that no
 # component goes untested by `make test`.
 INTEGRATION: dict[str, str] = {
-    # harness: test_harness_cli.py::test_torchrun (tp=2 under torchrun) and test_harness_plans.py stay default
+    # harness: test_harness_cli.py (tp=2 under torchrun, ranks launched like the Ray runner) and
+    # test_harness_model.py stay default
     "tests/launch/test_harness_coverage.py": "world 2 and 4 harness matrices of issue 15's mechanisms",
+    "tests/launch/test_harness_plans.py": "world 2, 4 and 8 harness matrices (227 s of setup at load 10-20)",
+    # calibrate: test_calibrate_node.py's real CPU calibration stays default
+    "tests/launch/test_calibrate_node.py::test_search_starts_from_the_calibration_and_the_report_says_so":
+        "a calibrate then a real-run search",
+    # the regret benchmark and the traced phase: their fast tests stay default
+    "tests/evaluators/test_table.py::test_regret_benchmark_replays_every_method": "bench/search_regret.py replay",
+    "tests/search/test_multifidelity.py::test_no_real_run_for_a_plan_whose_traced_memory_does_not_fit":
+        "stores every plan of the space as a traced trial, then a real-run loop",
     # Ray: test_ray_runs.py's module study (crash, hang, OOM, ok through a local Ray cluster) stays default
     "tests/launch/test_ray_runs.py::test_killed_driver_resumes_without_loss_or_repeat": "SIGKILL/resume on Ray",
     "tests/launch/test_ray_runs.py::test_export_torchrun_then_reproduce_round_trip": "torchrun + a Ray rerun",
