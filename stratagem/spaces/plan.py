@@ -196,12 +196,7 @@ def parse_plan(text: str | dict[str, Any] | None, base: Plan | None = None) -> P
         elif isinstance(value, str) and value.isdigit():
             value = int(value)
         values[name] = value
-    try:
-        return Plan(**values)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise StratagemError(f"plan.{loc} ({err.get('input')!r}): {err['msg']}") from None
+    return _build(values)
 
 
 def format_plan(plan: Plan, compact: bool = False) -> str:
@@ -309,6 +304,11 @@ def parse_label(text: str) -> Plan:
         extra = parse_plan(",".join(pairs))
         for name in extra.model_fields_set:
             put(name, getattr(extra, name), name)
+    return _build(values)
+
+
+def _build(values: dict[str, Any]) -> Plan:
+    """A Plan from parsed field values; the first validation error as one line naming the field."""
     try:
         return Plan(**values)
     except ValidationError as e:
