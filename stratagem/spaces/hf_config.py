@@ -16,7 +16,24 @@ from stratagem.errors import StratagemError
 from stratagem.files import read_json
 from stratagem.spaces.model import MLASpec, ModelSpec, MoESpec
 
-__all__ = ["read_hf_config", "spec_from_hf_dict", "llama4_vision_params", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["read_hf_config", "check_hf_config", "HF_CONFIG_MAX_BYTES", "spec_from_hf_dict", "llama4_vision_params", "SUPPORTED_MODEL_TYPES"]
+
+HF_CONFIG_MAX_BYTES = 4 << 20  # a config.json is kilobytes (Llama 4's, with its vision section, ~10 KB)
+def check_hf_config(value: Any) -> Path:
+    """The config.json an `hf_config` names, checked before it is parsed: a path (or a directory holding
+    config.json) to a regular file of at most HF_CONFIG_MAX_BYTES of UTF-8 JSON whose top level is an object
+    (stratagem.files.read_json: a FIFO, /dev/zero or a huge file is refused unread)."""
+    if not isinstance(value, str | Path) or not str(value):
+        raise StratagemError(f"model.hf_config ({value!r}): give the path of a config.json")
+    p = Path(value)
+    if p.is_dir():
+        p = p / "config.json"
+    data = read_json(p, "model.hf_config", HF_CONFIG_MAX_BYTES, hint="give the path of a config.json")
+    if not isinstance(data, dict):
+        raise StratagemError(f"model.hf_config ({p}): a JSON {type(data).__name__}, not an object; a config.json "
+                             "holds one object of fields such as model_type and hidden_size")
+    return p
+
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v2",
                          "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "gpt2", "gpt_neox")
@@ -24,8 +41,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3
 
 def read_hf_config(path: str | Path) -> ModelSpec:
     """The ModelSpec of a local config.json (or a directory holding one), read bounded (stratagem.files)."""
-    from stratagem.spaces.scenario import check_hf_config
-
     p = check_hf_config(path)
     cfg: dict[str, Any] = read_json(p, "model.hf_config")
     return spec_from_hf_dict(cfg, name=str(cfg.get("_name_or_path") or p.parent.name or "hf-model"))

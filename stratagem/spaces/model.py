@@ -9,7 +9,6 @@ experts with top-k, shared experts, first-k dense layers, MoE every n-th layer, 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -387,15 +386,6 @@ class ModelSpec(BaseModel):
         if self.moe is not None:
             n -= self.num_moe_layers() * (self.moe.num_experts - self.moe.top_k) * self.expert_params()
         return n if input_embedding else n - (self.embedding_params() - self.encoder_params)
-
-    # ---- import ----------------------------------------------------------------------------------------
-    @classmethod
-    def from_hf_config(cls, path: str | Path) -> ModelSpec:
-        """Read a local Hugging Face `config.json` (Llama, Mistral, Qwen2/3 incl. MoE, Mixtral, DeepSeek-V2/V3,
-        Llama 4, gpt-oss, GPT-2, GPT-NeoX); see `stratagem.spaces.hf_config`."""
-        from stratagem.spaces.hf_config import read_hf_config
-
-        return read_hf_config(path)
 
 
 def _llama(name: str, layers: int, h: int, heads: int, kv: int, ffn: int, vocab: int, **kw: Any) -> ModelSpec:

@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from stratagem.errors import StratagemError
-from stratagem.files import read_json, read_yaml
+from stratagem.files import read_yaml
 from stratagem.spaces.hardware import ClusterSpec
+from stratagem.spaces.hf_config import HF_CONFIG_MAX_BYTES, check_hf_config, read_hf_config
 from stratagem.spaces.model import ModelSpec, model_preset
 from stratagem.spaces.plan import Plan, is_label, parse_plan
 from stratagem.spaces.space import SearchConfig
@@ -78,27 +79,10 @@ class Scenario(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-HF_CONFIG_MAX_BYTES = 4 << 20  # a config.json is kilobytes (Llama 4's, with its vision section, ~10 KB)
 SCENARIO_MAX_BYTES = 1 << 20  # a scenario is a few hundred bytes; a search section with long lists a few KB
 MAX_BATCH = 1 << 24
 """Largest global_batch_size and seq_len accepted (16,777,216): 8,000x Llama 3 405B's 2,048 sequences of 8,192
 tokens; beyond it enumerating their divisors (O(sqrt n)) would take minutes."""
-
-
-def check_hf_config(value: Any) -> Path:
-    """The config.json an `hf_config` names, checked before it is parsed: a path (or a directory holding
-    config.json) to a regular file of at most HF_CONFIG_MAX_BYTES of UTF-8 JSON whose top level is an object
-    (stratagem.files.read_json: a FIFO, /dev/zero or a huge file is refused unread)."""
-    if not isinstance(value, str | Path) or not str(value):
-        raise StratagemError(f"model.hf_config ({value!r}): give the path of a config.json")
-    p = Path(value)
-    if p.is_dir():
-        p = p / "config.json"
-    data = read_json(p, "model.hf_config", HF_CONFIG_MAX_BYTES, hint="give the path of a config.json")
-    if not isinstance(data, dict):
-        raise StratagemError(f"model.hf_config ({p}): a JSON {type(data).__name__}, not an object; a config.json "
-                             "holds one object of fields such as model_type and hidden_size")
-    return p
 
 
 def _resolve_model(value: Any) -> Any:
@@ -108,7 +92,7 @@ def _resolve_model(value: Any) -> Any:
         # Return the merged fields (not a ModelSpec) so that pydantic validates overrides and names a bad
         # one as model.<field>.
         if "hf_config" in value:
-            base = ModelSpec.from_hf_config(check_hf_config(value["hf_config"]))
+            base = read_hf_config(value["hf_config"])
             return {**base.model_dump(), **{k: v for k, v in value.items() if k != "hf_config"}}
         if "preset" in value:
             base = model_preset(value["preset"])

@@ -4,6 +4,7 @@ import pytest
 
 from stratagem.errors import StratagemError
 from stratagem.spaces import MODEL_PRESETS, ModelSpec
+from stratagem.spaces.hf_config import read_hf_config
 
 PUBLISHED = {
     "llama3-8b": 8.03e9,
@@ -50,16 +51,16 @@ QWEN2_CFG = {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584
 def test_from_hf_config(tmp_path, cfg, count) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    spec = ModelSpec.from_hf_config(path)
+    spec = read_hf_config(path)
     assert abs(spec.num_params() / count - 1) < 0.005
 
 
 def test_from_hf_config_errors(tmp_path) -> None:
     with pytest.raises(StratagemError, match="not found"):
-        ModelSpec.from_hf_config(tmp_path / "missing.json")
+        read_hf_config(tmp_path / "missing.json")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(StratagemError, match="not supported"):
-        ModelSpec.from_hf_config(tmp_path)
+        read_hf_config(tmp_path)
 
 
 def test_bad_heads() -> None:
@@ -194,7 +195,7 @@ GPT_OSS_CFG = {
 ])
 def test_from_hf_config_round_trip(tmp_path, cfg, preset) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    spec = ModelSpec.from_hf_config(tmp_path)
+    spec = read_hf_config(tmp_path)
     want = MODEL_PRESETS[preset]
     assert spec.model_copy(update={"name": want.name}) == want
     assert spec.num_params() == want.num_params()
@@ -213,7 +214,7 @@ def test_hf_config_irregular_window_pattern_is_refused(tmp_path) -> None:
     cfg = {**GPT_OSS_CFG, "layer_types": ["full_attention"] * 3 + ["sliding_attention"] * 33}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(StratagemError, match="layer_types"):
-        ModelSpec.from_hf_config(tmp_path)
+        read_hf_config(tmp_path)
 
 
 def test_mla_refuses_grouped_kv_heads() -> None:

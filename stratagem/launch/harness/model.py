@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratagem.errors import StratagemError
+from stratagem.launch.harness.mlp import DownProjection, FeedForward
+from stratagem.launch.harness.moe import MoE
 from stratagem.launch.harness.support import model_refusal
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.training import TrainingSpec
@@ -95,33 +97,6 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # type: ignore[no-any-return]  # [b, s, h]
 
 
-class DownProjection(nn.Module):
-    """down(silu(g) * u): the region selective recompute re-runs in backward (its inputs g, u are kept)."""
-
-    def __init__(self, spec: ModelSpec, ffn: int | None = None) -> None:
-        super().__init__()
-        self.w2 = nn.Linear(ffn or spec.ffn_hidden_size, spec.hidden_size, bias=False)
-
-    def forward(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # g, u [b, s, f/t] -> [b, s, h]
-        """w2(silu(g) * u)."""
-        return self.w2(F.silu(g) * u)  # type: ignore[no-any-return]
-
-
-class FeedForward(nn.Module):
-    """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, spec: ModelSpec, ffn: int | None = None) -> None:
-        super().__init__()
-        f = ffn or spec.ffn_hidden_size
-        self.w1 = nn.Linear(spec.hidden_size, f, bias=False)  # gate
-        self.w3 = nn.Linear(spec.hidden_size, f, bias=False)  # up
-        self.down = DownProjection(spec, f)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s, h]
-        """The SwiGLU MLP of x."""
-        return self.down(self.w1(x), self.w3(x))  # type: ignore[no-any-return]
-
-
 class Block(nn.Module):
     """One decoder layer: attention and MLP (or MoE), each behind an RMSNorm with a residual."""
 
@@ -132,8 +107,6 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(spec.hidden_size)
         self.feed_forward: nn.Module = FeedForward(spec)
         if moe:  # router + grouped experts (stratagem.launch.harness.moe)
-            from stratagem.launch.harness.moe import MoE
-
             self.feed_forward = MoE(spec)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

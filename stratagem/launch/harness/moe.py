@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stratagem.launch.harness.mlp import FeedForward
 from stratagem.spaces.model import ModelSpec
 
 __all__ = ["AUX_LOSS_COEF", "AuxLoss", "GroupedExperts", "MoE", "apply_experts", "expert_parameters", "sync_expert_grads",
@@ -98,8 +99,6 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(moe.num_experts, spec.hidden_size, moe.expert_ffn_hidden_size)
         self.shared: nn.Module | None = None
         if moe.shared_experts:
-            from stratagem.launch.harness.model import FeedForward
-
             self.shared = FeedForward(spec, moe.shared_experts * moe.shared_ffn)
         self.ep_group: Any = None
         """The expert-parallel process group (set by `apply_experts`); None: every expert is local."""
