@@ -54,6 +54,10 @@ INTEGRATION: dict[str, str] = {
     "tests/search/test_cli_search.py::test_resume_after_sigkill_at_several_points[journal]": "SIGKILL loop",
     "tests/search/test_cli_search.py::test_two_concurrent_searches_share_one_study": "two CLI processes",
     # PostgreSQL: test_storage.py's single-outage case and the claims tests stay default
+    "tests/search/test_status.py::test_status_watch_waits_out_a_database_outage": "a PostgreSQL restart (19 s)",
+    "tests/search/test_storage.py::test_past_the_window_an_outage_is_one_line": "a PostgreSQL outage (8 s)",
+    # torchrun: test_harness_cli.py::test_torchrun stays default
+    "tests/launch/test_export_cli.py::test_exported_torchrun_command_runs_the_harness": "an exported run.sh run",
     "tests/search/test_multifidelity.py::test_workers_on_one_study_measure_each_plan_once": "worker processes",
     "tests/search/test_multifidelity.py::test_a_killed_workers_claim_is_taken_over": "SIGKILLed worker process",
 }

@@ -123,12 +123,14 @@ def export_cmd(
             which = (f"exporting trial #{chosen.trial}: {pl.short()}" if trial is not None else
                      f"exporting the study's best plan (--best {best or 'tokens'}), trial #{chosen.trial}: "
                      f"{pl.short()}; {chosen.why}")
-    err.print(which, markup=False, highlight=False, soft_wrap=True)
     if steps is None and to == "torchrun":
         steps = run_steps
     bundle = export_plan(scn, pl, to, nodes, evaluation=ev, steps=steps,
                          seed=seed if seed is not None else (run_seed if run_seed is not None else 0), source=source,
                          warmup=run_warmup)
+    # said after the files are written: a refused -o is the one line of a failed export
+    written = write_bundle(bundle, output, force) if output is not None else []
+    err.print(which, markup=False, highlight=False, soft_wrap=True)
     if bundle.notes:
         fields = ", ".join(dict.fromkeys(n.field for n in bundle.notes))
         err.print(f"{to}: {len(bundle.unexpressed)} field(s) not expressible, {len(bundle.approximated)} "
@@ -137,7 +139,6 @@ def export_cmd(
         for rel, text in bundle.files.items():
             sys.stdout.write(f"==> {rel} <==\n{text}" + ("" if text.endswith("\n") else "\n"))
         return
-    written = write_bundle(bundle, output, force)
     err.print(f"wrote {', '.join(str(p) for p in written)} ({source})", markup=False, soft_wrap=True)
 
 

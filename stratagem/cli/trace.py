@@ -64,17 +64,17 @@ def trace_cmd(
     tensors (the harness's own model, parallelism and optimizer; a fake process group of the plan's world
     size): the peak bytes split into weights, gradients, optimizer states, activations and the rest, beside
     the analytic prediction. Plans the harness cannot run are refused with its reason."""
+    from rich.console import Console
+
     from stratagem.files import check_owned, write_owned
     from stratagem.launch.trace.run import trace_plan
 
+    if output is not None:
+        check_owned(output, force)  # before the trace: a path it must not replace is refused now (its one line)
     picked = pick_plan("trace", scenario, plan, trial, storage, study)
     scn, pl = picked.scenario, picked.plan
-    from rich.console import Console as _Console
-
-    (_Console(stderr=True) if as_json else console).print(picked.origin, markup=False, highlight=False,
-                                                           soft_wrap=True)
-    if output is not None:
-        check_owned(output, force)  # before the trace: a path it must not replace is refused now
+    (Console(stderr=True) if as_json else console).print(picked.origin, markup=False, highlight=False,
+                                                         soft_wrap=True)
     start = time.perf_counter()
     roles = trace_plan(scn, pl)
     wall = time.perf_counter() - start
@@ -83,8 +83,6 @@ def trace_cmd(
         doc = {"format": TRACE_FORMAT, "scenario": scn.name, "plan": format_plan(pl),
                "roles": [r.to_json() for r in roles]}
         write_owned(output, json.dumps(doc, indent=1) + "\n", force)
-        from rich.console import Console
-
         Console(stderr=True).print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps([r.to_json() for r in roles], indent=1))

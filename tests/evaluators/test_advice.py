@@ -160,7 +160,7 @@ def test_explain_examples(path: Path) -> None:
     for word in ("Memory per GPU", "Step time", "Zones", "bottleneck:", "tokens/s", "Speed factors", "kernels",
                  "training.kernels", "clock", "TP comm exposed / hidden", "of the dense bf16 peak", "groups:"):
         assert word in result.output
-    data = json.loads(runner.invoke(app, ["explain", str(path), "--json"]).output)
+    data = json.loads(runner.invoke(app, ["explain", str(path), "--json"]).stdout)
     # the JSON is the library's evaluation and advice of the example's plan, field for field
     scn = load_scenario(path)
     cal, _ = resolve_calibration(scn)  # cluster.calibration when the scenario names one, as explain does
