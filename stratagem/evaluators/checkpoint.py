@@ -61,7 +61,7 @@ def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
     m, tr, cl = scn.model, scn.training, scn.cluster
     policy = tr.checkpoint
     n = len(pc)
-    fp32 = pc.precision == 0
+    fp32 = pc.fp32
     # Saved per parameter: the weights as the stack keeps them (torch: the fp32 params are the master copy;
     # others: bf16 weights + fp32 master in the optimizer) + optimizer states.
     opt = training_optimizer_bytes(scn)
