@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from stratagem.evaluators.zones import bottleneck_label
+from stratagem.quantities import percent
 from stratagem.search.events import BatchDone, Event, Notice, Phase, WindowOpened
 from stratagem.search.records import TrialKey, trial_evaluation, trial_fidelity, trial_key, trial_plan
 from stratagem.search.runner import SearchResult
@@ -68,7 +69,7 @@ def front_table(result: SearchResult, top: int) -> Table:
         m = ev.memory
         table.add_row(str(t.number), plan.short(), f"{ev.throughput.tokens_per_s_per_gpu:,.0f}",
                       f"{ev.throughput.mfu:.1%}", f"{_mem(m.peak_gib, unit)}/{_mem(m.hbm_gib, unit)}",
-                      _mem(m.headroom_gib, unit), f"{ev.checkpoint.goodput_loss:.3g}",
+                      _mem(m.headroom_gib, unit), percent(ev.checkpoint.goodput_loss),
                       bottleneck_label(ev.zones) if ev.zones else "-")
     return table
 
