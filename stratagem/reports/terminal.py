@@ -264,9 +264,10 @@ def print_measured(console: Console, mf: MeasureResult) -> None:
         pred_tok = f"{pred.throughput.tokens_per_s:,.0f}" if pred and pred.throughput else "-"
         meas_mem = f"{ev.memory.peak_gib * 1024:,.1f}" if ev.memory else "-"
         pred_mem = f"{pred.memory.peak_gib * 1024:,.1f}" if pred and pred.memory else "-"
-        status = ev.status if ev.status == "ok" else f"{ev.status}: {ev.reason.splitlines()[0][:60]}"
-        if len(status) > 34:  # the full reason is in the report and the run's log
-            status = status[:33] + "…"
+        reason = ev.reason.splitlines()[0].replace("OOM: ", "") if ev.reason else ""  # "oom: rank 0: peak ..."
+        status = ev.status if ev.status == "ok" else f"{ev.status}: {reason}"
+        if len(status) > 48:  # the full reason is in the report and the run's log
+            status = status[:47] + "…"
         cal = evaluate(scenario, ev.plan, mf.calibration)
         cal_tok = f"{cal.throughput.tokens_per_s:,.0f}" if cal.throughput else "-"
         cal_mem = f"{cal.memory.peak_gib * 1024:,.1f}" if cal.memory else "-"

@@ -58,6 +58,7 @@ from stratagem.launch.harness._faults import injected_fault
 from stratagem.launch.harness.budget import DEFAULT_MAX_STEPS, DEFAULT_MIN_STEPS, StepBudget, timed_steps
 from stratagem.launch.harness.result import HarnessResult
 from stratagem.launch.harness.support import DEFAULT_LR, unsupported
+from stratagem.quantities import memory_in, memory_unit
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario, load_scenario
@@ -140,7 +141,9 @@ def _check_cap(peak_bytes: float, cap_gib: float | None) -> None:
         return
     worst = _max_over_ranks(peak_bytes)
     if worst > cap_gib * GIB:
-        raise MemoryCapExceeded(f"tracked peak {worst / GIB:.4f} GiB exceeds --memory-cap-gib {cap_gib:g}")
+        unit = memory_unit(worst / GIB, cap_gib)  # one unit for both (MiB on the CPU demo's 10 MiB workers)
+        raise MemoryCapExceeded(f"peak {memory_in(worst / GIB, unit, True)} over the "
+                                f"{memory_in(cap_gib, unit, True)} cap (--memory-cap-gib {cap_gib:g})")
 
 
 def _gather(obj: dict[str, Any]) -> list[dict[str, Any]]:
