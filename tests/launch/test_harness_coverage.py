@@ -199,6 +199,7 @@ def test_sharded_state_bytes_match_analytic_model(launches: dict[Any, Any], scen
     mem = _analytic(scn, plan)
     expected = getattr(mem, f"{block}_gib") * GIB
     worst = [r for r in ranks if r["stage_ids"][0] == mem.worst_stage]
+    assert worst, f"no rank holds the worst stage {mem.worst_stage}: {[r['stage_ids'] for r in ranks]}"
     key = {"weights": "param_bytes", "gradients": "grad_bytes", "optimizer": "optimizer_bytes"}[block]
     measured = [r[key] + (r["unsharded_param_bytes"] if block == "weights" else 0) for r in worst]
     if block == "optimizer" and plan.zero_stage == 1:
@@ -238,6 +239,7 @@ def test_offload_keeps_the_sharded_states_in_host_memory(launches: dict[Any, Any
     ranks = _result(launches, "sharding", text)["ranks"]
     resident = _analytic(tiny, plan.model_copy(update={"optimizer_offload": "none"}))
     expected = (resident.weights_gib + resident.gradients_gib + resident.optimizer_gib) * GIB
+    assert ranks, "the offload run reported no rank"
     assert [r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] for r in ranks] == [0] * len(ranks)
     assert [r["host_state_bytes"] for r in ranks] == [pytest.approx(expected, abs=0.5)] * len(ranks)
     assert _analytic(tiny, plan).optimizer_gib == 0

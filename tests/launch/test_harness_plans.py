@@ -164,6 +164,7 @@ def test_sharded_state_bytes_match_analytic_model(launches: dict[str, Any], tiny
     mem = _analytic(tiny, plan)
     expected = getattr(mem, f"{block}_gib") * GIB
     worst = [r for r in ranks if r["stage_ids"][0] == mem.worst_stage]  # the ranks the model describes
+    assert worst, f"no rank holds the worst stage {mem.worst_stage}: {[r['stage_ids'] for r in ranks]}"
     key = {"weights": "param_bytes", "gradients": "grad_bytes", "optimizer": "optimizer_bytes"}[block]
     measured = [r[key] + (r["unsharded_param_bytes"] if block == "weights" else 0) for r in worst]
     if block == "optimizer" and plan.zero_stage == 1:
