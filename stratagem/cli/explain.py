@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rich.table import Table
 
@@ -10,7 +11,7 @@ from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, StorageOpt, StudyOp
 from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.cli.plans import Picked, TrialOpt, pick_plan
 from stratagem.errors import StratagemError
-from stratagem.evaluators import BLOCKS, Evaluation, evaluate
+from stratagem.evaluators import BLOCKS, Calibration, Evaluation, evaluate
 from stratagem.evaluators.zones import bottleneck_label, placement_words
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
 
@@ -52,16 +53,23 @@ def memory_table(ev: Evaluation) -> Table:
     return table
 
 
+def _judge(command: str, scenario: Path, plan: str | None, trial: int | None, storage: str | None,
+           study: str | None, as_json: bool, calibration: Path | None) -> tuple[Picked, Calibration | None, str, Evaluation]:
+    """The plan a command judges (said where it came from), the calibration in force and its label, and the
+    plan's evaluation with that calibration recorded in its provenance."""
+    picked = pick_plan(command, scenario, plan, trial, storage, study)
+    say_origin(picked, as_json)
+    cal, cal_label = scenario_calibration(picked.scenario, calibration)
+    ev = evaluate(picked.scenario, picked.plan, cal).model_copy(update={"provenance": {"calibration": cal_label}})
+    return picked, cal, cal_label, ev
+
+
 @app.command("evaluate")
 def evaluate_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = None, storage: StorageOpt = None,
                  study: StudyOpt = None, as_json: JsonOpt = False,
                  calibration: CalibrationOpt = None) -> None:
     """Judge one plan: the memory stack per GPU against HBM and the block that breaks first."""
-    picked = pick_plan("evaluate", scenario, plan, trial, storage, study)
-    scn, pl = picked.scenario, picked.plan
-    say_origin(picked, as_json)
-    cal, cal_label = scenario_calibration(scn, calibration)
-    ev = evaluate(scn, pl, cal).model_copy(update={"provenance": {"calibration": cal_label}})
+    picked, _, cal_label, ev = _judge("evaluate", scenario, plan, trial, storage, study, as_json, calibration)
     if as_json:
         print(ev.model_dump_json(indent=2))
         return
@@ -107,11 +115,8 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = N
     """Explain one plan: memory stack, step time by part, the four zones, the bottleneck and advice."""
     from stratagem.evaluators import advise
 
-    picked = pick_plan("explain", scenario, plan, trial, storage, study)
+    picked, cal, cal_label, ev = _judge("explain", scenario, plan, trial, storage, study, as_json, calibration)
     scn, pl = picked.scenario, picked.plan
-    say_origin(picked, as_json)
-    cal, cal_label = scenario_calibration(scn, calibration)
-    ev = evaluate(scn, pl, cal).model_copy(update={"provenance": {"calibration": cal_label}})
     if ev.status == "infeasible":
         raise StratagemError(ev.reason)
     advice = advise(scn, pl, ev, cal)
