@@ -21,6 +21,14 @@ Sources:
   [MCore-permute] megatron/core/transformer/moe/moe_utils.py permute / unpermute (index_select of the tokens
           into expert order, scatter_add of the weighted outputs back).
   [Grouped] megatron/core/transformer/moe/experts.py TEGroupedMLP; torchtitan GroupedExperts (torch._grouped_mm).
+  [TE-multi] TransformerEngine transformer_engine/common/gemm/cublaslt_gemm.cu nvte_multi_tensor_gemm: TE's grouped
+          GEMM (GroupedLinear, behind TEGroupedMLP) runs one cuBLAS GEMM per local expert, round-robin over
+          transformer_engine/common/util/multi_stream.cpp num_compute_streams = 4 streams (multi_stream_cublas_gemm);
+          the single-kernel CUTLASS grouped GEMM only with NVTE_USE_CUTLASS_GROUPED_GEMM=1 on Hopper (off by default).
+  [MCore-sync] megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize
+          (d2h_event.synchronize(): the host waits for the token counts before the all-to-all) and _DeepepManager
+          (fused_dispatch returns host token counts; permute(num_out_tokens=tokens_per_expert.sum().item())): every
+          MoE layer's forward blocks the host once, so the host cannot run ahead of the GPU across MoE layers.
   [Switch] Fedus et al. 2021, sec. 2.2: capacity = capacity_factor x tokens x top_k / experts; tokens beyond it
           are dropped, so no expert processes more.
 """
@@ -50,6 +58,10 @@ __all__ = [
     "dispatch_bytes_per_token",
     "permute_s",
     "GEMM_TILE_ROWS",
+    "grouped_gemm_concurrency",
+    "HOST_OPS",
+    "moe_host_ops_ratio",
+    "layer_host_factor",
     "moe_layer_fraction",
     "routed_matmul_per_layer",
 ]
@@ -98,13 +110,36 @@ def load_imbalance(scn: Scenario, pc: PlanColumns) -> Array:
     return np.where(n > 1, factor, 1.0)
 
 
+# Expert GEMMs one grouped-GEMM call keeps in flight at once, by the stack's kernels (StackRecord.kernels):
+# Transformer Engine's GroupedLinear issues one cuBLAS GEMM per local expert over its 4 compute streams [TE-multi];
+# eager PyTorch stacks with a grouped GEMM call torch._grouped_mm, one kernel over every local expert [Grouped]
+# (None: all of them).
+GROUPED_GEMM_STREAMS: dict[str, float | None] = {"transformer_engine": 4.0, "eager": None}
+
+
+def grouped_gemm_concurrency(scn: Scenario, pc: PlanColumns) -> Array:
+    """Local experts whose GEMMs run at the same time in one grouped-GEMM call: all E/ep of them in a single
+    grouped kernel (torch._grouped_mm), at most 4 with Transformer Engine's per-expert cuBLAS GEMMs on 4 streams
+    [TE-multi]; 1 without a grouped GEMM (one GEMM per expert, in turn)."""
+    moe = scn.model.moe
+    if moe is None:
+        return np.ones(len(pc))
+    local = np.maximum(1.0, moe.num_experts / pc.ep)
+    rec = scn.training.record
+    if not rec.grouped_gemm:
+        return np.ones(len(pc))
+    streams = GROUPED_GEMM_STREAMS.get(rec.kernels)
+    return local if streams is None else np.minimum(local, streams)
+
+
 def expert_gemm_size(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
     """Efficiency factor of the routed-expert GEMMs, as the dense small-GEMM term F / (F + half_efficiency).
 
     An expert receives n = ep x tokens x top_k / E copies of its EP group, all-gathered over etp [MCore-a2a].
-    With a grouped GEMM [Grouped] the rank's E/ep local experts run as one kernel: F is the whole group's forward
-    FLOPs (2 x E/ep x n x mats x h x f / etp), and each expert's rows are padded to whole 128-row tiles, so
-    n / (ceil(n / 128) x 128) of the tiles' work is useful; without it (one GEMM per expert) F is one expert's."""
+    F is the forward FLOPs of the expert GEMMs in flight together (grouped_gemm_concurrency of them, 2 x n x mats x
+    h x f / etp each): the whole group in one grouped kernel [Grouped], 4 experts at a time with Transformer
+    Engine's per-expert GEMMs on 4 streams [TE-multi], one expert without a grouped GEMM. Each expert's rows fill
+    whole 128-row tiles, so n / (ceil(n / 128) x 128) of the tiles' work is useful."""
     m = scn.model
     moe = m.moe
     if moe is None:
@@ -114,11 +149,64 @@ def expert_gemm_size(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
     flops = 2.0 * per_expert * mats * m.hidden_size * moe.expert_ffn_hidden_size / pc.etp
     if not scn.training.record.grouped_gemm:
         return flops / (flops + cal.half_efficiency_gflop * 1e9)
-    local = np.maximum(1.0, moe.num_experts / pc.ep)
-    group = flops * local
+    group = flops * grouped_gemm_concurrency(scn, pc)
     rows = np.maximum(per_expert, 1e-9)
     fill = rows / (np.ceil(rows / GEMM_TILE_ROWS) * GEMM_TILE_ROWS)
     return group / (group + cal.half_efficiency_gflop * 1e9) * fill
+
+
+# Host operations (Python-level calls that launch kernels, a collective or a host sync) one transformer layer issues
+# per micro-batch in Megatron-Core with Transformer Engine, fused router and fused permute, (forward, backward),
+# counted in the engine's code; backward counts the autograd nodes the forward's ops leave.
+HOST_OPS: dict[str, tuple[int, int, str]] = {
+    "attention": (8, 8, "megatron/core/transformer/attention.py SelfAttention.forward: linear_qkv "
+                        "(TELayerNormColumnParallelLinear), q/k layernorm, apply_rotary_pos_emb on q and k, "
+                        "TEDotProductAttention, linear_proj; transformer_layer.py self_attn_bda"),
+    "mlp": (4, 4, "megatron/core/transformer/mlp.py MLP.forward: linear_fc1 (pre-MLP norm fused), bias_swiglu, "
+                  "linear_fc2; transformer_layer.py mlp_bda"),
+    "moe_norm": (1, 1, "models/gpt/gpt_layer_specs.py: MoE layers keep pre_mlp_layernorm as its own TENorm"),
+    "router": (10, 5, "moe/router.py TopKRouter.forward: cast to moe_router_dtype, gating linear, "
+                      "fused topk_with_score_function, compute_routing_scores_for_aux_loss, tokens per expert, "
+                      "switch_load_balancing_loss_func (3), save_to_aux_losses_tracker, MoEAuxLossAutoScaler"),
+    "dispatch_alltoall": (21, 4, "moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess (9 count ops + the "
+                                 "all-gather of counts over tp x ep), _maybe_dtoh_and_synchronize (4 D2H copies, "
+                                 "record, synchronize), permute (fused, 2), token_dispatch (2 all-to-alls: tokens, "
+                                 "probs), dispatch_postprocess sort_chunks_by_idxs"),
+    "dispatch_deepep": (9, 2, "moe/token_dispatcher.py _DeepepManager: setup_metadata topk, probs to fp32, "
+                              "fused_dispatch (dispatch layout + dispatch; the host waits for the counts), "
+                              "fused_indices_to_multihot, tokens_per_expert.sum().item(), permute (fused, 2)"),
+    "experts": (5, 3, "moe/experts.py TEGroupedMLP.forward: split + GroupedLinear fc1, weighted bias_swiglu with "
+                      "the routing probs, split + GroupedLinear fc2 (each GroupedLinear one host call; its "
+                      "per-expert cuBLAS launches run in C++ [TE-multi])"),
+    "combine_alltoall": (3, 3, "moe/token_dispatcher.py combine_preprocess sort_chunks_by_idxs, token_combine "
+                               "all-to-all, combine_postprocess unpermute (fused)"),
+    "combine_deepep": (2, 2, "moe/token_dispatcher.py _DeepepManager unpermute (fused), fused_combine"),
+    "moe_bda": (1, 1, "transformer_layer.py mlp_bda"),
+}
+
+
+def _ops(*blocks: str) -> int:
+    return sum(HOST_OPS[b][0] + HOST_OPS[b][1] for b in blocks)
+
+
+def moe_host_ops_ratio(scn: Scenario) -> float:
+    """Host operations of an MoE layer over a dense layer's, forward + backward (HOST_OPS): attention + the MoE block
+    (its own norm, router, dispatch, grouped experts, combine) with the scenario's dispatcher, over attention + MLP.
+    The counts are Megatron-Core's; other stacks' MoE layers (router, token reordering, all-to-all whose split
+    sizes the host reads, grouped GEMM) are taken at the same count. 1 for dense models."""
+    if scn.model.moe is None:
+        return 1.0
+    d = "deepep" if scn.training.dispatcher == "deepep" else "alltoall"
+    moe = _ops("attention", "moe_norm", "router", f"dispatch_{d}", "experts", f"combine_{d}", "moe_bda")
+    return moe / _ops("attention", "mlp")
+
+
+def layer_host_factor(scn: Scenario) -> float:
+    """Host launch time of the average layer over a dense layer's (Calibration.layer_floor_ms describes a dense
+    layer): 1 + MoE share x (moe_host_ops_ratio - 1), each host operation costing the same. Every MoE layer's
+    forward blocks the host on its token counts [MCore-sync], so the host cannot work ahead across MoE layers: a
+    layer takes at least its own host time (evaluators.timing applies it per layer and micro-batch)."""
+    return 1.0 + moe_layer_fraction(scn) * (moe_host_ops_ratio(scn) - 1.0)
 
 
 def moe_layer_fraction(scn: Scenario) -> float:

@@ -1,0 +1,81 @@
+"""Issue 24 item 1, intra-node and small-expert layouts as Megatron-Core runs them: Transformer Engine's grouped GEMM
+(one cuBLAS GEMM per local expert over 4 streams) and the host work of an MoE layer (router, dispatcher with its
+host sync, permute, all-to-all, grouped MLP), each against the engine's code or a published figure."""
+
+from typing import Any
+
+import pytest
+
+from stratagem.evaluators import DEFAULT_CALIBRATION
+from stratagem.evaluators.experts import (
+    HOST_OPS,
+    expert_gemm_size,
+    grouped_gemm_concurrency,
+    layer_host_factor,
+    moe_host_ops_ratio,
+)
+from stratagem.spaces import MODEL_PRESETS, Plan, PlanColumns, Scenario, TrainingSpec, cluster_preset
+
+CAL = DEFAULT_CALIBRATION
+
+
+def scn(model: str, gpus: int = 256, stack: str = "megatron", dispatcher: str | None = None,
+        gpu: str = "h100-sxm-80g") -> Scenario:
+    tr: dict[str, Any] = {"seq_len": 4096, "global_batch_size": 2048, "stack": stack}
+    if dispatcher:
+        tr["moe_dispatcher"] = dispatcher
+    return Scenario(model=MODEL_PRESETS[model], cluster=cluster_preset(gpu, gpus, 8), training=TrainingSpec(**tr))
+
+
+def test_te_grouped_gemm_keeps_four_expert_gemms_in_flight() -> None:
+    # transformer_engine/common/util/multi_stream.cpp num_compute_streams = 4; torch._grouped_mm: one kernel
+    pcs = PlanColumns.from_plans([Plan(dp=256, ep=8), Plan(dp=256, ep=32), Plan(dp=256, ep=64)])
+    te = grouped_gemm_concurrency(scn("qwen3-235b-a22b"), pcs)  # 16, 4, 2 local experts
+    assert list(te) == [4.0, 4.0, 2.0]
+    torch = grouped_gemm_concurrency(scn("qwen3-235b-a22b", stack="torch"), pcs)
+    assert list(torch) == [16.0, 4.0, 2.0]
+    nanotron = grouped_gemm_concurrency(scn("qwen3-235b-a22b", stack="nanotron"), pcs)  # no grouped GEMM
+    assert list(nanotron) == [1.0, 1.0, 1.0]
+
+
+def test_intra_node_tp4_ep8_runs_smaller_expert_gemms_than_cross_node_ep32() -> None:
+    # the ModelZoo pair on 256 H100 (Qwen3-235B): tp4 x ep8 gives each expert 8 x 1024 x 8 / 128 = 512 rows,
+    # tp2 x ep32 gives 32 x 2048 x 8 / 128 = 4096; with TE's 4 streams the small ones fill the GPU less
+    s = scn("qwen3-235b-a22b")
+    pcs = PlanColumns.from_plans([Plan(dp=8, tp=4, pp=8, ep=8, sequence_parallel=True),
+                                  Plan(dp=16, tp=2, pp=8, ep=32, sequence_parallel=True)])
+    small, large = expert_gemm_size(s, pcs, CAL)
+    assert small < large < 1.0
+    # one forward GEMM group in flight: 4 experts x 2 x 512 x 3 x 4096 x 1536 FLOPs
+    f = 4 * 2 * 512 * 3 * 4096 * 1536
+    assert small == pytest.approx(f / (f + CAL.half_efficiency_gflop * 1e9))
+
+
+def test_moe_layer_issues_more_host_work_than_a_dense_layer() -> None:
+    dense = scn("llama3-8b", gpus=8)
+    assert moe_host_ops_ratio(dense) == 1.0 and layer_host_factor(dense) == 1.0
+    a2a = moe_host_ops_ratio(scn("qwen3-235b-a22b", dispatcher="alltoall"))
+    deepep = moe_host_ops_ratio(scn("qwen3-235b-a22b", dispatcher="deepep"))
+    # the alltoall dispatcher computes its splits on the host side of a D2H sync; DeepEP's kernels do it on the GPU
+    assert a2a > deepep > 1.0
+    # forward + backward: attention 16 + own norm 2 + router 15 + alltoall dispatch 25 + grouped MLP 8 + combine 6
+    # + bias-dropout-add 2 = 74 host operations against attention 16 + MLP 8 = 24
+    assert sum(HOST_OPS["attention"][:2]) + sum(HOST_OPS["mlp"][:2]) == 24
+    assert a2a == pytest.approx(74 / 24)
+    # DeepSeek-V3: 58 of 61 layers are MoE layers (first_k_dense_replace = 3)
+    dsv3 = scn("deepseek-v3", dispatcher="deepep")
+    assert layer_host_factor(dsv3) == pytest.approx(1 + 58 / 61 * (moe_host_ops_ratio(dsv3) - 1))
+
+
+def test_moe_host_time_matches_a_published_host_bound_run() -> None:
+    # Megatron-Bridge docs/performance-summary.md, 26.02 container, DGX-B200: Qwen3-30B-A3B on 8 GPUs, EP8, MBS 1,
+    # GBS 512, 9,691 tok/s/GPU: 512 x 4096 / (9,691 x 8) s per step over 64 micro-batches x 48 layers = 8.8 ms per
+    # MoE layer and micro-batch. The same table's DGX-B300 row at MBS 8 (29,521 tok/s/GPU) needs 2.9 ms per 4,096
+    # tokens: the MBS 1 run waits on its host. Its recipe graphs the router and preprocess (cuda_graph_scope
+    # moe_router, moe_preprocess), so the eager layer's host time is at least this.
+    per_layer = 512 * 4096 / (9691 * 8) / (64 * 48)
+    gpu_per_4096 = 512 * 4096 / (29521 * 8) / (8 * 48) / 8
+    assert per_layer > 2.5 * gpu_per_4096
+    host = CAL.layer_floor_ms * 1e-3 * layer_host_factor(scn("qwen3-30b-a3b", gpus=8, dispatcher="alltoall"))
+    assert host == pytest.approx(per_layer, rel=0.25)
+
