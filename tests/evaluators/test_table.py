@@ -36,10 +36,10 @@ def _table(limit: int = 24) -> OutcomeTable:
     cols = SearchSpace(scn).enumerate()
     plans = [cols.plan(i) for i in range(min(limit, len(cols)))]
     figures = evaluate_many(scn, plans)
-    runs = [TableOutcome(plan=format_plan(p), status="ok", tokens_per_s_per_gpu=float(t), peak_gib=float(m))
+    runs = [TableOutcome.single(format_plan(p), "ok", float(t), float(m))
             for p, t, m in zip(plans, figures.tokens_per_s_per_gpu, figures.peak_gib, strict=True)]
     slowest = int(np.argmin(figures.tokens_per_s_per_gpu))
-    runs[slowest] = TableOutcome(plan=runs[slowest].plan, status="oom", reason="tracked peak exceeds the cap")
+    runs[slowest] = TableOutcome.single(runs[slowest].plan, "oom", reason="tracked peak exceeds the cap")
     return OutcomeTable(name="synthetic", scenario=raw, runs=runs)
 
 
@@ -77,7 +77,7 @@ def test_a_plan_outside_the_table_is_an_error_not_a_made_up_figure() -> None:
 def test_load_table_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "t.json"
     bad.write_text(json.dumps({"name": "x", "scenario": {}, "runs": [{"plan": "dp=4", "status": "maybe"}]}))
-    with pytest.raises(StratagemError, match=r"t\.json.*runs\.0\.status"):
+    with pytest.raises(StratagemError, match=r"t\.json.*runs\.0\.samples\.0\.status"):
         load_table(bad)
     with pytest.raises(StratagemError, match="cannot read"):
         load_table(tmp_path / "missing.json")

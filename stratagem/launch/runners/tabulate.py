@@ -1,14 +1,16 @@
-"""Measure every plan of a small scenario once, for a tabular benchmark (bench/search_regret.py --table).
+"""Measure plans of a small scenario for a tabular benchmark (bench/measure_table.py, bench/search_regret.py --table).
 
 `measure_plans(scenario, plans, ...)` runs the plans of one world size one after the other in local launches
 (gloo on CPU, `launch.local.run_local`), each with the harness's own `run_plan`, and returns one outcome per
-plan: ok (tokens/s per GPU, peak tracked memory of the worst rank), oom (the memory cap tripped on every rank
+plan: ok (tokens/s per GPU, peak tracked memory of the worst rank, the timed steps and their spread, the host's
+load when the timed steps began and ended, the plan's wall time in the launch), oom (the memory cap tripped on every rank
 together: `MemoryCapExceeded` is collective) or failed (any other error: the launch is then retried plan by
 plan so one broken plan does not take its neighbours' results with it).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +22,6 @@ from stratagem.units import GIB
 __all__ = ["measure_plans", "rank_measure"]
 
 
-
 def rank_measure(rank: int, scenario: Scenario, plans: Sequence[Plan], steps: int, warmup: int,
                  cap_gib: float | None, budget: StepBudget | None = None) -> list[dict[str, Any]]:
     """On one rank: run each plan (`steps` timed steps, or as many as `budget` buys); its outcome (identical
@@ -30,16 +31,19 @@ def rank_measure(rank: int, scenario: Scenario, plans: Sequence[Plan], steps: in
 
     out: list[dict[str, Any]] = []
     for plan in plans:
+        start = time.perf_counter()
         try:
             r = run_plan(scenario, plan, None if budget is not None else steps, warmup, seed=0,
                          memory_cap_gib=cap_gib, checkpoint=False, budget=budget)
         except MemoryCapExceeded as e:
-            out.append({"plan": format_plan(plan), "status": "oom", "reason": str(e)})
+            out.append({"plan": format_plan(plan), "status": "oom", "reason": str(e),
+                        "wall_s": time.perf_counter() - start})
             continue
         peak = max(x.get("peak_bytes", 0) for x in r["ranks"]) / GIB
         out.append({"plan": format_plan(plan), "status": "ok", "peak_gib": peak,
                     "tokens_per_s_per_gpu": r["tokens_per_s"] / r["world_size"], "step_times_s": r["step_times_s"],
-                    "step_spread": r["step_spread"], "versions": r["versions"], "device": r["device"]})
+                    "step_spread": r["step_spread"], "host_load": r["host_load"], "steps": r["steps"],
+                    "wall_s": time.perf_counter() - start, "versions": r["versions"], "device": r["device"]})
     return out
 
 
