@@ -2,7 +2,8 @@
 Which plans run is the RunOrder policy's (search/run_order.py); this module only drives it.
 
 Budget loop (`Measurement.run`): before each batch it stops when the budget window is spent, the call's
---timeout or --n-trials is reached, or the study holds K measured runs; it expires dead workers' claims, asks the
+--timeout or --n-trials is reached, or the study holds K measured plans and this call has no re-measurement
+left to spend (R runs a call, `--remeasure`: the best and the plans within its noise, search/noise.py); it expires dead workers' claims, asks the
 policy for plans, drops those that could not finish in the budget left (the evaluator's predicted run time), and
 claims as many as the cluster runs at once (slots // widest plan, re-read each batch). While other workers hold
 the remaining plans it waits for them (or for their claims to expire).
@@ -10,7 +11,8 @@ Batch lifecycle (`Measurement.batch`): claim -> evaluate (claims renewed meanwhi
 the runs in flight are stopped) -> finish each claim as its measured trial, or release it (infra failure,
 stopped) for a retry -> refit the calibration (adopted only when it predicts held-out runs better:
 calibrate.refit_step) -> one BatchDone event. A re-measured plan's trial holds the figures of all its runs
-pooled (search/noise.py). K counts measured runs (re-measurements included), across all workers.
+pooled (search/noise.py). K counts measured plans (distinct jobs), across all workers; re-measurements are
+counted apart, R per call (each worker's call), so `--real-runs 6` measures six different jobs.
 SIGINT/SIGTERM (main thread): the runs in flight are killed, their claims released, and Stopped is raised.
 """
 
@@ -113,6 +115,8 @@ class _Tally:
     infra: int = 0
     stopped: int = 0
     """Runs stopped at the budget window's end (released; neither a result nor a failure)."""
+    remeasured: int = 0
+    """Re-measurement runs of this call that ended (not released)."""
     ended: str = ""
     """Why the loop ended ('' when the study reached K)."""
 
@@ -121,8 +125,10 @@ class Measurement:
     """One call's real-run phase on an open session (see the module docstring)."""
 
     def __init__(self, session: SearchSession, evaluator: MeasuringEvaluator, order: RunOrder, k: int,
-                 recalibrate: bool, deadline: Deadline) -> None:
+                 recalibrate: bool, deadline: Deadline, remeasure: int = 0) -> None:
         self.s, self.evaluator, self.order, self.k = session, evaluator, order, k
+        self.remeasure = remeasure
+        """Re-measurement runs this call may spend after the K plans (--remeasure)."""
         self.recalibrate, self.deadline = recalibrate, deadline
         self.tally = _Tally()
         self._budget_hit = False
@@ -163,11 +169,13 @@ class Measurement:
         with s.lock():
             expire_claims(s.study, s.backend)
             done = measured_trials(s.study)
-            runs = measured_runs(s.study)
             claimed = live_claims(s.study)
-            if runs >= self.k:
+            new_claims = [t for t in claimed.values() if t.user_attrs.get(TrialKey.ROLE) != "remeasured"]
+            left = self.k - len(done) - len(new_claims)
+            again = self.remeasure - self.tally.remeasured
+            if left <= 0 and again <= 0:
                 return [], False
-            left = want = self.k - runs - len(claimed)
+            want = left if left > 0 else again
             if self.deadline.max_runs is not None:
                 want = min(want, self.deadline.max_runs - self.tally.runs)
             if want <= 0:
@@ -175,8 +183,9 @@ class Measurement:
             state = RunState(scenario=s.scenario, space=s.space, study=s.study, calibration=self.calibration,
                              excluded=frozenset(set(claimed) | set(self.traced_out)
                                                 | set(done)),
-                             measured_runs=runs, runs_left=left, unsupported=self.evaluator.unsupported,
-                             claimed=frozenset(claimed))
+                             measured_runs=measured_runs(s.study), runs_left=max(0, left),
+                             unsupported=self.evaluator.unsupported, claimed=frozenset(claimed),
+                             remeasures_left=max(0, again))
             picks = self._in_budget(self.order.next_batch(state, want))
             if not picks:
                 return [], bool(claimed)
@@ -209,8 +218,9 @@ class Measurement:
             step = self._refit()
         self.order.update(evaluations)
         self.tally.runs += len(batch)
-        s.emit(BatchDone(measured=measured_runs(s.study), target=self.k, runs=tuple(done), step=step))
-        s.emit(Phase("real runs", min(self.k, measured_runs(s.study)), self.k))
+        plans = len(measured_trials(s.study))
+        s.emit(BatchDone(measured=plans, target=self.k, runs=tuple(done), step=step))
+        s.emit(Phase("real runs", min(self.k, plans), self.k))
 
     def _evaluate(self, batch: list[Claim]) -> list[Evaluation]:
         """Run the batch with its claims renewed; the budget's end stops it; a signal releases it and re-raises."""
@@ -254,6 +264,7 @@ class Measurement:
             t.stopped += budget_end
             release(s.backend, c, "budget window ended" if budget_end else f"infra: {ev.reason}")
             return RunDone(c.plan.short(), ev.status, first, c.role == "remeasured")
+        t.remeasured += c.role == "remeasured"
         if c.role == "remeasured" and ev.status == "ok":
             ev = pooled_evaluation([*self._previous_runs(c.plan), ev])
         reason = "" if ev.status == "ok" else f"{ev.status}: {ev.reason}"

@@ -11,15 +11,29 @@ with the re-measurement's trial (role "remeasured"), which then stands for the p
 harness) cannot be pooled: the runs' medians are then combined as their median, and the interval as the hull of
 the runs' intervals (when every run has one; else the spread stays unknown).
 
+Run-to-run noise (`run_noise`): the interval of one run's median says how well its steps pin that run's
+median, not what a second run of the same job gives: a different host load, process placement or node moves
+the whole run (measured here: the demo's best plan rerun at the same load moved -10 % against a within-run
++-6.7 %). The study estimates that spread from its own repeated runs: for every plan measured more than once,
+the log of each run's median step about the plan's mean (one-way random-effects, the pooled within-plan
+variance of run medians; Montgomery, *Design and Analysis of Experiments*, 9th ed., sec. 3.9), so
+s^2 = sum_plans sum_runs (x - mean_plan)^2 / sum_plans (runs - 1), x = ln(run median step), with
+dof = sum (runs - 1) degrees of freedom. A plan's figure pooled over k runs is then uncertain by
+t(dof) * s / sqrt(k) in log terms (Student's t at 97.5 %: the prediction interval of a mean of k runs when s
+comes from dof degrees of freedom). Each plan's tokens/s interval is its within-run interval widened to at
+least that (`plan_interval`). Without any plan measured twice the run-to-run noise is unknown and said so.
+
 Ranking: measured feasible plans by tokens/s. The best plan is "within noise" of every other whose tokens/s
-interval (from its step-time interval) overlaps the best's (`distinct`). A run without a spread (a table, a
-harness before spreads) is of unknown spread: it neither triggers a re-measurement nor is called distinct.
-Re-measurement (`remeasure_due`): the best and the plans within its noise, each at most MAX_RUNS runs, best
-first; the loop spends the last runs of its budget on them (search/run_order.py).
+interval overlaps the best's. A run without a spread (a table, a harness before spreads) is of unknown spread:
+it neither triggers a re-measurement nor is called distinct.
+Re-measurement (`remeasure_due`): first the best once more when it was measured once (one run cannot show how
+far a rerun moves), then the best and the plans within its noise, each at most MAX_RUNS runs, fewest runs
+first; the loop spends its re-measurement runs on them after the K new plans (search/run_order.py).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,8 +53,8 @@ from stratagem.search.records import (
 )
 from stratagem.spaces.plan import Plan
 
-__all__ = ["MAX_RUNS", "POOLED_KEY", "pooled_runs", "timed_steps", "pooled_evaluation", "BestMeasured", "best_measured", "remeasure_due",
-           "tokens_interval"]
+__all__ = ["MAX_RUNS", "POOLED_KEY", "pooled_runs", "timed_steps", "pooled_evaluation", "BestMeasured", "best_measured",
+           "remeasure_due", "tokens_interval", "RunNoise", "run_noise", "plan_interval", "t_975"]
 
 POOLED_KEY = "pooled"
 """Provenance key of a pooled trial's runs (`pooled_runs`)."""
@@ -118,12 +132,100 @@ def tokens_interval(tokens_per_s: float, spread: StepSpread) -> tuple[float, flo
     return tokens_per_s * spread.median_s / spread.high_s, tokens_per_s * spread.median_s / spread.low_s
 
 
+# Student's t, 97.5 % quantile (two-sided 95 %) for 1..30 degrees of freedom (NIST/SEMATECH e-Handbook of
+# Statistical Methods, sec. 1.3.6.7.2, "Critical values of the Student's t distribution"); 1.96 beyond.
+_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+          2.045, 2.042)
+
+
+def t_975(dof: int) -> float:
+    """Student's t 97.5 % quantile at `dof` (>= 1) degrees of freedom."""
+    if dof < 1:
+        raise ValueError(f"t quantile needs dof >= 1, got {dof}")
+    return _T_975[dof - 1] if dof <= len(_T_975) else 1.96
+
+
+@dataclass(frozen=True)
+class RunNoise:
+    """Run-to-run noise of one run's median step on the study's hardware (module docstring)."""
+
+    sd: float | None
+    """Standard deviation of ln(one run's median step) between runs of one plan; None: no plan measured twice."""
+    dof: int
+    """Degrees of freedom behind `sd` (sum over re-measured plans of runs - 1)."""
+    plans: int
+    """Plans measured more than once."""
+
+    def half_width(self, runs: int = 1) -> float | None:
+        """95 % half-width, in ln terms, of a plan's figure pooled over `runs` runs; None when unknown."""
+        if self.sd is None or self.dof < 1:
+            return None
+        return t_975(self.dof) * self.sd / math.sqrt(max(1, runs))
+
+    def rerun_band(self, runs: int) -> float | None:
+        """Relative band (a fraction) within which one new run of a plan measured `runs` times is expected to
+        land, 95 %: exp(t * s * sqrt(1 + 1/runs)) - 1 (the prediction interval of one more run); None: unknown."""
+        if self.sd is None or self.dof < 1:
+            return None
+        return math.expm1(t_975(self.dof) * self.sd * math.sqrt(1.0 + 1.0 / max(1, runs)))
+
+    def describe(self) -> str:
+        """`run-to-run noise 4.2 % (2 plans measured again, 2 dof)` or why it is unknown."""
+        if self.sd is None:
+            return "run-to-run noise unknown (no plan measured twice)"
+        return (f"run-to-run noise {100 * math.expm1(self.sd):.2g} % ({self.plans} plan(s) measured again, "
+                f"{self.dof} dof)")
+
+
+def run_noise(study: optuna.Study) -> RunNoise:
+    """The study's run-to-run noise from its plans measured more than once (module docstring)."""
+    squares, dof, plans = 0.0, 0, 0
+    for s in standings(study.get_trials(deepcopy=False)).values():
+        if s.fidelity != "measured":
+            continue
+        logs = [math.log(m) for m in _run_medians(s) if m > 0]
+        if len(logs) < 2:
+            continue
+        mean = sum(logs) / len(logs)
+        squares += sum((x - mean) ** 2 for x in logs)
+        dof += len(logs) - 1
+        plans += 1
+    return RunNoise(sd=math.sqrt(squares / dof) if dof else None, dof=dof, plans=plans)
+
+
+def _run_medians(s: Standing) -> list[float]:
+    """Each ok measured run's own median step (seconds), oldest first."""
+    out = []
+    for t in s.trials:
+        if trial_fidelity(t) != "measured" or trial_status(t) != "ok":
+            continue
+        ev = trial_evaluation(t)
+        if ev is not None and ev.measurements:
+            out.append(_own_step(ev))
+    return out
+
+
+def plan_interval(tokens_per_s: float, spread: StepSpread | None, runs: int,
+                  noise: RunNoise) -> tuple[float, float] | None:
+    """A measured plan's tokens/s 95 % interval: its within-run interval (pooled steps) widened to at least the
+    run-to-run half-width of a figure pooled over `runs` runs; None when its spread is unknown."""
+    if spread is None:
+        return None
+    lo, hi = tokens_interval(tokens_per_s, spread)
+    w = noise.half_width(runs)
+    if w is None:
+        return lo, hi
+    return min(lo, tokens_per_s * math.exp(-w)), max(hi, tokens_per_s * math.exp(w))
+
+
 @dataclass(frozen=True)
 class _Ranked:
     standing: Standing
     tokens: float
     spread: StepSpread | None
     runs: int
+    interval: tuple[float, float] | None
 
 
 @dataclass(frozen=True)
@@ -143,34 +245,36 @@ class BestMeasured:
     """Labels (Plan.short()) of measured plans whose tokens/s interval overlaps the best's."""
     note: str
     """One line: the plan, its figure with its interval, and whether the ranking is settled."""
+    noise: RunNoise = RunNoise(sd=None, dof=0, plans=0)
+    """The study's run-to-run noise behind the interval."""
 
 
-def _ranked(study: optuna.Study) -> list[_Ranked]:
+def _ranked(study: optuna.Study, noise: RunNoise) -> list[_Ranked]:
     out = []
     for s in standings(study.get_trials(deepcopy=False)).values():
         if s.fidelity != "measured" or not s.feasible or not s.trial.values:
             continue
         ev = trial_evaluation(s.trial)
         runs = sum(trial_fidelity(t) == "measured" and trial_status(t) == "ok" for t in s.trials)
-        out.append(_Ranked(s, float(s.trial.values[0]), spread_of(ev.measurements) if ev else None, runs))
+        tokens = float(s.trial.values[0])
+        spread = spread_of(ev.measurements) if ev else None
+        out.append(_Ranked(s, tokens, spread, runs, plan_interval(tokens, spread, runs, noise)))
     return sorted(out, key=lambda r: (-r.tokens, r.standing.trial.number))
 
 
 def _overlapping(best: _Ranked, others: Sequence[_Ranked]) -> list[_Ranked]:
-    if best.spread is None:
+    if best.interval is None:
         return []
-    lo, _ = tokens_interval(best.tokens, best.spread)
-    out = []
-    for r in others:
-        if r.spread is not None and tokens_interval(r.tokens, r.spread)[1] >= lo:
-            out.append(r)
-    return out
+    lo = best.interval[0]
+    return [r for r in others if r.interval is not None and r.interval[1] >= lo]
 
 
 def best_measured(study: optuna.Study) -> BestMeasured | None:
     """The measured feasible plan with the highest tokens/s (pooled over its runs), and the plans within its
-    noise; None when no measured plan fits. The one rule front, report, status and `export --best` use."""
-    ranked = _ranked(study)
+    noise (within-run and run-to-run); None when no measured plan fits. The one rule front, report, status and
+    `export --best` use."""
+    noise = run_noise(study)
+    ranked = _ranked(study, noise)
     if not ranked:
         return None
     best, rest = ranked[0], ranked[1:]
@@ -178,32 +282,34 @@ def best_measured(study: optuna.Study) -> BestMeasured | None:
     plan = best.standing.trial
 
     label = trial_plan(plan).short()
-    if best.spread is None:
+    if best.spread is None or best.interval is None:
         figure = f"{best.tokens:,.0f} tok/s (spread unknown)"
         verdict = "ranking not judged for noise"
     else:
-        lo, hi = tokens_interval(best.tokens, best.spread)
+        lo, hi = best.interval
         what = "95%" if best.spread.confident else "range"  # fewer than 6 steps: no 95 % interval (spread.py)
-        figure = f"{best.tokens:,.0f} tok/s ({what} {lo:,.0f}-{hi:,.0f}, {best.runs} run(s), n={best.spread.n})"
+        figure = (f"{best.tokens:,.0f} tok/s ({what} {lo:,.0f}-{hi:,.0f}, {best.runs} run(s), n={best.spread.n}; "
+                  f"{noise.describe()})")
         verdict = ("distinct from every other measured plan" if not close else
                    f"within noise of {len(close)} plan(s): " + ", ".join(
                        trial_plan(r.standing.trial).short() for r in close[:3]) + (" ..." if len(close) > 3 else ""))
     return BestMeasured(plan=trial_plan(plan), key=best.standing.key, trial=plan, tokens_per_s=best.tokens,
                         spread=best.spread, runs=best.runs,
                         within_noise=tuple(trial_plan(r.standing.trial).short() for r in close),
-                        note=f"best measured: {label}: {figure}; {verdict}")
+                        note=f"best measured: {label}: {figure}; {verdict}", noise=noise)
 
 
 def remeasure_due(study: optuna.Study, limit: int) -> list[tuple[Plan, str]]:
-    """Up to `limit` (plan, "remeasured") to run again: the best measured plan and the plans within its noise,
-    each measured fewer than MAX_RUNS times, the fewest runs first (the best first among equals)."""
-    ranked = _ranked(study)
-    if not ranked or limit <= 0:
+    """Up to `limit` (plan, "remeasured") to run again: the best measured plan when it ran once (one run cannot
+    show how far a rerun moves), and the plans within its noise, each measured fewer than MAX_RUNS times, the
+    fewest runs first (the best first among equals). Only plans with a known spread."""
+    ranked = _ranked(study, run_noise(study))
+    if not ranked or limit <= 0 or ranked[0].interval is None:
         return []
-    close = _overlapping(ranked[0], ranked[1:])
-    if not close:
+    best = ranked[0]
+    close = _overlapping(best, ranked[1:])
+    if not close and best.runs >= 2:
         return []
-
-    due = [r for r in [ranked[0], *close] if r.runs < MAX_RUNS]
+    due = [r for r in [best, *close] if r.runs < MAX_RUNS]
     due.sort(key=lambda r: r.runs)  # stable: the best first among equals
     return [(trial_plan(r.standing.trial), "remeasured") for r in due[:limit]]

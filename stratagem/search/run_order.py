@@ -4,11 +4,13 @@ the same policy through the same loop.
 
 `RankedOrder` (the shipped policy), re-ranked before every batch with the calibration in force:
   0. plans whose run was lost (an infra failure, a dead or stopped worker: claims.orphaned) run again first;
-  1. when the runs left of the budget are no more than the re-measurements due (search/noise.py: the best
-     measured plan and those within its noise), those: the last runs settle the ranking;
-  2. plans that may fit by predicted tokens/s, fastest first: predicted to fit, or predicted over the limit by
-     less than the memory model's error on this study's runs (a boundary run only where it can pay);
-  3. what an Optuna NSGA-II sampler proposes, given the measured trials so far.
+  1. while the study holds fewer than K measured plans: plans that may fit by predicted tokens/s, fastest first:
+     predicted to fit, or predicted over the limit by less than the memory model's error on this study's runs (a
+     boundary run only where it can pay); then what an Optuna NSGA-II sampler proposes, given the measured
+     trials so far;
+  2. after K plans (or when no new plan is left), the re-measurements due (search/noise.py: the best measured
+     plan once more, and those within its noise), within the call's re-measurement runs: they settle the
+     ranking.
 Plans the evaluator cannot run (`unsupported`) are skipped and remembered (`skipped`); a plan whose runs failed
 for the cluster's sake more than INFRA_RETRIES times in this call is not proposed again (`update`).
 """
@@ -69,11 +71,13 @@ class RunState:
     measured_runs: int
     """Finished measured runs in the study (every worker's, re-measurements included)."""
     runs_left: int
-    """Runs the study's K leaves after the finished and claimed ones."""
+    """New plans the study's K leaves after the measured and claimed ones."""
     unsupported: Callable[[Scenario, Plan], str | None]
     """The evaluator's `unsupported`."""
     claimed: frozenset[str] = frozenset()
     """Plan keys another run holds now (never re-measured at the same time)."""
+    remeasures_left: int = 0
+    """Re-measurement runs this call may still spend (--remeasure)."""
 
 
 class RunOrder(Protocol):
@@ -102,22 +106,19 @@ class RankedOrder:
     """Plan key -> infra failures in this call."""
 
     def next_batch(self, state: RunState, want: int) -> list[Pick]:
-        """Lost plans first, then due re-measurements at the budget's end, then the ranking (module docstring)."""
+        """Lost plans first, then new plans by the ranking up to K, then the due re-measurements (docstring)."""
         given_up = {k for k, n in self.infra.items() if n > INFRA_RETRIES}
         excluded = set(state.excluded) | given_up
         picks = [(p, r) for p, r in orphaned(state.study) if plan_key(p) not in excluded][:want]
         excluded |= {plan_key(p) for p, _ in picks}
         busy = set(state.claimed) | given_up | {plan_key(p) for p, _ in picks}
         due = [(p, r) for p, r in remeasure_due(state.study, want) if plan_key(p) not in busy]
-        if due and state.runs_left <= len(due):
-            picks += due[: want - len(picks)]
-            excluded |= {plan_key(p) for p, _ in due}
-        if len(picks) < want:
-            more = self._ranked(state, excluded, want - len(picks))
-            if not more and due:  # nothing new left to explore: settle the ranking with what remains
-                more = due[: want - len(picks)]
-            picks += more
-        return picks
+        due = due[: state.remeasures_left]
+        room = want - len(picks)
+        more = self._ranked(state, excluded, min(room, state.runs_left)) if room > 0 and state.runs_left > 0 else []
+        if not more:  # K plans measured, or nothing new left to explore: settle the ranking
+            more = due[:room]
+        return picks + more
 
     def update(self, results: Sequence[Evaluation]) -> None:
         """Count infra failures per plan (retried at most INFRA_RETRIES times in this call)."""

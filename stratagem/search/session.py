@@ -46,7 +46,12 @@ from stratagem.spaces.space import SearchSpace
 if TYPE_CHECKING:
     from stratagem.search.traced import TracedResult, Tracer
 
-__all__ = ["SearchSession", "MeasureResult"]
+__all__ = ["SearchSession", "MeasureResult", "DEFAULT_REMEASURE"]
+
+DEFAULT_REMEASURE = 2
+"""Re-measurement runs a call may spend after its K plans: the best once more (one run cannot show how far a
+rerun moves) and the nearest rival within its noise, which gives the study its first estimate of run-to-run
+noise with 2 degrees of freedom (search/noise.py run_noise)."""
 
 
 def _stderr(event: Event) -> None:
@@ -89,6 +94,10 @@ class MeasureResult:
     """best_measured(...).note: the best measured plan and whether its ranking is within noise."""
     repredicted: int = 0
     """Trials re-predicted with the latest calibration at the end of this call."""
+    plans: int = 0
+    """Measured plans (distinct jobs) in the study now: what K counts."""
+    remeasured: int = 0
+    """Re-measurement runs this call spent (at most its --remeasure)."""
     stopped: int = 0
     """Runs of this call stopped at the budget window's end (released for a later window)."""
 
@@ -246,13 +255,16 @@ class SearchSession:
     def measure(self, k: int, evaluator: MeasuringEvaluator, order: RunOrder | None = None, *,
                 budget_minutes: float | None = None, n_trials: int | None = None, timeout: float | None = None,
                 recalibrate: bool = True, run_timeout_s: float | None = None,
-                candidates: PlanColumns | None = None) -> MeasureResult:
-        """Real runs until the study holds K measured runs (search/measure.py). `budget_minutes`: the budget
+                candidates: PlanColumns | None = None, remeasure: int = DEFAULT_REMEASURE) -> MeasureResult:
+        """Real runs until the study holds K measured plans, then up to `remeasure` runs re-measuring the best and
+        the plans within its noise (search/measure.py, search/noise.py). `budget_minutes`: the budget
         window this call counts against (search/budget.py); `n_trials` / `timeout`: this call's runs / seconds;
         `run_timeout_s`: recorded with the study (the evaluator applies it); `candidates`: the default order
         runs only these plans."""
         t0 = time.perf_counter()
         _check_measure(k, evaluator, n_trials, timeout, budget_minutes)
+        if remeasure < 0:
+            raise StratagemError(f"--remeasure ({remeasure}): must be >= 0 (0: never run a plan twice)")
         check_run_timeout(run_timeout_s)
         if candidates is not None:
             check_candidates(self.space, candidates)
@@ -261,7 +273,7 @@ class SearchSession:
         order = order or RankedOrder(candidates=candidates)
         deadline = Deadline(call_end=None if timeout is None else time.monotonic() + timeout, max_runs=n_trials)
         window_index = self._begin_measure(budget_minutes, run_timeout_s, deadline)
-        m = Measurement(self, evaluator, order, k, recalibrate, deadline)
+        m = Measurement(self, evaluator, order, k, recalibrate, deadline, remeasure)
         with beating(self.study, k):  # this worker's heartbeat for `stratagem status` (search/status.py)
             m.run()
         repredicted = m.finish()
@@ -292,7 +304,7 @@ class SearchSession:
             done = measured_trials(study)
             runs = measured_runs(study)
             left = m.deadline.seconds_left()
-            if window_index and ((left is not None and left <= 0) or runs >= k):
+            if window_index and ((left is not None and left <= 0) or len(done) >= k):
                 close_window(study, window_index)
             history = calibration_history(study.user_attrs.get(StudyKey.CALIBRATION_HISTORY))
         statuses: dict[str, int] = {}
@@ -303,11 +315,12 @@ class SearchSession:
             statuses["infra"] = m.tally.infra
         best = best_measured(study)
         note = best.note if best is not None else ""
-        if best is not None and best.within_noise and runs >= k:
-            note += "; no real run left to settle it (raise --real-runs)"
+        if best is not None and best.within_noise and len(done) >= k and m.tally.remeasured >= m.remeasure:
+            note += "; no re-measurement left to settle it (raise --remeasure)"
         skipped = m.order.skipped
         return MeasureResult(
-            search=self.result(), runs=m.tally.runs, measured=runs, statuses=statuses, calibration=m.calibration,
+            search=self.result(), runs=m.tally.runs, measured=runs, plans=len(done),
+            remeasured=m.tally.remeasured, statuses=statuses, calibration=m.calibration,
             history=history, seconds=seconds, skipped=len(skipped), skipped_example=next(iter(skipped.values()), ""),
             ok_runs=m.tally.ok, results=m.tally.results, first_failure=m.tally.first_failure,
             traced_out=len(m.traced_out), traced_out_example=next(iter(m.traced_out.values()), ""),

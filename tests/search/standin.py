@@ -38,7 +38,7 @@ class KnownConstants:
 
     def __init__(self, delay_s: float = 0.0, infra: set[str] | None = None, oom: set[str] | None = None,
                  noise: float = 0.0, steps: int = 8, seed: int = 0, run_s: float | None = None,
-                 fail: set[str] | None = None) -> None:
+                 fail: set[str] | None = None, run_noise: float = 0.0) -> None:
         self.delay_s = delay_s
         self.infra = set(infra or ())
         """Plan texts (Plan.short()) whose next run fails for the cluster's sake (once each)."""
@@ -48,6 +48,8 @@ class KnownConstants:
         """Plan texts whose runs crash (status failed)."""
         self.noise = noise
         """Relative spread of the timed steps (0: no per-step times, the spread unknown, as a table)."""
+        self.run_noise = run_noise
+        """Relative spread of a whole run (every step of one run scaled by one lognormal factor: host load)."""
         self.steps, self.rng = steps, np.random.default_rng(seed)
         self.run_s = delay_s if run_s is None else run_s
         """The predicted run time `run_seconds` reports."""
@@ -94,7 +96,8 @@ class KnownConstants:
             step = float(cols.step_s[i])
             measurements: dict = {"step_s": step}
             if self.noise:  # timed steps around the true step time; the run's median is what it reports
-                times = step * (1.0 + self.noise * self.rng.standard_normal(self.steps)).clip(0.5, None)
+                run = float(np.exp(self.run_noise * self.rng.standard_normal()))  # one factor for the whole run
+                times = run * step * (1.0 + self.noise * self.rng.standard_normal(self.steps)).clip(0.5, None)
                 measurements = {"step_s": float(np.median(times)), "step_times_s": times.tolist(), "warmup": 0,
                                 SPREAD_KEY: spread_of_samples(times.tolist()).model_dump(mode="json")}
                 tok *= step / measurements["step_s"]

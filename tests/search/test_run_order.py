@@ -1,6 +1,6 @@
 """The run-order policy (search/run_order.py) apart from the loop: lost plans first, refused plans skipped and
-remembered, infra retries bounded, re-measurements only at the budget's end and only when the best measured
-plan is within noise (search/noise.py)."""
+remembered, infra retries bounded, re-measurements only after the K new plans (or when none is left) and only
+when the best measured plan ran once or is within noise (search/noise.py)."""
 
 from __future__ import annotations
 

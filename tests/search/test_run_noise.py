@@ -1,0 +1,83 @@
+"""Run-to-run noise (search/noise.py run_noise): estimated from the study's plans measured more than once, it
+widens every measured plan's interval, decides which plans are re-measured, and K counts plans while the
+re-measurements are counted apart (--remeasure). No refit here (recalibrate=False): the rule is about runs, and
+the fit is the slow part."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from standin import SCENARIO, KnownConstants
+
+from stratagem.search.noise import RunNoise, best_measured, run_noise, t_975
+from stratagem.search.run_order import RankedOrder
+from stratagem.search.session import SearchSession
+from stratagem.spaces import Plan, load_scenario
+from stratagem.spaces.columns import PlanColumns
+
+PLANS = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(tp=4)]
+
+
+def _session(tmp_path: Path) -> SearchSession:
+    s = SearchSession(load_scenario(SCENARIO), f"sqlite:///{tmp_path / 'n.db'}", "n")
+    s.screen()
+    s.store()
+    return s
+
+
+def test_t_quantiles_match_the_table() -> None:
+    """NIST/SEMATECH 1.3.6.7.2: t(0.975) = 12.706 at 1 dof, 2.228 at 10, 2.042 at 30; the normal's 1.96 beyond."""
+    assert t_975(1) == 12.706 and t_975(10) == 2.228 and t_975(30) == 2.042 and t_975(500) == 1.96
+    with pytest.raises(ValueError):
+        t_975(0)
+
+
+def test_rerun_band_is_the_prediction_interval_of_one_more_run() -> None:
+    noise = RunNoise(sd=0.05, dof=4, plans=2)
+    assert noise.rerun_band(2) == pytest.approx(math.expm1(2.776 * 0.05 * math.sqrt(1.5)))
+    assert noise.half_width(4) == pytest.approx(2.776 * 0.05 / 2)
+    assert RunNoise(sd=None, dof=0, plans=0).rerun_band(1) is None
+    assert "unknown" in RunNoise(sd=None, dof=0, plans=0).describe()
+
+
+def test_k_counts_plans_and_re_measurements_are_apart(tmp_path: Path) -> None:
+    """--real-runs 3 measures three different plans; --remeasure 2 then runs the best once more (one run cannot
+    show how far a rerun moves) and one more run of a plan within its noise."""
+    s = _session(tmp_path)
+    mf = s.measure(3, KnownConstants(noise=0.02, run_noise=0.3, seed=3), RankedOrder(PlanColumns.from_plans(PLANS)),
+                   remeasure=2, recalibrate=False)
+    measured = [t for t in s.study.trials if t.user_attrs.get("fidelity") == "measured"]
+    assert mf.plans == 3 and mf.remeasured == 2 and mf.measured == 5
+    assert len({t.user_attrs["plan"] for t in measured}) == 3
+    roles = [t.user_attrs.get("role") for t in measured]
+    assert roles.count("remeasured") == 2
+
+
+def test_run_noise_is_estimated_from_repeated_runs(tmp_path: Path) -> None:
+    """Steps 2 % apart within a run, whole runs 30 % apart (lognormal): the within-run intervals of two runs of
+    one plan do not overlap, yet the estimate of run-to-run noise is of the injected size, and the best's
+    interval is widened to it."""
+    s = _session(tmp_path)
+    s.measure(2, KnownConstants(noise=0.02, run_noise=0.3, seed=5, steps=12),
+              RankedOrder(PlanColumns.from_plans(PLANS[:2])), remeasure=4, recalibrate=False)
+    noise = run_noise(s.study)
+    assert noise.plans >= 1 and noise.dof >= 2 and noise.sd is not None
+    assert 0.05 < noise.sd < 1.0  # injected 0.3 (few samples: only its order is testable)
+    best = best_measured(s.study)
+    assert best is not None and best.noise == noise and "run-to-run noise" in best.note
+    lo, hi = best.tokens_per_s * math.exp(-noise.half_width(best.runs)), best.tokens_per_s
+    assert best.spread is not None and best.runs >= 2
+    within = best.tokens_per_s * best.spread.median_s / best.spread.high_s
+    assert lo < within or np.isclose(lo, within)  # the run-to-run term is the wider one here
+    assert hi > 0
+
+
+def test_without_repeats_the_noise_is_unknown_and_said(tmp_path: Path) -> None:
+    s = _session(tmp_path)
+    s.measure(2, KnownConstants(noise=0.02, seed=1), RankedOrder(PlanColumns.from_plans(PLANS[:2])), remeasure=0, recalibrate=False)
+    assert run_noise(s.study) == RunNoise(sd=None, dof=0, plans=0)
+    best = best_measured(s.study)
+    assert best is not None and "run-to-run noise unknown" in best.note
