@@ -57,7 +57,8 @@ def report_cmd(
         sys.stdout.write(built.text)
         return
     reports.write_text_atomic(output, built.text, force)
-    console.print(f"wrote {output} ({len(built.info.plans)} plans, {len(built.info.front)} on the Pareto front)",
+    console.print(f"wrote {output} ({len(built.info.plans):,} distinct plans, {len(built.info.front):,} on the Pareto "
+                  "front now)",
                   markup=False, soft_wrap=True)
 
 

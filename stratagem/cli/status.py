@@ -39,6 +39,7 @@ def status_cmd(
     """Trials stored, measured runs done/claimed/failed by kind, workers alive (by heartbeat), K and how many
     are done, retries pending and done, releases by a signal, best plan so far (measured and predicted),
     calibration error per batch, time spent and left of the real-run budget. Never creates a storage."""
+    from stratagem.reports.counts import count_lines
     from stratagem.search.retry import set_retry_minutes
     from stratagem.search.view import StudyView
 
@@ -49,10 +50,11 @@ def status_cmd(
     try:
         while True:
             s = view.status()
+            counts = view.counts()
             if as_json:
-                print(json.dumps(s.as_dict()), flush=True)
+                print(json.dumps({**s.as_dict(), "counts": counts.as_dict()}), flush=True)
             else:
-                _render(console, s)
+                _render(console, s, count_lines(counts, s.study), counts.measured_plans)
             if not watch:
                 return
             time.sleep(interval)
@@ -64,14 +66,14 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
-def _render(out: Console, s: StudyStatus) -> None:
-    done = sum(s.measured.values())
-    kinds = ", ".join(f"{k} {v}" for k, v in sorted(s.measured.items())) or "none"
-    of_k = f"{done} of K={s.k}" if s.k is not None else f"{done}"
+def _render(out: Console, s: StudyStatus, counts: list[str], plans: int) -> None:
+    """The count lines (`reports.counts.count_lines`, as search and report print them), then the status;
+    `plans`: the measured plans, which K counts."""
     ended = " (ended)" if s.finished else ""
+    of_k = f"{plans} of K={s.k} done" if s.k is not None else f"{plans} done (K not recorded)"
     lines = [
-        f"study {s.study}: {s.analytic} analytic trials stored",
-        f"measured: {of_k} done ({kinds}); {s.claimed} running (claimed)",
+        *counts,
+        f"measured plans: {of_k}; {s.claimed} claimed now",
         f"lost runs: {s.infra} infra failure(s), {s.signal_released} released by a signal, {s.expired} expired "
         f"claim(s); retries: {s.retries_pending} pending, {s.retries_done} done",
         f"workers alive: {len(s.workers)}" + (f" ({', '.join(s.workers)})" if s.workers else ""),

@@ -20,6 +20,7 @@ from typing import Any
 from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo, CapacityRow
+from stratagem.reports.counts import count_lines_of
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.reports.payload import PAYLOAD_VERSION, capacity_payload, report_payload, scenario_summary
 from stratagem.reports.runs import RealRun, history_table, real_runs, runs_summary, runs_table
@@ -111,21 +112,14 @@ def _scenario_table(s: dict[str, Any]) -> str:
 
 
 def _counts(info: ParetoInfo) -> str:
-    parts = [
-        f"{info.n_trials} trials", f"{len(info.plans)} distinct plans", f"{len(info.feasible)} feasible",
-        f"{len(info.front)} on the Pareto front", f"{len(info.measured)} measured",
-    ]
-    if info.n_superseded:
-        parts.append(f"{info.n_superseded} trials superseded by a later or measured trial of the same plan")
-    if info.n_unfinished:
-        parts.append(f"{info.n_unfinished} unfinished trials not shown")
-    out = f"<p>{_e(', '.join(parts))}.</p>"
+    out = '<ul class="counts">' + "".join(f"<li>{_e(line)}</li>" for line in count_lines_of(info)) + "</ul>"
     if info.not_run:
         out += "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in info.not_run) + "</ul>"
     causes = info.infeasible_summary
     if causes:
         items = "".join(f"<li>{_e(c)}: {n}</li>" for c, n in causes)
-        out += f"<p>Why plans are not feasible:</p><ul>{items}</ul>"
+        out += (f"<p>Stored plans that do not fit ({len(info.plans) - len(info.feasible):,}), by why:</p>"
+                f"<ul>{items}</ul>")
     return out
 
 

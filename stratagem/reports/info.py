@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
 from stratagem.reports.advice import AdviceView, advice_for, study_calibration
 from stratagem.search.calibrate import CalibrationStep, calibration_history
+from stratagem.search.counts import StudyCounts, study_counts
 from stratagem.search.noise import best_measured
 from stratagem.search.pareto import nondominated
 from stratagem.search.records import (
@@ -144,6 +145,9 @@ class ParetoInfo:
     `stratagem calibrate` file) and whether real runs refitted it."""
     history: tuple[CalibrationStep, ...] = ()
     """One entry per refit of the calibration on the real runs (study attribute "calibration_history")."""
+    counts: StudyCounts | None = None
+    """The study's counts by the one counting rule (`search.counts.study_counts`), as search and status print
+    them (None: read from no study)."""
 
     @property
     def feasible(self) -> list[int]:
@@ -337,7 +341,7 @@ def pareto_info(
         plan_of_trial={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
         calibration=_calibration_text(attrs), not_run=_not_run_lines(attrs),
         best_measured=top.note if top else "", best_measured_trial=top.trial.number if top else None,
-        history=tuple(calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))),
+        history=tuple(calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))), counts=study_counts(study),
     )
 
 

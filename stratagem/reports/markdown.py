@@ -9,6 +9,7 @@ from html import escape
 from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo
+from stratagem.reports.counts import count_lines_of
 from stratagem.reports.html import fmt, pct
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.reports.payload import scenario_summary
@@ -159,12 +160,12 @@ def render_markdown(info: ParetoInfo, capacity: CapacityInfo | None = None) -> s
            f"stratagem {_md(info.stratagem_version or 'unknown')}.", "",
            f"Calibration: {_md(info.calibration or 'published defaults')}.", "", "## Scenario", ""]
     out += _scenario(info.scenario) + [""]
-    out += [f"{info.n_trials} trials, {len(info.plans)} distinct plans, {len(info.feasible)} feasible, "
-            f"{len(info.front)} on the Pareto front, {len(info.measured)} measured.", ""]
+    out += ["## Counts", ""] + [f"- {_md(line)}" for line in count_lines_of(info)] + [""]
     if info.not_run:
         out += [f"- {_md(line)}" for line in info.not_run] + [""]
     if info.infeasible_summary:
-        out += ["Not feasible:"] + [f"- {_md(c)}: {n}" for c, n in info.infeasible_summary] + [""]
+        out += [f"Stored plans that do not fit ({len(info.plans) - len(info.feasible):,}), by why:"] + [
+            f"- {_md(c)}: {n}" for c, n in info.infeasible_summary] + [""]
     out += ["## Best plan per objective", ""]
     if info.best:
         rows = [[_TITLES.get(k, k), f"`{_md(info.plans[i].label)}`", fmt(info.plans[i].value("tokens_per_s")),

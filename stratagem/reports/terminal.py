@@ -9,15 +9,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import optuna
-from optuna.trial import FrozenTrial
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from stratagem.evaluators.zones import bottleneck_label
-from stratagem.quantities import percent
+from stratagem.quantities import duration, percent
+from stratagem.reports.counts import count_lines
+from stratagem.search.counts import study_counts, trial_kinds
 from stratagem.search.events import BatchDone, Event, Notice, Phase, WindowOpened
 from stratagem.search.records import TrialKey, trial_evaluation, trial_fidelity, trial_key, trial_plan
 from stratagem.search.runner import SearchResult
@@ -91,53 +91,16 @@ def print_result(console: Console, result: SearchResult, top: int) -> None:
         out.print(line, markup=False, soft_wrap=True, highlight=False)
 
 
-_KINDS = {"screened": "screened plans", "measured": "measured runs", "traced": "traced plans",
-          "recalibrated": "re-predicted with the refitted calibration", "unfinished": "unfinished",
-          "other": "other"}
-
-
-def trial_kinds(trials: list[FrozenTrial]) -> dict[str, int]:
-    """How many of a study's trials are which kind (keys of _KINDS, in that order; zero counts left out)."""
-    counts = dict.fromkeys(_KINDS, 0)
-    for t in trials:
-        attrs = t.user_attrs
-        if not t.state.is_finished() or t.state == optuna.trial.TrialState.FAIL:
-            counts["unfinished"] += 1
-        elif attrs.get(TrialKey.FIDELITY) == "measured":
-            counts["measured"] += 1
-        elif attrs.get(TrialKey.FIDELITY) == "traced":
-            counts["traced"] += 1
-        elif attrs.get(TrialKey.ROLE) == "recalibrated":
-            counts["recalibrated"] += 1
-        elif attrs.get(TrialKey.FIDELITY) == "analytic":
-            counts["screened"] += 1
-        else:
-            counts["other"] += 1
-    return {k: n for k, n in counts.items() if n}
-
-
 def summary_lines(result: SearchResult) -> list[str]:
-    """The counts under the front table: the space, the study's trials (what they are, adding up), how to
-    watch the study and report it (commands shell-quoted)."""
-    c = result.counts
-    space = (f"{c.valid:,} valid plans (distinct jobs), all screened" if c.screened == c.valid
-             else f"{c.valid:,} valid plans (distinct jobs), {c.screened:,} screened ({result.mode})")
-    margin = result.screening.space.config.memory_margin_gib
+    """The counts under the front table (`reports.counts.count_lines`: the one counting rule, as `report` and
+    `status` print it), what this call stored, how to watch the study and report it (commands shell-quoted)."""
     notes = [f"note: {n}" for n in result.screening.space.notes]
-    if result.study is not None:
-        trials = result.study.get_trials(deepcopy=False)
-        kinds = trial_kinds(trials)
-        total = len(trials)
-        parts = ", ".join(f"{n:,} {_KINDS[k]}" for k, n in kinds.items())
-        held = f"{total:,} in all: {parts}" if parts else f"{total:,} in all"
-    else:
-        held = f"{result.trials:,} in all"
+    counts = (count_lines(study_counts(result.study), result.study_name) if result.study is not None
+              else [f"{result.trials:,} trials in all"])
     report = shlex.join(["stratagem", "report", "--storage", result.storage.url, "--study", result.study_name])
-    return notes + [
-        f"{space}; {c.pruned:,} pruned (predicted peak over HBM - {margin:g} GiB margin), "
-        f"{c.feasible:,} fit, {c.front:,} on the predicted front",
-        f"study {result.study_name!r}: {result.stored} screened plans stored now, {result.already} already "
-        f"there; {held} ({result.seconds:.1f} s)",
+    return notes + counts + [
+        f"this call: {result.stored:,} screened plans stored, {result.already:,} already there "
+        f"({duration(result.seconds)})",
         f"watch it: {result.storage.dashboard_command()}",
         f"report:   {report}",
     ]
@@ -158,6 +121,7 @@ def result_json(result: SearchResult) -> str:
                    "front": c.front},
         "stored": result.stored, "already": result.already, "trials": result.trials,
         "kinds": trial_kinds(result.study.get_trials(deepcopy=False)) if result.study is not None else None,
+        "study_counts": study_counts(result.study).as_dict() if result.study is not None else None,
         "seconds": round(result.seconds, 3), "front": front,
     }, indent=2)
 

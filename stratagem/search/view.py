@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from stratagem.errors import StratagemError
 from stratagem.evaluators.calibration import Calibration
 from stratagem.search.calibrate import CalibrationStep, calibration_history
+from stratagem.search.counts import StudyCounts, study_counts
 from stratagem.search.noise import BestMeasured, best_measured
-from stratagem.search.records import Standing, StudyKey, TrialKey, front_trials, standings
+from stratagem.search.records import Standing, StudyKey, front_trials, standings
 from stratagem.search.storage import StorageSpec, load_study, open_storage, parse_storage, study_names
 
 if TYPE_CHECKING:
@@ -23,22 +24,6 @@ if TYPE_CHECKING:
     from stratagem.search.status import StudyStatus
 
 __all__ = ["StudyView", "StudyCounts"]
-
-
-@dataclass(frozen=True)
-class StudyCounts:
-    """How many trials a study holds, by kind."""
-
-    trials: int
-    """Every trial, any state."""
-    analytic: int
-    """Analytic trials (screened plans, re-predictions)."""
-    measured: int
-    """Finished measured trials (ok, oom, failed, timeout)."""
-    running: int
-    """Trials running now (claims of real runs)."""
-    plans: int
-    """Distinct plans holding a result (one standing each)."""
 
 
 @dataclass(frozen=True)
@@ -102,16 +87,8 @@ class StudyView:
         return calibration_history(self.attrs().get(StudyKey.CALIBRATION_HISTORY))
 
     def counts(self) -> StudyCounts:
-        """Trials by kind."""
-        from optuna.trial import TrialState
-
-        trials = self.trials()
-        fidelity = [t.user_attrs.get(TrialKey.FIDELITY) for t in trials]
-        return StudyCounts(
-            trials=len(trials), analytic=sum(f == "analytic" for f in fidelity),
-            measured=sum(f == "measured" and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                         for f, t in zip(fidelity, trials, strict=True)),
-            running=sum(t.state == TrialState.RUNNING for t in trials), plans=len(standings(trials)))
+        """The study's counts by the one counting rule (`search.counts.study_counts`)."""
+        return study_counts(self.study)
 
     def status(self, now: float | None = None) -> StudyStatus:
         """What the study holds now, for the person on call (`search.status.study_status`)."""
