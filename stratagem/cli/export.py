@@ -23,6 +23,7 @@ from stratagem.cli.app import (
 from stratagem.cli.plans import pick_plan
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Evaluation, evaluate
+from stratagem.quantities import percent
 
 if TYPE_CHECKING:
     from stratagem.search.view import StudyView
@@ -174,9 +175,11 @@ def reproduce_cmd(
     for row in rep.rows:
         flag = "[red]beyond noise" if row.flagged else "[green]ok"
         # step time / tokens/s: median (95 % interval, steps); the band is where the intervals still overlap
-        table.add_row(row.metric, row.band("recorded"), row.band("now"), f"{row.rel_diff:+.1%}",
-                      f"±{row.threshold:.1%}", flag)
+        table.add_row(row.metric, row.band("recorded"), row.band("now"), ("+" if row.rel_diff >= 0 else "") + percent(row.rel_diff),
+                      f"±{percent(row.noise)}", flag)
     console.print(table)
+    if rep.noise_note:
+        console.print(rep.noise_note, markup=False)
     if rep.load_note:
         console.print(rep.load_note, markup=False)
     console.print("losses: " + ("[green]identical trajectory" if rep.losses_match else "[red]differ"))

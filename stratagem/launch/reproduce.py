@@ -7,7 +7,10 @@ against the stored spread (issue 22 item 4): each run's median step comes with i
 intervals overlap (`spread.distinct` is false): the rerun's median then lies within the recorded interval
 widened by the rerun's own half-interval on that side, and that band, relative to the recorded median, is
 the row's threshold. A result without per-step times (nothing to build an interval from) falls back to a 2 %
-band. Peak memory: 1% or the allocation granularity, whichever is larger (2 MiB CUDA blocks; 64 KiB of small
+band. Those intervals say how well each run pins its own median, not how far a whole rerun moves (host load,
+placement, node: search/noise.py); when the study has re-measured plans, its run-to-run noise gives the band a
+rerun of a plan measured k times lands in (95 %, `RunNoise.rerun_band`), and the time rows are flagged only
+beyond both. Without any plan measured twice the run-to-run noise is unknown and the verdict says so. Peak memory: 1% or the allocation granularity, whichever is larger (2 MiB CUDA blocks; 64 KiB of small
 buffers on CPU);
 losses must agree to 1e-5 relative (same seed, same data, same arithmetic).
 The environment is compared first: a different device kind/name or world size, or a different torch
@@ -16,6 +19,7 @@ major.minor makes the comparison meaningless and is reported as such (the CLI ex
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING
 from stratagem.errors import StratagemError
 from stratagem.evaluators.spread import StepSpread
 from stratagem.launch.harness.result import HarnessResult, parse_result, read_result
+from stratagem.quantities import memory_in, memory_unit, sig
 
 if TYPE_CHECKING:
     import optuna
@@ -49,6 +54,11 @@ class Comparison:
     """The rerun's 95 % interval in the metric's unit."""
     steps: tuple[int, int] | None = None
     """Timed steps behind the two intervals (recorded, now)."""
+    run_band: float | None = None
+    """Relative move a whole rerun makes within run-to-run noise (95 %, search/noise.py), None: unknown or not a
+    time row."""
+    unit: str = ""
+    """How the figures print: "GiB" (memory, unit by magnitude), "s", "" (a plain figure)."""
 
     @property
     def rel_diff(self) -> float:
@@ -57,21 +67,38 @@ class Comparison:
 
     @property
     def flagged(self) -> bool:
-        """With both intervals: they do not overlap. Else the difference exceeds both the relative threshold
-        and the absolute floor."""
+        """With both intervals: they do not overlap, and the move is beyond the run-to-run band where that is
+        known. Else the difference exceeds both the relative threshold and the absolute floor."""
         if self.recorded_band is not None and self.now_band is not None:
             (a_lo, a_hi), (b_lo, b_hi) = self.recorded_band, self.now_band
-            return a_hi < b_lo or b_hi < a_lo
+            apart = a_hi < b_lo or b_hi < a_lo
+            if self.run_band is None or not self.recorded or not self.now:
+                return apart
+            return apart and abs(math.log(self.now / self.recorded)) > math.log1p(self.run_band)
         return abs(self.now - self.recorded) > max(self.threshold * abs(self.recorded), self.floor)
 
+    @property
+    def noise(self) -> float:
+        """The relative move allowed: the larger of the within-run band and the run-to-run band."""
+        return max(self.threshold, self.run_band or 0.0)
+
+    def _text(self, *values: float) -> list[str]:
+        if self.unit == "GiB":
+            unit = memory_unit(*values)
+            return [memory_in(v, unit, with_unit=i == len(values) - 1) for i, v in enumerate(values)]
+        suffix = f" {self.unit}" if self.unit else ""
+        return [sig(v) + (suffix if i == len(values) - 1 else "") for i, v in enumerate(values)]
+
     def band(self, which: str = "recorded") -> str:
-        """`0.281 (0.262-0.301, n=12)`: a median with its interval and steps, for the table ('' without)."""
+        """`0.281 s (0.262-0.301, n=12)`: a median with its interval and steps (3 significant figures, memory in
+        its unit: stratagem.quantities), for the table."""
         band = self.recorded_band if which == "recorded" else self.now_band
         value = self.recorded if which == "recorded" else self.now
         if band is None:
-            return f"{value:.4g}"
+            return self._text(value)[0]
         n = "" if self.steps is None else f", n={self.steps[0 if which == 'recorded' else 1]}"
-        return f"{value:.4g} ({band[0]:.4g}-{band[1]:.4g}{n})"
+        lo, hi, mid = self._text(band[0], band[1], value)
+        return f"{mid} ({lo}-{hi}{n})"
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,8 @@ class Reproduction:
     losses_match: bool | None = None
     """Same loss trajectory (to 1e-5 relative), None when not comparable."""
     log_dir: str = ""
+    noise_note: str = ""
+    """The study's run-to-run noise behind the time rows' band (search/noise.py RunNoise.describe)."""
     host_load: tuple[float | None, float | None] = (None, None)
     """The host's 1-minute load average during the timed steps, recorded and now (a CPU host's steps stretch
     with load: harness.budget's measurements), None where the result has none."""
@@ -135,12 +164,13 @@ def environment_differences(recorded: HarnessResult, now: HarnessResult) -> list
     return out
 
 
-def compare_results(recorded: HarnessResult, now: HarnessResult,
-                    model: ModelSpec | None = None) -> tuple[list[Comparison], bool]:
+def compare_results(recorded: HarnessResult, now: HarnessResult, model: ModelSpec | None = None,
+                    run_band: float | None = None) -> tuple[list[Comparison], bool]:
     """Rows for tokens/s, step time and peak memory, and whether the losses match (`model`: the run's model,
-    whose largest tensor bounds the CPU memory noise)."""
-    rows = [*_time_rows(recorded, now),
-            Comparison("peak memory (GiB)", recorded.peak_gib, now.peak_gib, 0.01, _memory_granularity(recorded, model))]
+    whose largest tensor bounds the CPU memory noise; `run_band`: the run-to-run band of the time rows)."""
+    rows = [*_time_rows(recorded, now, run_band),
+            Comparison("peak memory", recorded.peak_gib, now.peak_gib, 0.01, _memory_granularity(recorded, model),
+                       unit="GiB")]
     a, b = recorded.losses, now.losses
     match = len(a) == len(b) and all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b, strict=True))
     return rows, match
@@ -164,22 +194,22 @@ def _allowed(rec: StepSpread, now: StepSpread) -> float:
     return ((rec.median_s - rec.low_s) + (now.high_s - now.median_s)) / rec.median_s
 
 
-def _time_rows(recorded: HarnessResult, now: HarnessResult) -> list[Comparison]:
+def _time_rows(recorded: HarnessResult, now: HarnessResult, run_band: float | None) -> list[Comparison]:
     """tokens/s and step time, judged on the two runs' 95 % intervals of the median step (the rows' `flagged`
     is spread.distinct's rule: the intervals do not overlap)."""
     rec, cur = _spread(recorded), _spread(now)
     if rec is None or cur is None:
         return [Comparison("tokens/s", recorded.tokens_per_s, now.tokens_per_s, _NO_SPREAD_BAND),
-                Comparison("step time (s)", recorded.step_s, now.step_s, _NO_SPREAD_BAND)]
+                Comparison("step time", recorded.step_s, now.step_s, _NO_SPREAD_BAND, unit="s")]
     steps = (rec.n, cur.n)
     tokens_rec, tokens_now = recorded.tokens_per_s * recorded.step_s, now.tokens_per_s * now.step_s
     allowed = _allowed(rec, cur)
     # tokens/s = tokens_per_step / step: its interval is the step interval inverted (ends swapped)
     return [Comparison("tokens/s", recorded.tokens_per_s, now.tokens_per_s, allowed,
                        recorded_band=(tokens_rec / rec.high_s, tokens_rec / rec.low_s),
-                       now_band=(tokens_now / cur.high_s, tokens_now / cur.low_s), steps=steps),
-            Comparison("step time (s)", recorded.step_s, now.step_s, allowed, recorded_band=(rec.low_s, rec.high_s),
-                       now_band=(cur.low_s, cur.high_s), steps=steps)]
+                       now_band=(tokens_now / cur.high_s, tokens_now / cur.low_s), steps=steps, run_band=run_band),
+            Comparison("step time", recorded.step_s, now.step_s, allowed, recorded_band=(rec.low_s, rec.high_s),
+                       now_band=(cur.low_s, cur.high_s), steps=steps, run_band=run_band, unit="s")]
 
 
 def _recorded_result(trial: optuna.trial.FrozenTrial) -> HarnessResult:
@@ -196,7 +226,8 @@ def _recorded_result(trial: optuna.trial.FrozenTrial) -> HarnessResult:
 def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | None = None,
                     run_dir: str | Path | None = None, address: str | None = None) -> Reproduction:
     """Rerun trial `number` through Ray (or read `result_file`) and compare with what was recorded."""
-    from stratagem.search.records import study_scenario, trial_plan
+    from stratagem.search.noise import pooled_runs, run_noise
+    from stratagem.search.records import study_scenario, trial_evaluation, trial_plan
     from stratagem.spaces.plan import format_plan
 
     found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
@@ -229,8 +260,15 @@ def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | 
     env = environment_differences(recorded, now)
     if env:
         return Reproduction(number, format_plan(plan), env, log_dir=log_dir)
-    rows, match = compare_results(recorded, now, study_scenario(study).model)
-    return Reproduction(number, format_plan(plan), [], rows, match, log_dir, (_load(recorded), _load(now)))
+    noise = run_noise(study)
+    ev = trial_evaluation(trial)
+    runs = int(pooled_runs(ev).get("runs") or 1) if ev is not None else 1
+    rows, match = compare_results(recorded, now, study_scenario(study).model, noise.rerun_band(runs))
+    note = noise.describe() + (f"; the recorded figure pools {runs} runs" if runs > 1 else "")
+    if noise.sd is None:
+        note += ": judged on the two runs' own intervals, which understate how far a rerun moves"
+    return Reproduction(number, format_plan(plan), [], rows, match, log_dir, note, (_load(recorded), _load(now)))
+
 
 
 def _load(result: HarnessResult) -> float | None:
