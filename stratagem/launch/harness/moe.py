@@ -233,9 +233,9 @@ def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
 
 
 def apply_experts(part: nn.Module, experts_mesh: Any) -> None:
-    """Expert parallelism over `experts_mesh` (dims pp, edp, ep, etp; see parallelize.expert_mesh): each
-    GroupedExperts weight becomes a DTensor sharded on the expert dim over ep (Shard(0): this rank's E/ep
-    experts) and, with etp > 1, on its f dim over etp (w1, w3 Shard(1), w2 Shard(2): torchtitan
+    """Expert parallelism over `experts_mesh` (dims pp, edp_replicate, edp_shard, ep, etp; see
+    expert_grid.expert_mesh): each GroupedExperts weight becomes a DTensor sharded on the expert dim over ep
+    (Shard(0): this rank's E/ep experts) and, with etp > 1, on its f dim over etp (w1, w3 Shard(1), w2 Shard(2): torchtitan
     ExpertTensorParallel on the [ep, etp] mesh); materialise fills it with its slice of the seeded full value.
     Each MoE layer dispatches over the ep group. Call on the meta-device model, before FSDP."""
     from torch.distributed.tensor import Shard, distribute_tensor

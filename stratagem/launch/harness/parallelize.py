@@ -12,9 +12,10 @@ Data parallel by zero stage (over the mesh's "dp" dim):
   2: FSDP2 fully_shard(reshard_after_forward=False): params and grads sharded at rest, unsharded params kept
      from forward to backward
   3: FSDP2 fully_shard(reshard_after_forward=True)
-Expert parallelism (MoE, ep > 1 or tp > 1; stratagem.launch.harness.moe): experts DTensor-sharded over the ep (and
-etp) ranks of a second mesh (pp, edp, ep, etp), all_to_all_single dispatch/combine; DDP ignores and FSDP2 skips the
-experts, whose gradients are summed over edp. MoE under TP: torchtitan's apply_moe_ep_tp (see `apply_tp`). Loss-parallel under TP (pp = 1): vocabulary-sharded logits and torch's
+Expert parallelism (MoE, ep > 1 or tp > 1; stratagem.launch.harness.moe, expert_grid): experts DTensor-sharded over
+the ep (and etp) ranks of a second mesh (pp, edp_replicate, edp_shard, ep, etp), all_to_all_single dispatch/combine;
+under ZeRO-2/3 FSDP2 shards them over edp in units of their own (torchtitan's dp_mod_ep / efsdp mesh); DDP (and
+FSDP2 where edp / dp_replicate = 1) leaves them out, their gradients summed over edp. MoE under TP: torchtitan's apply_moe_ep_tp (see `apply_tp`). Loss-parallel under TP (pp = 1): vocabulary-sharded logits and torch's
 loss_parallel cross-entropy. Offload: FSDP2 CPUOffloadPolicy (zero 2/3).
 HSDP (dp_replicate > 1): FSDP2 on the 2-D (dp_replicate, dp_shard) mesh (shard within a replica, all-reduce
 across replicas); zero 1 partitions optimizer states over dp_shard. ZeRO's divisor is dp / dp_replicate.
@@ -26,12 +27,14 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from stratagem.errors import StratagemError
+from stratagem.launch.harness.expert_grid import expert_mesh, uses_expert_mesh
 from stratagem.launch.harness.model import Transformer
 from stratagem.launch.harness.moe import MoE
 from stratagem.launch.harness.support import optimizer_refusal, plan_refusals
@@ -246,11 +249,15 @@ def apply_ac(part: Transformer, mode: str, recompute_layers: int = 0) -> None:
 
 
 def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, precision: str,
-               offload: bool = False, ignored: set[nn.Parameter] | None = None) -> None:
+               offload: bool = False, ignored: set[nn.Parameter] | None = None,
+               expert_units: Callable[..., None] | None = None) -> None:
     """FSDP2 units: each block, the embedding, the final norm + output, then the root (tied embeddings
     stay in the root unit, the only one that spans both ends). `offload`: FSDP2's CPUOffloadPolicy, which
     keeps the sharded parameters, their gradients and so the optimizer states and step in host memory and
-    copies each unit to the device for its forward/backward (pinned host memory when there is a GPU)."""
+    copies each unit to the device for its forward/backward (pinned host memory when there is a GPU).
+    MoE experts on the expert mesh are either `ignored` (kept whole, their gradients summed by
+    moe.sync_expert_grads) or made units of their own by `expert_units(block, **fsdp kwargs but the mesh)`
+    (expert_grid.shard_experts over edp) before their block."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
@@ -261,6 +268,8 @@ def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, pre
     if ignored:  # expert-parallel experts: sharded over ep, their gradients synced by moe.sync_expert_grads
         kw["ignored_params"] = ignored
     for _, block in _blocks(part):
+        if expert_units is not None:
+            expert_units(block, **{k: v for k, v in kw.items() if k != "mesh"})
         fully_shard(block, **kw)
     if not part.spec.tied_embeddings:
         if part.tok_embeddings is not None:
@@ -271,23 +280,19 @@ def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, pre
     fully_shard(part, **kw)
 
 
-def uses_expert_mesh(plan: Plan, spec: ModelSpec) -> bool:
-    """Whether the routed experts live on the expert mesh (DTensors outside DDP/FSDP, gradients summed over edp
-    by moe.sync_expert_grads): an MoE model under expert parallelism or TP."""
-    return spec.moe is not None and (plan.ep > 1 or plan.tp > 1)
+def _expert_fsdp(part: Transformer, plan: Plan, experts_mesh: Any) -> dict[str, Any]:
+    """apply_fsdp's expert arguments: none for experts FSDP shards with their block (no expert mesh), units of
+    their own over edp (expert_grid.shards_experts), else the experts left out of FSDP (`ignored`)."""
+    from stratagem.launch.harness.expert_grid import expert_fsdp_mesh, shard_experts, shards_experts
+    from stratagem.launch.harness.moe import expert_parameters
 
-
-def expert_mesh(plan: Plan, device_type: str) -> Any:
-    """A second DeviceMesh over all ranks for the experts, dims (pp, edp, ep, etp): each pipeline stage's
-    dp x cp x tp ranks, in the main mesh's order (tp fastest), re-partitioned as edp x ep x etp with etp fastest
-    (Megatron-Core parallel folding, order tp-ep-dp; torchtitan's ParallelDims gives the same groups for
-    etp = 1 or tp). So with etp = tp the etp groups are the TP groups and an ep group takes ep consecutive
-    dp ranks; with etp = 1 an ep group takes consecutive (dp, tp) ranks (ep borrows tp); edp links the ranks
-    holding the same expert shard."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    shape = (plan.pp, plan.dp * plan.cp * plan.tp // (plan.ep * plan.etp), plan.ep, plan.etp)
-    return init_device_mesh(device_type, shape, mesh_dim_names=("pp", "edp", "ep", "etp"))
+    if experts_mesh is None:
+        return {}
+    if shards_experts(plan, part.spec):
+        assert part.spec.moe is not None  # an expert mesh exists for MoE models only
+        return {"expert_units": functools.partial(shard_experts, mesh=expert_fsdp_mesh(plan, experts_mesh), plan=plan,
+                                                  num_experts=part.spec.moe.num_experts)}
+    return {"ignored": set(expert_parameters(part))}
 
 
 def parallelize(part: Transformer, plan: Plan, mesh: Any, experts_mesh: Any = None) -> Transformer:
@@ -303,14 +308,11 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any, experts_mesh: Any = No
         apply_experts(part, experts_mesh)
     apply_ac(part, plan.activation_checkpointing, plan.recompute_layers)  # 2. activation checkpointing
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
-        from stratagem.launch.harness.moe import expert_parameters
-
         # torchtitan/models/llama3/infra/parallelize.py apply_fsdp: reshard_after_forward = not pp_enabled (a
         # pipeline stage runs every micro-batch's forward before their backwards: resharding would re-gather the
         # stage's parameters for each one); the analytic model (evaluators/memory.py) follows the same rule
         apply_fsdp(part, shard_mesh(plan, mesh), plan.zero_stage == 3 and plan.pp == 1, plan.precision,
-                   offload=plan.optimizer_offload == "cpu",
-                   ignored=set(expert_parameters(part)) if experts_mesh is not None else None)
+                   offload=plan.optimizer_offload == "cpu", **_expert_fsdp(part, plan, experts_mesh))
     elif plan.precision != "fp32":  # bf16 without FSDP: autocast in the model's forward
         part.autocast_dtype = torch.bfloat16
     if plan.precision == "fp8":

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratagem.errors import StratagemError
+from stratagem.launch.harness.expert_grid import edp_group, expert_layout, shards_experts
 from stratagem.launch.harness.model import (
     build_model,
     check_supported,
@@ -79,7 +80,8 @@ class Job:
     edp_group: Any = None
     """Expert parallelism: the group of ranks holding the same expert shard (None: edp = 1 or no ep)."""
     experts_apart: bool = False
-    """The experts live on the expert mesh, outside DDP/FSDP (parallelize.uses_expert_mesh)."""
+    """The experts live on the expert mesh outside DDP/FSDP, their gradients summed over edp by
+    moe.sync_expert_grads (expert_grid: uses_expert_mesh and not shards_experts)."""
     tied_group: Any = None
     """Tied embeddings with pp > 1: this rank and its peer on the other end of the pipeline (None: no copy)."""
 
@@ -123,8 +125,8 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
         scenario=scenario, plan=plan, device=device, mesh=mesh, parts=parts, stage_ids=stage_ids,
         optimizer=optimizer, schedule=schedule, dp_rank=_coord(mesh, "dp"), microbatches=micro,
         is_first=0 in stage_ids, is_last=is_last,
-        edp_group=experts["edp"].get_group() if experts is not None and experts["edp"].size() > 1 else None,
-        experts_apart=experts is not None,
+        edp_group=edp_group(experts) if experts is not None else None,
+        experts_apart=experts is not None and not shards_experts(plan, spec),
         tied_group=tied_embedding_group(mesh) if spec.tied_embeddings and plan.pp > 1 else None,
         loss_owner=is_last and _coord(mesh, "tp") == 0,
     )
@@ -299,12 +301,7 @@ def mechanisms(job: Job) -> dict[str, str]:
     if uses_loss_parallel(plan):
         tp += " + loss_parallel (vocabulary-sharded logits)"
     pp = "none" if job.schedule is None else type(job.schedule).__name__
-    edp = plan.dp * plan.cp * plan.tp // (plan.ep * plan.etp)
-    ep = "none" if not job.experts_apart else (
-        f"experts sharded over ep={plan.ep} (DTensor Shard(0))" + (" and etp (Shard on f)" if plan.etp > 1 else "")
-        + (", all_to_all_single dispatch/combine" if plan.ep > 1 else "") + f", gradients summed over edp={edp}")
-    if plan.tp > 1 and job.scenario.model.moe is not None:
-        ep += f"; MoE under TP: router replicated, {'expert f dim over etp' if plan.etp > 1 else 'tokens split over tp'}"
+    ep = expert_layout(plan, job.scenario.model)
     ac = {"none": "none", "full": "checkpoint_wrapper(block)",
           "selective": "checkpoint_wrapper(mlp down(silu(g) * u))",
           "op": "checkpoint_wrapper(block, torchtitan op-level selective policy)"}[plan.activation_checkpointing]

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from stratagem.errors import StratagemError
+from stratagem.launch.harness.expert_grid import edp_group, shards_experts
 from stratagem.launch.harness.model import build_model, check_supported, named_parameters
 from stratagem.launch.harness.moe import sync_expert_grads
 from stratagem.launch.harness.parallelize import (
@@ -249,7 +250,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     start, cpu_start = time.perf_counter(), time.process_time()
     with fake_world(plan.world_size, rank):
         mesh: Any = build_mesh(plan, "cpu") if plan.world_size > 1 else None
-        # MoE under ep or tp: the routed experts on their own mesh, outside DDP/FSDP (as train.build_job)
+        # MoE under ep or tp: the routed experts on their own mesh, FSDP-sharded over edp or apart (as build_job)
         experts: Any = expert_mesh(plan, "cpu") if uses_expert_mesh(plan, spec) else None
         pp_rank = 0 if mesh is None else int(mesh["pp"].get_local_rank())
         stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
@@ -278,9 +279,8 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
             job = Job(scenario=scenario, plan=plan, device=device, mesh=mesh, parts=parts, stage_ids=stage_ids,
                       optimizer=optimizer, schedule=schedule,
                       dp_rank=0, microbatches=traced, is_first=0 in stage_ids, is_last=is_last,
-                      loss_owner=is_last, experts_apart=experts is not None,
-                      edp_group=experts["edp"].get_group() if experts is not None and experts["edp"].size() > 1
-                      else None)
+                      loss_owner=is_last, experts_apart=experts is not None and not shards_experts(plan, spec),
+                      edp_group=edp_group(experts) if experts is not None else None)
             if kernels == "cuda" and scenario.cluster.gpu.kind != "cpu":
                 _foreach(optimizer)
             _warm_up_optimizer(params, optimizer)
