@@ -33,8 +33,13 @@ def search_cmd(
                                                   "seconds.")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Rows of the front to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print counts and the front as JSON.")] = False,
-    real_runs: Annotated[int, typer.Option("--real-runs", min=0, help="After screening, measure up to K runs as "
-                                           "short real training runs through Ray (0: analytic only).")] = 0,
+    real_runs: Annotated[int, typer.Option("--real-runs", min=0, help="After screening, measure up to K different "
+                                           "plans as short real training runs through Ray (0: analytic "
+                                           "only).")] = 0,
+    remeasure: Annotated[int, typer.Option("--remeasure", min=0, help="Then up to R more runs re-measuring the "
+                                           "best plan and those within its noise (0: never run a plan "
+                                           "twice).")] = 2,  # search.session.DEFAULT_REMEASURE, not
+    # imported here: the CLI imports the search package only when a command runs (tests/search/test_run_noise.py checks them equal)
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join a running Ray cluster "
                                                     "('auto'); default: start a local one.")] = None,
     budget_minutes: Annotated[float | None, typer.Option(
@@ -100,8 +105,8 @@ def search_cmd(
             out.print(f"traced {done.traced} plan(s) in {done.seconds:.0f} s; logits_bytes refitted to "
                       f"{done.calibration.logits_bytes:.2f}", markup=False)
             result = done.search
-        measured = _real_runs(session, runs, real_runs, ray_address, steps, budget_minutes, run_timeout,
-                              n_trials, timeout, out) if real_runs else None
+        measured = _real_runs(session, runs, (real_runs, remeasure), ray_address, steps, budget_minutes,
+                              run_timeout, n_trials, timeout, out) if real_runs else None
     if measured is not None:
         view.print_measured(out, measured)
         result = measured.search
@@ -121,7 +126,8 @@ def search_cmd(
         raise typer.Exit(1)
 
 
-def _real_runs(session: SearchSession, runs: Path, k: int, ray_address: str | None, steps: int | None,
+def _real_runs(session: SearchSession, runs: Path, k_r: tuple[int, int], ray_address: str | None,
+               steps: int | None,
                budget_minutes: float | None, run_timeout: float | None, n_trials: int | None,
                timeout: float | None, out: Console) -> MeasureResult:
     """The real runs through Ray (SearchSession.measure); a signal: the runs in flight killed and released, exit
@@ -138,7 +144,7 @@ def _real_runs(session: SearchSession, runs: Path, k: int, ray_address: str | No
     try:
         with open_ray_evaluator(run_dir, ray_address, num_cpus, steps, session.start_calibration,
                                 run_timeout) as evaluator:
-            return session.measure(k, evaluator, budget_minutes=budget_minutes, n_trials=n_trials,
-                                   timeout=timeout, run_timeout_s=run_timeout)
+            return session.measure(k_r[0], evaluator, budget_minutes=budget_minutes, n_trials=n_trials,
+                                   timeout=timeout, run_timeout_s=run_timeout, remeasure=k_r[1])
     except Stopped as stop:
         raise typer.Exit(128 + stop.signum) from None

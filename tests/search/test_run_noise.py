@@ -81,3 +81,15 @@ def test_without_repeats_the_noise_is_unknown_and_said(tmp_path: Path) -> None:
     assert run_noise(s.study) == RunNoise(sd=None, dof=0, plans=0)
     best = best_measured(s.study)
     assert best is not None and "run-to-run noise unknown" in best.note
+
+
+def test_the_cli_default_is_the_library_default() -> None:
+    """`search --remeasure` defaults to search.session.DEFAULT_REMEASURE (written as a literal there so the CLI
+    does not import the search package at start)."""
+    import inspect
+
+    from stratagem.cli.search import search_cmd
+    from stratagem.search.session import DEFAULT_REMEASURE
+
+    default = inspect.signature(search_cmd).parameters["remeasure"].default
+    assert default == DEFAULT_REMEASURE
