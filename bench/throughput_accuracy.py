@@ -176,7 +176,8 @@ def moe_points(ref: Path) -> list[Point]:
                                 fp8_recipe=r.get("fp8_recipe"), moe_dispatcher=r["dispatcher"],
                                 ep_comm_overlap=r["a2a_overlap"],
                                 activation_func_fp8_input_store=bool(r.get("activation_func_fp8_input_store")),
-                                optimizer_state_dtype=r.get("optimizer_state_dtype") or "fp32")
+                                optimizer_state_dtype=r.get("optimizer_state_dtype") or "fp32",
+                                tp_comm_overlap=r.get("tp_comm_overlap"))
         scn = Scenario(model=MODEL_PRESETS[r["model"]], cluster=cluster, training=training)
         vp = r["vp"]
         plan = Plan(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=r["ep"], etp=r["etp"],
