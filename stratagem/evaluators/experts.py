@@ -62,6 +62,9 @@ __all__ = [
     "HOST_OPS",
     "moe_host_ops_ratio",
     "layer_host_factor",
+    "TE_GROUPED_MLP_HOST_S_PER_EXPERT",
+    "expert_host_s",
+    "layer_host_s",
     "moe_layer_fraction",
     "routed_matmul_per_layer",
 ]
@@ -207,6 +210,40 @@ def layer_host_factor(scn: Scenario) -> float:
     forward blocks the host on its token counts [MCore-sync], so the host cannot work ahead across MoE layers: a
     layer takes at least its own host time (evaluators.timing applies it per layer and micro-batch)."""
     return 1.0 + moe_layer_fraction(scn) * (moe_host_ops_ratio(scn) - 1.0)
+
+
+# Host seconds Transformer Engine's grouped MLP spends per local expert, forward + backward: TE issue #2897
+# ("Reduce CPU overhead in grouped MLP block", 2026-04): 64 experts at hidden size 128 on GB200 (host-bound) take
+# ~1.2 ms forward and ~2.1 ms backward, i.e. 3.3 ms / 64 experts (per-expert GEMM setup and launch, per-expert
+# quantizer and wgrad allocations; TE issue #1499: torch.split and 2 x num_gemms torch.empty calls). Measured on a
+# Grace host with the fused MXFP8 path: an upper bound for x86 hosts.
+TE_GROUPED_MLP_HOST_S_PER_EXPERT = (1.2e-3 + 2.1e-3) / 64.0
+
+
+def expert_host_s(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
+    """Host seconds of one MoE layer's local experts per micro-batch, forward + backward, beyond HOST_OPS' one call
+    per grouped GEMM: Transformer Engine loops its local experts on the host (TE_GROUPED_MLP_HOST_S_PER_EXPERT each
+    [TE-multi]); torch._grouped_mm takes them in one call (0); without a grouped GEMM each expert is its own MLP
+    call (HOST_OPS["mlp"] operations at the dense layer's cost per operation). Averaged over layers."""
+    moe = scn.model.moe
+    if moe is None:
+        return np.zeros(len(pc))
+    local = np.maximum(1.0, moe.num_experts / pc.ep)
+    rec = scn.training.record
+    if not rec.grouped_gemm:
+        per_op = cal.layer_floor_ms * 1e-3 / _ops("attention", "mlp")
+        per_expert = _ops("mlp") * per_op
+    else:
+        per_expert = TE_GROUPED_MLP_HOST_S_PER_EXPERT if GROUPED_GEMM_STREAMS.get(rec.kernels) else 0.0
+    return moe_layer_fraction(scn) * local * per_expert
+
+
+def layer_host_s(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
+    """Host seconds to launch one layer's forward + backward per micro-batch, averaged over layers: the dense layer's
+    (Calibration.layer_floor_ms) scaled by the MoE layers' host operations (layer_host_factor), plus the local
+    experts' host loop (expert_host_s). A layer takes at least this long: MoE layers block the host once per forward
+    [MCore-sync], so it cannot work ahead of the GPU across them (evaluators.timing's launch floor)."""
+    return cal.layer_floor_ms * 1e-3 * layer_host_factor(scn) + expert_host_s(scn, pc, cal)
 
 
 def moe_layer_fraction(scn: Scenario) -> float:

@@ -9,9 +9,12 @@ import pytest
 from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate_many
 from stratagem.evaluators.experts import (
     HOST_OPS,
+    TE_GROUPED_MLP_HOST_S_PER_EXPERT,
     expert_gemm_size,
+    expert_host_s,
     grouped_gemm_concurrency,
     layer_host_factor,
+    layer_host_s,
     moe_host_ops_ratio,
 )
 from stratagem.spaces import MODEL_PRESETS, Plan, PlanColumns, Scenario, TrainingSpec, cluster_preset
@@ -76,8 +79,20 @@ def test_moe_host_time_matches_a_published_host_bound_run() -> None:
     per_layer = 512 * 4096 / (9691 * 8) / (64 * 48)
     gpu_per_4096 = 512 * 4096 / (29521 * 8) / (8 * 48) / 8
     assert per_layer > 2.5 * gpu_per_4096
-    host = CAL.layer_floor_ms * 1e-3 * layer_host_factor(scn("qwen3-30b-a3b", gpus=8, dispatcher="alltoall"))
+    host = layer_host_s(scn("qwen3-30b-a3b", gpus=8, dispatcher="alltoall"), PlanColumns.from_plans([Plan(dp=8, ep=8)]),
+                        CAL)[0]
     assert host == pytest.approx(per_layer, rel=0.25)
+
+
+def test_local_experts_cost_host_time_where_the_engine_loops_them() -> None:
+    pcs = PlanColumns.from_plans([Plan(dp=256, ep=8), Plan(dp=256, ep=32)])  # 16 and 4 local experts
+    te = expert_host_s(scn("qwen3-235b-a22b"), pcs, CAL)
+    assert list(te) == pytest.approx([16 * TE_GROUPED_MLP_HOST_S_PER_EXPERT, 4 * TE_GROUPED_MLP_HOST_S_PER_EXPERT])
+    assert list(expert_host_s(scn("qwen3-235b-a22b", stack="torch"), pcs, CAL)) == [0.0, 0.0]  # one _grouped_mm
+    # DeepSpeed's Experts.forward calls each local expert's MLP in a Python loop: a dense MLP's host work each
+    loop = expert_host_s(scn("qwen3-235b-a22b", stack="deepspeed"), pcs, CAL)
+    assert loop[0] == pytest.approx(16 * 8 / 24 * CAL.layer_floor_ms * 1e-3)
+    assert list(expert_host_s(scn("llama3-8b", gpus=8), pcs, CAL)) == [0.0, 0.0]
 
 
 
