@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, reduce_scatter_s
-from stratagem.evaluators.experts import expert_data_parallel, expert_dp_link, layer_host_factor
+from stratagem.evaluators.experts import expert_data_parallel, expert_dp_link, layer_host_s
 from stratagem.evaluators.memory import training_optimizer_bytes
 from stratagem.evaluators.schedules import idle_slots
 from stratagem.evaluators.speed import (
@@ -256,7 +256,7 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     cp_layer = cp_layer_s(ctx)
     # a layer takes at least the host time to launch its kernels (layer_floor_ms; a third more with full
     # recompute); the GPU idles for the difference
-    floor = cal.layer_floor_ms * 1e-3 * layer_host_factor(scn) * (1.0 + pc.recompute_is("full") / 3.0)
+    floor = layer_host_s(scn, pc, cal) * (1.0 + pc.recompute_is("full") / 3.0)
     idle_mb = layers * np.maximum(0.0, floor - (layer_compute + tp_exposed + ep_exposed + cp_layer))
     pp_mb = pp_micro_batch_s(ctx)
     dp_traffic, dp_exposed = dp_terms(ctx, rec_mb, idle_mb)
