@@ -125,12 +125,10 @@ def grouped_gemm_concurrency(scn: Scenario, pc: PlanColumns) -> Array:
     grouped kernel (torch._grouped_mm), at most 4 with Transformer Engine's per-expert cuBLAS GEMMs on 4 streams
     [TE-multi]; 1 without a grouped GEMM (one GEMM per expert, in turn)."""
     moe = scn.model.moe
-    if moe is None:
+    rec = scn.training.record
+    if moe is None or not rec.grouped_gemm:
         return np.ones(len(pc))
     local = np.maximum(1.0, moe.num_experts / pc.ep)
-    rec = scn.training.record
-    if not rec.grouped_gemm:
-        return np.ones(len(pc))
     streams = GROUPED_GEMM_STREAMS.get(rec.kernels)
     return local if streams is None else np.minimum(local, streams)
 
