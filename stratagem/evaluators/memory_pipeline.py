@@ -70,14 +70,23 @@ def pipeline_layers(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
 # Micro-batches of a stage's activations held at its peak, per schedule: (first stage, last stage) as functions of
 # (p, v, m) [SCHED]. Schedule1F1B: rank r warms up min(m, p - r) forwards, then runs each backward before the next
 # forward: first min(p, m), last 1; ZB-H1 (Qi et al. 2023) splits backward but keeps 1F1B's peak. Interleaved: rank r
-# warms up w = (v - 1) p + 2 (p - 1 - r) chunk forwards and runs one more forward before its first backward, each
-# chunk 1/v of the stage's layers: (w + 1) / v, at most m (first: p + (p - 1)/v, Korthikanti sec. 4.2.3; last:
-# ((v - 1) p + 1)/v). Checked against torch's own action lists (tests/evaluators/test_memory_terms.py).
+# warms up w = (v - 1) n + 2 (p - 1 - r) chunk forwards (n = a round: p when p divides m, else torch's flex rounds
+# m // max(1, m // p)) and runs one more forward before its first backward, each chunk 1/v of the stage's layers:
+# (w + 1) / v, at most m (first: p + (p - 1)/v, Korthikanti sec. 4.2.3; last: ((v - 1) p + 1)/v). Checked against
+# torch's own action lists (tests/evaluators/test_memory_terms.py, test_schedules.py).
 InFlight = Callable[[Array, Array, Array], tuple[Array, Array]]
+
+
+def _round(p: Array, m: Array) -> Array:
+    """Micro-batches per round of torch's looped schedules (flex rounds: m // max(1, m // p); p when p divides m)."""
+    return np.floor(m / np.maximum(1.0, np.floor(m / p)))
+
+
 IN_FLIGHT: dict[Schedule, InFlight] = {
     "gpipe": lambda p, v, m: (m, m),
     "1f1b": lambda p, v, m: (np.minimum(p, m), np.ones_like(m)),
-    "interleaved": lambda p, v, m: (np.minimum(m, p + (p - 1) / v), np.minimum(m, ((v - 1) * p + 1) / v)),
+    "interleaved": lambda p, v, m: (np.minimum(m, ((v - 1) * _round(p, m) + 2 * (p - 1) + 1) / v),
+                                    np.minimum(m, ((v - 1) * _round(p, m) + 1) / v)),
     "zero_bubble": lambda p, v, m: (np.minimum(p, m), np.ones_like(m)),
 }
 

@@ -35,7 +35,7 @@ from stratagem.evaluators.experts import (
     routed_time_factor,
 )
 from stratagem.evaluators.memory import recomputed_layers
-from stratagem.evaluators.schedules import p2p_hidden
+from stratagem.evaluators.schedules import critical_hops, p2p_hidden
 from stratagem.evaluators.speed import (
     EAGER_CAST_BYTES,
     FUSED_CAST_BYTES,
@@ -62,7 +62,7 @@ __all__ = [
     "GPU_SMS",
     "DEEPEP_SMS",
     "cp_layer_s",
-    "pp_micro_batch_s",
+    "pp_step_s",
     "pipeline_poll_s",
 ]
 
@@ -304,15 +304,17 @@ def pipeline_poll_s(pp: Array, tp: Array, virtual: Array, quantum: float) -> Arr
     return np.where(pp > 1, messages * quantum * (1.0 + tp / (tp + 1.0)), 0.0)
 
 
-def pp_micro_batch_s(ctx: StepContext) -> Array:
-    """Exposed pipeline P2P seconds per micro-batch: each model chunk sends its output forward and receives a
-    gradient backward (with sequence parallelism the boundary tensor is sharded over tp); hidden behind the
-    micro-batch's compute where the stack and the schedule overlap P2P (evaluators.schedules.p2p_hidden); plus
-    host polling [NT-P2P]."""
+def pp_step_s(ctx: StepContext) -> Array:
+    """Exposed pipeline P2P seconds per step: the boundary sends on the critical path of the schedule's action
+    lists (evaluators.schedules.critical_hops: 2 (p v - 1) interleaved, 2 (p - 2) + 2 (p - 1) m / p for 1F1B's
+    lock-step), each one stage output forward or one gradient backward (with sequence parallelism sharded over tp);
+    hidden behind a micro-batch's compute where the stack and the schedule overlap P2P
+    (evaluators.schedules.p2p_hidden); plus host polling per micro-batch [NT-P2P]."""
     scn, pc, cal = ctx.scn, ctx.pc, ctx.cal
     link = group_link(scn.cluster, cal, pc.pp, pc.tp * pc.cp * pc.dp)
     boundary = ctx.activation / np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
-    sends = 2.0 * pc.virtual_stages * p2p_s(link, boundary, pc.pp > 1)
+    send = p2p_s(link, boundary, pc.pp > 1)
     hidden = p2p_hidden(pc, scn.training.record.p2p_overlap)
-    sends = np.where(hidden, np.maximum(0.0, sends - cal.overlap * ctx.compute_mb), sends)
-    return sends + pipeline_poll_s(pc.pp, pc.tp, pc.virtual_stages, cal.p2p_poll_s)
+    send = np.where(hidden, np.maximum(0.0, send - cal.overlap * ctx.compute_mb), send)
+    polls = ctx.micro * pipeline_poll_s(pc.pp, pc.tp, pc.virtual_stages, cal.p2p_poll_s)
+    return critical_hops(pc, ctx.micro) * send + polls

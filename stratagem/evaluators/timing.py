@@ -39,7 +39,7 @@ from stratagem.evaluators.step_terms import (
     ep_layer_s,
     matmul_params_per_layer,
     pipeline_poll_s,
-    pp_micro_batch_s,
+    pp_step_s,
     recompute_mb,
     step_context,
     tp_layer_s,
@@ -63,6 +63,7 @@ __all__ = [
     "megatron_flops_per_token",
     "bubble_fraction",
     "pipeline_poll_s",
+    "schedule_idle_slots",
     "rank_params",
     "dp_terms",
     "optimizer_s",
@@ -242,6 +243,17 @@ def optimizer_s(ctx: StepContext) -> Array:
     return np.where(pc.offload, offloaded, on_device)
 
 
+def schedule_idle_slots(ctx: StepContext, rec_mb: Array) -> Array:
+    """Idle micro-batch slots of the schedule (evaluators.schedules.idle_slots) at this plan's micro-batches and
+    per-stage durations: forward F, weight-gradient GEMMs W (one per forward GEMM: the forward matmul time), input
+    gradient I = the rest of the backward with the recomputed forward (zero-bubble's split: torch
+    stage_backward_input / stage_backward_weight)."""
+    f = ctx.layers * ctx.fwd_layer
+    w = ctx.layers * ctx.layer_mm / ctx.mm_rate
+    i = np.maximum(ctx.compute_mb + rec_mb - f - w, 0.0)
+    return idle_slots(ctx.pc, ctx.micro, f, i, w)
+
+
 # ---- the step ----------------------------------------------------------------------------------------------
 def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, Array]:
     """Seconds per optimizer step by part (TIME_KEYS) for every plan, plus `micro_batches`, `model_flops` (model
@@ -258,13 +270,12 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     # recompute); the GPU idles for the difference
     floor = layer_host_s(scn, pc, cal) * (1.0 + pc.recompute_is("full") / 3.0)
     idle_mb = layers * np.maximum(0.0, floor - (layer_compute + tp_exposed + ep_exposed + cp_layer))
-    pp_mb = pp_micro_batch_s(ctx)
     dp_traffic, dp_exposed = dp_terms(ctx, rec_mb, idle_mb)
-    slot = ctx.compute_mb + rec_mb + layers * (tp_exposed + ep_exposed + cp_layer) + pp_mb + idle_mb
-    bubble = idle_slots(pc) * slot
+    slot = ctx.compute_mb + rec_mb + layers * (tp_exposed + ep_exposed + cp_layer) + idle_mb
+    bubble = schedule_idle_slots(ctx, rec_mb) * slot
     compute, recompute = micro * ctx.compute_mb, micro * rec_mb
     tp_s, ep_s = micro * layers * tp_exposed, micro * layers * ep_exposed
-    cp_s, pp_s = micro * layers * cp_layer, micro * pp_mb
+    cp_s, pp_s = micro * layers * cp_layer, pp_step_s(ctx)
     exposed = tp_s + ep_s + cp_s + pp_s + dp_exposed
     overhead = cal.step_overhead_s + micro * idle_mb
     opt = optimizer_s(ctx)

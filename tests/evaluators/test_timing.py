@@ -138,11 +138,13 @@ def test_pipeline_bubble_and_p2p(llama8b: Scenario) -> None:
     pi = p1.model_copy(update={"pp_schedule": "interleaved", "virtual_stages": 2})
     c = cols(llama8b, p1, pi)
     micro = 64 / 2
-    slot = (c.compute_s + c.recompute_s + c.tp_comm_s + c.pp_comm_s + c.cp_comm_s) / micro
+    slot = (c.compute_s + c.recompute_s + c.tp_comm_s + c.cp_comm_s) / micro
     assert c.bubble_s[0] == pytest.approx(3 * slot[0], rel=0.02)
     assert c.bubble_s[1] < c.bubble_s[0] * 0.6
     assert np.all(c.pp_comm_s > 0)
-    assert c.pp_comm_s[1] == pytest.approx(2 * c.pp_comm_s[0])  # two chunks: twice the sends
+    # sends on the critical path of torch's action lists (evaluators.schedules): 1F1B's lock-step
+    # 2 (p - 2) + 2 (p - 1) m / p = 4 + 48, interleaved 2 (p v - 1) = 14, whatever m
+    assert c.pp_comm_s[1] / c.pp_comm_s[0] == pytest.approx(14 / 52)
 
 
 def test_pipeline_p2p_polling_follows_nanotron_bench_branch(llama8b: Scenario) -> None:
