@@ -176,7 +176,7 @@ def reproduce_cmd(
         flag = "[red]beyond noise" if row.flagged else "[green]ok"
         # step time / tokens/s: median (95 % interval, steps); the band is where the intervals still overlap
         table.add_row(row.metric, row.band("recorded"), row.band("now"), ("+" if row.rel_diff >= 0 else "") + percent(row.rel_diff),
-                      f"±{percent(row.noise)}", flag)
+                      row.noise_text, flag)
     console.print(table)
     if rep.noise_note:
         console.print(rep.noise_note, markup=False)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from stratagem.errors import StratagemError
 from stratagem.evaluators.spread import StepSpread
 from stratagem.launch.harness.result import HarnessResult, parse_result, read_result
-from stratagem.quantities import memory_in, memory_unit, sig
+from stratagem.quantities import memory_in, memory_unit, percent, sig
 
 if TYPE_CHECKING:
     import optuna
@@ -81,6 +81,14 @@ class Comparison:
     def noise(self) -> float:
         """The relative move allowed: the larger of the within-run band and the run-to-run band."""
         return max(self.threshold, self.run_band or 0.0)
+
+    @property
+    def noise_text(self) -> str:
+        """The allowed move as printed: `±6.70%`, or `×/÷28.0` once the band passes 100 % (a run-to-run band is
+        symmetric in ln terms: a factor either way)."""
+        if self.noise <= 1.0:
+            return f"±{percent(self.noise)}"
+        return f"×/÷{sig(1.0 + self.noise)}"
 
     def _text(self, *values: float) -> list[str]:
         if self.unit == "GiB":

@@ -120,6 +120,8 @@ def pooled_evaluation(runs: Sequence[Evaluation]) -> Evaluation:
                             mfu=tp.mfu * scale)
     peak_run = max((e for e in runs if e.memory is not None), key=lambda e: e.memory.peak_gib if e.memory else 0.0)
     measurements = {**(last.measurements or {}), "step_s": step}
+    if "tokens_per_s" in measurements:  # the harness result's own figure, read back by `reproduce`: pooled too
+        measurements["tokens_per_s"] = throughput.tokens_per_s
     provenance = {**(last.provenance or {}), POOLED_KEY: {"runs": len(runs), "run_step_s": medians}}
     if spread is not None:
         measurements[SPREAD_KEY] = spread.model_dump(mode="json")

@@ -125,4 +125,5 @@ def test_reproduce_judges_against_the_stored_spread(result_file: Path) -> None:
     wide, _ = compare_results(recorded, far, run_band=0.5)
     narrow, _ = compare_results(recorded, far, run_band=0.1)
     assert not any(r.flagged for r in wide[:2]) and all(r.flagged for r in narrow[:2])
-    assert wide[1].noise == 0.5 and narrow[1].noise == narrow[1].threshold
+    assert wide[1].noise == 0.5 and narrow[1].noise == narrow[1].threshold and wide[1].noise_text == "±50.0%"
+    assert compare_results(recorded, far, run_band=27.0)[0][1].noise_text == "×/÷28.0"

@@ -18,7 +18,7 @@ def _run(times: list[float], peak: float, with_steps: bool = True) -> Evaluation
     tokens = 1000.0 / spread.median_s
     m: dict = {"step_s": spread.median_s, "step_spread": spread.model_dump(mode="json")}
     if with_steps:
-        m |= {"step_times_s": [9.9, *times], "warmup": 1, "tokens_per_step": 1000}  # one warm-up step, dropped
+        m |= {"step_times_s": [9.9, *times], "warmup": 1, "tokens_per_step": 1000, "tokens_per_s": tokens}  # one warm-up step, dropped
     mem = MemoryBreakdown(weights_gib=0, gradients_gib=0, optimizer_gib=0, activations_gib=peak, transient_gib=0,
                           overhead_gib=0, peak_gib=peak, hbm_gib=1.0, headroom_gib=1.0 - peak,
                           first_block_to_break=None, worst_stage=0)
@@ -33,6 +33,7 @@ def test_runs_pool_their_timed_steps() -> None:
     assert spread is not None and spread.n == 12 and spread == spread_of_samples(a + b)
     assert spread.low_s <= 1.1 and spread.high_s >= 1.9  # the runs disagree: the interval says so
     assert pooled.throughput.tokens_per_s == pytest.approx(1000.0 / spread.median_s)
+    assert pooled.measurements["tokens_per_s"] == pooled.throughput.tokens_per_s  # the stored result agrees
     assert pooled.memory.peak_gib == 0.6 and pooled_runs(pooled) == {"runs": 2, "run_step_s": [1.0, 2.0]}
     c = [1.5, 1.4, 1.6, 1.5, 1.5, 1.5]
     again = pooled_evaluation([_run(a, 0.5), pooled, _run(c, 0.4)])  # a pooled trial brings its own run's steps only
