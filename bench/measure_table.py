@@ -95,6 +95,31 @@ def _settings(args: argparse.Namespace, cap: float | None) -> dict[str, Any]:
         "budget_s": args.step_budget_s, "min_steps": args.min_steps, "max_steps": args.max_steps}}
 
 
+def _git_state() -> str | None:
+    """`COMMIT` or `COMMIT+changes` (uncommitted changes in stratagem/ or bench/) of this checkout; None
+    outside git. The harness code the launches run is the code at the measurement's start."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "stratagem", "bench"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def _started(partial: Path) -> dict[str, Any]:
+    """When and at which commit the measurement in `partial` began (its first line), {} when not recorded."""
+    if not partial.exists():
+        return {}
+    with partial.open() as f:
+        first = json.loads(f.readline() or "{}")
+    return dict(first.get("started", {}))
+
+
 def _read_partial(partial: Path, settings: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
     """(plan, run) -> outcome from an interrupted measurement; refused when it was made with other settings."""
     done: dict[tuple[str, int], dict[str, Any]] = {}
@@ -121,7 +146,8 @@ def measure(args: argparse.Namespace, scenario: Scenario, plans: list[Plan], cap
     settings = _settings(args, cap)
     done = _read_partial(partial, settings)
     if not partial.exists():
-        partial.write_text(json.dumps({"settings": settings}) + "\n")
+        started = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git": _git_state()}
+        partial.write_text(json.dumps({"settings": settings, "started": started}) + "\n")
     budget = StepBudget(budget_s=args.step_budget_s, min_steps=args.min_steps, max_steps=args.max_steps)
     t0 = time.time()
     for run in range(args.runs):
@@ -218,6 +244,7 @@ def write_table(args: argparse.Namespace, scenario_raw: dict[str, Any], plans: l
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "runs_wall_s": round(seconds, 1),
             "measurement_wall_s": round(_span(done) or time.time() - t0, 1),
+            "started": _started(args.out.with_suffix(".partial.jsonl")),
             "step_times_s": {k: [[round(t, 4) for t in done[(k, r)].get("step_times_s", [])]
                                  for r in range(args.runs)] for k in keys},
         },

@@ -34,8 +34,12 @@ def test_the_space_less_the_plans_the_harness_refuses() -> None:
     cols = SearchSpace(scn).enumerate()
     plans, refused = mt.table_plans(scn, None, None)
     assert len(plans) + len(refused) == len(cols)
-    assert refused and all("1f1b" in why for why in refused.values())  # fewer micro-batches than stages
+    assert all("1f1b" in why for why in refused.values())  # fewer micro-batches than stages
     assert {format_plan(p) for p in plans}.isdisjoint(refused)
+    # given plans go through the same filter: 1f1b over 4 stages with 2 micro-batches (8 / 4) is refused
+    kept, said = mt.table_plans(scn, "pp=4,micro_batch_size=4,precision=fp32;dp=4,precision=fp32", None)
+    assert [format_plan(p) for p in kept] == ["dp=4,precision=fp32"]
+    assert list(said) == ["pp=4,micro_batch_size=4,precision=fp32"] and "1f1b" in said[list(said)[0]]
     assert {p.micro_batch_size for p in plans} == {1, 2, 4, 8}
     assert {p.activation_checkpointing for p in plans} == {"none", "selective", "full"}
     assert [format_plan(p) for p in mt.table_plans(scn, None, 4)[0]] == [format_plan(p) for p in plans[:4]]
