@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -23,6 +23,9 @@ from stratagem.cli.app import (
 from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.errors import StratagemError
 from stratagem.spaces import load_scenario
+
+if TYPE_CHECKING:
+    from stratagem.reports.capacity import CapacityInfo
 
 
 @app.command("report")
@@ -78,7 +81,6 @@ def capacity_cmd(
                                                  "stays within USD (sizes as for --days).")] = None,
 ) -> None:
     """Best plan, time, GPU-hours and cost to train the scenario's training_tokens at each cluster size."""
-    from stratagem import quantities as q
     from stratagem import reports
 
     scn = load_scenario(scenario)
@@ -102,33 +104,41 @@ def capacity_cmd(
     sizes = reverse_nodes() if days is not None or budget is not None else reports.default_nodes(scn)
     cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else sizes, cal)
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
-    from rich.markup import escape
-
-    table = Table(title=escape(f"Training {scn.training.training_tokens:.3g} tokens of {scn.model.name} on "
-                               f"{scn.cluster.gpu.name} at {cap.price_per_gpu_hour:g} USD per GPU-hour"),
-                  title_justify="left")
-    for col in ("nodes", "GPUs", "best plan", "tokens/s", "days", "GPU-h", "USD", "headroom", "ckpt", "fail"):
-        table.add_column(col, justify="left" if col == "best plan" else "right", no_wrap=col != "best plan",
-                         overflow="fold")
-
-    def si(x: float) -> str:
-        return next((f"{x / d:.3g}{u}" for d, u in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if abs(x) >= d), f"{x:.3g}")
-
-    for r in cap.rows:
-        if r.best is None or r.hours is None or r.days is None:
-            table.add_row(str(r.num_nodes), str(r.num_gpus), f"[red]{escape(r.note)}", *["-"] * 7)
-            continue
-        table.add_row(str(r.num_nodes), str(r.num_gpus), r.best.label, si(r.tokens_per_s or 0), q.sig(r.days),
-                      si(r.gpu_hours or 0), si(r.cost_usd or 0),
-                      f"{q.memory(r.headroom_gib)} ({q.percent(r.headroom_fraction)})", f"{r.checkpoint_overhead:.2%}",
-                      f"{r.failure_loss:.2%}")
-    table.caption = ("headroom: HBM left over the plan's predicted peak (share of HBM); ckpt: time stalled by "
-                     "checkpoint saves; fail: expected time lost to failures (rework since the last checkpoint + "
-                     "restarts). Days include both.")
-    console.print(table)
+    console.print(_capacity_table(cap))
     if days is not None or budget is not None:
         console.print(answer_line(cap, days, budget), markup=False, highlight=False, soft_wrap=True)
     if output is not None:
         text = reports.capacity_markdown(cap, heading="#") if kind == "md" else reports.render_capacity_html(cap)
         reports.write_text_atomic(output, text, force)
         console.print(f"wrote {output}", markup=False, soft_wrap=True)
+
+
+def _capacity_table(cap: CapacityInfo) -> Table:
+    """The capacity rows for the terminal: the chosen plan with its risk beside it (headroom, checkpoint loss:
+    reports.capacity.risk_cells), then speed, time, GPU-hours and cost (stratagem.quantities: 3 significant
+    figures, counts past a thousand with k/M/B)."""
+    from rich.markup import escape
+
+    from stratagem import quantities as q
+    from stratagem.reports.capacity import RISK_NOTE, risk_cells
+
+    scn = cap.scenario
+    unit = q.memory_unit(scn.cluster.gpu.hbm_gib)
+    table = Table(title=escape(f"Training {q.count(cap.training_tokens)} tokens of {scn.model.name} on "
+                               f"{scn.cluster.gpu.name} at {q.money(cap.price_per_gpu_hour)} per GPU-hour"),
+                  title_justify="left")
+    for col in ("nodes", "GPUs", "best plan", f"headroom {unit[0]}", "ckpt loss", "tokens/s", "days", "GPU-h",
+                "USD", "ckpt stall", "fail"):
+        table.add_column(col, justify="left" if col == "best plan" else "right", no_wrap=col != "best plan",
+                         overflow="fold")
+    for r in cap.rows:
+        if r.best is None or r.hours is None or r.days is None:
+            table.add_row(str(r.num_nodes), str(r.num_gpus), f"[red]{escape(r.note)}", *[q.DASH] * 8)
+            continue
+        table.add_row(str(r.num_nodes), str(r.num_gpus), escape(r.best.label), *risk_cells(r, unit),
+                      q.count(r.tokens_per_s), q.sig(r.days), q.count(r.gpu_hours), q.count(r.cost_usd),
+                      q.percent(r.checkpoint_overhead), q.percent(r.failure_loss))
+    table.caption = (f"{RISK_NOTE}. ckpt stall: time blocked saving checkpoints; fail: expected time lost to "
+                     "failures (rework since the last checkpoint + restarts); ckpt loss = ckpt stall + fail. Days "
+                     "include both.")
+    return table

@@ -14,6 +14,7 @@ from rich.console import Console
 from stratagem.cli.app import RetryOpt, ScenarioArg, StorageOpt, StudyOpt, app, console, study_location
 from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.errors import StratagemError
+from stratagem.quantities import duration, sig
 from stratagem.spaces import load_scenario
 
 if TYPE_CHECKING:
@@ -102,8 +103,8 @@ def search_cmd(
 
             done = session.trace(traced, trace_plan, lambda key, ev, why: out.print(
                 view.traced_line(key, ev, why), markup=False, soft_wrap=True))
-            out.print(f"traced {done.traced} plan(s) in {done.seconds:.0f} s; logits_bytes refitted to "
-                      f"{done.calibration.logits_bytes:.2f}", markup=False)
+            out.print(f"traced {done.traced} plan(s) in {duration(done.seconds)}; logits_bytes refitted to "
+                      f"{sig(done.calibration.logits_bytes)}", markup=False)
             result = done.search
         measured = _real_runs(session, runs, (real_runs, remeasure), ray_address, steps, budget_minutes,
                               run_timeout, n_trials, timeout, out) if real_runs else None

@@ -19,6 +19,7 @@ from stratagem.cli.app import (
     console,
     study_location,
 )
+from stratagem.quantities import duration_in, percent
 
 if TYPE_CHECKING:
     from stratagem.search.status import StudyStatus
@@ -63,7 +64,8 @@ def status_cmd(
 
 
 def _minutes(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+    """A duration in minutes (3 significant figures), as the budget is given."""
+    return duration_in(seconds, ("min", 60.0))
 
 
 def _render(out: Console, s: StudyStatus, counts: list[str], plans: int) -> None:
@@ -80,7 +82,7 @@ def _render(out: Console, s: StudyStatus, counts: list[str], plans: int) -> None
         f"best measured: {s.best_measured or '-'}",
         f"best predicted: {s.best_predicted or '-'}",
         "calibration (measured: step-time / peak-memory median error): "
-        + (", ".join(f"{n}: {t:.0%}/{m:.0%}" for n, t, m in s.calibration_trend[-6:]) or "-"),
+        + (", ".join(f"{n}: {percent(t)}/{percent(m)}" for n, t, m in s.calibration_trend[-6:]) or "-"),
         f"real runs{ended}: {_minutes(s.elapsed_s)} spent, {_minutes(s.budget_left_s)} left of the budget",
         *(f"budget window {i} of {len(s.windows)} ({m:g} min): {_minutes(spent)} spent, {_minutes(left)} left"
           for i, (m, spent, left) in enumerate(s.windows, 1)),

@@ -27,7 +27,12 @@ if TYPE_CHECKING:
     from stratagem.evaluators.calibration import Calibration
 
 __all__ = ["CapacityRow", "CapacityInfo", "capacity_plan", "parse_nodes", "default_nodes", "REVERSE_MAX_NODES",
-           "reverse_nodes", "answer_line"]
+           "reverse_nodes", "answer_line", "risk_cells", "risk_text", "RISK_NOTE"]
+
+RISK_NOTE = ("headroom: HBM left over the chosen plan's predicted peak (its share of HBM; warn under 10%, bad under "
+             "5%); checkpoint loss: the checkpoint zone's expected goodput loss, stalls saving plus rework and "
+             "restarts after failures (warn from 3%, bad from 10%); levels from stratagem.evaluators.zones")
+"""What the risk columns beside the chosen plan mean (every capacity table's note)."""
 
 REVERSE_MAX_NODES = 1024
 """The largest cluster the reverse questions (--days, --budget) try without --nodes."""
@@ -85,6 +90,12 @@ class CapacityRow:
         mem = self.best.evaluation.memory if self.best is not None else None
         return None if mem is None or mem.hbm_gib <= 0 else mem.headroom_gib / mem.hbm_gib
 
+    def level(self, zone: str) -> str:
+        """The chosen plan's level in one zone ("hbm", "checkpoint": ok, warn, bad; evaluators/zones.py
+        THRESHOLDS), '' without a plan."""
+        zones = self.best.evaluation.zones if self.best is not None else None
+        return "" if zones is None else str(getattr(zones, zone).level)
+
 
 @dataclass(frozen=True)
 class CapacityInfo:
@@ -141,6 +152,33 @@ def reverse_nodes(max_nodes: int = REVERSE_MAX_NODES) -> list[int]:
     return [2**k for k in range(max_nodes.bit_length()) if 2**k <= max_nodes]
 
 
+def risk_cells(row: CapacityRow, unit: tuple[str, float]) -> tuple[str, str]:
+    """The chosen plan's risk, shown beside it: headroom in `unit` with its share of HBM, and the checkpoint
+    zone's goodput loss as a percentage, each followed by its zone level when it is not ok ('5.10 (6.41%) warn',
+    '0.357%')."""
+    from stratagem import quantities as q
+
+    def flag(zone: str) -> str:
+        level = row.level(zone)
+        return f" {level}" if level and level != "ok" else ""
+
+    return (f"{q.memory_in(row.headroom_gib, unit)} ({q.percent(row.headroom_fraction)}){flag('hbm')}",
+            f"{q.percent(row.goodput_loss)}{flag('checkpoint')}")
+
+
+def risk_text(row: CapacityRow) -> str:
+    """The chosen plan's risk in words: 'headroom 5.10 GiB (6.41% of HBM, warn), checkpoint loss 0.357%'."""
+    from stratagem import quantities as q
+
+    def level(zone: str) -> str:
+        found = row.level(zone)
+        return f", {found}" if found and found != "ok" else ""
+
+    return (f"headroom {q.memory(row.headroom_gib)} ({q.percent(row.headroom_fraction)} of HBM{level('hbm')}), "
+            f"checkpoint loss {q.percent(row.goodput_loss)}" + (f" ({row.level('checkpoint')})"
+                                                                 if level("checkpoint") else ""))
+
+
 def answer_line(cap: CapacityInfo, days: float | None = None, budget_usd: float | None = None) -> str:
     """The answer to `capacity --days D` (the fewest GPUs that train in D days) or `--budget USD` (the fastest
     size within the budget), one line with the chosen plan's risk (headroom, checkpoint and failure losses)."""
@@ -160,9 +198,8 @@ def answer_line(cap: CapacityInfo, days: float | None = None, budget_usd: float 
         return f"no size of {sizes} tried trains {ask}; try more nodes (--nodes) or a longer time / larger budget"
     verb = "fewest GPUs to train" if days is not None else "fastest training"
     return (f"{verb} {ask}: {row.num_nodes} nodes ({row.num_gpus} GPUs), {row.best.label}, {q.sig(row.days)} days, "
-            f"{q.money(row.cost_usd)}; risk: headroom {q.memory(row.headroom_gib)} "
-            f"({q.percent(row.headroom_fraction)} of HBM), checkpoint overhead {q.percent(row.checkpoint_overhead)}, "
-            f"failure loss {q.percent(row.failure_loss)}")
+            f"{q.money(row.cost_usd)}; risk: {risk_text(row)} (checkpoint stall {q.percent(row.checkpoint_overhead)}, "
+            f"failure loss {q.percent(row.failure_loss)})")
 
 
 def _resized(scenario: Scenario, num_nodes: int) -> Scenario:
@@ -191,7 +228,7 @@ def _row(scenario: Scenario, num_nodes: int, calibration: Calibration | None) ->
     n_fit = int(feasible.sum())
     if not n_fit:
         return _no_plan(num_nodes, gpus, n_plans, 0,
-                        "no valid plan" if n_plans == 0 else f"none of {n_plans} plans fits in HBM")
+                        "no valid plan" if n_plans == 0 else f"none of {n_plans:,} plans fits in HBM")
     tps = np.asarray(scr.columns.tokens_per_s, dtype=np.float64)
     loss = np.asarray(scr.columns.goodput_loss, dtype=np.float64)
     effective = np.where(feasible, tps * (1.0 - loss), -np.inf)

@@ -19,7 +19,7 @@ from typing import Any
 
 from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
-from stratagem.reports.capacity import CapacityInfo, CapacityRow
+from stratagem.reports.capacity import RISK_NOTE, CapacityInfo, CapacityRow, risk_cells
 from stratagem.reports.counts import count_lines_of
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.reports.payload import PAYLOAD_VERSION, capacity_payload, report_payload, scenario_summary
@@ -105,7 +105,7 @@ def _scenario_table(s: dict[str, Any]) -> str:
                     f"{q.memory(s['hbm_gib'])} HBM each)"),
         ("training", f"seq_len {s['seq_len']}, global batch {s['global_batch_size']} sequences, "
                      f"{s['optimizer']}, {s['stack']} memory conventions"),
-        ("target", f"{q.count(s['training_tokens'])} tokens at {s['price_per_gpu_hour']:g} USD per GPU-hour"),
+        ("target", f"{q.count(s['training_tokens'])} tokens at {q.money(s['price_per_gpu_hour'])} per GPU-hour"),
     ]
     return '<table class="summary">' + "".join(
         f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"
@@ -245,35 +245,32 @@ def _runs_payload(runs: list[RealRun]) -> dict[str, Any]:
     }
 
 
-def _headroom(r: CapacityRow, unit: tuple[str, float]) -> str:
-    """'5.10 (6.41%)': the chosen plan's headroom and its share of HBM."""
-    return f"{q.memory_in(r.headroom_gib, unit)} ({q.percent(r.headroom_fraction)})"
-
-
 def capacity_table(cap: CapacityInfo) -> str:
-    """The capacity rows as an HTML table."""
+    """The capacity rows as an HTML table: the chosen plan with its risk beside it (headroom, checkpoint loss:
+    capacity.risk_cells), then speed, time and cost."""
     unit = q.memory_unit(cap.scenario.cluster.gpu.hbm_gib)
-    heads = ["nodes", "GPUs", "best plan", "tokens/s", "days to train", "GPU-hours",
-             f"cost (USD at {cap.price_per_gpu_hour:g}/GPU-hour)", f"headroom ({unit[0]}, share of HBM)",
-             "checkpoint overhead", "failure loss", "failure hours", "plans fitting / screened"]
+    heads = ["nodes", "GPUs", "best plan", f"headroom ({unit[0]}, share of HBM)", "checkpoint loss", "tokens/s",
+             "days to train", "GPU-hours", f"cost (USD at {q.count(cap.price_per_gpu_hour)}/GPU-hour)",
+             "checkpoint stall", "failure loss", "failure hours", "plans fitting / screened"]
     th = "".join(f"<th>{_e(h)}</th>" for h in heads)
 
     def row(r: CapacityRow) -> str:
         if r.best is None or r.hours is None:
             label = r.best.label if r.best else ""
-            note = f'<td colspan="9" class="why">{_e(label + (": " if label else "") + r.note)}</td>'
+            note = f'<td colspan="10" class="why">{_e(label + (": " if label else "") + r.note)}</td>'
             return (f'<tr><td class="num">{r.num_nodes}</td><td class="num">{r.num_gpus}</td>{note}'
-                    f'<td class="num">{r.n_feasible} / {r.n_plans}</td></tr>')
+                    f'<td class="num">{r.n_feasible:,} / {r.n_plans:,}</td></tr>')
+        headroom, ckpt = risk_cells(r, unit)
         return (f'<tr><td class="num">{r.num_nodes}</td><td class="num">{r.num_gpus}</td>'
-                f'<td class="plan-label">{_e(r.best.label)}</td>' + _td(r.tokens_per_s) + _td(r.days)
-                + _td(r.gpu_hours) + _td(r.cost_usd)
-                + f'<td class="num" data-v="{r.headroom_gib!r}">{_e(_headroom(r, unit))}</td>'
-                + _td(r.checkpoint_overhead, percent=True)
-                + _td(r.failure_loss, percent=True) + _td(r.failure_hours)
-                + f'<td class="num">{r.n_feasible} / {r.n_plans}</td></tr>')
+                f'<td class="plan-label">{_e(r.best.label)}</td>'
+                f'<td class="num risk {_e(r.level("hbm"))}" data-v="{r.headroom_gib!r}">{_e(headroom)}</td>'
+                f'<td class="num risk {_e(r.level("checkpoint"))}" data-v="{r.goodput_loss!r}">{_e(ckpt)}</td>'
+                + _td(r.tokens_per_s) + _td(r.days) + _td(r.gpu_hours) + _td(r.cost_usd)
+                + _td(r.checkpoint_overhead, percent=True) + _td(r.failure_loss, percent=True)
+                + _td(r.failure_hours) + f'<td class="num">{r.n_feasible:,} / {r.n_plans:,}</td></tr>')
 
     return (f'<table class="data sortable capacity" id="capacity-table"><thead><tr>{th}</tr></thead><tbody>'
-            + "".join(row(r) for r in cap.rows) + "</tbody></table>")
+            + "".join(row(r) for r in cap.rows) + f'</tbody></table><p class="note">{_e(RISK_NOTE)}.</p>')
 
 
 def _capacity_section(cap: CapacityInfo | None) -> str:
@@ -281,7 +278,7 @@ def _capacity_section(cap: CapacityInfo | None) -> str:
         return ('<p class="note">Not computed for this report: add <code>--nodes 8,16,32</code> to '
                 "<code>stratagem report</code>, or run <code>stratagem capacity SCENARIO.yaml --nodes ...</code>."
                 "</p>")
-    return (f"<p>Training {q.count(cap.training_tokens)} tokens at {cap.price_per_gpu_hour:g} USD per GPU-hour. "
+    return (f"<p>Training {q.count(cap.training_tokens)} tokens at {q.money(cap.price_per_gpu_hour)} per GPU-hour. "
             "At each size the feasible plan with the most useful throughput, tokens/s x (1 - goodput loss), "
             "is chosen; time includes expected checkpoint stalls and failure losses.</p>"
             + capacity_table(cap) + '<div id="capacity-plot" class="plot"></div>')

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from pydantic import ValidationError
 
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
+from stratagem.quantities import memory
 from stratagem.reports.advice import AdviceView, advice_for, study_calibration
 from stratagem.search.calibrate import CalibrationStep, calibration_history
 from stratagem.search.counts import StudyCounts, study_counts
@@ -102,7 +103,7 @@ class PlanResult:
         if mem is not None and mem.first_block_to_break:
             return f"{mem.first_block_to_break} breaks HBM"
         if self.constraint is not None and self.constraint > 0:
-            return f"peak exceeds usable HBM by {self.constraint:.2f} GiB"
+            return f"peak exceeds usable HBM by {memory(self.constraint)}"
         return self.status if self.status != "ok" else "no objective values"
 
 

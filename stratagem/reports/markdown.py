@@ -8,7 +8,7 @@ from html import escape
 
 from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
-from stratagem.reports.capacity import CapacityInfo
+from stratagem.reports.capacity import RISK_NOTE, CapacityInfo, risk_cells, risk_text
 from stratagem.reports.counts import count_lines_of
 from stratagem.reports.html import fmt, pct
 from stratagem.reports.info import ParetoInfo, PlanResult
@@ -44,7 +44,7 @@ def _scenario(info_scenario: object) -> list[str]:
         f"{q.memory(s['hbm_gib'])} HBM each)",
         f"- training: seq_len {s['seq_len']}, global batch {s['global_batch_size']}, {_md(s['optimizer'])}, "
         f"{_md(s['stack'])} memory conventions",
-        f"- target: {q.count(s['training_tokens'])} tokens at {s['price_per_gpu_hour']:g} USD per GPU-hour",
+        f"- target: {q.count(s['training_tokens'])} tokens at {q.money(s['price_per_gpu_hour'])} per GPU-hour",
     ]
 
 
@@ -126,30 +126,32 @@ def _real_runs(info: ParetoInfo) -> list[str]:
 
 
 def capacity_markdown(cap: CapacityInfo, heading: str = "##") -> str:
-    """Capacity planning as a Markdown section."""
+    """Capacity planning as a Markdown section: the chosen plan with its risk beside it (headroom, checkpoint
+    loss: capacity.risk_cells), then speed, time and cost."""
+    price = q.money(cap.price_per_gpu_hour)
     out = [f"{heading} Capacity planning", "",
-           f"Training {q.count(cap.training_tokens)} tokens at {cap.price_per_gpu_hour:g} USD per GPU-hour; at each size "
-           "the feasible plan with the most useful throughput, tokens/s x (1 - goodput loss). Time includes expected "
-           "checkpoint stalls and failure losses.", ""]
+           f"Training {q.count(cap.training_tokens)} tokens at {price} per GPU-hour; at each size the feasible plan "
+           "with the most useful throughput, tokens/s x (1 - goodput loss). Time includes expected checkpoint "
+           "stalls and failure losses.", ""]
     rows = []
     unit = q.memory_unit(cap.scenario.cluster.gpu.hbm_gib)
     for r in cap.rows:
         if r.best is None or r.hours is None:
-            rows.append([str(r.num_nodes), str(r.num_gpus), _md(r.note)] + ["–"] * 8
-                        + [f"{r.n_feasible} / {r.n_plans}"])
+            rows.append([str(r.num_nodes), str(r.num_gpus), _md(r.note)] + [q.DASH] * 10
+                        + [f"{r.n_feasible:,} / {r.n_plans:,}"])
             continue
-        rows.append([str(r.num_nodes), str(r.num_gpus), f"`{_md(r.best.label)}`", fmt(r.tokens_per_s),
-                     fmt(r.days), fmt(r.gpu_hours), fmt(r.cost_usd),
-                     f"{q.memory_in(r.headroom_gib, unit)} ({pct(r.headroom_fraction)})", pct(r.checkpoint_overhead),
-                     pct(r.failure_loss), fmt(r.failure_hours), f"{r.n_feasible} / {r.n_plans}"])
-    out += _table(["nodes*", "GPUs*", "best plan", "tokens/s*", "days*", "GPU-hours*",
-                   f"cost USD at {cap.price_per_gpu_hour:g}/GPU-hour*", f"headroom {unit[0]} (share of HBM)*",
-                   "checkpoint overhead*", "failure loss*", "failure hours*", "fit / screened*"], rows)
+        rows.append([str(r.num_nodes), str(r.num_gpus), f"`{_md(r.best.label)}`", *risk_cells(r, unit),
+                     fmt(r.tokens_per_s), fmt(r.days), fmt(r.gpu_hours), fmt(r.cost_usd), pct(r.checkpoint_overhead),
+                     pct(r.failure_loss), fmt(r.failure_hours), f"{r.n_feasible:,} / {r.n_plans:,}"])
+    out += _table(["nodes*", "GPUs*", "best plan", f"headroom {unit[0]} (share of HBM)*", "checkpoint loss*",
+                   "tokens/s*", "days*", "GPU-hours*", f"cost USD at {q.count(cap.price_per_gpu_hour)}/GPU-hour*",
+                   "checkpoint stall*",
+                   "failure loss*", "failure hours*", "fit / screened*"], rows)
+    out += ["", f"{RISK_NOTE}."]
     for name, row in (("Fastest", cap.fastest), ("Cheapest", cap.cheapest)):
         if row is not None and row.best is not None:
             out += ["", f"{name}: {row.num_nodes} nodes, `{_md(row.best.label)}`, {fmt(row.days)} days, "
-                        f"{q.money(row.cost_usd)}, headroom {q.memory_in(row.headroom_gib, unit, True)} "
-                        f"({pct(row.headroom_fraction)} of HBM)."]
+                        f"{q.money(row.cost_usd)}; risk: {risk_text(row)}."]
     return "\n".join(out) + "\n"
 
 

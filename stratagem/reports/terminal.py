@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from stratagem.evaluators.zones import bottleneck_label
-from stratagem.quantities import duration, percent
+from stratagem.quantities import DASH, duration, memory_in, memory_unit, percent, sig
 from stratagem.reports.counts import count_lines
 from stratagem.search.counts import study_counts, trial_kinds
 from stratagem.search.events import BatchDone, Event, Notice, Phase, WindowOpened
@@ -58,29 +58,21 @@ def front_table(result: SearchResult, top: int) -> Table:
     table.box = box.SIMPLE_HEAD
     table.add_column("#", justify="right", no_wrap=True, min_width=2)
     table.add_column("plan", min_width=22)
-    unit = _unit(result.screening.space.scenario.cluster.gpu.hbm_gib)
-    for col in ("tok/s/GPU", "MFU", f"peak/HBM {unit}", f"free {unit}", "ckpt loss", "bottleneck"):
+    shown = [(t, trial_evaluation(t)) for t in result.front[:top]]
+    unit = memory_unit(*(ev.memory.hbm_gib for _, ev in shown if ev is not None and ev.memory is not None),
+                       result.screening.space.scenario.cluster.gpu.hbm_gib)
+    for col in ("tok/s/GPU", "MFU", f"peak/HBM {unit[0]}", f"free {unit[0]}", "ckpt loss", "bottleneck"):
         table.add_column(col, justify="left" if col == "bottleneck" else "right", no_wrap=True, min_width=len(col))
-    for t in result.front[:top]:
-        ev = trial_evaluation(t)
-        plan = trial_plan(t)
-        if ev is None or ev.memory is None or ev.throughput is None or ev.checkpoint is None:
-            continue
-        m = ev.memory
-        table.add_row(str(t.number), plan.short(), f"{ev.throughput.tokens_per_s_per_gpu:,.0f}",
-                      f"{ev.throughput.mfu:.1%}", f"{_mem(m.peak_gib, unit)}/{_mem(m.hbm_gib, unit)}",
-                      _mem(m.headroom_gib, unit), percent(ev.checkpoint.goodput_loss),
-                      bottleneck_label(ev.zones) if ev.zones else "-")
+    for t, ev in shown:  # every row of the front, a missing figure as a dash (the title counts them all)
+        m = ev.memory if ev is not None else None
+        tp = ev.throughput if ev is not None else None
+        ckpt = ev.checkpoint if ev is not None else None
+        table.add_row(str(t.number), trial_plan(t).short(), sig(tp.tokens_per_s_per_gpu) if tp else DASH,
+                      percent(tp.mfu) if tp else DASH,
+                      f"{memory_in(m.peak_gib, unit)}/{memory_in(m.hbm_gib, unit)}" if m else DASH,
+                      memory_in(m.headroom_gib, unit) if m else DASH, percent(ckpt.goodput_loss) if ckpt else DASH,
+                      bottleneck_label(ev.zones) if ev is not None and ev.zones else DASH)
     return table
-
-
-def _unit(hbm_gib: float) -> str:
-    """MiB for devices under 1 GiB per worker (the CPU demo's 10 MiB), else GiB."""
-    return "MiB" if hbm_gib < 1.0 else "GiB"
-
-
-def _mem(gib: float, unit: str) -> str:
-    return f"{gib * 1024:.1f}" if unit == "MiB" else f"{gib:.1f}"
 
 
 def print_result(console: Console, result: SearchResult, top: int) -> None:
@@ -135,15 +127,16 @@ def batch_line(event: BatchDone) -> str:
     if not step.runs_used:
         return f"{head}; calibration unchanged: no ok run to fit yet" + (
             f" ({step.ooms} OOM run(s) kept as memory lower bounds)" if step.ooms else "")
-    line = (f"{head}; step-time error {step.step_error_before:.0%} -> {step.step_error_after:.0%}, peak-memory "
-            f"error {step.memory_error_before:.0%} -> {step.memory_error_after:.0%} on {step.runs_used} run(s)")
+    line = (f"{head}; step-time error {percent(step.step_error_before)} -> {percent(step.step_error_after)}, "
+            f"peak-memory error {percent(step.memory_error_before)} -> {percent(step.memory_error_after)} on "
+            f"{step.runs_used} run(s)")
     return line + (f" ({step.note})" if step.note else "")
 
 
 def window_line(event: WindowOpened) -> str:
     """The budget window this call counts against."""
     if event.joined:
-        return (f"budget: joining window {event.index} ({event.minutes:g} min, {event.left_s / 60:.1f} min left) "
+        return (f"budget: joining window {event.index} ({event.minutes:g} min, {duration(event.left_s)} left) "
                 "that another worker opened")
     return (f"budget: new window {event.index} of {event.minutes:g} min"
             + (" (the earlier windows are closed; stratagem status shows each)" if event.index > 1 else ""))
@@ -154,7 +147,9 @@ def traced_line(key: str, ev: Any, reason: str) -> str:
     if ev is None or ev.memory is None:
         return f"traced {key}: not traced: {reason}"
     predicted = ev.prediction.memory.peak_gib if ev.prediction and ev.prediction.memory else float("nan")
-    return f"traced {key}: peak {ev.memory.peak_gib:.2f} GiB (analytic {predicted:.2f}), {ev.status}"
+    unit = memory_unit(ev.memory.peak_gib, predicted)
+    return (f"traced {key}: peak {memory_in(ev.memory.peak_gib, unit, True)} (analytic "
+            f"{memory_in(predicted, unit, True)}), {ev.status}")
 
 
 class EventPrinter:
@@ -199,44 +194,49 @@ def _spread_cell(ev: Any) -> str:
     from stratagem.search.noise import pooled_runs
 
     runs = int(pooled_runs(ev).get("runs", 1))
-    return f"+-{spread.relative_half_width:.0%}" + (f" x{runs}" if runs > 1 else "")
+    return f"±{percent(spread.relative_half_width)}" + (f" x{runs}" if runs > 1 else "")
+
+
+def _run_figures(scenario: Any, t: Any, ev: Any, calibration: Any) -> tuple[list[str], list[float | None]]:
+    """One measured trial's cells before memory (number, plan, role, status, tok/s measured, its interval,
+    predicted, calibrated) and its peaks in GiB (measured, predicted, calibrated)."""
+    from stratagem.evaluators import evaluate
+
+    pred = ev.prediction
+    cal = evaluate(scenario, ev.plan, calibration)
+    reason = ev.reason.splitlines()[0].replace("OOM: ", "") if ev.reason else ""  # "oom: rank 0: peak ..."
+    status = ev.status if ev.status == "ok" else f"{ev.status}: {reason}"
+    if len(status) > 48:  # the full reason is in the report and the run's log
+        status = status[:47] + "…"
+    tokens = [e.throughput.tokens_per_s if e is not None and e.throughput else None for e in (ev, pred, cal)]
+    peaks = [e.memory.peak_gib if e is not None and e.memory else None for e in (ev, pred, cal)]
+    cells = [str(t.number), ev.plan.short(), str(t.user_attrs.get(TrialKey.ROLE, "")), status, sig(tokens[0]),
+             _spread_cell(ev), sig(tokens[1]), sig(tokens[2])]
+    return cells, peaks
 
 
 def print_measured(console: Console, mf: MeasureResult) -> None:
     """The real runs of a multi-fidelity search: measured (with the 95 % interval of its step) vs predicted per
-    plan, and the calibration."""
-    from stratagem.evaluators import evaluate
+    plan, and the calibration; memory in one unit for the table (stratagem.quantities)."""
     from stratagem.search.records import study_scenario
     from stratagem.search.run_order import measured_trials
 
     study = mf.search.study
     if study is None:
         return
-    table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {mf.seconds:.0f} s)",
-                  title_justify="left", box=box.SIMPLE_HEAD)
     scenario = study_scenario(study)
-    for col in ("#", "plan", "role", "status", "tok/s meas", "95%", "pred", "calibrated", "peak MiB meas", "pred",
-                "calibrated"):
+    rows = [_run_figures(scenario, t, ev, mf.calibration)
+            for t in sorted(measured_trials(study).values(), key=lambda t: t.number)
+            if (ev := trial_evaluation(t)) is not None]
+    unit = memory_unit(*(g for _, peaks in rows for g in peaks))
+    table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {duration(mf.seconds)})",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("#", "plan", "role", "status", "tok/s meas", "95%", "pred", "calibrated", f"peak {unit[0]} meas",
+                "pred", "calibrated"):
         table.add_column(col, justify="left" if col in ("plan", "role", "status") else "right",
                          no_wrap=col != "plan", min_width=max(len(col), {"#": 3, "plan": 16, "role": 9}.get(col, 0)))
-    for t in sorted(measured_trials(study).values(), key=lambda t: t.number):
-        ev = trial_evaluation(t)
-        if ev is None:
-            continue
-        pred = ev.prediction
-        meas_tok = f"{ev.throughput.tokens_per_s:,.0f}" if ev.throughput else "-"
-        pred_tok = f"{pred.throughput.tokens_per_s:,.0f}" if pred and pred.throughput else "-"
-        meas_mem = f"{ev.memory.peak_gib * 1024:,.1f}" if ev.memory else "-"
-        pred_mem = f"{pred.memory.peak_gib * 1024:,.1f}" if pred and pred.memory else "-"
-        reason = ev.reason.splitlines()[0].replace("OOM: ", "") if ev.reason else ""  # "oom: rank 0: peak ..."
-        status = ev.status if ev.status == "ok" else f"{ev.status}: {reason}"
-        if len(status) > 48:  # the full reason is in the report and the run's log
-            status = status[:47] + "…"
-        cal = evaluate(scenario, ev.plan, mf.calibration)
-        cal_tok = f"{cal.throughput.tokens_per_s:,.0f}" if cal.throughput else "-"
-        cal_mem = f"{cal.memory.peak_gib * 1024:,.1f}" if cal.memory else "-"
-        table.add_row(str(t.number), ev.plan.short(), str(t.user_attrs.get(TrialKey.ROLE, "")), status, meas_tok,
-                      _spread_cell(ev), pred_tok, cal_tok, meas_mem, pred_mem, cal_mem)
+    for cells, peaks in rows:
+        table.add_row(*cells, *(memory_in(g, unit) for g in peaks))
     out = console if console.is_terminal else Console(width=max(console.width, 160))
     out.print(table)
     for line in measured_lines(mf):
@@ -264,8 +264,9 @@ def measured_lines(mf: MeasureResult) -> list[str]:
                  "the starting calibration, kept: no refit predicted held-out runs better")
         lines.append(
             f"calibration ({state}; id {last.calibration_id or '-'}, the latest of {len(mf.history)} step(s)): median "
-            f"step-time error {first.step_error_before:.0%} at the start -> {last.step_error_after:.0%}, peak memory "
-            f"{first.memory_error_before:.0%} -> {last.memory_error_after:.0%} on {last.runs_used} run(s)"
+            f"step-time error {percent(first.step_error_before)} at the start -> {percent(last.step_error_after)}, "
+            f"peak memory {percent(first.memory_error_before)} -> {percent(last.memory_error_after)} on "
+            f"{last.runs_used} run(s)"
             + (f"; last refit: {last.note}" if last.note else "")
             + " ('pred': the calibration the search started from; 'calibrated': the one in force; the front uses "
               "measured figures where they exist and the latest calibration's predictions elsewhere)")

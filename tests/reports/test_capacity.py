@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from stratagem.cli import app
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
-from stratagem.quantities import sig
+from stratagem.quantities import count, sig
 from stratagem.reports import (
     capacity_markdown,
     capacity_plan,
@@ -66,7 +66,7 @@ def test_size_where_nothing_fits() -> None:
                    training={"seq_len": 8192, "global_batch_size": 64})
     (row,) = capacity_plan(scn, [1]).rows
     assert row.best is None and row.n_feasible == 0 and row.n_plans > 0
-    assert row.note == f"none of {row.n_plans} plans fits in HBM"
+    assert row.note == f"none of {row.n_plans:,} plans fits in HBM"
 
 
 def test_parse_nodes() -> None:
@@ -81,12 +81,17 @@ def test_markdown_and_html(cap) -> None:
     rows = [ln for ln in md.splitlines() if re.match(r"\| \d+ \| \d+ \|", ln)]
     assert len(rows) == 3
     first = cap.rows[0]
-    assert f"| 1 | 8 | `{first.best.label}` | {sig(first.tokens_per_s)} | {sig(first.days)} |" in md  # 3 sig. figures
-    # issue 26 item 7: the price and each chosen plan's headroom (and its share of HBM) in every output
-    assert f"cost USD at {cap.price_per_gpu_hour:g}/GPU-hour" in md
+    # issue 26 item 7: the chosen plan's risk beside it (headroom with its share of HBM, the checkpoint zone's loss
+    # as a percentage), then its speed and time to 3 significant figures; the price in every output
     mem = first.best.evaluation.memory
     assert first.headroom_gib == mem.headroom_gib and first.headroom_fraction == pytest.approx(mem.headroom_gib / mem.hbm_gib)
-    assert f"| {sig(mem.headroom_gib)} ({sig(100 * first.headroom_fraction)}%) |" in md
+    zones = first.best.evaluation.zones
+    assert zones.checkpoint.value == first.goodput_loss
+    flags = {z: "" if getattr(zones, z).level == "ok" else f" {getattr(zones, z).level}" for z in ("hbm", "checkpoint")}
+    assert (f"| 1 | 8 | `{first.best.label}` | {sig(mem.headroom_gib)} ({sig(100 * first.headroom_fraction)}%)"
+            f"{flags['hbm']} | {sig(100 * first.goodput_loss)}%{flags['checkpoint']} | {sig(first.tokens_per_s)} | "
+            f"{sig(first.days)} |") in md
+    assert f"cost USD at {count(cap.price_per_gpu_hour)}/GPU-hour" in md
     page = render_capacity_html(capacity_plan(scenario(EVIL), [1]))
     assert EVIL not in page and "&lt;script&gt;" in page
     data = decode_payload(re.search(r'id="stratagem-data">([^<]*)<', page).group(1))
@@ -104,8 +109,8 @@ def test_capacity_command(tmp_path) -> None:
     assert "dp" in res.output and out.read_text().startswith("<!-- generator: stratagem -->\n# Capacity planning")
     res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "1", "--price", "3.5", "-o", str(out), "--force"],
                              env={"COLUMNS": "200"})
-    assert res.exit_code == 0 and "at 3.5 USD per GPU-hour" in res.output, res.output  # issue 26 item 7
-    assert "cost USD at 3.5/GPU-hour" in out.read_text()
+    assert res.exit_code == 0 and "at 3.50 USD per GPU-hour" in res.output, res.output  # issue 26 item 7
+    assert "cost USD at 3.50/GPU-hour" in out.read_text()
     res = CliRunner().invoke(app, ["capacity", str(path), "--nodes", "a"])
     assert isinstance(res.exception, StratagemError) and "--nodes" in str(res.exception)
     res = CliRunner().invoke(app, ["capacity", str(path), "-o", str(tmp_path / "c.csv")])
@@ -127,6 +132,7 @@ def test_reverse_questions(cap, tmp_path) -> None:
     assert within.hours == min(r.hours for r in cap.rows if r.cost_usd is not None and r.cost_usd <= costs[1])
     line = answer_line(cap, days=mid)
     assert line.startswith("fewest GPUs to train in") and "risk: headroom" in line and "failure loss" in line
+    assert "checkpoint loss " in line
     assert answer_line(cap, days=days[0] / 2).startswith("no size of 1-4 nodes tried trains in")
 
     path = tmp_path / "s.yaml"
