@@ -152,7 +152,12 @@ def test_torchrun(name: str, tmp_path: Path) -> None:
     back = load_scenario(tmp_path / "scenario.yaml")
     assert back.plan == plan
     assert back.model_dump(exclude={"plan", "search"}) == scn.model_dump(exclude={"plan", "search"})
-    assert [n.field for n in bundle.approximated] in ([], ["model.rope_theta"])  # the harness model's constants
+    # the harness model's constants: its rope_theta / eps, and no rope scaling (launch/export/rope.py)
+    consts = model_constants(scn.model)
+    rope = scn.model.position_embedding == "rope"
+    expected = ["model.rope_theta"] if rope and (consts.rope_theta, consts.norm_eps) != (500000, 1e-5) else []
+    expected += ["model.rope_scaling"] if consts.rope_scaling is not None else []
+    assert [n.field for n in bundle.approximated] == expected
 
 
 def _harness_refusal(scn: Scenario, plan: Plan) -> str | None:
@@ -432,6 +437,13 @@ def test_megatron(name: str) -> None:
     consts = model_constants(m)
     assert ns.rotary_base == (consts.rope_theta if m.position_embedding == "rope" else None)
     assert ns.layernorm_epsilon == consts.norm_eps and ns.make_vocab_size_divisible_by == 128
+    # and its rotary scaling (launch/export/rope.py): Llama 3.1's as --use-rope-scaling, MLA's YaRN as --rope-type
+    rs = consts.rope_scaling
+    assert ns.use_rope_scaling == (rs is not None and rs.kind == "llama3")
+    assert ns.rope_scaling_factor == (rs.factor if ns.use_rope_scaling else None)
+    yarn = rs is not None and rs.kind == "yarn"
+    assert (ns.rope_type, ns.rotary_scaling_factor, ns.mscale, ns.mscale_all_dim) == (
+        (rs.kind, rs.factor, rs.mscale, rs.mscale_all_dim) if yarn else (None, None, None, None))
     assert ns.train_iters == throughput_steps() and ns.mock_data and "PLACEHOLDERS" in bundle.files["megatron.sh"]
     env = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in bundle.files["megatron.sh"]
     assert env == ((plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2)

@@ -188,11 +188,13 @@ def ds_config(lay: Layout) -> tuple[dict[str, Any], list[FieldNote], list[FieldN
 
 
 def _constants(m: ModelSpec) -> str:
-    """`rope_theta X, norm eps Y (as SOURCE)`: the model constants a hand-built model must not default."""
+    """`rope_theta X, rope_scaling ... , norm eps Y (as SOURCE)`: the model constants a hand-built model must not
+    default (launch/export/rope.py: DeepSpeed builds no model, so they are named for the one you build)."""
     c = model_constants(m)
     rope = f"rope_theta {c.rope_theta}, " if c.rope_theta is not None else "learned positions, "
-    return rope + f"norm eps {c.norm_eps:g}" + (f" as {c.source}" if c.source else f" (not known for {m.name}: "
-                                                 "set your checkpoint's)")
+    scaling = f"{c.rope_scaling.words()}, " if c.rope_scaling is not None else ""
+    return rope + scaling + f"norm eps {c.norm_eps:g}" + (
+        f" as {c.source}" if c.source else f" (not known for {m.name}: set your checkpoint's, rope_scaling too)")
 
 
 def export_deepspeed(lay: Layout, checkpoint_interval: int | None = None) -> ExportBundle:

@@ -27,6 +27,7 @@ from stratagem.launch.export.bundle import (
     note_lines,
 )
 from stratagem.launch.export.model_fields import model_constants
+from stratagem.launch.export.rope import megatron_rope_args
 
 __all__ = ["MEGATRON_VERSION", "MEGATRON_COMMIT", "export_megatron", "megatron_args", "pipeline_layout"]
 
@@ -82,11 +83,12 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
     consts = model_constants(m)
     if not consts.source:
         ap.append(FieldNote("model.rope_theta", f"not known for {m.name}: Megatron's defaults --rotary-base "
-                            f"{consts.rope_theta} / --norm-epsilon {consts.norm_eps:g} are written; set your "
-                            "checkpoint's rope_theta and norm epsilon"))
-    if m.position_embedding == "rope":
-        model += ["--position-embedding-type", "rope", "--max-position-embeddings", str(tr.seq_len),
-                  "--rotary-base", str(consts.rope_theta)]
+                            f"{consts.rope_theta} / --norm-epsilon {consts.norm_eps:g} are written, no rope "
+                            "scaling; set your checkpoint's rope_theta, norm epsilon and rope_scaling"))
+    if m.position_embedding == "rope":  # rope scaling (Llama 3.1, YaRN): launch/export/rope.py
+        kind, scaling = megatron_rope_args(m, ap)
+        model += ["--position-embedding-type", kind, "--max-position-embeddings", str(tr.seq_len),
+                  "--rotary-base", str(consts.rope_theta), *scaling]
     else:
         model += ["--position-embedding-type", "learned_absolute",
                   "--max-position-embeddings", str(m.max_position_embeddings)]

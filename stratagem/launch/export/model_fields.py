@@ -1,5 +1,5 @@
-"""Model constants an engine needs and would otherwise default wrongly: the rotary base (rope_theta) and the norm
-epsilon. The scenario's ModelSpec does not carry them (they change neither memory nor time), so the exporters read
+"""Model constants an engine needs and would otherwise default wrongly: the rotary base (rope_theta), the norm
+epsilon and the rotary scaling (rope_scaling: Llama 3.1's frequency scaling, DeepSeek-V3's YaRN). The scenario's ModelSpec does not carry them (they change neither memory nor time), so the exporters read
 them here, per preset, from the `config.json` of each released checkpoint on the Hugging Face hub. A model not
 listed gets the engine's default written explicitly, with a note saying to set the checkpoint's values.
 
@@ -14,8 +14,43 @@ from dataclasses import dataclass
 
 from stratagem.spaces.model import ModelSpec
 
-__all__ = ["ModelConstants", "model_constants", "PUBLISHED", "THROUGHPUT_WARMUP", "THROUGHPUT_TIMED",
-           "throughput_steps"]
+__all__ = ["ModelConstants", "RopeScaling", "model_constants", "PUBLISHED", "ROPE_SCALING", "THROUGHPUT_WARMUP",
+           "THROUGHPUT_TIMED", "throughput_steps"]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A checkpoint's `rope_scaling` (Hugging Face config.json): how the rotary frequencies are rescaled."""
+
+    kind: str
+    """"llama3" (Llama 3.1: low frequencies divided by `factor`, a smooth band between) or "yarn" (YaRN, Peng et
+    al. 2023, arXiv 2309.00071: NTK-by-parts interpolation with an attention temperature)."""
+    factor: float
+    """The context-extension factor (config.json "factor")."""
+    original_max_position_embeddings: int
+    """The context the model was pre-trained at before the extension."""
+    low_freq_factor: float | None = None
+    """llama3: wavelengths above original / low_freq_factor are scaled by 1 / factor."""
+    high_freq_factor: float | None = None
+    """llama3: wavelengths below original / high_freq_factor are kept."""
+    beta_fast: float | None = None
+    """yarn: the fast boundary of the correction range (rotations)."""
+    beta_slow: float | None = None
+    """yarn: the slow boundary of the correction range (rotations)."""
+    mscale: float | None = None
+    """yarn: the attention temperature's scale."""
+    mscale_all_dim: float | None = None
+    """yarn: the temperature's scale over all dimensions (DeepSeek's MLA)."""
+
+    def words(self) -> str:
+        """`rope_scaling llama3 (factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings
+        8192)`: every field the checkpoint sets, as config.json names it."""
+        fields = {"factor": self.factor, "low_freq_factor": self.low_freq_factor,
+                  "high_freq_factor": self.high_freq_factor, "beta_fast": self.beta_fast,
+                  "beta_slow": self.beta_slow, "mscale": self.mscale, "mscale_all_dim": self.mscale_all_dim,
+                  "original_max_position_embeddings": self.original_max_position_embeddings}
+        return f"rope_scaling {self.kind} (" + ", ".join(f"{k} {v:g}" for k, v in fields.items()
+                                                         if v is not None) + ")"
 
 
 @dataclass(frozen=True)
@@ -28,6 +63,9 @@ class ModelConstants:
     """Epsilon of every LayerNorm/RMSNorm."""
     source: str
     """The config the values are read from; empty when they are the engine's defaults (not known)."""
+    rope_scaling: RopeScaling | None = None
+    """The checkpoint's rotary scaling (ROPE_SCALING); None: none (plain rotary, or not known when `source` is
+    empty)."""
 
 
 # preset name -> (rope_theta, rms_norm_eps / layer_norm_epsilon, the config.json they are read from)
@@ -51,13 +89,26 @@ PUBLISHED: dict[str, tuple[int | None, float, str]] = {
 }
 
 
+# preset name -> rope_scaling of the same config.json as PUBLISHED (presets whose config.json has
+# "rope_scaling": null are not listed: Llama 3 8B/70B (Meta-Llama-3), Mistral, Mixtral, Qwen3)
+ROPE_SCALING: dict[str, RopeScaling] = {
+    # meta-llama/Llama-3.1-405B config.json: {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    # "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    "llama3-405b": RopeScaling("llama3", 8.0, 8192, low_freq_factor=1.0, high_freq_factor=4.0),
+    # deepseek-ai/DeepSeek-V3 config.json: {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+    # "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    "deepseek-v3": RopeScaling("yarn", 40.0, 4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+}
+
+
 def model_constants(model: ModelSpec, default_theta: int = 10000, default_eps: float = 1e-5) -> ModelConstants:
     """The model's rotary base and norm epsilon (PUBLISHED, by preset name); for a model not listed, the
     engine's defaults `default_theta` / `default_eps` with an empty source (the exporter notes it)."""
     found = PUBLISHED.get(model.name)
     if found is not None:
         theta, eps, source = found
-        return ModelConstants(theta if model.position_embedding == "rope" else None, eps, source)
+        rope = model.position_embedding == "rope"
+        return ModelConstants(theta if rope else None, eps, source, ROPE_SCALING.get(model.name) if rope else None)
     return ModelConstants(default_theta if model.position_embedding == "rope" else None, default_eps, "")
 
 

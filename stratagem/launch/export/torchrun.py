@@ -116,6 +116,10 @@ def export_torchrun(lay: Layout, steps: int = 20, seed: int | None = 0, warmup: 
             + (f" ({consts.source})" if consts.source else " (not known)") + f"; the harness's model uses "
             f"{HARNESS_ROPE_THETA:g} and {HARNESS_NORM_EPS:g}: the same step cost, other numerics",
         ))
+    if consts.rope_scaling is not None:  # the harness's rotary embedding has no scaling (launch/harness/model.py)
+        approximated.append(FieldNote(
+            "model.rope_scaling", f"{s.model.name} has {consts.rope_scaling.words()} ({consts.source}); the "
+            "harness's rotary embedding has none: the same step cost, other numerics"))
     if lay.nodes != s.cluster.num_nodes:
         approximated.append(FieldNote(
             "cluster.num_nodes",

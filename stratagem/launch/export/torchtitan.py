@@ -31,6 +31,7 @@ from stratagem.launch.export.bundle import (
     note_lines,
 )
 from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP, model_constants
+from stratagem.launch.export.rope import torchtitan_rope_comment
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.pipeline_split import chunk_layers
 
@@ -172,7 +173,8 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
         f"rope_theta {consts.rope_theta}, norm_eps {consts.norm_eps:g}: "
         + (f"as {consts.source}; " if consts.source else f"not known for {m.name}; ")
         + "torchtitan fixes both in the registered flavor (torchtitan/models/llama3/__init__.py: "
-        "TransformerModelArgs), so a flavor registered for this model must set them"]
+        "TransformerModelArgs), so a flavor registered for this model must set them",
+        torchtitan_rope_comment(m)]
     comments["model.hf_assets_path"] = [
         "PLACEHOLDER: the directory holding your tokenizer (torchtitan's scripts/download_hf_assets.py), "
         f"whose vocabulary must have {m.vocab_size} entries"]

@@ -23,6 +23,10 @@ MODEL_ARGS=(
   --position-embedding-type rope
   --max-position-embeddings 4096
   --rotary-base 10000
+  --rope-type yarn
+  --rotary-scaling-factor 40
+  --mscale 1
+  --mscale-all-dim 1
   --swiglu
   --normalization RMSNorm
   --norm-epsilon 1e-06

@@ -9,6 +9,7 @@
 #   - plan.ep: 8: ZeroRedundancyOptimizer broadcasts whole parameters over the dp ranks, and the MoE experts are DTensors on the expert mesh (measured: c10d.broadcast_ has no DTensor sharding strategy); use zero_stage 0, 2 or 3: the harness stops with an error
 # Approximated in the harness (closest setting; differs as said):
 #   - model.rope_theta: deepseek-v3 has rope_theta 10000, norm eps 1e-06 (deepseek-ai/DeepSeek-V3 config.json); the harness's model uses 500000 and 1e-05: the same step cost, other numerics
+#   - model.rope_scaling: deepseek-v3 has rope_scaling yarn (factor 40, beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 1, original_max_position_embeddings 4096) (deepseek-ai/DeepSeek-V3 config.json); the harness's rotary embedding has none: the same step cost, other numerics
 # Run this script on each of the 32 node(s); it writes result.json next to it.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -27,6 +27,8 @@ MODEL_ARGS=(
   --position-embedding-type rope
   --max-position-embeddings 8192
   --rotary-base 500000
+  --use-rope-scaling
+  --rope-scaling-factor 8
   --swiglu
   --normalization RMSNorm
   --norm-epsilon 1e-05

@@ -4,7 +4,8 @@
 # plan: tp=8,pp=16,sequence_parallel=true,activation_checkpointing=full,pp_schedule=interleaved,virtual_stages=8,pp_split=embedding_loss
 # launch: 16 node(s) x 8 processes = world 128; 64 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case llama405b-emb-loss-vpp8
-# Every plan field is expressed exactly in the harness.
+# Approximated in the harness (closest setting; differs as said):
+#   - model.rope_scaling: llama3-405b has rope_scaling llama3 (factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192) (meta-llama/Llama-3.1-405B config.json); the harness's rotary embedding has none: the same step cost, other numerics
 # Run this script on each of the 16 node(s); it writes result.json next to it.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -1,0 +1,86 @@
+"""Rotary scaling for each target, one home: what every exporter writes for a model whose checkpoint rescales its
+rotary frequencies (model_fields.ROPE_SCALING: Llama 3.1's "llama3" scaling, DeepSeek-V3's YaRN), and what it
+notes where the engine fixes the scaling itself.
+
+- Megatron-LM core_v0.19.0 (megatron/training/arguments.py, argument_utils.py): llama3 scaling is
+  `--use-rope-scaling --rope-scaling-factor F` (RotaryEmbedding._apply_scaling fixes low_freq_factor 1,
+  high_freq_factor 4, original_max_position_embeddings 8192); Multi-head Latent Attention reads
+  `--rope-type yarn --rotary-scaling-factor F --mscale M --mscale-all-dim A` into MLATransformerConfig, whose
+  original_max_position_embeddings (4096), beta_fast (32) and beta_slow (1) have no option (YaRN for other
+  attention, `--position-embedding-type yarn` with `--yarn-*` options, is noted, not written: no preset has it).
+  Left out, Megatron runs plain rotary for llama3 and --rotary-scaling-factor 1.0 / --mscale-all-dim 0.0 for
+  MLA's YaRN.
+- torchtitan v0.2.2: the llama3 model always applies llama3 scaling with RoPEScalingArgs' defaults (factor 8,
+  low 1, high 4, original 8192: torchtitan/models/llama3/model/args.py, model.py precompute_freqs_cis), fixed
+  per registered flavor: right for Llama 3.1, wrong for a model without scaling.
+- DeepSpeed and the torchrun harness build no model from a config: the README / notes name the scaling (the
+  harness's model has none: other numerics, same step cost).
+"""
+
+from __future__ import annotations
+
+from stratagem.launch.export.bundle import FieldNote
+from stratagem.launch.export.model_fields import RopeScaling, model_constants
+from stratagem.spaces.model import ModelSpec
+
+__all__ = ["megatron_rope_args", "torchtitan_rope_comment", "rope_words", "TORCHTITAN_LLAMA3_SCALING"]
+
+_MEGATRON_LLAMA3_FIXED = (1.0, 4.0, 8192)
+"""Megatron RotaryEmbedding._apply_scaling's low_freq_factor, high_freq_factor, original_max_position_embeddings."""
+_MEGATRON_MLA_FIXED = (4096, 32.0, 1.0)
+"""MLATransformerConfig's original_max_position_embeddings, beta_fast, beta_slow (no command-line option)."""
+TORCHTITAN_LLAMA3_SCALING = RopeScaling("llama3", 8.0, 8192, low_freq_factor=1.0, high_freq_factor=4.0)
+"""torchtitan llama3 RoPEScalingArgs() defaults, applied by every registered llama3 flavor."""
+
+
+def _g(x: float | None, default: float) -> str:
+    return f"{default if x is None else x:g}"
+
+
+def megatron_rope_args(m: ModelSpec, approximated: list[FieldNote]) -> tuple[str, list[str]]:
+    """(--position-embedding-type value, the scaling options) for a rotary model; a note in `approximated`
+    where Megatron fixes a field the checkpoint sets otherwise."""
+    rs = model_constants(m).rope_scaling
+    if rs is None:
+        return "rope", []
+    if rs.kind == "llama3":
+        given = (rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position_embeddings)
+        if given != _MEGATRON_LLAMA3_FIXED:
+            approximated.append(FieldNote("model.rope_scaling", f"{rs.words()}: Megatron fixes low_freq_factor, "
+                                          "high_freq_factor and original_max_position_embeddings at 1, 4, 8192 "
+                                          "(RotaryEmbedding._apply_scaling)"))
+        return "rope", ["--use-rope-scaling", "--rope-scaling-factor", f"{rs.factor:g}"]
+    if rs.kind == "yarn" and m.mla is not None:
+        if (rs.original_max_position_embeddings, rs.beta_fast, rs.beta_slow) != _MEGATRON_MLA_FIXED:
+            approximated.append(FieldNote("model.rope_scaling", f"{rs.words()}: MLATransformerConfig fixes "
+                                          "original_max_position_embeddings, beta_fast, beta_slow at 4096, 32, 1 "
+                                          "(no option); set them in a YAML config"))
+        return "rope", ["--rope-type", "yarn", "--rotary-scaling-factor", f"{rs.factor:g}", "--mscale",
+                        _g(rs.mscale, 1.0), "--mscale-all-dim", _g(rs.mscale_all_dim, 0.0)]
+    approximated.append(FieldNote("model.rope_scaling", f"{rs.words()}: not written for this attention (no preset "
+                                  "has it); Megatron takes YaRN as --position-embedding-type yarn with "
+                                  "--rotary-scaling-factor and --yarn-* options"))
+    return "rope", []
+
+
+def torchtitan_rope_comment(m: ModelSpec) -> str:
+    """What torchtitan's llama3 model does to this model's rotary frequencies, for the model comment."""
+    consts = model_constants(m)
+    rs = consts.rope_scaling
+    applied = TORCHTITAN_LLAMA3_SCALING.words()
+    if not consts.source:
+        return (f"rope scaling not known for {m.name}; torchtitan's llama3 model always applies {applied} "
+                "(RoPEScalingArgs defaults): a flavor registered for this model must set rope_scaling_args to "
+                "your checkpoint's (factor 1: none)")
+    if rs == TORCHTITAN_LLAMA3_SCALING:
+        return f"{rs.words()}: as torchtitan's llama3 model applies it (RoPEScalingArgs defaults)"
+    has = rs.words() if rs is not None else "no rope scaling"
+    return (f"{m.name} has {has}, but torchtitan's llama3 model always applies {applied} (RoPEScalingArgs "
+            "defaults, torchtitan/models/llama3/model/args.py): a flavor registered for this model must set "
+            "rope_scaling_args" + (" to match" if rs is not None else " to factor 1 (no scaling)"))
+
+
+def rope_words(m: ModelSpec) -> str:
+    """`rope_scaling ... ` for the model's notes, '' for a model without (or with unknown) scaling."""
+    rs = model_constants(m).rope_scaling
+    return "" if rs is None else rs.words()
