@@ -431,7 +431,7 @@ def a2a_overlap_paired(pc: PlanColumns, micro: Array) -> Array:
     return np.where((pc.pp > 1) & (v <= 1), 0.0, paired)
 
 
-def a2a_overlap_layer_s(comm: tuple[Array, Array, Array, Array], comp: tuple[Array, ...],
+def a2a_overlap_layer_s(comm: tuple[Array, ...], comp: tuple[Array, ...],
                         sm_share: float) -> Array:
     """Seconds of one combined layer step, forward of A with backward of B [MCore-1F1B], from the stream/event
     graph of TransformerLayerSchedulePlan.run.
