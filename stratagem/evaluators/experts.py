@@ -85,6 +85,7 @@ __all__ = [
     "exchange_pieces",
     "expert_forward_s",
     "a2a_overlap_paired",
+    "dualpipe_paired",
     "a2a_overlap_layer_s",
     "ep_overlap_exposed",
 ]
@@ -429,6 +430,20 @@ def a2a_overlap_paired(pc: PlanColumns, micro: Array) -> Array:
     warmup = np.where(pc.pp > 1, 2.0 * (pc.pp - 1.0) + (v - 1.0) * pc.pp + 1.0, 1.0)
     paired = np.maximum(0.0, total - np.minimum(total, warmup)) / np.maximum(total, 1.0)
     return np.where((pc.pp > 1) & (v <= 1), 0.0, paired)
+
+
+def dualpipe_paired(pp: Array, micro: Array) -> Array:
+    """Share of a rank's chunk passes DualPipe runs as overlapped forward + backward pairs (DeepSeek-V3 report sec.
+    3.2.1; deepseek-ai/DualPipe dualpipe.py DualPipe.step: steps 4 (nF0B1F1B0, 2 (m/2 - p + r + 1) pairs, the
+    middle ranks' first one not overlapped) and 5 (nB1F1B0, p/2 - r - 1 pairs), r the rank's index in its half): on
+    rank 0, m - 3p/2 + 1 of its m forwards (m >= 2p, m even). DualPipe runs in DeepSeek's own HAI-LLM and the
+    DualPipe reference (its overlapped_forward_backward supplied by the model); no stack record here runs it, so the
+    DeepSeek-V3 layout stands in by Megatron's interleaved schedule with 2 chunks and --overlap-moe-expert-parallel-
+    comm (a2a_overlap_paired, whose pair graph follows the same split: attention, dispatch, MLP, combine, backward
+    split into input and weight gradients). For that run (p 16, m 120): 97 / 120 = 0.808 here, 193 / 240 = 0.804
+    for the stand-in."""
+    paired = np.maximum(0.0, micro - 1.5 * pp + 1.0) / np.maximum(micro, 1.0)
+    return np.where(pp > 1, paired, 0.0)
 
 
 def a2a_overlap_layer_s(comm: tuple[Array, ...], comp: tuple[Array, ...],

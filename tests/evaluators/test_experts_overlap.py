@@ -13,6 +13,7 @@ from stratagem.evaluators.experts import (
     a2a_overlap_layer_s,
     a2a_overlap_paired,
     dispatch_s,
+    dualpipe_paired,
     ep_overlap_exposed,
     exchange_pieces,
     moe_layer_fraction,
@@ -100,3 +101,15 @@ def test_modelzoo_ep32_exposes_at_least_its_unpaired_exchanges() -> None:
     none = ep_overlap_exposed(scn, pc, CAL.model_copy(update={"overlap": 0.0}), total, ctx.micro, ctx.mm_rate,
                               ctx.fwd_layer, ctx.attn_fwd, layer_compute, comm_sm_share(scn))
     assert none[0] == pytest.approx(total[0])
+
+
+def test_dualpipe_pairs_as_many_chunks_as_its_megatron_stand_in() -> None:
+    # deepseek-ai/DualPipe README example: 8 ranks, 20 micro-batches; rank 0 runs steps 4 (2 x 3 pairs) and 5 (3):
+    # 9 overlapped forward-backward pairs of its 20 forwards
+    assert dualpipe_paired(np.array([8.0]), np.array([20.0]))[0] == pytest.approx(9 / 20)
+    # DeepSeek-V3's run (PP16, 120 micro-batches per pipeline) and the interleaved v=2 stand-in its row uses
+    dual = dualpipe_paired(np.array([16.0]), np.array([120.0]))[0]
+    stand_in = a2a_overlap_paired(PlanColumns.from_plans([Plan(dp=128, pp=16, ep=64, pp_schedule="interleaved",
+                                                               virtual_stages=2)]), np.array([120.0]))[0]
+    assert dual == pytest.approx(97 / 120) and stand_in == pytest.approx(193 / 240)
+    assert abs(dual - stand_in) < 0.01
