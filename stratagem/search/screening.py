@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Calibration, PlanFigures, evaluate_many
+from stratagem.quantities import memory, memory_in, memory_unit
 from stratagem.search.pareto import nondominated
 from stratagem.search.records import CONSTRAINT, DIRECTIONS, OBJECTIVES
 from stratagem.search.samplers import ProjectingSampler, make_sampler
@@ -82,8 +83,12 @@ class Screening:
         if b < 0:
             return ""
         c = self.columns
-        return (f"predicted peak {c.peak_gib[i]:.1f} GiB exceeds {self.usable_gib:.1f} GiB "
-                f"(HBM {c.hbm_gib[i]:.1f} - margin {self.space.config.memory_margin_gib:g}); "
+        margin = self.space.config.memory_margin_gib
+        unit = memory_unit(c.peak_gib[i], c.hbm_gib[i])  # one unit for the figures (stratagem.quantities)
+        limit = (f"(HBM {memory_in(c.hbm_gib[i], unit, True)} - margin {memory(margin)})" if margin
+                 else "(HBM, no margin)")
+        return (f"predicted peak {memory_in(c.peak_gib[i], unit, True)} exceeds "
+                f"{memory_in(self.usable_gib, unit, True)} {limit} by {memory(c.peak_gib[i] - self.usable_gib)}; "
                 f"{BLOCKS[b]} is the first block that does not fit")
 
 

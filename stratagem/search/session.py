@@ -29,6 +29,7 @@ from stratagem.evaluators import AnalyticEvaluator, Calibration, Evaluation, Eva
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.search.budget import Deadline, check_run_timeout, close_window, open_window
 from stratagem.search.calibrate import CalibrationStep, calibration_history, calibration_id
+from stratagem.search.counts import screening_attr
 from stratagem.search.events import Event, Listener, Notice, Phase, WindowOpened
 from stratagem.search.measure import Measurement, measured_runs
 from stratagem.search.noise import best_measured
@@ -217,9 +218,7 @@ class SearchSession:
                 study.add_trial(evaluation_trial(self.space, evaluator.evaluate(self.scenario, plan), self.usable_gib,
                                                  role, prov, screening.pruned_reason(i)))
                 self._progress("store", n + 1, len(todo))
-            c = screening.counts
-            study.set_user_attr(StudyKey.COUNTS, {"valid": c.valid, "screened": c.screened, "pruned": c.pruned,
-                                                  "feasible": c.feasible, "front": c.front})
+            study.set_user_attr(StudyKey.COUNTS, screening_attr(screening))  # search/counts.py
             study.set_user_attr(StudyKey.SCREENING, screening.mode)
             if self.calibration_source:
                 study.set_user_attr(StudyKey.CALIBRATION_SOURCE, self.calibration_source)

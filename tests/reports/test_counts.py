@@ -136,6 +136,8 @@ def test_the_demo_prints_one_set_of_counts(demo: dict[str, Any]) -> None:
     assert space, lines[0]
     valid, pruned, fit, predicted = (int(x.replace(",", "")) for x in space.groups())
     assert pruned + fit == valid and 0 < predicted <= fit
+    why = re.search(r"first block over it: ([^)]*)\)", lines[0])  # pruned and why, adding up
+    assert why and sum(int(n.replace(",", "")) for n in re.findall(r" ([\d,]+)", why.group(1))) == pruned, lines[0]
     front = re.match(r"Pareto front now: ([\d,]+) plans \(all predicted\)$", lines[2])
     assert front and int(front.group(1)) == predicted, lines[2]  # nothing measured: the front is the predicted one
     title = re.search(r"Pareto front of study 'demo': ([\d,]+) plans", demo["search"])
