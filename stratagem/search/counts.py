@@ -64,7 +64,7 @@ class SpaceCounts:
     front: int
     """Plans on the predicted Pareto front of the screening."""
     pruned_by: dict[str, int] = field(default_factory=dict)
-    """Pruned plans by the memory block whose running sum crosses the usable memory first (BLOCKS order; "no
+    """Pruned plans by the memory block whose running sum crosses the usable memory first (most first; "no
     finite figures" for a plan the model could not judge); empty for a study stored before it was counted."""
     margin_gib: float | None = None
     """The search's memory margin (GiB below HBM a plan must stay)."""
@@ -126,7 +126,7 @@ def screening_attr(screening: Screening) -> dict[str, Any]:
     broke = np.asarray(screening.broke)[~np.asarray(screening.feasible, dtype=bool)]
     by = Counter(BLOCKS[b] if b >= 0 else "no finite figures" for b in broke.tolist())
     return {"valid": c.valid, "screened": c.screened, "pruned": c.pruned, "feasible": c.feasible, "front": c.front,
-            "pruned_by": {b: by[b] for b in (*BLOCKS, "no finite figures") if by[b]},
+            "pruned_by": dict(by.most_common()),
             "margin_gib": screening.space.config.memory_margin_gib, "mode": screening.mode}
 
 
