@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.comm import all_gather_s, all_reduce_s, group_link, p2p_s
+from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, p2p_s, reduce_scatter_s
 from stratagem.evaluators.experts import (
     dispatch_s,
     moe_layer_fraction,
@@ -57,6 +57,10 @@ __all__ = [
     "module_recompute_per_layer",
     "forward_repeats",
     "tp_layer_s",
+    "tp_traffic_s",
+    "fp8_gather_width",
+    "tp_gemm_shares",
+    "tp_hidden_fraction",
     "ep_layer_s",
     "comm_sm_share",
     "GPU_SMS",
@@ -230,23 +234,98 @@ def forward_repeats(ctx: StepContext) -> Array:
 
 def tp_layer_s(ctx: StepContext) -> tuple[Array, Array]:
     """(exposed, total) seconds of one layer's TP collectives per micro-batch: 4 all-reduces of the b s h
-    activation [MLM-TP], 2 more on layers whose forward is recomputed (forward_repeats). Where the stack pipelines them with their GEMMs [TE-UB, AsyncTP] (training.tp_overlap,
-    with sequence parallelism), each collective and the GEMM it feeds (forward and input-gradient GEMMs: 2x the
-    forward matmuls) run in tp chunks: max(comm, gemm) + min(comm, gemm) / tp, of which the GEMM is the rest; inside
-    a node the chunks move by direct copies (no NCCL per-step cost)."""
+    activation [MLM-TP] (with sequence parallelism 4 all-gathers + 4 reduce-scatters), 2 more on layers whose
+    forward is recomputed (forward_repeats). Hidden only where the stack overlaps them (training.tp_overlap, with
+    sequence parallelism), as its engine does: Transformer Engine's userbuffers (`_te_pipelined`) or torch's
+    micro-pipelined symmetric-memory ops (`_symm_mem_exposed`), chosen by the stack record's kernels."""
     scn, pc, cal = ctx.scn, ctx.pc, ctx.cal
     link = group_link(scn.cluster, cal, pc.tp, 1.0)
-    total = (4.0 + 2.0 * forward_repeats(ctx)) * all_reduce_s(link, ctx.activation)
+    total = tp_traffic_s(ctx, link)
     if not scn.training.tp_overlap:
         return total, total
     # TE userbuffers and symmetric memory move the chunks with direct NVLink copies (CUDA IPC / copy engines),
     # not NCCL kernels: each ring step pays the link latency, not NCCL's per-step software cost
     direct = group_link(scn.cluster, cal.model_copy(update={"collective_step_us": 0.0}), pc.tp, 1.0)
     inside = direct.n <= direct.per_node
-    comm = np.where(inside, (4.0 + 2.0 * forward_repeats(ctx)) * all_reduce_s(direct, ctx.activation), total)
+    engine = _te_pipelined if scn.training.record.kernels == "transformer_engine" else _symm_mem_exposed
+    exposed = np.where(inside, engine(ctx, direct, link), total)
+    return np.where(pc.sequence_parallel > 0, np.minimum(exposed, total), total), total
+
+
+def fp8_gather_width(ctx: StepContext) -> Array:
+    """Bytes per element of the forward all-gathers relative to the activation: fp8 plans gather the linears'
+    fp8 inputs (Transformer Engine _Linear.forward casts before gather_along_first_dim; torchao's
+    Float8ColwiseParallel / PrepareFloat8ModuleInput cast before redistribute, torchtitan's float8 TP, tensorwise
+    scaling), 1 byte of 2; else 1."""
+    tr = ctx.scn.training
+    cast_first = tr.record.kernels == "transformer_engine" or tr.fp8_recipe_used == "tensorwise"
+    return np.where(ctx.pc.fp8 & cast_first, 0.5, 1.0)
+
+
+def tp_traffic_s(ctx: StepContext, link: Link) -> Array:
+    """Seconds of one layer's TP collectives per micro-batch over `link`: forward 2 all-gathers (fp8_gather_width)
+    + 2 reduce-scatters, backward 2 + 2, a recomputed forward's again [MLM-TP]."""
+    s = ctx.activation
+    forward = 2.0 * all_gather_s(link, s * fp8_gather_width(ctx)) + 2.0 * reduce_scatter_s(link, s)
+    return forward * (1.0 + forward_repeats(ctx)) + 2.0 * all_reduce_s(link, s)
+
+
+def _te_pipelined(ctx: StepContext, direct: Link, nccl: Link) -> Array:
+    """[TE-UB] every TP collective pipelined with the GEMM it feeds or follows (forward and input-gradient GEMMs:
+    2x the forward matmuls) in tp chunks: max(comm, gemm) + min(comm, gemm) / tp, of which the GEMM is the rest."""
+    comm = tp_traffic_s(ctx, direct)
     gemm = 2.0 * ctx.layer_mm / ctx.mm_rate
-    pipelined = np.maximum(0.0, comm - gemm) + np.minimum(comm, gemm) / pc.tp
-    return np.where(pc.sequence_parallel > 0, pipelined, total), total
+    return np.maximum(0.0, comm - gemm) + np.minimum(comm, gemm) / ctx.pc.tp
+
+
+def tp_gemm_shares(m: ModelSpec) -> tuple[float, float, float, float]:
+    """Shares of a layer's forward matmul FLOPs of the GEMMs next to its 4 TP collectives: (all-gather -> QKV,
+    out-projection -> reduce-scatter, all-gather -> MLP up (gate + up), MLP down -> reduce-scatter)."""
+    h, q, kv, f = float(m.hidden_size), float(m.q_size), float(m.kv_size), float(m.ffn_hidden_size)
+    up = (2.0 if m.mlp == "swiglu" else 1.0) * h * f
+    parts = (h * (q + 2.0 * kv), q * h, up, f * h)
+    return tuple(x / sum(parts) for x in parts)  # type: ignore[return-value]
+
+
+def _symm_mem_exposed(ctx: StepContext, direct: Link, nccl: Link) -> Array:
+    """[AsyncTP] torchtitan async TP: inductor's micro_pipeline_tp_pass fuses an all-gather into the matmuls that
+    consume it (fused_all_gather_matmul) and a reduce-scatter into the matmul that produces it
+    (fused_matmul_reduce_scatter; _find_producer_matmul accepts mm / _scaled_mm / reshape-mm-reshape only). In a
+    Llama block that matches the forward's 2 all-gathers and 2 reduce-scatters (again in a recomputed forward) and
+    the backward's 2 all-gathers (of the gradients entering the out- and down-projections' input-gradient GEMMs);
+    the backward's 2 reduce-scatters take the sum of the q/k/v (gate/up) input gradients, an add, and stay NCCL.
+    A fused op moves tp - 1 shards by copy-engine copies under the other shards' GEMMs (two streams,
+    _pipelined_multi_all_gather_and_consume / _pipelined_produce_and_all2all) and leaves exposed: per step the copy
+    beyond its GEMM chunk; the barriers (2 per all-gather, 2 per step of a reduce-scatter); the all-gather's copy of
+    the local shard into the symmetric buffer before the first GEMM; the reduce-scatter's sum of the tp received
+    chunks (HBM); and the GEMM cut into tp row chunks runs at the smaller GEMM's efficiency (calibration's
+    half_efficiency_gflop)."""
+    pc, cal, hbm = ctx.pc, ctx.cal, ctx.scn.cluster.gpu.hbm_tbps * 1e12
+    t, s = pc.tp, ctx.activation
+    step = s / t / direct.bandwidth  # one shard's copy (its latency is the barriers')
+    chunk_gflop = ctx.layer_mm / t / 1e9
+    whole = ctx.layer_mm / 1e9
+    slower = (whole + cal.half_efficiency_gflop) / whole * chunk_gflop / (chunk_gflop + cal.half_efficiency_gflop)
+    ag_fwd, rs_fwd, ag_up, rs_down = tp_gemm_shares(ctx.scn.model)
+    gemm = ctx.layer_mm / ctx.mm_rate
+
+    width = fp8_gather_width(ctx)
+
+    def fused(share: float, gather: bool, w: Array | float = 1.0) -> Array:
+        g = share * gemm
+        fixed = np.where(gather, 2.0 * direct.alpha + 2.0 * w * s / t / hbm,
+                         2.0 * (t - 1) * direct.alpha + (s + s / t) / hbm)
+        return fixed + (t - 1) * np.maximum(0.0, w * step - g / t) + g * (1.0 / slower - 1.0)
+
+    forward = fused(ag_fwd, True, width) + fused(rs_fwd, False) + fused(ag_up, True, width) + fused(rs_down, False)
+    backward = fused(rs_fwd, True) + fused(rs_down, True) + 2.0 * reduce_scatter_s(nccl, s)
+    return forward * (1.0 + forward_repeats(ctx)) + backward
+
+
+def tp_hidden_fraction(ctx: StepContext) -> Array:
+    """Share of the TP traffic hidden per layer (1 - exposed / total; 0 without overlap), for `explain`."""
+    exposed, total = tp_layer_s(ctx)
+    return np.where(total > 0, 1.0 - exposed / np.maximum(total, 1e-30), 0.0)
 
 
 def ep_layer_s(ctx: StepContext, layer_compute: Array) -> tuple[Array, Array]:

@@ -23,7 +23,7 @@ from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, reduce_scatter_s
 from stratagem.evaluators.experts import expert_data_parallel, expert_dp_link, layer_host_s
 from stratagem.evaluators.memory import training_optimizer_bytes
-from stratagem.evaluators.schedules import idle_slots
+from stratagem.evaluators.schedules import critical_hops, idle_slots, phases, rank_actions
 from stratagem.evaluators.speed import (
     FP8_LINEAR_SPEEDUP,
     SpeedTerm,
@@ -58,6 +58,7 @@ __all__ = [
     "compute_factors",
     "speed_terms",
     "speed_rows",
+    "pipeline_row",
     "matmul_params_per_layer",
     "model_flops_per_token",
     "megatron_flops_per_token",
@@ -82,6 +83,17 @@ PCIE_BYTES_S = 25e9
 HOST_MEM_BYTES_S = 25e9
 
 
+# What each engine's TP overlap hides, for `explain` (evaluators.step_terms._te_pipelined / _symm_mem_exposed).
+TP_OVERLAP_HOW = {
+    "transformer_engine": "TE userbuffers: every TP collective cut into tp chunks under its GEMM, the first chunk "
+                          "exposed",
+    "eager": "async TP: inductor's micro_pipeline_tp fuses the forward's 2 all-gathers and 2 reduce-scatters "
+             "(again when recomputed) and the backward's 2 all-gathers with their matmuls; the backward's 2 "
+             "reduce-scatters (of a sum of input gradients) stay NCCL; exposed per fused op: the local shard's copy, "
+             "barriers, the reduce-scatter's sum, copies beyond their GEMM chunk, the chunked GEMM's efficiency",
+}
+
+
 def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> list[tuple[str, str, str]]:
     """(factor, value, source) rows for `explain`: every factor that scales compute for this plan, then the TP
     and EP traffic exposed vs hidden (seconds per step)."""
@@ -89,8 +101,13 @@ def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> lis
             for t in speed_terms(scn, plan.precision) if t.name != "tp_overlap"]
     cols = time_columns(scn, PlanColumns.from_plans([plan]), cal or default_calibration(scn.cluster.gpu.name))
     overlap = next(t for t in speed_terms(scn) if t.name == "tp_overlap")
-    rows.append(("TP comm exposed / hidden", f"{cols['tp_comm_s'][0]:.3g} s / {cols['tp_hidden_s'][0]:.3g} s",
-                 overlap.source))
+    exposed, hidden = float(cols["tp_comm_s"][0]), float(cols["tp_hidden_s"][0])
+    share = hidden / (exposed + hidden) if exposed + hidden > 0 else 0.0
+    rows.append(("TP comm exposed / hidden", f"{exposed:.3g} s / {hidden:.3g} s", overlap.source))
+    if scn.training.tp_overlap:
+        rows.append(("TP share hidden", f"{share:.0%}", TP_OVERLAP_HOW[scn.training.record.kernels]))
+    if plan.pp > 1:
+        rows.append(pipeline_row(scn, plan, cols))
     if scn.model.moe is not None and plan.zero_stage == 3:
         edp = plan.tp * plan.dp * plan.cp // (plan.ep * plan.etp)
         how = {"torch": "torchtitan fully_shard on the experts over the dp_shard_mod_ep mesh",
@@ -105,6 +122,20 @@ def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> lis
                      f"dispatcher {tr.dispatcher} ({tr.record.cite('moe_dispatchers') or tr.record.name}); "
                      f"overlap with another micro-batch {'on' if tr.ep_overlap else 'off'}"))
     return rows
+
+
+def pipeline_row(scn: Scenario, plan: Plan, cols: dict[str, Array]) -> tuple[str, str, str]:
+    """The schedule's (warm-up, steady, cool-down) of the first and last rank from the engine's action list, its idle
+    slots and the P2P sends on the critical path (evaluators.schedules)."""
+    p, v, s = plan.pp, plan.virtual_stages, plan.pp_schedule
+    m = int(round(float(cols["micro_batches"][0])))
+    first, last = (phases(rank_actions(s, p, v, m, r)) for r in (0, p - 1))
+    pc = PlanColumns.from_plans([plan])
+    detail = (f"{s}, p {p}, v {v}, m {m}: warm-up/steady/cool-down chunk steps rank 0 {first[0]}/{first[1]}/"
+              f"{first[2]}, rank {p - 1} {last[0]}/{last[1]}/{last[2]}; "
+              f"{float(critical_hops(pc, np.array([float(m)]))[0]):.0f} P2P sends on the critical path "
+              "(torch.distributed.pipelining action lists, evaluators.schedules)")
+    return "pipeline", f"idle {float(idle_slots(pc, float(m))[0]):.3g} slots", detail
 
 
 # ---- FLOPs --------------------------------------------------------------------------------------------------
