@@ -29,6 +29,7 @@ from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, p2p_s, reduce_scatter_s
 from stratagem.evaluators.experts import (
     dispatch_s,
+    ep_overlap_exposed,
     moe_layer_fraction,
     permute_s,
     routed_matmul_per_layer,
@@ -330,19 +331,16 @@ def tp_hidden_fraction(ctx: StepContext) -> Array:
 
 def ep_layer_s(ctx: StepContext, layer_compute: Array) -> tuple[Array, Array]:
     """(exposed, total) seconds of one layer's expert token exchanges per micro-batch (experts.dispatch_s, averaged
-    over layers by the MoE share; a recomputed forward dispatches and combines again). With the stack's EP overlap (training.ep_comm_overlap) [A2A-ov] each exchange
-    hides behind the partner micro-batch's compute of the same layer, except on the micro-batches without a partner
-    (min(m, p) of the m: the warm-up / cool-down ones)."""
+    over layers by the MoE share; a recomputed forward dispatches and combines again). With the stack's EP overlap
+    (training.ep_comm_overlap) [A2A-ov] experts.ep_overlap_exposed: the combined 1F1B steps' stream graph per layer
+    (TransformerLayerSchedulePlan.run), the steady-state share Megatron pairs, DeepEP's SMs."""
     scn, pc = ctx.scn, ctx.pc
     total = moe_layer_fraction(scn) * dispatch_s(scn, pc, ctx.cal) * (1.0 + 0.5 * forward_repeats(ctx))
     if not scn.training.ep_overlap:
         return total, total
-    paired = np.maximum(0.0, ctx.micro - np.minimum(ctx.micro, pc.pp)) / ctx.micro
-    # while DeepEP's kernels run beside the compute they hold their SMs (comm_sm_share): the overlapped compute
-    # runs that much slower
-    overlapped = np.minimum(total, ctx.cal.overlap * layer_compute)
-    hidden = total - overlapped + overlapped * comm_sm_share(scn)
-    return paired * hidden + (1.0 - paired) * total, total
+    exposed = ep_overlap_exposed(scn, pc, ctx.cal, total, ctx.micro, ctx.mm_rate, ctx.fwd_layer, ctx.attn_fwd,
+                                 layer_compute, comm_sm_share(scn))
+    return exposed, total
 
 
 # Streaming multiprocessors per GPU (NVIDIA datasheets / whitepapers: A100 108, H100 / H200 / H800 SXM 132,
