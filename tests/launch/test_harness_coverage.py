@@ -72,18 +72,23 @@ ANALYTIC_GAPS: dict[tuple[str, str], str] = {("dp=4,dp_replicate=2,zero=1", "gra
 MOE_CORRECT: dict[int, list[str]] = {
     2: ["dp=2,ep=2", "dp=2,ep=2,zero=3,ac=op", "dp=2,zero=2,ac=full", "pp=2,schedule=gpipe",
         # MoE under TP (torchtitan apply_moe_ep_tp): etp=1 splits the tokens over tp, etp=tp the experts' f dim
-        "tp=2", "tp=2,etp=2,sp=true"],
+        "tp=2", "tp=2,etp=2,sp=true",
+        # context parallelism: the balance loss's per-sequence sums over cp; ep borrows cp, experts FSDP over edp
+        "cp=2,ep=2,zero=3,ac=op"],
     4: ["dp=4,ep=2", "dp=4,ep=4,zero=3", "dp=4,ep=2,dp_replicate=2,zero=3", "pp=2,dp=2,ep=2,zero=2,schedule=gpipe",
         "pp=2,dp=2,ep=2,zero=0,schedule=gpipe",  # DDP (experts ignored) under a pipeline schedule
         # ep borrows tp (etp=1) under DDP; ep x etp (torchtitan ExpertTensorParallel) under FSDP2
         "dp=2,tp=2,ep=2,sp=true", "dp=2,tp=2,ep=2,etp=2,sp=true,zero=3",
         # experts FSDP2-sharded over edp (expert_grid.shard_experts): edp 2 (dp), edp 2 spanning the TP ranks
-        "dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2,sp=true,zero=3"],
+        "dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2,sp=true,zero=3",
+        # MoE under cp: experts FSDP over edp (dp x cp / ep), cp x tp (tokens split over tp), under GPipe
+        "dp=2,cp=2,ep=2,zero=3", "cp=2,tp=2,sp=true", "pp=2,cp=2,ep=2,zero=2,schedule=gpipe"],
     # experts FSDP2-sharded on dim 1 (edp 4 x ep 2 > 4 experts), and within HSDP replicas (edp / dp_replicate = 2)
     8: ["dp=8,ep=2,zero=3", "dp=8,ep=2,dp_replicate=2,zero=3"],
 }
-MOE_SHARDING: dict[int, list[str]] = {2: ["dp=2,ep=2", "dp=2,ep=2,zero=3"], 4: ["dp=4,ep=4,zero=3", "dp=4,ep=2,zero=3"],
-                                      8: ["dp=8,ep=2,dp_replicate=2,zero=3"]}
+MOE_SHARDING: dict[int, list[str]] = {
+    2: ["dp=2,ep=2", "dp=2,ep=2,zero=3"], 4: ["dp=4,ep=4,zero=3", "dp=4,ep=2,zero=3", "dp=2,cp=2,ep=2,zero=3"],
+    8: ["dp=8,ep=2,dp_replicate=2,zero=3"]}
 # MoE under TP, against the analytic model plus ROUTER_TP: the router is replicated over TP in the harness, as in
 # torchtitan (NoParallel) and Megatron-Core, while memory.py divides it by tp with the other non-expert weights.
 MOE_TP_SHARDING: dict[int, list[str]] = {4: ["dp=2,tp=2,ep=2,etp=2,sp=true,zero=3", "dp=2,tp=2,ep=4,sp=true,zero=3",

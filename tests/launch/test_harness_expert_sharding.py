@@ -25,6 +25,7 @@ LAYOUTS = [
     "dp=8,ep=2,dp_replicate=2,zero=3",  # HSDP: experts sharded over edp / dp_replicate = 2 inside a replica
     "dp=4,tp=2,ep=2,etp=2,sp=true,zero=3",  # FSDP over experts already split on (ep, etp)
     "pp=2,dp=2,tp=2,ep=2,sp=true,zero=2,schedule=gpipe",  # ZeRO-2 under a pipeline: optimizer states sharded
+    "dp=2,cp=2,ep=2,zero=3",  # context parallelism: edp 2 spans the cp ranks
 ]
 
 

@@ -58,11 +58,10 @@ def test_runnable_plans_have_no_reason(tiny: Scenario, text: str) -> None:
     assert unsupported(tiny, parse_plan(f"{text},precision=fp32")) is None
 
 
-# The tiny MoE model: TP and etp = tp run; etp must be 1 or tp, ZeRO-1 cannot hold the sharded experts.
+# The tiny MoE model: TP, etp = tp and cp run; etp must be 1 or tp, ZeRO-1 cannot hold the sharded experts.
 MOE_REFUSED = [
     ("dp=2,tp=2,etp=4", "plan.etp"),
     ("dp=2,tp=2,zero=1,sp=true", "plan.tp"),
-    ("dp=2,cp=2", "plan.cp"),
 ]
 
 
@@ -118,7 +117,14 @@ def test_the_torch_space_never_proposes_a_schedule_its_harness_refuses() -> None
     """The harness's schedule refusals and the space's enumeration read the same stack-record data
     (spaces/stacks.py ScheduleExclusion): every plan the torch space proposes passes the harness's schedule check,
     and the refused combination is a validity-rule violation too."""
-    from stratagem.spaces import SearchConfig, SearchSpace, cluster_preset, model_preset, violations
+    from stratagem.spaces import (
+        SearchConfig,
+        SearchSpace,
+        TrainingSpec,
+        cluster_preset,
+        model_preset,
+        violations,
+    )
     from stratagem.spaces.stacks import stack_record
 
     rec = stack_record("torch")
@@ -126,7 +132,7 @@ def test_the_torch_space_never_proposes_a_schedule_its_harness_refuses() -> None
     assert harness_lines  # cp with zero_bubble
     for model, gpus in (("llama3-8b", 16), ("tiny-4l", 8)):
         scn = Scenario(model=model_preset(model), cluster=cluster_preset("h100-sxm-80g", gpus),
-                       training={"seq_len": 4096, "global_batch_size": 32, "stack": "torch"},
+                       training=TrainingSpec(seq_len=4096, global_batch_size=32, stack="torch"),
                        search=SearchConfig(cp=[1, 2], pp=[1, 2, 4], activation_checkpointing=["full"]))
         cols = SearchSpace(scn).enumerate()
         plans = [cols.plan(i) for i in range(len(cols))]
@@ -134,7 +140,7 @@ def test_the_torch_space_never_proposes_a_schedule_its_harness_refuses() -> None
         for p in plans:
             assert not any(line in r for r in refusals(scn, p, "cuda") for line in harness_lines), p.short()
     scn = Scenario(model=model_preset("tiny-4l"), cluster=cluster_preset("h100-sxm-80g", 8),
-                   training={"seq_len": 4096, "global_batch_size": 32, "stack": "torch"})
+                   training=TrainingSpec(seq_len=4096, global_batch_size=32, stack="torch"))
     refused = parse_plan("pp=2,cp=2,dp=2,schedule=zero_bubble")
     assert any("zero_bubble" in v for v in violations(scn, refused))
     assert (unsupported(scn, refused) or "").startswith("plan.cp (2)")

@@ -12,7 +12,8 @@ so a token's output does not depend on the other tokens of its batch and any pla
 Load balancing: the complementary sequence-wise balance loss of DeepSeek-V3 (sec. 2.1.2, eqs. 17-20),
 L = alpha sum_e f_e P_e per sequence, f_e = E / (k s) x tokens of the sequence routed to e, P_e = mean router
 probability of e over the sequence. Being a sum of per-sequence terms it is the same for every split of the
-batch over data-parallel ranks and micro-batches (a batch-wise loss is not). It enters through its gradient
+batch over data-parallel ranks and micro-batches (a batch-wise loss is not); under context parallelism its
+per-sequence sums are taken over the cp ranks (`MoE.balance_loss`). It enters through its gradient
 only (`AuxLoss`, as DeepSeek's AddAuxiliaryLoss): the reported loss stays the language-model cross-entropy.
 `aux_rows` scales it as the cross-entropy is scaled: the rows one backward's loss is the mean over.
 """
@@ -111,6 +112,9 @@ class MoE(nn.Module):
         self.aux_rows = 1
         """Rows (sequences) the loss of one backward averages over: the balance loss is summed over its
         sequences and divided by this, as the cross-entropy is (set by the harness per plan)."""
+        self.cp_group: Any = None
+        """Context parallelism: the cp ranks holding the other shards of this rank's sequences (set by
+        parallelize); the balance loss's per-sequence statistics are summed over them (None: whole sequences)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [b, s, h]
         """Route each token to its top-k experts and combine their outputs by the gate weights.
@@ -202,12 +206,28 @@ class MoE(nn.Module):
         return all_to_all_single_autograd(by_source, send, recv, self.ep_group)  # [n, h]
 
     def balance_loss(self, probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """alpha sum over sequences of sum_e f_e P_e, / aux_rows; probs [b, s, E], chosen [b, s, k]."""
+        """alpha sum over sequences of sum_e f_e P_e, / aux_rows; probs [b, s, E], chosen [b, s, k] (s: this
+        rank's tokens of each sequence). Under context parallelism the per-sequence sums (routed copies, router
+        probabilities) are summed over the cp ranks, which hold the rest of each sequence [Megatron-Core
+        moe/router.py: the aux losses' tokens_per_expert all-reduced over the tensor x context parallel group].
+        Each cp rank differentiates only through its own tokens' probabilities (the others' sum enters as a
+        constant), so its gradient is its share of the loss's; the dp x cp gradient average divides those shares
+        by cp, which the loss therefore enters cp times (as under TP, where every rank has the whole, 1/tp)."""
         b, s, e = probs.shape
-        hits = F.one_hot(chosen, e).sum(dim=2).float()  # [b, s, E] copies of each token routed to e
-        f = hits.sum(dim=1) * e / (self.top_k * s)  # [b, E]
-        p = probs.mean(dim=1)  # [b, E]
-        return AUX_LOSS_COEF * (f * p).sum() / self.aux_rows
+        hits = F.one_hot(chosen, e).sum(dim=2).float().sum(dim=1)  # [b, E] copies routed to e, per sequence
+        mass = probs.sum(dim=1)  # [b, E] router probability of e summed over the sequence
+        scale = 1
+        if self.cp_group is not None:
+            import torch.distributed as dist
+
+            scale = dist.get_world_size(self.cp_group)
+            total = mass.detach().clone()
+            for t in (hits, total):
+                dist.all_reduce(t, group=self.cp_group)
+            mass = mass + (total - mass.detach())  # the whole sequence's value, this rank's gradient path
+            s = s * scale
+        f = hits * e / (self.top_k * s)  # [b, E]
+        return AUX_LOSS_COEF * scale * (f * mass / s).sum() / self.aux_rows
 
 
 def routed_counts(flat: torch.Tensor, num_experts: int) -> list[int]:
@@ -255,9 +275,10 @@ def apply_experts(part: nn.Module, experts_mesh: Any) -> None:
 
 def sync_expert_grads(parts: list[nn.Module], edp_group: Any, dp: int) -> None:
     """Expert gradients after backward: summed over the expert-data-parallel group (the ranks holding the same
-    expert shard), then divided by dp, so they equal the dp-mean gradient that DDP/FSDP give the dense weights
-    (an expert's local gradient already sums what every rank of its ep group sent it; under TP with etp = 1 the
-    TP ranks of a replica, which routed disjoint tokens, are in its edp group too)."""
+    expert shard), then divided by `dp`, the data ranks dp x cp, so they equal the mean gradient that DDP/FSDP
+    give the dense weights (an expert's local gradient already sums what every rank of its ep group sent it;
+    under TP with etp = 1 the TP ranks of a replica, which routed disjoint tokens, are in its edp group too, as
+    are the cp ranks, which routed disjoint shards of the sequences)."""
     import torch.distributed as dist
 
     for part in parts:

@@ -306,6 +306,10 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any, experts_mesh: Any = No
         from stratagem.launch.harness.moe import apply_experts
 
         apply_experts(part, experts_mesh)
+    if plan.cp > 1:  # MoE balance loss: per-sequence statistics summed over the cp ranks
+        for sub in part.modules():
+            if isinstance(sub, MoE):
+                sub.cp_group = mesh["cp"].get_group()
     apply_ac(part, plan.activation_checkpointing, plan.recompute_layers)  # 2. activation checkpointing
     if uses_fsdp(plan):  # 3. ZeRO-2/3 with FSDP2
         # torchtitan/models/llama3/infra/parallelize.py apply_fsdp: reshard_after_forward = not pp_enabled (a

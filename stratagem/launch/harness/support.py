@@ -70,9 +70,6 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
                         "op_recompute": ("plan.activation_checkpointing", plan.activation_checkpointing)
                         }.get(ex.when, ("plan.pp_schedule", plan.pp_schedule))
         out.append(f"{field} ({value}): {ex.reason}")
-    if plan.cp > 1 and spec.moe is not None:
-        out.append(f"plan.cp ({plan.cp}): the MoE balance loss is sequence-wise (it needs each whole sequence) and the "
-                   "harness's expert grid folds over dp and tp only; use cp=1 for MoE models")
     if plan.cp > 1 and plan.dp_replicate > 1:
         out.append(f"plan.cp ({plan.cp}): the harness reduces over dp x cp flattened, not HSDP's (replicate, shard x "
                    "cp) mesh; use dp_replicate=1 with cp > 1")
@@ -130,13 +127,13 @@ def refusals(scenario: Scenario, plan: Plan, device_type: str | None = None) -> 
 
 
 def token_split_refusal(plan: Plan, spec: ModelSpec, seq_len: int) -> str | None:
-    """MoE under TP with etp = 1: each TP rank routes 1/tp of a micro-batch's tokens, which must divide evenly
-    (torchtitan ReordererSequenceParallel raises on an uneven split too)."""
-    tokens = plan.micro_batch_size * seq_len
+    """MoE under TP with etp = 1: each TP rank routes 1/tp of a micro-batch's tokens (of its s/cp under context
+    parallelism), which must divide evenly (torchtitan ReordererSequenceParallel raises on an uneven split too)."""
+    tokens = plan.micro_batch_size * seq_len // plan.cp
     if spec.moe is not None and plan.tp > 1 and plan.etp == 1 and tokens % plan.tp:
         return (f"plan.micro_batch_size ({plan.micro_batch_size}): with etp=1 each TP rank routes 1/tp of a "
                 f"micro-batch's tokens (torchtitan ReordererSequenceParallel), so tp ({plan.tp}) must divide "
-                f"micro_batch_size * seq_len ({tokens}); change micro_batch_size or use etp=tp")
+                f"micro_batch_size * seq_len / cp ({tokens}); change micro_batch_size or use etp=tp")
     return None
 
 

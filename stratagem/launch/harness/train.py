@@ -240,7 +240,7 @@ def train_step(job: Job, step: int, seed: int, after_backward: Callable[[], None
     if job.experts_apart:
         from stratagem.launch.harness.moe import sync_expert_grads
 
-        sync_expert_grads(job.parts, job.edp_group, job.plan.dp)
+        sync_expert_grads(job.parts, job.edp_group, job.plan.dp * job.plan.cp)
     sync_tied_embedding(job)
     if after_backward is not None:
         after_backward()

@@ -305,7 +305,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
                     bounded_routing(scenario, plan):  # train_step without its batch draw and float(loss)
                 _forward_backward(job, x, y)
                 if job.experts_apart:  # train_step: expert gradients summed over edp
-                    sync_expert_grads(job.parts, job.edp_group, plan.dp)
+                    sync_expert_grads(job.parts, job.edp_group, plan.dp * plan.cp)
                 after_backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
