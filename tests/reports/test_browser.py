@@ -311,6 +311,14 @@ def test_tiny_memory_reads_in_mib(browser, tmp_path) -> None:
     assert view.locator(".mem-hbm").inner_text() == "10.2"  # 0.01 GiB = 10.24 MiB
     assert view.locator(".mem-peak").inner_text() == sig(0.0093 * 1024)
     assert "MiB" in view.locator("table.mini").first.inner_text()
+    # the Pareto plots by the same rule: headroom in MiB, the checkpoint loss as a percentage
+    page = loaded.page
+    head = page.evaluate("() => { const el = document.getElementById('plot-headroom'); "
+                         "return [el._fullLayout.xaxis.title.text, el.data[2].x[0]]; }")
+    assert head[0] == "memory headroom (MiB)" and head[1] == pytest.approx(0.0007 * 1024), head
+    risk = page.evaluate("() => { const el = document.getElementById('plot-risk'); "
+                         "return [el._fullLayout.xaxis.title.text, el.data[2].x[0]]; }")
+    assert risk[0] == "checkpoint goodput loss (%)" and risk[1] == pytest.approx(1.0), risk
     loaded.page.close()
 
 

@@ -108,8 +108,8 @@
       var idx = g[t[0]];
       var tr = {
         type: zk != null ? "scatter3d" : many ? "scattergl" : "scatter", mode: "markers", name: t[1] + " (" + idx.length + ")",
-        x: idx.map(function (i) { return P.values[i][xk]; }),
-        y: idx.map(function (i) { return P.values[i][yk]; }),
+        x: idx.map(function (i) { return axisValue(xk, P.values[i][xk]); }),
+        y: idx.map(function (i) { return axisValue(yk, P.values[i][yk]); }),
         text: idx.map(hoverText), customdata: idx, hovertemplate: "%{text}<extra></extra>",
         marker: {
           color: COLORS[t[0]], opacity: t[2], size: zk == null ? t[3] : t[3] * 0.6,
@@ -117,7 +117,7 @@
           line: { width: t[0] === "front" ? 1 : 0, color: "#222" }
         }
       };
-      if (zk != null) tr.z = idx.map(function (i) { return P.values[i][zk]; });
+      if (zk != null) tr.z = idx.map(function (i) { return axisValue(zk, P.values[i][zk]); });
       // Plans that do not fit can sit thousands of GiB below zero headroom and squash the front into a line:
       // they start hidden (axes autorange over visible traces only) and one click on their legend entry shows them.
       if (t[0] === "infeasible" && g.feasible.length + g.front.length > 0) tr.visible = "legendonly";
@@ -125,13 +125,30 @@
     });
     return out;
   }
-  var AXIS = ["tokens/s (cluster)", "memory headroom (GiB)", "checkpoint goodput loss (fraction)"];
+  // Axes by the one rule: headroom in the unit of the largest HBM among the plans (MiB for the CPU demo), the
+  // checkpoint goodput loss as a percentage (stratagem/quantities.py).
+  var AXIS_MEM = null;
+  function axisMem() {
+    if (AXIS_MEM === null) {
+      var hbm = [];
+      for (var i = 0; i < P.label.length; i++) { var m = P.mem[i] ? memObj(P.mem[i]) : null; if (m) hbm.push(m.hbm_gib); }
+      AXIS_MEM = memUnit(hbm.length ? hbm : (P.values || []).map(function (v) { return v ? v[1] : null; }));
+    }
+    return AXIS_MEM;
+  }
+  function axisValue(k, v) {
+    if (v == null || !isFinite(v)) return v;
+    return k === 1 ? v * 1073741824 / axisMem()[1] : k === 2 ? 100 * v : v;
+  }
+  function axisTitle(k) {
+    return ["tokens/s (cluster)", "memory headroom (" + axisMem()[0] + ")", "checkpoint goodput loss (%)"][k];
+  }
   function plot2d(id, xk, yk) {
     var el = document.getElementById(id);
     if (!el) return;
     newPlot(el, traces(xk, yk), {
       margin: { l: 70, r: 20, t: 10, b: 50 }, hovermode: "closest", legend: { orientation: "h", y: -0.2 },
-      xaxis: { title: { text: AXIS[xk] }, zeroline: false }, yaxis: { title: { text: AXIS[yk] } }
+      xaxis: { title: { text: axisTitle(xk) }, zeroline: false }, yaxis: { title: { text: axisTitle(yk) } }
     });
     el.on("plotly_click", function (ev) { if (ev.points.length) Explorer.show(ev.points[0].customdata, true); });
   }
@@ -156,7 +173,7 @@
   function draw3d(el) {
     newPlot(el, traces(1, 2, 0), {
       margin: { l: 0, r: 0, t: 0, b: 0 }, legend: { orientation: "h" },
-      scene: { xaxis: { title: { text: "headroom GiB" } }, yaxis: { title: { text: "goodput loss" } }, zaxis: { title: { text: "tokens/s" } } }
+      scene: { xaxis: { title: { text: axisTitle(1) } }, yaxis: { title: { text: axisTitle(2) } }, zaxis: { title: { text: axisTitle(0) } } }
     });
     el.on("plotly_click", function (ev) { if (ev.points.length) Explorer.show(ev.points[0].customdata, true); });
     el.setAttribute("data-drawn", "1");
