@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from stratagem.evaluators import DEFAULT_CALIBRATION
+from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate_many
 from stratagem.evaluators.experts import (
     a2a_overlap_layer_s,
     a2a_overlap_paired,
@@ -113,3 +113,26 @@ def test_dualpipe_pairs_as_many_chunks_as_its_megatron_stand_in() -> None:
                                                                virtual_stages=2)]), np.array([120.0]))[0]
     assert dual == pytest.approx(97 / 120) and stand_in == pytest.approx(193 / 240)
     assert abs(dual - stand_in) < 0.01
+
+
+def modelzoo_pair() -> tuple[float, float, float]:
+    """(step without overlap, step with it, exposed EP comm without it) of the ModelZoo EP32 layout, predicted."""
+    off = evaluate_many(scenario(False), [MODELZOO_EP32])
+    on = evaluate_many(scenario(True), [MODELZOO_EP32])
+    return float(off.step_s[0]), float(on.step_s[0]), float(off.ep_comm_s[0])
+
+
+def test_modelzoo_overlap_pair_in_the_published_order_within_what_ep_can_give() -> None:
+    # Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md, 256 H100: 19.7 s -> 17.6 s with the overlap (1.12x)
+    off, on, ep = modelzoo_pair()
+    assert on < off  # published order
+    assert off / on <= off / (off - ep)  # no more than every exposed exchange hidden
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 24 item 1): the model gives the overlap 1.46x where the ModelZoo "
+                   "measured 1.12x; Megatron's own note on the combined 1F1B (docs/discussions/deepseek-v3-gb200-"
+                   "optimization sec. 3.2: its stage-wise scheduling and syncs add host overhead, a net loss on GB200) "
+                   "names the missing cost, which no engine file lets us count")
+def test_modelzoo_overlap_speedup_as_measured() -> None:
+    off, on, _ = modelzoo_pair()
+    assert off / on == pytest.approx(19.7 / 17.6, rel=0.10)
