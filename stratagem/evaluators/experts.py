@@ -424,12 +424,14 @@ def a2a_overlap_paired(pc: PlanColumns, micro: Array) -> Array:
     """Share of a rank's layer passes that run as combined forward + backward steps [MCore-1F1B]: pp = 1 pairs all
     but the first forward and the last backward, (m - 1) / m; interleaved pipelines all but the warm-up forwards
     (and as many cool-down backwards) of the rank with the most, rank 0: w = 2 (p - 1) + (v - 1) p + 1 of m v;
-    pipelines without virtual stages run no combined step (Megatron requires virtual stages for this overlap)."""
+    none for the plans Megatron refuses this overlap (transformer_config.py __post_init__: pp > 1 without virtual
+    stages, full recompute, "moe" in the recomputed modules)."""
     v = pc.virtual_stages
     total = micro * v
     warmup = np.where(pc.pp > 1, 2.0 * (pc.pp - 1.0) + (v - 1.0) * pc.pp + 1.0, 1.0)
     paired = np.maximum(0.0, total - np.minimum(total, warmup)) / np.maximum(total, 1.0)
-    return np.where((pc.pp > 1) & (v <= 1), 0.0, paired)
+    refused = ((pc.pp > 1) & (v <= 1)) | pc.recompute_is("full") | pc.recomputes_module("moe")
+    return np.where(refused, 0.0, paired)
 
 
 def dualpipe_paired(pp: Array, micro: Array) -> Array:

@@ -39,6 +39,11 @@ def test_only_the_steady_state_micro_batches_are_paired() -> None:
     assert paired[2] == 0.0  # pp > 1 without virtual stages: Megatron runs no combined step
     # fewer virtual micro-batches than the warm-up: nothing paired
     assert a2a_overlap_paired(pcs.take(slice(0, 1)), np.array([4.0]))[0] == 0.0
+    # plans Megatron refuses the overlap for (transformer_config.py): full recompute, the experts recomputed
+    refused = PlanColumns.from_plans([Plan(dp=256, ep=8, activation_checkpointing="full"),
+                                      Plan(dp=256, ep=8, activation_checkpointing="selective",
+                                           recompute_modules=("moe",))])
+    assert list(a2a_overlap_paired(refused, np.array([4.0, 4.0]))) == [0.0, 0.0]
 
 
 def test_combined_step_is_its_compute_or_its_communication_at_the_limits() -> None:
