@@ -9,15 +9,14 @@ import pytest
 from numpy.typing import NDArray
 
 from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate_many
-from stratagem.evaluators.experts import (
+from stratagem.evaluators.ep_overlap import (
     a2a_overlap_layer_s,
     a2a_overlap_paired,
-    dispatch_s,
     dualpipe_paired,
     ep_overlap_exposed,
     exchange_pieces,
-    moe_layer_fraction,
 )
+from stratagem.evaluators.experts import dispatch_s, moe_layer_fraction
 from stratagem.evaluators.step_terms import comm_sm_share, recompute_mb, step_context
 from stratagem.spaces import MODEL_PRESETS, Plan, PlanColumns, Scenario, TrainingSpec, cluster_preset
 
