@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.memory_rank import Rank
+from stratagem.evaluators.stages import distinct_rows
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
@@ -172,13 +173,13 @@ def zero1_worst_fraction(scn: Scenario, pc: PlanColumns, layers: Array, first: b
     [ZRO] (1/shard when the parameters split evenly; the largest tensor's share when it alone exceeds 1/shard).
     `first` / `last`: whether the stage holds the embedding / the output projection (both when pp = 1)."""
     shard = (pc.dp / pc.dp_replicate).astype(np.int64)
-    keys = np.stack([np.broadcast_to(layers, pc.tp.shape).astype(np.int64), pc.tp.astype(np.int64),
-                     pc.ep.astype(np.int64), shard, pc.pp.astype(np.int64)], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    cols = [np.broadcast_to(layers, pc.tp.shape).astype(np.int64), pc.tp.astype(np.int64), pc.ep.astype(np.int64),
+            shard, pc.pp.astype(np.int64)]
+    first_index, inverse = distinct_rows(cols)  # each distinct (layers, tp, ep, shard, pp) once
     fractions = np.array([
         _worst_fraction(scn.model, int(n), int(t), int(e), max(int(d), 1), first or p == 1, last or p == 1)
-        for n, t, e, d, p in uniq])
-    return fractions[inverse.reshape(-1)]
+        for n, t, e, d, p in (tuple(c[i] for c in cols) for i in first_index)])
+    return fractions[inverse]
 
 
 def engine_layer_bytes(scn: Scenario, pc: PlanColumns, s: Array, b: Array, layers: Array, redone: Array) -> Array:

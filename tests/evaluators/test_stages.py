@@ -1,10 +1,11 @@
 """Per-stage layer accounting (issue 14 item 3): the split the stacks build, the worst stage's memory and the
 slowest stage's time."""
 
+import numpy as np
 import pytest
 
 from stratagem.evaluators import evaluate
-from stratagem.evaluators.stages import stage_columns
+from stratagem.evaluators.stages import distinct_rows, stage_columns
 from stratagem.spaces import MODEL_PRESETS, Plan, PlanColumns, Scenario, cluster_preset, violations
 from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_problem
 
@@ -72,3 +73,17 @@ def test_stacks_without_the_split_refuse_it(stack: str) -> None:
     scn = scenario("llama3-8b", 16, stack=stack, gbs=64)
     broken = violations(scn, Plan(dp=4, pp=4, first_stage_layers=6, last_stage_layers=10))
     assert any(stack in v and "first/last" in v for v in broken), broken
+
+
+def test_distinct_rows_is_numpys_unique_over_rows() -> None:
+    """stages.distinct_rows (one int64 code per row, a 1-D sort) gives np.unique(axis=0)'s distinct rows, first
+    occurrences and inverse, on random rows with the ranges plan columns have."""
+    rng = np.random.default_rng(7)
+    n = 5000
+    cols = [rng.integers(0, hi, n).astype(np.int64) for hi in (127, 9, 3, 513, 17)]
+    rows = np.stack(cols, axis=1)
+    first, inverse = distinct_rows(cols)
+    uniq, np_first, np_inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    assert np.array_equal(rows[first], uniq) and np.array_equal(first, np_first)
+    assert np.array_equal(inverse, np.asarray(np_inverse).reshape(-1))
+    assert np.array_equal(rows[first][inverse], rows)
