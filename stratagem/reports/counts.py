@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["count_lines", "count_lines_of", "space_line", "study_line", "front_line", "measured_line"]
 
 _ROLES = {"front": "from the predicted front", "boundary": "nearest the memory limit", "sample": "sampled",
-          "sampler": "proposed by the sampler", "candidate": "measured though predicted not to fit",
+          "sampler": "proposed by the sampler", "candidate": "measured as candidates",
           "recalibrated": "re-predicted", "remeasured": "re-measured", "unrecorded": "stored by hand"}
 
 
@@ -59,7 +59,8 @@ def front_line(c: StudyCounts) -> str:
         moved.append(f"{left:,} left it ({_parts(c.off_front)})")
     if c.joined_front:
         moved.append(f"{c.joined_front:,} joined it")
-    earlier = (f" (earlier screenings' fronts included: the last one's has {c.space.front:,})"
+    earlier = (f" (the last screening's front has {c.space.front:,}; the others were on another screening's "
+               "front: re-ranked candidates or another calibration)"
                if c.space is not None and c.space.front != c.predicted_front else "")
     return (f"{line}: of the {c.predicted_front:,} plans stored from the predicted front{earlier}, "
             + ", ".join(moved) + "; measured figures replace predictions, the rest are re-predicted with the "

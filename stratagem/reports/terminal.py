@@ -229,7 +229,8 @@ def print_measured(console: Console, mf: MeasureResult) -> None:
             for t in sorted(measured_trials(study).values(), key=lambda t: t.number)
             if (ev := trial_evaluation(t)) is not None]
     unit = memory_unit(*(g for _, peaks in rows for g in peaks))
-    table = Table(title=f"Real runs: {mf.measured} measured ({mf.runs} in this call, {duration(mf.seconds)})",
+    table = Table(title=f"Real runs: {mf.plans} plans in {mf.measured} runs ({mf.runs} in this call, "
+                        f"{duration(mf.seconds)})",
                   title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("#", "plan", "role", "status", "tok/s meas", "95%", "pred", "calibrated", f"peak {unit[0]} meas",
                 "pred", "calibrated"):

@@ -172,6 +172,8 @@ def _off_front_why(trial: optuna.trial.FrozenTrial, feasible: bool) -> str:
     """Why a plan of the predicted front is not on the front now, from the trial standing for it: its run's
     status ("measured oom"), or the figures on which other plans dominate it."""
     fidelity = trial_fidelity(trial)
+    if not feasible and fidelity == "analytic":
+        return "re-predicted not to fit"
     if not feasible:
         status = trial_status(trial)
         return f"{fidelity} {status}" if status != "ok" else f"{fidelity} over the usable memory"

@@ -144,3 +144,32 @@ def test_the_demo_prints_one_set_of_counts(demo: dict[str, Any]) -> None:
     assert title and int(title.group(1)) == predicted, demo["search"]  # the table under the same count
     assert f"{predicted} on the Pareto front now" in demo["report"]
     assert lines[3] == "measured: none; 0 running (claimed)"
+
+
+def test_a_measured_search_prints_one_set_of_counts(tmp_path: Path) -> None:
+    """The real-run loop (a stand-in evaluator at known constants; one plan ends OOM): the counts add up, and
+    search's summary, status and the Markdown report print the same lines."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "search"))
+    from standin import SCENARIO, KnownConstants
+
+    from stratagem.reports.terminal import summary_lines
+    from stratagem.search.multifidelity import run_multifidelity
+    from stratagem.spaces import Plan, load_scenario
+    from stratagem.spaces.columns import PlanColumns
+
+    plans = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=4, micro_batch_size=2)]
+    url = f"journal:{tmp_path / 's.log'}"
+    mf = run_multifidelity(load_scenario(SCENARIO), url, "s", KnownConstants(oom={plans[0].short()}), real_runs=3,
+                           candidates=PlanColumns.from_plans(plans))
+    c = study_counts(mf.search.study)
+    assert c.measured_by == {"ok": 2, "oom": 1} and c.measured == c.measured_plans + c.remeasured == 3
+    assert sum(c.kinds.values()) == c.trials and sum(c.roles.values()) == c.plans
+    assert c.front == c.predicted_front - sum(c.off_front.values()) + c.joined_front
+    lines = count_lines(c, "s")
+    assert _printed(summary_lines(mf.search)) == lines
+    res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"], terminal_width=400)
+    assert res.exit_code == 0 and _printed(res.output.splitlines()) == lines, res.output
+    assert _printed_md(render_markdown(pareto_info(mf.search.study))) == lines
+    assert lines[3] == "measured: 3 plans in 3 runs: ok 2, oom 1; 0 running (claimed)"
