@@ -117,3 +117,25 @@ def test_a_measured_oom_is_a_lower_bound_on_the_memory_fit() -> None:
     from stratagem.evaluators.fitting import lower_bound_loss
 
     assert lower_bound_loss(np.array([2.0, 0.5]), 1.0) == np.log(2.0) ** 2  # only the one below the bound costs
+
+
+def test_an_oom_the_model_did_not_see_coming_counts_in_the_memory_error() -> None:
+    """Three ok runs predicted exactly, and two OOM runs of plans predicted at half the device's memory: the memory
+    error is the mean over ok peaks (0) and OOM shortfalls (HBM / predicted - 1 = 1.0 each), 0.4, not the ok runs'
+    median (0); the refit, which learns from the OOMs, is judged on them too (each held out in turn)."""
+    from stratagem.search.calibrate import memory_error, oom_shortfall, refit_step
+
+    assert oom_shortfall(np.array([0.5, 2.0]), 1.0).tolist() == [1.0, 0.0]
+    assert memory_error(np.array([1.0, 1.0, 1.0]), np.array([1.0, 1.0, 1.0]), np.array([0.5, 0.5]), 1.0) == 0.4
+    scn = load_scenario("examples/tiny-cpu.yaml")
+    base = default_calibration(scn.cluster.gpu.name)
+    ok = synthetic_measurements(scn, base)[:3]
+    hbm = scn.cluster.gpu.hbm_gib
+    big = [Plan(dp=4, micro_batch_size=2), Plan(dp=2, tp=2, micro_batch_size=2)]
+    ooms = [Evaluation(plan=p, status="oom", reason="CUDA out of memory", fidelity="measured") for p in big]
+    fit = refit_step(scn, [*ok, *ooms], base, base)
+    predicted = evaluate_many(scn, PlanColumns.from_plans(big), base).peak_gib
+    expected = float(np.maximum(0.0, hbm / predicted - 1.0).sum() / 5)
+    assert fit.ooms == 2 and np.isclose(fit.memory_error_before, expected) and expected > 0
+    assert fit.memory_error_held_out is not None
+    assert ("memory refit adopted" in fit.note) == (fit.memory_error_held_out < fit.memory_error_before)
