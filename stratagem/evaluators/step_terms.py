@@ -27,9 +27,9 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, p2p_s, reduce_scatter_s
+from stratagem.evaluators.ep_overlap import ep_overlap_exposed
 from stratagem.evaluators.experts import (
     dispatch_s,
-    ep_overlap_exposed,
     moe_layer_fraction,
     permute_s,
     routed_matmul_per_layer,
