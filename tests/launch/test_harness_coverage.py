@@ -74,7 +74,9 @@ MOE_CORRECT: dict[int, list[str]] = {
         # MoE under TP (torchtitan apply_moe_ep_tp): etp=1 splits the tokens over tp, etp=tp the experts' f dim
         "tp=2", "tp=2,etp=2,sp=true",
         # context parallelism: the balance loss's per-sequence sums over cp; ep borrows cp, experts FSDP over edp
-        "cp=2,ep=2,zero=3,ac=op"],
+        "cp=2,ep=2,zero=3,ac=op",
+        # selective recompute: each routed expert's down(silu(g) * u) (moe.down), with ep and with etp = tp
+        "dp=2,ep=2,ac=selective", "tp=2,etp=2,sp=true,ac=selective"],
     4: ["dp=4,ep=2", "dp=4,ep=4,zero=3", "dp=4,ep=2,dp_replicate=2,zero=3", "pp=2,dp=2,ep=2,zero=2,schedule=gpipe",
         "pp=2,dp=2,ep=2,zero=0,schedule=gpipe",  # DDP (experts ignored) under a pipeline schedule
         # ep borrows tp (etp=1) under DDP; ep x etp (torchtitan ExpertTensorParallel) under FSDP2
@@ -82,7 +84,8 @@ MOE_CORRECT: dict[int, list[str]] = {
         # experts FSDP2-sharded over edp (expert_grid.shard_experts): edp 2 (dp), edp 2 spanning the TP ranks
         "dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2,sp=true,zero=3",
         # MoE under cp: experts FSDP over edp (dp x cp / ep), cp x tp (tokens split over tp), under GPipe
-        "dp=2,cp=2,ep=2,zero=3", "cp=2,tp=2,sp=true", "pp=2,cp=2,ep=2,zero=2,schedule=gpipe"],
+        "dp=2,cp=2,ep=2,zero=3", "cp=2,tp=2,sp=true", "pp=2,cp=2,ep=2,zero=2,schedule=gpipe",
+        "dp=4,ep=2,zero=3,ac=selective"],  # selective inside the experts' own FSDP unit
     # experts FSDP2-sharded on dim 1 (edp 4 x ep 2 > 4 experts), and within HSDP replicas (edp / dp_replicate = 2)
     8: ["dp=8,ep=2,zero=3", "dp=8,ep=2,dp_replicate=2,zero=3"],
 }
@@ -100,7 +103,7 @@ MOE_GAPS[("dp=8,ep=2,dp_replicate=2,zero=3", "gradients")] = (
 # Tied embeddings (tiny-cpu with tied_embeddings: true): with pp > 1 the two copies' gradients are summed.
 TIED_CORRECT: dict[int, list[str]] = {2: ["pp=2,schedule=gpipe", "dp=2,zero=3", "tp=2"]}
 # The tiny MoE model with one shared expert: under TP its w1/w3 are column and w2 row shards (a partial sum).
-SHARED_CORRECT: dict[int, list[str]] = {2: ["tp=2,ep=2,sp=true,ac=op"]}
+SHARED_CORRECT: dict[int, list[str]] = {2: ["tp=2,ep=2,sp=true,ac=op", "tp=2,ep=2,sp=true,ac=selective"]}
 EXAMPLES = {"dense": "tiny-cpu", "moe": "tiny-moe-cpu"}
 TIMEOUT_S = 600.0
 

@@ -152,6 +152,28 @@ def test_recompute_keeps_what_the_analytic_model_counts(tiny: Scenario) -> None:
     assert measured["none"] == none + cpu_extras
 
 
+def test_moe_selective_recompute_keeps_what_the_analytic_model_counts() -> None:
+    """In an MoE layer selective recompute drops silu(g) and silu(g) * u of every routed copy (2 k s b f_e) and
+    of the shared experts: memory_activations.layer_elements' none - selective for an MoE layer (ep = 1: no
+    load imbalance)."""
+    from stratagem.evaluators.memory_activations import layer_elements
+
+    scn = load_scenario(ROOT / "examples" / "tiny-moe-cpu.yaml")
+    moe = scn.model.moe
+    assert moe is not None
+    shared = scn.model.model_copy(update={"moe": moe.model_copy(update={"shared_experts": 1, "shared_ffn": 32})})
+    b, s = 2, scn.training.seq_len
+    pc = PlanColumns.from_plans([parse_plan("precision=fp32")])
+    for spec in (scn.model, shared):
+        assert spec.is_moe_layer(1)
+        dropped = _block_retained_bytes(spec, "none", b, s) - _block_retained_bytes(spec, "selective", b, s)
+        none, selective, _ = layer_elements(scn.model_copy(update={"model": spec}), pc, float(s), float(b))
+        assert dropped == (none[0] - selective[0]) * 4
+        assert spec.moe is not None
+        assert dropped == 2 * s * b * (moe.top_k * moe.expert_ffn_hidden_size + spec.moe.shared_experts
+                                       * spec.moe.shared_ffn) * 4
+
+
 def test_op_recompute_keeps_what_the_analytic_model_counts(tiny: Scenario) -> None:
     """torchtitan's op-level policy keeps wq, wv, w1, w2 outputs, the attention output and the layer output
     (op_layer_elements); on CPU the flash kernel's log-sum-exp (sb a, fp32) is kept with its output."""
@@ -165,10 +187,10 @@ def test_op_recompute_keeps_what_the_analytic_model_counts(tiny: Scenario) -> No
 
 @pytest.mark.parametrize("example", ["tiny-cpu", "tiny-moe-cpu"])
 def test_recompute_gradients_equal_no_recompute(example: str) -> None:
-    """op and full recompute re-run the same computation (MoE routing and balance loss included)."""
+    """op, full and selective recompute re-run the same computation (MoE routing and balance loss included)."""
     scn = load_scenario(ROOT / "examples" / f"{example}.yaml")
     grads = {}
-    for mode in ("none", "op", "full"):
+    for mode in ("none", "op", "full", "selective"):
         model = build_model(scn.model)
         apply_ac(model, mode)
         materialize([model], torch.device("cpu"), 0)
@@ -176,7 +198,7 @@ def test_recompute_gradients_equal_no_recompute(example: str) -> None:
         model(x).float().pow(2).mean().backward()
         grads[mode] = {n: p.grad.clone() for n, p in named_parameters([model]) if p.grad is not None}
     assert len(grads["none"]) == len(list(model.parameters()))
-    for mode in ("op", "full"):
+    for mode in ("op", "full", "selective"):
         assert grads[mode].keys() == grads["none"].keys()
         for name, g in grads["none"].items():
             assert torch.equal(grads[mode][name], g), (mode, name)

@@ -30,7 +30,7 @@ from stratagem.launch.harness.mlp import FeedForward
 from stratagem.spaces.model import ModelSpec
 
 __all__ = ["AUX_LOSS_COEF", "AuxLoss", "GroupedExperts", "MoE", "apply_experts", "expert_parameters", "sync_expert_grads",
-           "routed_counts", "received_counts"]
+           "routed_counts", "received_counts", "down"]
 
 AUX_LOSS_COEF = 1e-3
 """alpha of the sequence-wise balance loss (DeepSeek-V3 uses 1e-4; larger here so 5 steps move the router)."""
@@ -52,6 +52,18 @@ class AuxLoss(torch.autograd.Function):
         return grad, torch.ones(ctx.aux_shape, dtype=ctx.aux_dtype, device=grad.device)
 
 
+def down(g: torch.Tensor, u: torch.Tensor, w2: torch.Tensor, recompute: bool) -> torch.Tensor:
+    """(silu(g) * u) @ w2.T: g, u [n, f], w2 [h, f] -> [n, h]. `recompute`: checkpointed (non-reentrant), so
+    only g and u are kept and silu(g), silu(g) * u are re-made in backward: selective recompute, the region the
+    dense MLP's DownProjection wraps (evaluators/memory_activations.py `_mlp_group`: act_input kept, act_mid
+    and act_output recomputed)."""
+    if not recompute:
+        return (F.silu(g) * u) @ w2.T
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(down, g, u, w2, False, use_reentrant=False, preserve_rng_state=False)  # type: ignore[no-any-return]
+
+
 class GroupedExperts(nn.Module):
     """E SwiGLU experts as grouped weights: w1 (gate), w3 (up) [E, f, h], w2 (down) [E, h, f]."""
 
@@ -60,6 +72,8 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(num_experts, ffn, hidden))
         self.w3 = nn.Parameter(torch.empty(num_experts, ffn, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, ffn))
+        self.recompute_down = False
+        """Selective recompute: each expert's down(silu(g) * u) re-run in backward (`down`)."""
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x [n, h] sorted by (local) expert, counts[e] rows for local expert e -> [n, h]. Under expert
@@ -69,7 +83,7 @@ class GroupedExperts(nn.Module):
         w1, w3, w2 = (_local(w).to(x.dtype) for w in (self.w1, self.w3, self.w2))
         outs = []
         for e, rows in enumerate(torch.split(x, counts)):  # rows [n_e, h]
-            outs.append((F.silu(rows @ w1[e].T) * (rows @ w3[e].T)) @ w2[e].T)
+            outs.append(down(rows @ w1[e].T, rows @ w3[e].T, w2[e], self.recompute_down))
         return torch.cat(outs) if outs else x.new_zeros(0, x.shape[-1])
 
 
@@ -181,7 +195,7 @@ class MoE(nn.Module):
         w1, w3, w2 = (_local(w).to(tokens.dtype) for w in (ff.get_parameter("w1.weight"),
                                                           ff.get_parameter("w3.weight"),
                                                           ff.get_parameter("down.w2.weight")))
-        return (F.silu(tokens @ w1.T) * (tokens @ w3.T)) @ w2.T  # [T, f/t] -> [T, h] partial
+        return down(tokens @ w1.T, tokens @ w3.T, w2, self.experts.recompute_down)  # [T, f/t] -> [T, h] partial
 
     def _dispatch_combine(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Expert parallelism: the routed copies x [n, h] (sorted by expert, counts [E]) go to the ep rank that

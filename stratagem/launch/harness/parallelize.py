@@ -227,8 +227,9 @@ def apply_ac(part: Transformer, mode: str, recompute_layers: int = 0) -> None:
     """Activation checkpointing with `checkpoint_wrapper` (non-reentrant) on the blocks `recomputed_layers`
     picks (partial recompute: the others keep every activation).
 
-    full: each whole block (only its input is kept). selective: the region down(silu(g) * u) of each MLP,
-    whose inputs g and u are kept: what stratagem.evaluators.memory `_layer_elements` counts as selective.
+    full: each whole block (only its input is kept). selective: the region down(silu(g) * u) of each MLP
+    (in an MoE layer: of each routed expert, moe.down, and of the shared experts), whose inputs g and u are
+    kept: what stratagem.evaluators.memory `_layer_elements` counts as selective.
     op: each whole block under torchtitan's op-level selective policy (`op_sac_context`): the outputs of
     wq, wv, w1, w2 (mm 1, 3, 5, 7), of attention and of SP's reduce-scatters are kept, the rest recomputed.
     """
@@ -244,8 +245,12 @@ def apply_ac(part: Transformer, mode: str, recompute_layers: int = 0) -> None:
             part.layers.register_module(name, checkpoint_wrapper(block, context_fn=op_sac_context,
                                                                  preserve_rng_state=False))
         else:
-            ff = block.get_submodule("feed_forward")
-            ff.register_module("down", checkpoint_wrapper(ff.get_submodule("down"), preserve_rng_state=False))
+            ff: nn.Module | None = block.get_submodule("feed_forward")
+            if isinstance(ff, MoE):  # each expert's region (moe.down), and the shared experts' DownProjection
+                ff.experts.recompute_down = True
+                ff = ff.shared
+            if ff is not None:
+                ff.register_module("down", checkpoint_wrapper(ff.get_submodule("down"), preserve_rng_state=False))
 
 
 def apply_fsdp(part: Transformer, dp_mesh: Any, reshard_after_forward: bool, precision: str,

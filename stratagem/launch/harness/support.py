@@ -83,9 +83,6 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     if plan.etp > 1 and plan.etp != plan.tp:
         out.append(f"plan.etp ({plan.etp}): the harness splits experts' matmuls over the TP ranks only "
                    f"(torchtitan ExpertTensorParallel: etp = tp = {plan.tp}); use etp=1 or etp=tp")
-    if spec.moe is not None and plan.activation_checkpointing == "selective":
-        out.append("plan.activation_checkpointing (selective): the harness's selective region is the dense MLP's "
-                   "down(silu(g) * u), which MoE layers lack; use op or full")
     if plan.optimizer_offload != "none" and (plan.zero_stage < 2 or plan.dp == 1):
         out.append(f"plan.optimizer_offload (cpu): the harness offloads with FSDP2's CPUOffloadPolicy, which needs "
                    f"zero_stage 2 or 3 and dp > 1 (got zero_stage={plan.zero_stage}, dp={plan.dp}); use zero_stage=3 "
