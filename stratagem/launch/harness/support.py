@@ -70,6 +70,11 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
                         "op_recompute": ("plan.activation_checkpointing", plan.activation_checkpointing)
                         }.get(ex.when, ("plan.pp_schedule", plan.pp_schedule))
         out.append(f"{field} ({value}): {ex.reason}")
+    torch_rec = stack_record("torch")
+    unrun = [m for m in plan.recompute_modules if m not in torch_rec.recompute_modules]
+    if unrun:  # the harness is the torch stack: what its record cannot recompute it would silently run otherwise
+        out.append(f"plan.recompute_modules ({'+'.join(unrun)}): the harness recomputes as the torch stack does "
+                   f"({torch_rec.cite('recompute_modules')}); use recompute_modules= (stratagem's selective)")
     if plan.cp > 1 and plan.dp_replicate > 1:
         out.append(f"plan.cp ({plan.cp}): the harness reduces over dp x cp flattened, not HSDP's (replicate, shard x "
                    "cp) mesh; use dp_replicate=1 with cp > 1")
