@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, p2p_s, reduce_scatter_s
+from stratagem.evaluators.comm import Link, all_gather_s, group_link, p2p_s, reduce_scatter_s
 from stratagem.evaluators.ep_overlap import ep_overlap_exposed
 from stratagem.evaluators.experts import (
     dispatch_s,
@@ -253,22 +253,25 @@ def tp_layer_s(ctx: StepContext) -> tuple[Array, Array]:
     return np.where(pc.sequence_parallel > 0, np.minimum(exposed, total), total), total
 
 
-def fp8_gather_width(ctx: StepContext) -> Array:
-    """Bytes per element of the forward all-gathers relative to the activation: fp8 plans gather the linears'
-    fp8 inputs (Transformer Engine _Linear.forward casts before gather_along_first_dim; torchao's
-    Float8ColwiseParallel / PrepareFloat8ModuleInput cast before redistribute, torchtitan's float8 TP, tensorwise
-    scaling), 1 byte of 2; else 1."""
+def fp8_gather_width(ctx: StepContext, backward: bool = False) -> Array:
+    """Bytes per element of the all-gathers relative to the activation: fp8 plans gather the linears' fp8
+    inputs, 1 byte of 2: forward on Transformer Engine (_Linear.forward casts before gather_along_first_dim) and
+    torchao's float8 TP (torchtitan, tensorwise: Float8ColwiseParallel / PrepareFloat8ModuleInput cast before
+    redistribute), and backward on torchao, whose Float8RowwiseParallel casts the output gradient
+    (_NoopFwToFloat8BwDynamic) before its all-gather; else 1."""
     tr = ctx.scn.training
-    cast_first = tr.record.kernels == "transformer_engine" or tr.fp8_recipe_used == "tensorwise"
+    torchao = tr.record.kernels != "transformer_engine" and tr.fp8_recipe_used == "tensorwise"
+    cast_first = torchao or (tr.record.kernels == "transformer_engine" and not backward)
     return np.where(ctx.pc.fp8 & cast_first, 0.5, 1.0)
 
 
 def tp_traffic_s(ctx: StepContext, link: Link) -> Array:
-    """Seconds of one layer's TP collectives per micro-batch over `link`: forward 2 all-gathers (fp8_gather_width)
-    + 2 reduce-scatters, backward 2 + 2, a recomputed forward's again [MLM-TP]."""
+    """Seconds of one layer's TP collectives per micro-batch over `link`: forward 2 all-gathers + 2
+    reduce-scatters, backward 2 + 2, a recomputed forward's again [MLM-TP]; all-gathers at fp8_gather_width."""
     s = ctx.activation
     forward = 2.0 * all_gather_s(link, s * fp8_gather_width(ctx)) + 2.0 * reduce_scatter_s(link, s)
-    return forward * (1.0 + forward_repeats(ctx)) + 2.0 * all_reduce_s(link, s)
+    backward = 2.0 * all_gather_s(link, s * fp8_gather_width(ctx, backward=True)) + 2.0 * reduce_scatter_s(link, s)
+    return forward * (1.0 + forward_repeats(ctx)) + backward
 
 
 def _te_pipelined(ctx: StepContext, direct: Link, nccl: Link) -> Array:
@@ -319,7 +322,8 @@ def _symm_mem_exposed(ctx: StepContext, direct: Link, nccl: Link) -> Array:
         return fixed + (t - 1) * np.maximum(0.0, w * step - g / t) + g * (1.0 / slower - 1.0)
 
     forward = fused(ag_fwd, True, width) + fused(rs_fwd, False) + fused(ag_up, True, width) + fused(rs_down, False)
-    backward = fused(rs_fwd, True) + fused(rs_down, True) + 2.0 * reduce_scatter_s(nccl, s)
+    back = fp8_gather_width(ctx, backward=True)
+    backward = fused(rs_fwd, True, back) + fused(rs_down, True, back) + 2.0 * reduce_scatter_s(nccl, s)
     return forward * (1.0 + forward_repeats(ctx)) + backward
 
 
