@@ -4,8 +4,6 @@
 # plan: dp=8,tp=2,ep=4,etp=2,zero_stage=3,sequence_parallel=true,precision=fp8,activation_checkpointing=selective
 # launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case mixtral-ep-fp8
-# Not applied by the harness (passed on as given; the run stops with the harness's error):
-#   - plan.activation_checkpointing: selective: the harness's selective region is the dense MLP's down(silu(g) * u), which MoE layers lack; use op or full: the harness stops with an error
 # Approximated in the harness (closest setting; differs as said):
 #   - model.rope_theta: mixtral-8x7b has rope_theta 1000000, norm eps 1e-05 (mistralai/Mixtral-8x7B-v0.1 config.json); the harness's model uses 500000 and 1e-05: the same step cost, other numerics
 # Run this script on each of the 2 node(s); it writes result.json next to it.
