@@ -27,11 +27,10 @@ import optuna
 from optuna.trial import TrialState
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import Calibration, Evaluation
-from stratagem.search.calibrate import calibration_history
+from stratagem.evaluators import Calibration, Evaluation, evaluate_many
 from stratagem.search.claims import orphaned
 from stratagem.search.noise import remeasure_due
-from stratagem.search.records import DIRECTIONS, StudyKey, plan_key, standings
+from stratagem.search.records import DIRECTIONS, plan_key, standings, trial_evaluation
 from stratagem.search.screening import Screening, screen
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
@@ -134,7 +133,7 @@ class RankedOrder:
         else:
             screening = screen(state.scenario, state.calibration, space=state.space)
         excluded = set(excluded) | set(self.skipped)
-        band = memory_band(state.study)
+        band = memory_band(state.study, state.scenario, state.calibration)
         ranked: list[Pick] = []
         for _ in range(_MAX_RANK_ROUNDS):
             if len(ranked) >= want:
@@ -199,13 +198,18 @@ def rank_candidates(screening: Screening, measured: set[str], limit: int, includ
     return out
 
 
-def memory_band(study: optuna.Study) -> float:
-    """The memory model's relative error on this study's measured peaks after the latest refit (the last
-    calibration_history entry), at least 2 %; DEFAULT_MEMORY_BAND before any measured run."""
-    history = calibration_history(study.user_attrs.get(StudyKey.CALIBRATION_HISTORY))
-    if not history or not history[-1].runs_used:
+def memory_band(study: optuna.Study, scenario: Scenario, calibration: Calibration) -> float:
+    """How far the memory model over-predicts on this study's measured ok peaks, with the calibration in force:
+    the median of max(0, predicted / measured - 1), at least 2 %; DEFAULT_MEMORY_BAND before any measured peak.
+    One-sided: a plan predicted over the limit can fit only if the model over-predicts; under-predictions (and
+    the OOMs they cause) are no reason to try plans over the limit."""
+    runs = [ev for t in measured_trials(study).values()
+            if (ev := trial_evaluation(t)) is not None and ev.status == "ok" and ev.memory is not None]
+    if not runs:
         return DEFAULT_MEMORY_BAND
-    return max(0.02, float(history[-1].memory_error_after))
+    predicted = evaluate_many(scenario, PlanColumns.from_plans([e.plan for e in runs]), calibration).peak_gib
+    measured = np.array([e.memory.peak_gib for e in runs if e.memory is not None])
+    return max(0.02, float(np.median(np.maximum(0.0, predicted / measured - 1.0))))
 
 
 def _sampler_proposals(screening: Screening, study: optuna.Study, measured: set[str], limit: int,

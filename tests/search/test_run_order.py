@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from standin import SCENARIO, KnownConstants
 
 from stratagem.evaluators import Evaluation
@@ -94,3 +95,24 @@ def test_the_last_runs_settle_a_ranking_within_noise(tmp_path: Path) -> None:
     assert pooled.provenance["pooled"]["runs"] >= 2 and pooled.measurements["step_spread"]["n"] >= 16  # 8 steps a run
     assert mf.best_note.startswith("best measured: ")
     assert calibration_id(s.start_calibration)  # the session's calibration is resolved once
+
+
+def test_the_memory_band_is_how_far_the_model_over_predicts(tmp_path: Path) -> None:
+    """A plan predicted over the limit may fit only when the model over-predicts: the stand-in's true peaks are
+    above the starting calibration's predictions (more fragmentation), so the band stays at its 2 % floor; with a
+    calibration that predicts 10 % more fragmentation than the truth it widens to that over-prediction."""
+    from standin import TRUTH
+
+    from stratagem.evaluators import evaluate_many
+    from stratagem.search.run_order import DEFAULT_MEMORY_BAND, memory_band
+
+    s = _session(tmp_path)
+    assert memory_band(s.study, s.scenario, s.start_calibration) == DEFAULT_MEMORY_BAND  # nothing measured yet
+    s.measure(2, KnownConstants(), RankedOrder(candidates=PlanColumns.from_plans(PLANS[:2])), recalibrate=False,
+              remeasure=0)
+    assert memory_band(s.study, s.scenario, s.start_calibration) == 0.02
+    high = TRUTH.model_copy(update={"fragmentation": TRUTH.fragmentation + 0.1})
+    over = evaluate_many(s.scenario, PlanColumns.from_plans(PLANS[:2]), high).peak_gib
+    true = evaluate_many(s.scenario, PlanColumns.from_plans(PLANS[:2]), TRUTH).peak_gib
+    expected = max(0.02, float(np.median(over / true - 1.0)))
+    assert abs(memory_band(s.study, s.scenario, high) - expected) < 1e-9 and expected > 0.02
