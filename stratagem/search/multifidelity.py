@@ -22,7 +22,7 @@ from stratagem.search.run_order import (
     screen_candidates,
 )
 from stratagem.search.screening import Mode, Progress
-from stratagem.search.session import MeasureResult, SearchSession
+from stratagem.search.session import DEFAULT_REMEASURE, MeasureResult, SearchSession
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
@@ -48,8 +48,10 @@ def run_multifidelity(
     timeout: float | None = None,
     on_message: Callable[[str], None] | None = None,
     run_timeout_s: float | None = None,
+    remeasure: int = DEFAULT_REMEASURE,
 ) -> MeasureResult:
-    """Analytic search (stored as usual), then measured runs until the study holds `real_runs` of them
+    """Analytic search (stored as usual), then measured runs until the study holds `real_runs` measured plans and
+    up to `remeasure` re-measurements
     (SearchSession.measure: several workers may share the study; see search/measure.py). `on_batch` receives
     each BatchDone event, `on_message` each Notice's text (default: stderr), `progress` the phases."""
     import sys
@@ -69,4 +71,5 @@ def run_multifidelity(
     session.screen()
     session.store()
     return session.measure(real_runs, evaluator, RankedOrder(candidates=candidates), budget_minutes=budget_minutes,
-                           n_trials=n_trials, timeout=timeout, recalibrate=recalibrate, run_timeout_s=run_timeout_s)
+                           n_trials=n_trials, timeout=timeout, recalibrate=recalibrate, run_timeout_s=run_timeout_s,
+                           remeasure=remeasure)

@@ -68,7 +68,7 @@ def study(tmp_path_factory: pytest.TempPathFactory):
     url = f"sqlite:///{tmp / 'study.db'}"
     evaluator = RayRunEvaluator(tmp / "runs", num_cpus=4, steps=3, warmup=1, timeout_s=45)
     try:
-        mf = run_multifidelity(scn, url, "ray-test", evaluator, real_runs=4)
+        mf = run_multifidelity(scn, url, "ray-test", evaluator, real_runs=4, remeasure=0)  # 4 runs, no repeat
     finally:
         evaluator.close()
         del os.environ["STRATAGEM_FAULTS"]
