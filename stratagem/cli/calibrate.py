@@ -89,6 +89,8 @@ def calibrate_cmd(
     moved = [f"{k} {getattr(base, k):.4g} -> {getattr(fitted, k):.4g}" for k in _SHOWN
              if getattr(base, k) != getattr(fitted, k)]
     console.print("fitted: " + ("; ".join(moved) if moved else "nothing moved"), markup=False, soft_wrap=True)
+    console.print(f"kernel path measured: {fitted.kernel_path} (the harness's; the efficiencies above are its own, "
+                  "other training.kernels paths scale from it by the stack records)", markup=False, soft_wrap=True)
     console.print(f"wrote {outcome.path}  (use it: cluster.calibration: {outcome.path} in a scenario, or "
                   f"--calibration {outcome.path})", markup=False, soft_wrap=True)
 

@@ -10,6 +10,8 @@ a search may refit them on its own measured trials (real runs) and pass the resu
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["Calibration", "DEFAULT_CALIBRATION", "DEVICE_CALIBRATIONS", "default_calibration", "default_label"]
@@ -53,6 +55,11 @@ class Calibration(BaseModel):
     """Software cost of one ring step in NCCL (protocol, proxy thread), microseconds, added to link latency."""
     step_overhead_s: float = Field(default=0.11, ge=0)
     """Fixed cost of one optimizer step outside the model (data loading, logging, synchronisation), s."""
+    kernel_path: Literal["eager", "compiled", "fused"] | None = None
+    """The kernel path (training.kernels) on which matmul_efficiency and attention_efficiency were measured: `stratagem
+    calibrate` writes the path its harness runs (eager: launch/harness has no torch.compile), so a plan on that path
+    runs at the measured efficiency and other paths scale by the stack records' ratios (evaluators.speed
+    kernel_efficiency); None = the published constants, whose reference is Transformer Engine's fused kernels."""
     p2p_poll_s: float = Field(default=0.0, ge=0)
     """Host polling quantum of blocking pipeline point-to-point metadata messages, s (0: the stack waits on the
     GPU, no polling). Not fitted: it is read from the training code. Released stacks have none; nanotron's

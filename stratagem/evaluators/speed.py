@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from stratagem.evaluators.calibration import Calibration
 from stratagem.spaces.hardware import ClusterSpec
 from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import KernelPath, StackRecord, stack_record
 
 __all__ = [
     "FP8_LINEAR_SPEEDUP",
@@ -26,6 +28,7 @@ __all__ = [
     "fp8_linear_speedup",
     "fp8_casts_fused",
     "kernel_efficiency",
+    "path_efficiency",
     "compute_factors",
     "speed_terms",
 ]
@@ -86,38 +89,50 @@ def fp8_linear_speedup(scn: Scenario) -> float:
     return float(min(FP8_LINEAR_SPEEDUP[tr.fp8_recipe_used], gpu.peak_tflops_fp8 / gpu.peak_tflops_bf16))
 
 
-def kernel_efficiency(scn: Scenario) -> float:
-    """Speed of the kernel path relative to Transformer Engine's fused kernels (1.0): eager = the stack's eager
-    efficiency (StackRecord.kernel_efficiency), compiled = that x the stack's compile gain, fused = 1."""
-    tr = scn.training
-    rec = tr.record
-    path = tr.kernel_path
+def path_efficiency(rec: StackRecord, path: KernelPath) -> float:
+    """Speed of a kernel path of a stack relative to Transformer Engine's fused kernels (1.0): eager = the stack's
+    eager efficiency (StackRecord.kernel_efficiency), compiled = that x the stack's compile gain, fused = 1."""
     if path == "fused":
         return 1.0
     return rec.kernel_efficiency * (rec.compile_gain if path == "compiled" else 1.0)
 
 
-def compute_factors(scn: Scenario) -> dict[str, float]:
-    """The factors that multiply every compute rate (matmul and attention): the kernel path and the sustained
-    clock under the cluster's power cap."""
-    return {"kernels": kernel_efficiency(scn), "clock": clock_factor(scn.cluster)}
+def kernel_efficiency(scn: Scenario, cal: Calibration | None = None) -> float:
+    """Factor of the scenario's kernel path on the calibration's efficiencies: relative to the fused reference for
+    the published constants; relative to the path a calibration measured (Calibration.kernel_path, on the torch
+    stack the calibration runs: launch/runners/calibrate.py node_scenario) when it records one: x1 on that path."""
+    tr = scn.training
+    own = path_efficiency(tr.record, tr.kernel_path)
+    if cal is None or cal.kernel_path is None:
+        return own
+    return own / path_efficiency(stack_record("torch"), cal.kernel_path)
 
 
-def speed_terms(scn: Scenario, precision: str = "bf16") -> list[SpeedTerm]:
+def compute_factors(scn: Scenario, cal: Calibration | None = None) -> dict[str, float]:
+    """The factors that multiply every compute rate (matmul and attention): the kernel path (relative to what the
+    calibration measured) and the sustained clock under the cluster's power cap."""
+    return {"kernels": kernel_efficiency(scn, cal), "clock": clock_factor(scn.cluster)}
+
+
+def speed_terms(scn: Scenario, precision: str = "bf16", cal: Calibration | None = None) -> list[SpeedTerm]:
     """Every factor that scales compute for this scenario (and fp8's terms for fp8 plans), with its source, for
     `explain`."""
     tr, cl = scn.training, scn.cluster
     rec = tr.record
-    f = compute_factors(scn)
+    f = compute_factors(scn, cal)
     cap = f"{cl.power_cap_w:g} W cap" if cl.power_cap_w > 0 else "no cap"
     default = "" if tr.kernels is not None else " (stack default)"
     paths = {"eager": f"eager ops, {rec.name} efficiency {rec.kernel_efficiency:g} ({rec.cite('kernel_efficiency')})",
              "compiled": f"torch.compile: eager {rec.kernel_efficiency:g} x compile {rec.compile_gain:g} "
                          f"({rec.cite('compile_gain')})",
              "fused": "Transformer Engine fused kernels: the reference (1.0)"}
+    measured = ""
+    if cal is not None and cal.kernel_path is not None:
+        measured = (f"; efficiencies measured on this node on the {cal.kernel_path} path (stratagem calibrate): "
+                    f"x{f['kernels']:.3g} relative to it")
     terms = [
         SpeedTerm("kernels", f["kernels"], f"training.kernels = {tr.kernel_path}{default}: {paths[tr.kernel_path]}; "
-                                           f"{rec.name} runs {', '.join(rec.kernel_paths)}"),
+                                           f"{rec.name} runs {', '.join(rec.kernel_paths)}{measured}"),
         SpeedTerm("clock", f["clock"], f"{cl.gpu.name} TDP {cl.gpu.tdp_w or 'n/a'} W, {cap}: (cap/TDP)^(1/3)"),
     ]
     if precision == "fp8":

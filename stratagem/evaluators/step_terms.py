@@ -145,7 +145,7 @@ def step_context(scn: Scenario, pc: PlanColumns, cal: Calibration) -> StepContex
     layer_attn = tokens * m.attention_flops_per_token(tr.seq_len) / t  # causal flash forward [FA2]
     head_mm = 2.0 * tokens * m.vocab_size * m.hidden_size / t
     size = layer_mm / (layer_mm + cal.half_efficiency_gflop * 1e9)  # small per-GPU matmuls run less efficiently
-    f = compute_factors(scn)  # kernel path x clock: explicit, printed by `explain`
+    f = compute_factors(scn, cal)  # kernel path (vs the calibrated one) x clock: printed by `explain`
     mm_rate = peak_mm * cal.matmul_efficiency * f["kernels"] * f["clock"] * size
     attn_rate = peak * cal.attention_efficiency * f["kernels"] * f["clock"] * size
     routed_mm = 2.0 * tokens * routed_matmul_per_layer(scn) / t  # routed experts (evaluators/experts.py)

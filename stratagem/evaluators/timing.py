@@ -97,9 +97,10 @@ TP_OVERLAP_HOW = {
 def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> list[tuple[str, str, str]]:
     """(factor, value, source) rows for `explain`: every factor that scales compute for this plan, then the TP
     and EP traffic exposed vs hidden (seconds per step)."""
+    cal = cal or default_calibration(scn.cluster.gpu.name)
     rows = [(t.name, f"x{t.value:.3g}" if t.name != "fp8_casts" else f"{t.value:g} B", t.source)
-            for t in speed_terms(scn, plan.precision) if t.name != "tp_overlap"]
-    cols = time_columns(scn, PlanColumns.from_plans([plan]), cal or default_calibration(scn.cluster.gpu.name))
+            for t in speed_terms(scn, plan.precision, cal) if t.name != "tp_overlap"]
+    cols = time_columns(scn, PlanColumns.from_plans([plan]), cal)
     overlap = next(t for t in speed_terms(scn) if t.name == "tp_overlap")
     exposed, hidden = float(cols["tp_comm_s"][0]), float(cols["tp_hidden_s"][0])
     share = hidden / (exposed + hidden) if exposed + hidden > 0 else 0.0

@@ -14,11 +14,13 @@ import pytest
 import yaml
 
 from stratagem.errors import StratagemError
-from stratagem.evaluators import Calibration, evaluate
+from stratagem.evaluators import Calibration, evaluate, evaluate_many
 from stratagem.evaluators.calibration_file import load_calibration, resolve_calibration
 from stratagem.evaluators.fit_hardware import HardwareRun, predict_runs
-from stratagem.launch.runners.calibrate import run_calibration
+from stratagem.evaluators.speed import path_efficiency
+from stratagem.launch.runners.calibrate import HARNESS_KERNELS, run_calibration
 from stratagem.spaces import Plan, Scenario, load_scenario
+from stratagem.spaces.stacks import stack_record
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny-cpu.yaml"
@@ -55,9 +57,21 @@ def test_stand_in_runner_recovers_known_constants(tmp_path: Path) -> None:
     assert errors["step_error_after"] < 0.01 and errors["peak_error_after"] < 0.01
     # layer_floor_ms, overlap and link_efficiency do not bind on these runs (compute above the floor, messages
     # latency-bound), so any value within the loss tolerance is a fit; the others are pinned down.
-    for name in ("matmul_efficiency", "half_efficiency_gflop", "step_overhead_s", "fragmentation",
-                 "context_gib", "collective_step_us"):
+    for name in ("half_efficiency_gflop", "step_overhead_s", "fragmentation", "context_gib", "collective_step_us"):
         assert getattr(got, name) == pytest.approx(getattr(TRUTH, name), rel=0.05), name
+    # the compute efficiency is the harness's kernel path's, measured (eager: TRUTH's fused-reference efficiency x
+    # the torch record's eager factor), and the file says which path it is
+    assert got.kernel_path == HARNESS_KERNELS == "eager"
+    eager = path_efficiency(stack_record("torch"), "eager")
+    assert got.matmul_efficiency == pytest.approx(TRUTH.matmul_efficiency * eager, rel=0.05)
+    # other paths and stacks scale from the measured one by the records' ratios: the same predictions as TRUTH's
+    scn = load_scenario(TINY)
+    for kernels, stack in (("compiled", "torch"), ("fused", "megatron")):
+        other = scn.model_copy(update={"training": scn.training.model_copy(update={"kernels": kernels,
+                                                                                  "stack": stack})})
+        plans = [Plan(dp=1, micro_batch_size=2)]
+        assert evaluate_many(other, plans, got).compute_s[0] == pytest.approx(
+            evaluate_many(other, plans, TRUTH).compute_s[0], rel=0.05)
 
 
 def _cli(*args: str, block: bool = False, cwd: Path | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -82,6 +96,7 @@ def test_real_cpu_calibration_improves_errors_and_is_used_by_explain(tmp_path: P
     print(run.stdout[-3000:], run.stderr[-2000:])
     assert run.returncode == 0, run.stderr
     assert "before" in run.stdout and "after" in run.stdout and "median step-time error" in run.stdout
+    assert "kernel path measured: eager" in run.stdout
     cf = load_calibration(cal)
     e = cf.errors
     print(f"CPU calibrate (tiny, 7 single-device runs): median step-time error {e['step_error_before']:.1%} -> "

@@ -50,16 +50,22 @@ from stratagem.evaluators.calibration_file import (
     write_calibration,
 )
 from stratagem.evaluators.fit_hardware import COMPUTE_FIELDS, HardwareFit, HardwareRun, fit_hardware
+from stratagem.evaluators.speed import kernel_efficiency
 from stratagem.launch.harness.support import unsupported
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import KernelPath
 from stratagem.spaces.training import TrainingSpec
 from stratagem.units import GIB
 
 __all__ = ["LADDER", "TINY", "SizedModel", "Runner", "CalibrationOutcome", "size_model", "calibration_plans",
            "node_scenario", "local_runner", "run_calibration", "run_table", "device_facts",
-           "check_options"]
+           "check_options", "HARNESS_KERNELS", "measured_path_base"]
+
+HARNESS_KERNELS: KernelPath = "eager"
+"""The kernel path the harness runs (launch/harness: eager torch.nn ops, no torch.compile): the calibration's compute
+efficiencies are this path's, measured (Calibration.kernel_path)."""
 
 MEMORY_SHARE = 0.45
 """A sized model's predicted peak stays under this share of device memory (the published constants can be
@@ -106,7 +112,9 @@ class SizedModel:
 def node_scenario(base: Scenario, model: ModelSpec, world: int, seq_len: int, batch: int) -> Scenario:
     """`base`'s GPU, links and stack on one node of `world` devices, training `model` on `batch` sequences."""
     cluster = base.cluster.model_copy(update={"num_nodes": 1, "gpus_per_node": world, "calibration": None})
-    training = TrainingSpec(seq_len=seq_len, global_batch_size=batch, optimizer="adamw", stack="torch")
+    # the harness's kernel path: eager PyTorch (launch/harness has no torch.compile); the fit measures it
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=batch, optimizer="adamw", stack="torch",
+                            kernels=HARNESS_KERNELS)
     return base.model_copy(update={"model": model, "cluster": cluster, "training": training, "plan": None,
                                    "search": None})
 
@@ -342,6 +350,17 @@ def _records(runs: Sequence[HardwareRun], fit: HardwareFit, files: dict[int, str
     return out
 
 
+def measured_path_base(device: Scenario, base: Calibration) -> Calibration:
+    """`base` restated on the harness's kernel path (Calibration.kernel_path = HARNESS_KERNELS): its efficiencies
+    times that path's factor under `base` (evaluators.speed.kernel_efficiency), so it predicts every run as before
+    and the fit's matmul / attention efficiencies are the measured path's own."""
+    if base.kernel_path == HARNESS_KERNELS:
+        return base
+    f = kernel_efficiency(device, base)
+    return base.model_copy(update={"kernel_path": HARNESS_KERNELS, "matmul_efficiency": base.matmul_efficiency * f,
+                                   "attention_efficiency": base.attention_efficiency * f})
+
+
 def check_options(gpus: int, budget_s: float, steps: int, warmup: int) -> None:
     """Every option of a calibration, checked before the first run (one line each)."""
     if gpus < 1:
@@ -409,7 +428,7 @@ def run_calibration(scenario: Scenario, gpus: int, budget_s: float, out: str | P
             say(f"  {r.status:10} {format_plan(r.plan)}" + (f": {r.reason}" if r.reason else ""))
         runs.extend(done)
     _check_fit(runs)
-    fit = fit_hardware(runs, base)
+    fit = fit_hardware(runs, measured_path_base(sized.device, base or Calibration()))
     texts, files = _run_files(runs, path) if path is not None else ({}, {})
     facts = facts or device_facts()
     model = sized.device.model
