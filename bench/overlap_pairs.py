@@ -50,6 +50,10 @@ def _case(model: str, gpus: int, gbs: int, async_tp: bool, fields: dict[str, obj
     return Scenario(model=MODEL_PRESETS[model], cluster=cluster, training=training), plan
 
 
+def _order(first: float, second: float) -> str:
+    return "same" if abs(second - first) < 0.05 else ("lower" if second < first else "higher")
+
+
 def pairs_report(cal: Calibration | None = None) -> list[str]:
     """One line per run (measured -> predicted tok/s/GPU and memory: the worst rank, and rank 0) and per pair
     (measured vs predicted ratio)."""
@@ -68,10 +72,8 @@ def pairs_report(cal: Calibration | None = None) -> list[str]:
                          f"{gib:.1f} -> {float(f.peak_gib[0]):.1f} GiB (stage {int(f.worst_stage[0])}), rank 0 "
                          f"{first:.1f} GiB")
         (m0, p0, g0, w0, r0), (m1, p1, g1, w1, r1) = got
-        lines.append(f"    ratio measured {m1 / m0:.3f}, predicted {p1 / p0:.3f}; memory order measured "
-                     f"{'second lower' if g1 < g0 else 'second higher'}, predicted worst rank "
-                     f"{'second lower' if w1 < w0 else 'second higher'}, rank 0 "
-                     f"{'second lower' if r1 < r0 else 'second higher'}")
+        lines.append(f"    ratio measured {m1 / m0:.3f}, predicted {p1 / p0:.3f}; memory of the second run: measured "
+                     f"{_order(g0, g1)}, predicted worst rank {_order(w0, w1)}, rank 0 {_order(r0, r1)}")
     return lines
 
 

@@ -43,6 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from overlap_pairs import pairs_report  # noqa: E402
+
 from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, evaluate_many  # noqa: E402
 from stratagem.evaluators.comm import bus_bandwidth_gbps  # noqa: E402
 from stratagem.evaluators.timing import FP8_LINEAR_SPEEDUP, megatron_flops_per_token  # noqa: E402
@@ -458,6 +460,8 @@ def main() -> None:
     for line in rank_lines:
         print(line)
     subset = np.array([in_subset(p) for p in points])
+    print("\npublished with/without pairs (bench/overlap_pairs.py; measured -> predicted):")
+    print("\n".join(pairs_report(cal)))
     print(f"\nsubset rule: {SUBSET_RULE}")
     print(f"\npython {platform.python_version()}, numpy {np.__version__}")
     print(f"MAPE over the subset ({subset.sum()} points): {np.mean(err[subset]):.1%} "
