@@ -19,7 +19,7 @@ from stratagem.cli.app import (
     console,
     study_location,
 )
-from stratagem.quantities import duration_in, percent
+from stratagem.quantities import DASH, duration_in, percent
 
 if TYPE_CHECKING:
     from stratagem.search.status import StudyStatus
@@ -79,10 +79,10 @@ def _render(out: Console, s: StudyStatus, counts: list[str], plans: int) -> None
         f"lost runs: {s.infra} infra failure(s), {s.signal_released} released by a signal, {s.expired} expired "
         f"claim(s); retries: {s.retries_pending} pending, {s.retries_done} done",
         f"workers alive: {len(s.workers)}" + (f" ({', '.join(s.workers)})" if s.workers else ""),
-        f"best measured: {s.best_measured or '-'}",
-        f"best predicted: {s.best_predicted or '-'}",
+        f"best measured: {s.best_measured or DASH}",
+        f"best predicted: {s.best_predicted or DASH}",
         "calibration (measured: step-time / peak-memory median error): "
-        + (", ".join(f"{n}: {percent(t)}/{percent(m)}" for n, t, m in s.calibration_trend[-6:]) or "-"),
+        + (", ".join(f"{n}: {percent(t)}/{percent(m)}" for n, t, m in s.calibration_trend[-6:]) or DASH),
         f"real runs{ended}: {_minutes(s.elapsed_s)} spent, {_minutes(s.budget_left_s)} left of the budget",
         *(f"budget window {i} of {len(s.windows)} ({m:g} min): {_minutes(spent)} spent, {_minutes(left)} left"
           for i, (m, spent, left) in enumerate(s.windows, 1)),

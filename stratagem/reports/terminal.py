@@ -190,7 +190,7 @@ def _spread_cell(ev: Any) -> str:
 
     spread = spread_of(ev.measurements)
     if spread is None:
-        return "-"
+        return DASH
     from stratagem.search.noise import pooled_runs
 
     runs = int(pooled_runs(ev).get("runs", 1))
