@@ -19,8 +19,9 @@ compare search methods. Suites (default: both):
           cpu device's defaults) was fitted on other runs, never on the table.
 Methods: regret/methods.py (the shipped loop, its analytic order, the rule, the decision tree, random, TPE,
 NSGA-II) and regret/procedures.py (DeepSpeed's autotuner, NeMo's AutoConfigurator); figures: regret/scoring.py.
-`--json` writes the document (default bench/data/regret.json, `-` for stdout); the README's section "How many
-real runs the search needs" is generated from that committed file (`--readme`; tests/bench checks they agree).
+`--json` writes the document (default bench/data/regret.json, `-` for stdout), replacing the suites it replays
+and keeping the others (each suite records its command and configuration); the README's section "How many real
+runs the search needs" is generated from that committed file (`--readme`; tests/bench checks they agree).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 from regret.folds import DEFAULT_FOLDS_FILE, FOLDINGS, fit_folds, load_folds  # noqa: E402
 from regret.instances import Instance, Truth, sweep_instances, table_instance  # noqa: E402
-from regret.replay import METHODS, replay_suite  # noqa: E402
+from regret.replay import METHODS, run_tasks, suite_tasks, summarise_suite  # noqa: E402
 from regret.report import plot, rewrite_readme, text_table  # noqa: E402
 
 from stratagem.errors import StratagemError  # noqa: E402
@@ -69,7 +70,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                     help="out-of-sample folds of the sweep: by model size or by node band")
     ap.add_argument("--folds", type=Path, default=DEFAULT_FOLDS_FILE, help="fitted folds file")
     ap.add_argument("--refit-folds", action="store_true", help="refit the folds' constants first (minutes)")
-    ap.add_argument("--jobs", type=int, default=1, help="instances replayed at a time (processes)")
+    ap.add_argument("--jobs", type=int, default=1, help="replays at a time (processes)")
     ap.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help="regret-vs-runs plot (PNG)")
     ap.add_argument("--json", nargs="?", const=str(DEFAULT_JSON), default=None, metavar="PATH",
                     help="write the results document (default bench/data/regret.json; '-' for stdout)")
@@ -90,37 +91,54 @@ def _suite_meta(title: str, instances: list[Instance], calibration_text: str) ->
             "calibration_text": calibration_text}
 
 
-def _run(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
-    budget = max(args.budget, 10)
-    suites: dict[str, Any] = {}
-    dropped: dict[str, int] = {}
-    use_sweep = args.sweep is not None or not args.table
-    tables = args.table or [DEFAULT_TABLE]
-    if use_sweep:
+def _suites(args: argparse.Namespace) -> list[tuple[str, list[Instance], dict[str, Any] | None, dict[str, Any]]]:
+    """(name, instances, folds document or None, suite header) per suite."""
+    out: list[tuple[str, list[Instance], dict[str, Any] | None, dict[str, Any]]] = []
+    if args.sweep is not None or not args.table:
         sweep = args.sweep or DEFAULT_SWEEP
         instances, dropped = sweep_instances(sweep)
         if args.refit_folds:
             fit_folds(list(FOLDINGS), sweep, sweep.parent, args.folds)
-        folds_doc = load_folds(args.folds)
-        suite = _suite_meta(
+        head = _suite_meta(
             "published sweep (Ultra-Scale Playbook, nanotron on H100)", instances,
             f"in sample: the shipped constants, fitted on all of it; out of sample: refitted without the "
             f"instance's {args.folding} fold (bench/regret/folds.py)")
-        suite.update(replay_suite(instances, methods, budget, args.repeats, folds_doc, args.folding, args.jobs))
-        suite["dropped"] = dropped
-        suites["sweep"] = suite
-    for path in tables:
+        out.append(("sweep", instances, load_folds(args.folds), {**head, "dropped": dropped}))
+    for path in args.table or [DEFAULT_TABLE]:
         table = load_table(path)
-        inst = [table_instance(table)]
-        suite = _suite_meta(f"{path.name} (measured here, {table.name})", inst,
-                            "the cpu device's default constants, fitted on other runs, never on this table")
-        suite.update(replay_suite(inst, methods, budget, args.repeats, None, args.folding, args.jobs))
-        suites[path.stem] = suite
-    return {"command": "python bench/search_regret.py " + " ".join(sys.argv[1:] if sys.argv[1:] else []),
-            "config": {"budget": budget, "repeats": args.repeats, "folding": args.folding,
-                       "date": time.strftime("%Y-%m-%d", time.gmtime()), "python": platform.python_version(),
-                       "optuna": optuna.__version__, "numpy": np.__version__},
-            "suites": suites, "traced": TRACED}
+        head = _suite_meta(f"{path.name} (measured here, {table.name})", [table_instance(table)],
+                           "the cpu device's default constants, fitted on other runs, never on this table")
+        out.append((path.stem, [table_instance(table)], None, head))
+    return out
+
+
+def _run(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
+    budget = max(args.budget, 10)
+    suites = _suites(args)
+    planned = [suite_tasks(inst, methods, budget, args.repeats, folds, args.folding) for _, inst, folds, _ in suites]
+    every = [t for _, tasks in planned for t in tasks]
+    results = run_tasks(every, args.jobs)  # one pool over every suite's replays
+    out: dict[str, Any] = {}
+    start = 0
+    config = {"budget": budget, "repeats": args.repeats, "folding": args.folding,
+              "date": time.strftime("%Y-%m-%d", time.gmtime()), "python": platform.python_version(),
+              "optuna": optuna.__version__, "numpy": np.__version__}
+    command = "python bench/search_regret.py " + " ".join(sys.argv[1:])
+    for (name, inst, folds, head), (columns, tasks) in zip(suites, planned, strict=True):
+        mine = results[start:start + len(tasks)]
+        start += len(tasks)
+        out[name] = {**head, "command": command, "config": config,
+                     **summarise_suite(inst, methods, columns, tasks, mine, folds, args.folding)}
+    return {"suites": out, "traced": TRACED}
+
+
+def _write(doc: dict[str, Any], path: Path) -> None:
+    """Write the document; suites already in the file that this run did not replay are kept (each suite records
+    the command and configuration that produced it)."""
+    if path.exists():
+        old = json.loads(path.read_text())
+        doc = {**doc, "suites": {**old.get("suites", {}), **doc["suites"]}}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,15 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     except StratagemError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    doc["config"]["seconds"] = round(time.perf_counter() - t0)
-    plot(doc, args.plot)
+    for suite in doc["suites"].values():
+        suite["config"]["seconds"] = round(time.perf_counter() - t0)
     print("\n".join(text_table(doc)))
-    print(f"config: {doc['config']}")
     if args.json == "-":
         print(json.dumps(doc, indent=1))
     elif args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        _write(doc, Path(args.json))
+        doc = json.loads(Path(args.json).read_text())
         print(f"json: wrote {args.json}", file=sys.stderr)
+    plot(doc, args.plot)
     return 0
 
 

@@ -95,15 +95,60 @@ def _case_group(label: str) -> tuple[str, int]:
     return model, int(nodes.lstrip("n"))
 
 
-def fit_calibration(folding: str, held_out: str | None, ref: Path,
-                    iterations: int = FIT_ITERATIONS) -> tuple[Calibration, dict[str, Any]]:
+_POINTS: list[Any] = []
+
+
+def _predict_chunk(task: tuple[list[int], Calibration, float]) -> list[float]:
+    idx, cal, poll = task
+    pred, _ = _SERIAL_PREDICT([_POINTS[i] for i in idx], cal, poll)
+    return [float(x) for x in pred]
+
+
+_SERIAL_PREDICT = tput.predict
+
+
+def _time_fit(points: list[Any], start: Calibration, iterations: int, workers: int) -> Calibration:
+    """bench/throughput_accuracy.py `fit`, its predictions computed by `workers` processes, each on whole
+    (source, scenario) groups: the same numbers, the loss evaluated in parallel."""
+    if workers <= 1:
+        return tput.fit(points, start, iterations)
+    from multiprocessing import get_context
+
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault((p.source, p.scenario.model_dump_json()), []).append(i)
+    chunks: list[list[int]] = [[] for _ in range(workers)]
+    for j, idx in enumerate(sorted(groups.values(), key=len, reverse=True)):
+        min(chunks, key=len).extend(idx) if j >= workers else chunks[j].extend(idx)
+    _POINTS[:] = points
+
+    def parallel(pts: list[Any], cal: Calibration, sweep_poll_s: float = tput.SWEEP_P2P_POLL_S
+                 ) -> tuple[np.ndarray, list[dict[str, float]]]:
+        if pts is not points:
+            return _SERIAL_PREDICT(pts, cal, sweep_poll_s)
+        pred = np.zeros(len(points))
+        for idx, got in zip(chunks, pool.map(_predict_chunk, [(c, cal, sweep_poll_s) for c in chunks]),
+                            strict=True):
+            pred[idx] = got
+        return pred, [{} for _ in points]
+
+    with get_context("fork").Pool(workers) as pool:
+        tput.predict = parallel
+        try:
+            return tput.fit(points, start, iterations)
+        finally:
+            tput.predict = _SERIAL_PREDICT
+
+
+def fit_calibration(folding: str, held_out: str | None, ref: Path, iterations: int = FIT_ITERATIONS,
+                    workers: int = 1) -> tuple[Calibration, dict[str, Any]]:
     """The time and memory constants fitted without the sweep groups of fold `held_out` (None: all groups), from
     NEUTRAL_START; with what the fit saw and its loss."""
     t0 = time.perf_counter()
     points = [p for p in tput.sweep_points(ref) + tput.published_points(ref)
               if p.source != "sweep" or fold_of(folding, *_point_group(p.label)) != held_out]
     start = DEFAULT_CALIBRATION.model_copy(update=NEUTRAL_START)
-    timed = tput.fit(points, start, iterations)
+    timed = _time_fit(points, start, iterations, workers)
     cases = [c for c in mem.playbook_cases(ref / "playbook_sweep_calibration.json")
              + mem.torchtitan_cases(ref / "published_cases_calibration.json")
              if c.source != "playbook" or fold_of(folding, *_case_group(c.label)) != held_out]
@@ -123,7 +168,7 @@ def fit_calibration(folding: str, held_out: str | None, ref: Path,
 
 
 def fit_folds(foldings: Sequence[str], sweep: Path, ref: Path, path: Path = DEFAULT_FOLDS_FILE,
-              iterations: int = FIT_ITERATIONS) -> dict[str, Any]:
+              iterations: int = FIT_ITERATIONS, workers: int = 4) -> dict[str, Any]:
     """Fit `all` and every fold of every folding, write them to `path` with provenance, return the document."""
     doc: dict[str, Any] = {
         "procedure": __doc__.strip().splitlines()[0], "neutral_start": NEUTRAL_START, "iterations": iterations,
@@ -131,12 +176,12 @@ def fit_folds(foldings: Sequence[str], sweep: Path, ref: Path, path: Path = DEFA
         "python": platform.python_version(), "numpy": np.__version__,
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "foldings": {},
     }
-    _, doc["all"] = fit_calibration("model", None, ref, iterations)
+    _, doc["all"] = fit_calibration("model", None, ref, iterations, workers)
     print(f"folds: fitted all groups in {doc['all']['seconds']} s", file=sys.stderr)
     for folding in foldings:
         doc["foldings"][folding] = {}
         for fold in folds(folding, sweep):
-            _, info = fit_calibration(folding, fold, ref, iterations)
+            _, info = fit_calibration(folding, fold, ref, iterations, workers)
             doc["foldings"][folding][fold] = info
             print(f"folds: fitted without {fold} in {info['seconds']} s", file=sys.stderr)
             path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -153,5 +198,8 @@ def load_folds(path: Path = DEFAULT_FOLDS_FILE) -> dict[str, Any]:
 
 def calibration_for(doc: dict[str, Any], folding: str, fold: str) -> Calibration:
     """The calibration fitted without `fold` ('all': on every group)."""
-    entry = doc["all"] if fold == "all" else doc["foldings"][folding][fold]
+    entry = doc["all"] if fold == "all" else doc.get("foldings", {}).get(folding, {}).get(fold)
+    if entry is None:
+        raise SystemExit(f"folds: '{fold}' of folding '{folding}' is not fitted in the folds file; fit it with "
+                         "`python bench/search_regret.py --refit-folds`")
     return DEFAULT_CALIBRATION.model_copy(update=entry["fields"])

@@ -13,7 +13,6 @@ nanotron's code, not fitted): both calibrations carry it, as their fits did.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from regret.instances import Instance, Runner, Truth
 from regret.scoring import score, summarise
 from stratagem.evaluators.calibration import Calibration, default_calibration
 
-__all__ = ["METHODS", "MODEL_METHODS", "RANDOMISED", "replay_suite"]
+__all__ = ["METHODS", "MODEL_METHODS", "RANDOMISED", "Task", "suite_tasks", "run_tasks", "summarise_suite"]
 
 METHODS = ("stratagem", "no_recalibration", "analytic_order", "rule", "decision_tree", "ds_autotuner",
            "nemo_autoconfigurator", "random", "tpe", "nsga2")
@@ -68,41 +67,27 @@ def _sweep_calibration(cal: Calibration) -> Calibration:
     return cal.model_copy(update={"p2p_poll_s": SWEEP_P2P_POLL_S})
 
 
-def _replay_instance(task: tuple[int, Instance, list[str], int, int, dict[str, Calibration] | None]
-                     ) -> tuple[dict[str, Any], dict[str, dict[str, list[dict[str, Any]]]]]:
-    """Every method on one instance, in every column: (per-instance row, column -> method -> scores)."""
-    i, inst, methods_, budget, repeats, cals = task
+Task = tuple[int, Instance, str, int, str, int, Calibration]
+"""(instance index, instance, method, seed repeat, column, budget, calibration): one replay."""
+
+
+def _replay(task: Task) -> dict[str, Any]:
+    """One replay: its scores."""
+    i, inst, m, r, column, budget, cal = task
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     truth = Truth(inst)
-    row: dict[str, Any] = {"instance": inst.name, "candidates": len(truth.keys), "epsilon": truth.epsilon}
-    assert cals is not None
-    columns = list(cals)
-    scores: dict[str, dict[str, list[dict[str, Any]]]] = {c: {m: [] for m in methods_} for c in columns}
-    for m in methods_:
-        reps = repeats if (m in RANDOMISED or truth.noisy) else 1
-        for column in columns if m in MODEL_METHODS else columns[-1:]:  # model-free: the same runs in every column
-            found = []
-            for r in range(reps):
-                s = score(truth, run_method(m, truth, budget, _generator(m, r, i), cals[column]), budget)
-                scores[column][m].append(s)
-                found.append(s["runs_to_best"])
-            row[f"{m}:{column}"] = float(np.median(found))
-        for column in columns[:-1]:
-            if m not in MODEL_METHODS:
-                scores[column][m] = scores[columns[-1]][m]
-                row[f"{m}:{column}"] = row[f"{m}:{columns[-1]}"]
-    print(f"replay: {inst.name} done", file=sys.stderr, flush=True)
-    return row, scores
+    return score(truth, run_method(m, truth, budget, _generator(m, r, i), cal), budget)
 
 
-def replay_suite(instances: list[Instance], methods_: list[str], budget: int, repeats: int,
-                 folds_doc: dict[str, Any] | None, folding: str, jobs: int = 1) -> dict[str, Any]:
-    """Every method on every instance of one suite; in and out of sample when `folds_doc` is given (a sweep),
-    else one column with the device's default calibration (fitted elsewhere: out of sample for a measured table);
-    `jobs` instances at a time (processes). Returns {"columns": {column: {method: summary}}, "per_instance": [...]}."""
-    tasks = []
+def suite_tasks(instances: list[Instance], methods_: list[str], budget: int, repeats: int,
+                folds_doc: dict[str, Any] | None, folding: str) -> tuple[list[str], list[Task]]:
+    """The columns of a suite (in and out of sample when `folds_doc` is given, a sweep; else one column with
+    the device's default calibration, fitted elsewhere: out of sample for a measured table) and its replays:
+    every seed of every method on every instance, a model-free method in the last column only."""
+    columns = ["in_sample", "out_of_sample"] if folds_doc is not None else ["out_of_sample"]
+    tasks: list[Task] = []
     for i, inst in enumerate(instances):
         gpu = inst.table.load_scenario().cluster.gpu.name
         if folds_doc is not None:
@@ -111,23 +96,49 @@ def replay_suite(instances: list[Instance], methods_: list[str], budget: int, re
                     "out_of_sample": _sweep_calibration(calibration_for(folds_doc, folding, fold))}
         else:
             cals = {"out_of_sample": default_calibration(gpu)}
-        tasks.append((i, inst, methods_, budget, repeats, cals))
-    if jobs > 1:
-        from multiprocessing import get_context
+        noisy = any(len(o.samples) > 1 for o in inst.table.runs)
+        for m in methods_:
+            reps = repeats if (m in RANDOMISED or noisy) else 1
+            for c in columns if m in MODEL_METHODS else columns[-1:]:
+                tasks += [(i, inst, m, r, c, budget, cals[c]) for r in range(reps)]
+    return columns, tasks
 
-        with get_context("fork").Pool(jobs) as pool:
-            results = pool.map(_replay_instance, tasks, chunksize=1)
-    else:
-        results = [_replay_instance(t) for t in tasks]
-    columns = list(tasks[0][5] or {}) if tasks else []
-    rows = []
+
+def run_tasks(tasks: list[Task], jobs: int) -> list[dict[str, Any]]:
+    """Every replay, `jobs` at a time (processes), the longest first; results in task order."""
+    if jobs <= 1:
+        return [_replay(t) for t in tasks]
+    from multiprocessing import get_context
+
+    # the loop's replays on noisy tables cost the most: start them first so no process waits on them at the end
+    order = sorted(range(len(tasks)), key=lambda j: (tasks[j][2] not in MODEL_METHODS,
+                                                     -len(tasks[j][1].table.runs[0].samples)))
+    with get_context("fork").Pool(jobs) as pool:
+        done = pool.map(_replay, [tasks[j] for j in order], chunksize=1)
+    out: list[dict[str, Any]] = [{} for _ in tasks]
+    for j, result in zip(order, done, strict=True):
+        out[j] = result
+    return out
+
+
+def summarise_suite(instances: list[Instance], methods_: list[str], columns: list[str], tasks: list[Task],
+                    results: list[dict[str, Any]], folds_doc: dict[str, Any] | None,
+                    folding: str) -> dict[str, Any]:
+    """{"columns": {column: {method: summary}}, "per_instance": [...]}; a model-free method's runs stand in
+    every column."""
+    got: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+    for (i, _, m, _, c, _, _), s in zip(tasks, results, strict=True):
+        got.setdefault((i, m, c), []).append(s)
     merged: dict[str, dict[str, list[dict[str, Any]]]] = {c: {m: [] for m in methods_} for c in columns}
-    for (row, scores), task in zip(results, tasks, strict=True):
-        inst = task[1]
+    rows = []
+    for i, inst in enumerate(instances):
+        row: dict[str, Any] = {"instance": inst.name, "candidates": len(inst.table.runs)}
         if folds_doc is not None:
             row["fold"] = fold_of(folding, inst.model, inst.nodes)
+        for m in methods_:
+            for c in columns:
+                scores = got.get((i, m, c)) or got[(i, m, columns[-1])]
+                merged[c][m] += scores
+                row[f"{m}:{c}"] = float(np.median([s["runs_to_best"] for s in scores]))
         rows.append(row)
-        for c in columns:
-            for m in methods_:
-                merged[c][m] += scores[c][m]
     return {"columns": {c: {m: summarise(merged[c][m]) for m in methods_} for c in columns}, "per_instance": rows}
