@@ -15,7 +15,7 @@ Data parallel by zero stage (over the mesh's "dp" dim):
 Expert parallelism (MoE, ep > 1 or tp > 1; stratagem.launch.harness.moe, expert_grid): experts DTensor-sharded over
 the ep (and etp) ranks of a second mesh (pp, edp_replicate, edp_shard, ep, etp), all_to_all_single dispatch/combine;
 under ZeRO-2/3 FSDP2 shards them over edp in units of their own (torchtitan's dp_mod_ep / efsdp mesh); DDP (and
-FSDP2 where edp / dp_replicate = 1) leaves them out, their gradients summed over edp. MoE under TP: torchtitan's apply_moe_ep_tp (see `apply_tp`). Loss-parallel under TP (pp = 1): vocabulary-sharded logits and torch's
+FSDP2 where edp / dp_replicate = 1) leaves them out, their gradients summed over edp. MoE under TP: torchtitan's apply_moe_ep_tp (see `apply_tp`). Loss-parallel under TP (with pp too): vocabulary-sharded logits and torch's
 loss_parallel cross-entropy. Offload: FSDP2 CPUOffloadPolicy (zero 2/3).
 HSDP (dp_replicate > 1): FSDP2 on the 2-D (dp_replicate, dp_shard) mesh (shard within a replica, all-reduce
 across replicas); zero 1 partitions optimizer states over dp_shard. ZeRO's divisor is dp / dp_replicate.
@@ -99,9 +99,10 @@ def grad_mesh(plan: Plan, mesh: Any) -> Any:
 
 def uses_loss_parallel(plan: Plan) -> bool:
     """Vocabulary-parallel logits and cross-entropy (torch.distributed.tensor.parallel.loss_parallel) under
-    TP, as the analytic model assumes (logits / t). Not with pp > 1: torch.distributed.pipelining's stages
-    exchange and return plain tensors, so the last stage all-gathers its logits."""
-    return plan.tp > 1 and plan.pp == 1
+    TP, as the analytic model assumes (logits / t); with pp > 1 too, as torchtitan runs it (train.py: the
+    loss_parallel context around the whole pipeline step; the last stage's logits go to the loss inside the
+    stage, never to another rank)."""
+    return plan.tp > 1
 
 
 def uses_fsdp(plan: Plan) -> bool:
@@ -304,7 +305,7 @@ def parallelize(part: Transformer, plan: Plan, mesh: Any, experts_mesh: Any = No
     """TP/SP, then activation checkpointing, then FSDP2 for zero 2/3 (order matters: FSDP must see the
     DTensor parameters TP made and the wrappers AC inserted). DDP for zero 0/1 comes after
     materialisation (`wrap_ddp`): it broadcasts real weights at construction."""
-    if plan.tp > 1:  # 1. tensor (+ sequence) parallel; loss-parallel where the loss is computed outside a schedule
+    if plan.tp > 1:  # 1. tensor (+ sequence) parallel, loss-parallel logits
         apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel=uses_loss_parallel(plan),
                  expert_tp=plan.etp > 1)
     if experts_mesh is not None:  # 1b. MoE experts on the expert mesh: sharded over ep (and etp)

@@ -179,7 +179,8 @@ def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     if job.schedule is not None:
         losses: list[torch.Tensor] = []
         x, y = x.clone(), y.clone()  # [B/dp, s]; context parallelism shards them in place
-        with _cp_context(job, [x, y]) as positions:  # torchtitan: the CP context around the whole pp step
+        # torchtitan: the loss-parallel and CP contexts around the whole pp step
+        with _loss_context(job), _cp_context(job, [x, y]) as positions:
             args = (x,) if job.is_first else ()
             kwargs: dict[str, Any] = {"target": y, "losses": losses} if job.is_last else {}
             if positions is not None:  # [B/dp, s/cp], split into micro-batches with the inputs for every stage
@@ -187,7 +188,9 @@ def _forward_backward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
             # return_outputs=False as torchtitan's train.py: else the last stage keeps every micro-batch's
             # output (logits [mbs, s, V]) in output_chunks until the step ends and concatenates them
             job.schedule.step(*args, return_outputs=False, **kwargs)
-        return torch.stack(losses).mean().detach() if job.is_last else torch.zeros((), device=job.device)
+        if not job.is_last:
+            return torch.zeros((), device=job.device)
+        return torch.stack([_replicated(loss.detach()) for loss in losses]).mean()
     model = job.parts[0]
     total = torch.zeros((), device=job.device)
     for i in range(job.microbatches):
