@@ -53,7 +53,8 @@ def test_experts_stay_whole_where_edp_has_one_shard() -> None:
     moe = _tiny(4).model
     for text in ("dp=4,ep=4,zero=3", "dp=4,ep=2,zero=0", "dp=4,ep=2,dp_replicate=2,zero=3"):
         assert not shards_experts(parse_plan(text), moe), text
-    assert expert_replicas(parse_plan("dp=8,ep=4,dp_replicate=4,zero=3")) == 1  # edp 2 does not split in 4
+    uneven = parse_plan("dp=8,ep=4,dp_replicate=4,zero=3")  # edp 2 does not split into 4 replicas
+    assert expert_replicas(uneven) == 1 and not shards_experts(uneven, moe)
 
 
 def test_mixtral_layout_traces_as_the_model_counts() -> None:

@@ -66,10 +66,13 @@ def expert_mesh(plan: Plan, device_type: str) -> Any:
 
 def shards_experts(plan: Plan, spec: ModelSpec) -> bool:
     """Whether FSDP2 shards the experts over their edp ranks (ZeRO-2/3 with more than one expert shard per
-    replica); else they are kept whole on each edp rank, outside DDP/FSDP."""
+    replica, the replicas splitting edp evenly: torchtitan's efsdp = dp_shard*cp*tp/ep); else they are kept whole
+    on each edp rank, outside DDP/FSDP (memory.py's expert shard max(1, edp / dp_replicate) is then 1)."""
     from stratagem.launch.harness.parallelize import uses_fsdp
 
-    return uses_expert_mesh(plan, spec) and uses_fsdp(plan) and _edp(plan) // expert_replicas(plan) > 1
+    edp = _edp(plan)
+    return uses_expert_mesh(plan, spec) and uses_fsdp(plan) and edp % plan.dp_replicate == 0 \
+        and edp // plan.dp_replicate > 1
 
 
 def expert_fsdp_mesh(plan: Plan, experts_mesh: Any) -> Any:
