@@ -101,3 +101,6 @@ def test_interleaved_pair_as_torchtitan_ran_it() -> None:
     first = [rank_memory_columns(scn, PlanColumns.from_plans([_pp405(s)]), DEFAULT_CALIBRATION, "first")["peak"][0]
              for s in ("1f1b", "interleaved")]
     assert first[1] < first[0]
+    # and the worst rank too, now that the last stage keeps vocabulary-parallel logits under PP (torchtitan's
+    # loss_parallel around pp_schedule.step): rank 0 is the worst in both
+    assert f.peak_gib[1] < f.peak_gib[0] and list(f.worst_stage) == [0, 0]
