@@ -44,6 +44,7 @@ __all__ = [
     "exchange_pieces",
     "expert_forward_s",
     "a2a_overlap_paired",
+    "a2a_overlap_refused",
     "dualpipe_paired",
     "a2a_overlap_layer_s",
     "ep_overlap_exposed",
@@ -85,13 +86,20 @@ def a2a_overlap_paired(pc: PlanColumns, micro: Array) -> Array:
     but the first forward and the last backward, (m - 1) / m; interleaved pipelines all but the warm-up forwards
     (and as many cool-down backwards) of the rank with the most, rank 0: w = 2 (p - 1) + (v - 1) p + 1 of m v;
     none for the plans Megatron refuses this overlap (transformer_config.py __post_init__: pp > 1 without virtual
-    stages, full recompute, "moe" in the recomputed modules)."""
+    stages, full recompute, "moe" in the recomputed modules: `a2a_overlap_refused`)."""
     v = pc.virtual_stages
     total = micro * v
     warmup = np.where(pc.pp > 1, 2.0 * (pc.pp - 1.0) + (v - 1.0) * pc.pp + 1.0, 1.0)
     paired = np.maximum(0.0, total - np.minimum(total, warmup)) / np.maximum(total, 1.0)
-    refused = ((pc.pp > 1) & (v <= 1)) | pc.recompute_is("full") | pc.recomputes_module("moe")
-    return np.where(refused, 0.0, paired)
+    return np.where(a2a_overlap_refused(pc), 0.0, paired)
+
+
+def a2a_overlap_refused(pc: PlanColumns) -> NDArray[np.bool_]:
+    """The plans for which Megatron refuses --overlap-moe-expert-parallel-comm (transformer_config.py
+    __post_init__): pp > 1 without virtual stages, full recompute, "moe" in the recomputed modules."""
+    refused: NDArray[np.bool_] = (((pc.pp > 1) & (pc.virtual_stages <= 1)) | pc.recompute_is("full")
+                                  | pc.recomputes_module("moe"))
+    return refused
 
 
 def dualpipe_paired(pp: Array, micro: Array) -> Array:

@@ -28,10 +28,12 @@ import yaml
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
+from stratagem.evaluators.ep_overlap import a2a_overlap_refused
 from stratagem.launch.export import TARGETS, ExportBundle, export_plan, layout, write_bundle
 from stratagem.launch.export.deepspeed import COMMENT_KEY
 from stratagem.launch.export.model_fields import model_constants, throughput_steps
 from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan, scenario_from_dict
+from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.rules import capability_violations, violations
 from stratagem.spaces.stacks import stack_record
@@ -445,6 +447,11 @@ def test_megatron(name: str) -> None:
     assert (ns.rope_type, ns.rotary_scaling_factor, ns.mscale, ns.mscale_all_dim) == (
         (rs.kind, rs.factor, rs.mscale, rs.mscale_all_dim) if yarn else (None, None, None, None))
     assert ns.train_iters == throughput_steps() and ns.mock_data and "PLACEHOLDERS" in bundle.files["megatron.sh"]
+    # the MoE all-to-all overlap only where Megatron accepts it (evaluators/ep_overlap.py a2a_overlap_refused)
+    refused = bool(a2a_overlap_refused(PlanColumns.from_plans([plan]))[0])
+    overlap = m.moe is not None and scn.training.ep_overlap
+    assert bool(ns.overlap_moe_expert_parallel_comm) == bool(ns.delay_wgrad_compute) == (overlap and not refused)
+    assert any(n.field == "training.ep_comm_overlap" for n in bundle.unexpressed) == (overlap and refused)
     env = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in bundle.files["megatron.sh"]
     assert env == ((plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2)
 

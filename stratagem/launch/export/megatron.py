@@ -28,6 +28,7 @@ from stratagem.launch.export.bundle import (
 )
 from stratagem.launch.export.model_fields import model_constants
 from stratagem.launch.export.rope import megatron_rope_args
+from stratagem.spaces.plan import Plan
 
 __all__ = ["MEGATRON_VERSION", "MEGATRON_COMMIT", "export_megatron", "megatron_args", "pipeline_layout"]
 
@@ -57,6 +58,14 @@ def _layer_pattern(flags: list[int]) -> str:
         else:
             runs.append((f, 1))
     return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
+
+
+def _overlap_refused(plan: Plan) -> bool:
+    """Whether Megatron refuses the MoE all-to-all overlap for this plan (evaluators/ep_overlap.py's predicate)."""
+    from stratagem.evaluators.ep_overlap import a2a_overlap_refused
+    from stratagem.spaces.columns import PlanColumns
+
+    return bool(a2a_overlap_refused(PlanColumns.from_plans([plan]))[0])
 
 
 def megatron_args(lay: Layout, checkpoint_interval: int | None = None
@@ -222,7 +231,11 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
     if m.moe is not None:  # the dispatcher and EP overlap the time model used (evaluators/experts.py)
         train += (["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if tr.dispatcher == "deepep"
                   else ["--moe-token-dispatcher-type", "alltoall"])
-        if tr.ep_overlap:
+        if tr.ep_overlap and _overlap_refused(p):  # the time model gives it no credit either
+            un.append(FieldNote("training.ep_comm_overlap", "true: not written: Megatron refuses "
+                                "--overlap-moe-expert-parallel-comm for this plan (evaluators/ep_overlap.py "
+                                "a2a_overlap_refused, transformer_config.py __post_init__)"))
+        elif tr.ep_overlap:
             train += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if p.precision == "fp8" and tr.activation_func_fp8_input_store:  # fused_bias_swiglu.py: SwiGLU input in fp8
         un.append(FieldNote(
