@@ -115,7 +115,8 @@ def test_presets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[
     assert code == 0
     for name in (*MODEL_PRESETS, *GPU_PRESETS):
         assert name in out
-    assert "8.03B" in out  # llama3-8b's parameter count
+    assert "8.03B" in out and "722k" in out  # llama3-8b's and tiny-4l's parameter counts (quantities.count)
+    assert "HBM GiB" in out and "79.6" in out  # one memory unit for the column
     code, out, _ = run(monkeypatch, capsys, "presets", "--json")
     assert code == 0
     data = json.loads(out)
@@ -262,3 +263,67 @@ def test_every_plan_command_takes_a_trial_and_says_where_the_plan_came_from(
     assert_one_line_error(code, err, "--plan and --trial: give one of them")
     code, _, err = run(monkeypatch, capsys, "explain", str(scenario), "--trial", "100000")
     assert_one_line_error(code, err, "--trial (100000): study", "has trials 0-")
+
+
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo-cpu.yaml"
+
+
+def test_explain_prints_the_demo_in_mib_and_ms(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26 item 2: the 10 MiB CPU demo's memory table reads in MiB (it read "0.00 GiB" for most blocks), its
+    0.3 s step in ms, shares and zones as percentages, every figure 3 significant figures (stratagem.quantities)."""
+    from stratagem import quantities as q
+    from stratagem.evaluators import evaluate
+    from stratagem.evaluators.calibration_file import resolve_calibration
+    from stratagem.spaces import load_scenario
+    from stratagem.units import MIB
+
+    code, out, err = run(monkeypatch, capsys, "explain", str(DEMO))
+    assert code == 0, err
+    assert "GiB" not in out, out
+    scn = load_scenario(DEMO)
+    ev = evaluate(scn, None, resolve_calibration(scn)[0])
+    assert ev.memory is not None and ev.time is not None and ev.throughput is not None and ev.zones is not None
+    mib = ("MiB", MIB)
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in out.splitlines() if line.startswith("│")}
+    assert rows["peak"] == [q.memory_in(ev.memory.peak_gib, mib), q.percent(ev.memory.peak_gib / ev.memory.hbm_gib)]
+    assert rows["HBM"] == ["10.2", "100%"]  # hbm_gib 0.01 = 10.24 MiB
+    assert rows["headroom"] == [q.memory_in(ev.memory.headroom_gib, mib), q.percent(ev.memory.headroom_fraction)]
+    assert "┃ block                        ┃   MiB ┃" in out
+    assert 0.1 < ev.time.step_s < 1.0  # the demo's step: hundreds of ms, so the column is in ms
+    assert f"Step time: {q.duration_in(ev.time.step_s, ('ms', 1e-3))}" in out and "┃   ms ┃" in out
+    assert rows["compute"] == [q.sig(ev.time.compute_s * 1e3), q.percent(ev.time.compute_s / ev.time.step_s)]
+    assert (f"{q.sig(ev.throughput.tokens_per_s)} tokens/s ({q.sig(ev.throughput.tokens_per_s_per_gpu)} per GPU), "
+            f"MFU {q.percent(ev.throughput.mfu)}") in out
+    assert rows["checkpoint"][1] == q.percent(ev.zones.checkpoint.value) != "0.0%"  # it printed 0.0% before
+
+
+def test_trace_prints_the_demo_in_mib(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26 item 2: `stratagem trace` of the 10 MiB demo on fake tensors (a few seconds) prints its table and
+    its worst-rank line in MiB, HBM included (it printed "traced peak 0.02 GiB ... against 0.01 GiB HBM")."""
+    code, out, err = run(monkeypatch, capsys, "trace", str(DEMO))
+    assert code == 0, err
+    assert "GiB" not in out, out
+    assert "traced MiB" in out and "analytic MiB" in out and "difference MiB" in out
+    worst = next(line for line in out.splitlines() if line.startswith("worst rank:"))
+    assert worst.endswith("against 10.2 MiB HBM") and "traced peak 1" in worst, worst
+
+
+def test_calibrate_lines_are_percentages_and_significant_figures() -> None:
+    """`stratagem calibrate`'s summary: errors as percentages, moved constants to 3 significant figures, more
+    only where 3 would print one figure twice."""
+    from stratagem import quantities as q
+    from stratagem.cli.calibrate import errors_line, moved_constants
+    from stratagem.evaluators import Calibration
+
+    line = errors_line({"step_error_before": 0.8123, "step_error_after": 0.0456, "peak_error_before": 0.25,
+                        "peak_error_after": 3e-5}, 10, 11)
+    assert line == ("median step-time error 81.2% -> 4.56%, peak-memory error 25.0% -> 0.00300% "
+                    "(10 of 11 runs fitted)")
+    base = Calibration()
+    fitted = base.model_copy(update={"matmul_efficiency": 0.0123456, "overlap": base.overlap * (1 + 1e-4)})
+    moved = moved_constants(base, fitted)
+    assert moved[0] == f"matmul_efficiency {q.sig(base.matmul_efficiency)} -> 0.0123"
+    name, before, _, after = moved[1].split()  # overlap moved by 1e-4: 3 figures would print it twice
+    assert name == "overlap" and before != after and len(moved) == 2

@@ -10,13 +10,15 @@ from typing import Annotated
 
 import typer
 
+from stratagem import quantities as q
 from stratagem.cli.app import ScenarioArg, app, console
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration
 from stratagem.evaluators.calibration_file import resolve_calibration
 from stratagem.spaces import Scenario, load_scenario
 
-__all__ = ["calibrate_cmd", "check_device", "CalibrationOpt", "scenario_calibration"]
+__all__ = ["calibrate_cmd", "check_device", "CalibrationOpt", "scenario_calibration", "errors_line",
+           "moved_constants"]
 
 CalibrationOpt = Annotated[Path | None, typer.Option(
     "--calibration", help="Calibration file from `stratagem calibrate` (default: the scenario's "
@@ -35,6 +37,26 @@ def scenario_calibration(scn: Scenario, override: Path | None) -> tuple[Calibrat
 
 _SHOWN = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s",
           "fragmentation", "context_gib", "overlap", "link_efficiency", "collective_step_us")
+
+
+def errors_line(errors: dict[str, float], fitted: int, runs: int) -> str:
+    """The median prediction errors before -> after the fit, as percentages (stratagem.quantities)."""
+    return (f"median step-time error {q.percent(errors['step_error_before'])} -> "
+            f"{q.percent(errors['step_error_after'])}, peak-memory error {q.percent(errors['peak_error_before'])} "
+            f"-> {q.percent(errors['peak_error_after'])} ({fitted} of {runs} runs fitted)")
+
+
+def moved_constants(base: Calibration, fitted: Calibration) -> list[str]:
+    """`name before -> after` for each shown constant the fit moved, 3 significant figures (more where 3 would
+    print the same figure twice)."""
+    moved = []
+    for k in _SHOWN:
+        a, b = getattr(base, k), getattr(fitted, k)
+        if a == b:
+            continue
+        digits = next((d for d in range(3, 10) if q.sig(a, d) != q.sig(b, d)), 10)
+        moved.append(f"{k} {q.sig(a, digits)} -> {q.sig(b, digits)}")
+    return moved
 
 
 def check_device(scn: Scenario) -> None:
@@ -81,13 +103,9 @@ def calibrate_cmd(
                               log=lambda line: console.print(line, markup=False, highlight=False))
     cf = outcome.file
     console.print(outcome.table, markup=False, highlight=False, soft_wrap=True)
-    e = cf.errors
-    console.print(f"median step-time error {e['step_error_before']:.1%} -> {e['step_error_after']:.1%}, "
-                  f"peak-memory error {e['peak_error_before']:.1%} -> {e['peak_error_after']:.1%} "
-                  f"({len(outcome.fit.runs)} of {len(outcome.runs)} runs fitted)", markup=False)
-    base, fitted = outcome.fit.base, outcome.fit.calibration
-    moved = [f"{k} {getattr(base, k):.4g} -> {getattr(fitted, k):.4g}" for k in _SHOWN
-             if getattr(base, k) != getattr(fitted, k)]
+    console.print(errors_line(cf.errors, len(outcome.fit.runs), len(outcome.runs)), markup=False)
+    moved = moved_constants(outcome.fit.base, outcome.fit.calibration)
+    fitted = outcome.fit.calibration
     console.print("fitted: " + ("; ".join(moved) if moved else "nothing moved"), markup=False, soft_wrap=True)
     console.print(f"kernel path measured: {fitted.kernel_path} (the harness's; the efficiencies above are its own, "
                   "other training.kernels paths scale from it by the stack records)", markup=False, soft_wrap=True)

@@ -7,15 +7,16 @@ from pathlib import Path
 
 from rich.table import Table
 
+from stratagem import quantities as q
 from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, StorageOpt, StudyOpt, app, console
 from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.cli.plans import Picked, TrialOpt, pick_plan
 from stratagem.errors import StratagemError
-from stratagem.evaluators import BLOCKS, Calibration, Evaluation, evaluate
+from stratagem.evaluators import BLOCKS, Calibration, Evaluation, TimeBreakdown, evaluate
 from stratagem.evaluators.zones import bottleneck_label, placement_words
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
 
-__all__ = ["memory_table", "say_origin"]
+__all__ = ["memory_table", "time_table", "say_origin"]
 
 
 def _title(picked: Picked) -> str:
@@ -33,24 +34,49 @@ def say_origin(picked: Picked, as_json: bool) -> None:
 
 
 def memory_table(ev: Evaluation) -> Table:
-    """The memory stack of the worst rank against HBM."""
+    """The memory stack of the worst rank against HBM, in one unit for the column (stratagem.quantities: the
+    unit of the largest figure, MiB for the CPU demo's 10 MiB workers), shares of HBM as percentages."""
     mem = ev.memory
     if mem is None:
         raise StratagemError(ev.reason)
+    unit = q.memory_unit(mem.hbm_gib, mem.peak_gib, mem.headroom_gib)
     table = Table(title=f"Memory per GPU, stage {mem.worst_stage}", title_justify="left")
     table.add_column("block")
-    table.add_column("GiB", justify="right")
+    table.add_column(unit[0], justify="right")
     table.add_column("share", justify="right")
     for b in BLOCKS:
         gib = mem.block_gib(b)
         marker = "  <- first to break" if b == mem.first_block_to_break else ""
-        table.add_row(b + marker, f"{gib:.2f}", f"{gib / mem.hbm_gib:.0%}")
+        table.add_row(b + marker, q.memory_in(gib, unit), q.percent(gib / mem.hbm_gib))
     table.add_section()
-    table.add_row("[bold]peak", f"[bold]{mem.peak_gib:.2f}", f"{mem.peak_gib / mem.hbm_gib:.0%}")
-    table.add_row("HBM", f"{mem.hbm_gib:.2f}", "100%")
+    table.add_row("[bold]peak", f"[bold]{q.memory_in(mem.peak_gib, unit)}", q.percent(mem.peak_gib / mem.hbm_gib))
+    table.add_row("HBM", q.memory_in(mem.hbm_gib, unit), q.percent(1.0))
     style = "green" if mem.headroom_gib >= 0 else "red"
-    table.add_row(f"[{style}]headroom", f"[{style}]{mem.headroom_gib:.2f}", f"{mem.headroom_fraction:.0%}")
+    table.add_row(f"[{style}]headroom", f"[{style}]{q.memory_in(mem.headroom_gib, unit)}",
+                  q.percent(mem.headroom_fraction))
     return table
+
+
+def time_table(tm: TimeBreakdown) -> Table:
+    """The step time by part in one duration unit for the column and the title (stratagem.quantities: ms for
+    the CPU demo's 0.3 s steps), shares of the step as percentages."""
+    parts = {"compute": tm.compute_s, "recompute": tm.recompute_s, "TP comm (exposed)": tm.tp_comm_s,
+             "EP comm (exposed)": tm.ep_comm_s,
+             "DP comm (exposed)": tm.exposed_comm_s - tm.tp_comm_s - tm.ep_comm_s - tm.pp_comm_s - tm.cp_comm_s,
+             "PP comm": tm.pp_comm_s, "CP comm": tm.cp_comm_s, "pipeline bubble": tm.bubble_s,
+             "optimizer": tm.optimizer_s}
+    parts["overhead"] = tm.step_s - sum(parts.values())
+    unit = q.duration_unit(tm.step_s, tm.dp_comm_s)
+    times = Table(title=f"Step time: {q.duration_in(tm.step_s, unit)}", title_justify="left")
+    times.add_column("part")
+    times.add_column(unit[0], justify="right")
+    times.add_column("share", justify="right")
+    for name, sec in parts.items():
+        if sec > 0.0005 * tm.step_s:
+            times.add_row(name, q.duration_in(sec, unit, with_unit=False), q.percent(sec / tm.step_s))
+    times.add_section()
+    times.add_row("DP traffic before overlap", q.duration_in(tm.dp_comm_s, unit, with_unit=False), "")
+    return times
 
 
 def _judge(command: str, scenario: Path, plan: str | None, trial: int | None, storage: str | None,
@@ -96,14 +122,15 @@ def presets_cmd(as_json: JsonOpt = False) -> None:
         models.add_column(col, justify="left" if col == "name" else "right")
     for m in MODEL_PRESETS.values():
         moe = f"{m.moe.num_experts}x top{m.moe.top_k}" if m.moe else "-"
-        models.add_row(m.name, f"{m.num_params() / 1e9:.2f}B", str(m.num_layers), str(m.hidden_size),
+        models.add_row(m.name, q.count(m.num_params()), str(m.num_layers), str(m.hidden_size),
                        f"{m.num_attention_heads}/{m.kv_heads}", str(m.ffn_hidden_size), str(m.vocab_size), moe)
+    unit = q.memory_unit(*(g.hbm_gib for g in GPU_PRESETS.values()))  # one unit for the column
     gpus = Table(title="GPUs", title_justify="left")
-    for col in ("name", "HBM GiB", "bf16 TF/s", "fp8 TF/s", "HBM TB/s"):
+    for col in ("name", f"HBM {unit[0]}", "bf16 TF/s", "fp8 TF/s", "HBM TB/s"):
         gpus.add_column(col, justify="left" if col == "name" else "right")
     for g in GPU_PRESETS.values():
-        gpus.add_row(g.name, f"{g.hbm_gib:g}", f"{g.peak_tflops_bf16:g}",
-                     f"{g.peak_tflops_fp8:g}" if g.peak_tflops_fp8 else "-", f"{g.hbm_tbps:g}")
+        gpus.add_row(g.name, q.memory_in(g.hbm_gib, unit), q.sig(g.peak_tflops_bf16),
+                     q.sig(g.peak_tflops_fp8) if g.peak_tflops_fp8 else "-", q.sig(g.hbm_tbps))
     console.print(models)
     console.print(gpus)
 
@@ -129,22 +156,7 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = N
     console.print(_title(picked))
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     console.print(memory_table(ev))
-    times = Table(title=f"Step time: {tm.step_s:.3g} s", title_justify="left")
-    times.add_column("part")
-    times.add_column("s", justify="right")
-    times.add_column("share", justify="right")
-    parts = {"compute": tm.compute_s, "recompute": tm.recompute_s, "TP comm (exposed)": tm.tp_comm_s,
-             "EP comm (exposed)": tm.ep_comm_s,
-             "DP comm (exposed)": tm.exposed_comm_s - tm.tp_comm_s - tm.ep_comm_s - tm.pp_comm_s - tm.cp_comm_s,
-             "PP comm": tm.pp_comm_s, "CP comm": tm.cp_comm_s, "pipeline bubble": tm.bubble_s,
-             "optimizer": tm.optimizer_s}
-    parts["overhead"] = tm.step_s - sum(parts.values())
-    for name, sec in parts.items():
-        if sec > 0.0005 * tm.step_s:
-            times.add_row(name, f"{sec:.3g}", f"{sec / tm.step_s:.0%}")
-    times.add_section()
-    times.add_row("DP traffic before overlap", f"{tm.dp_comm_s:.3g}", "")
-    console.print(times)
+    console.print(time_table(tm))
     groups = placement_words(scn, pl)  # where each parallel group sits (evaluators.zones.group_placement)
     console.print("groups: " + ("; ".join(groups) if groups else "one GPU per replica, no model-parallel group"),
                   highlight=False)
@@ -156,15 +168,15 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = N
     for row in speed_rows(scn, pl, cal):
         speed.add_row(*row)
     console.print(speed)
-    console.print(f"{tp.tokens_per_s:,.0f} tokens/s ({tp.tokens_per_s_per_gpu:,.0f} per GPU), MFU {tp.mfu:.1%} "
-                  "(of the dense bf16 peak)")
+    console.print(f"{q.sig(tp.tokens_per_s)} tokens/s ({q.sig(tp.tokens_per_s_per_gpu)} per GPU), "
+                  f"MFU {q.percent(tp.mfu)} (of the dense bf16 peak)")
     colour = {"ok": "green", "warn": "yellow", "bad": "red"}
     ztable = Table(title="Zones", title_justify="left", show_lines=False)
     for col in ("zone", "level", "value", "diagnosis"):
         ztable.add_column(col, justify="right" if col == "value" else "left", overflow="fold")
     for z in (zones.hbm, zones.communication, zones.bubbles, zones.checkpoint):
         c = colour[z.level]
-        ztable.add_row(z.name, f"[{c}]{z.level}", f"{z.value:.1%}", z.sentence)
+        ztable.add_row(z.name, f"[{c}]{z.level}", q.percent(z.value), z.sentence)  # each value a fraction
     console.print(ztable)
     console.print(f"bottleneck: [bold]{bottleneck_label(zones)}[/bold]")
     if not advice:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from stratagem import quantities as q
 from stratagem.cli.app import JsonOpt, PlanOpt, ScenarioArg, StorageOpt, StudyOpt, app, console
 from stratagem.cli.plans import TrialOpt, pick_plan
 from stratagem.spaces import format_plan
@@ -33,23 +34,44 @@ _NAMES = {"weights": "weights", "gradients": "gradients", "optimizer": "optimize
           "rest": "rest / transient"}
 
 
+def _signed(gib: float, unit: tuple[str, float]) -> str:
+    """A difference in the table's unit with its sign (+0.250, -0.160, 0)."""
+    text = q.memory_in(gib, unit)
+    return f"+{text}" if gib > 0 else text
+
+
 def trace_table(role: TracedRole) -> Table:
-    """Traced vs analytic memory per block for one rank role (GiB, or MiB below 1 GiB)."""
+    """Traced vs analytic memory per block for one rank role, in one unit for the table (stratagem.quantities:
+    the unit of the largest figure)."""
     from stratagem.launch.trace.fake import BLOCKS
     from stratagem.launch.trace.run import ANALYTIC_BLOCKS
 
     table = Table(title=f"{role.role} stage (rank {role.rank}, chunks {role.stage_ids})", title_justify="left")
-    unit, scale = ("GiB", GIB) if role.peak_bytes >= GIB else ("MiB", float(2**20))
-    for col in ("block", f"traced {unit}", f"analytic {unit}", "difference"):
+    peak, apeak = role.peak_bytes / GIB, role.analytic["peak"] / GIB
+    unit = q.memory_unit(peak, apeak, *(b / GIB for b in (*role.blocks.values(), *role.analytic.values())))
+    for col in ("block", f"traced {unit[0]}", f"analytic {unit[0]}", f"difference {unit[0]}"):
         table.add_column(col, justify="left" if col == "block" else "right")
     for block, analytic in zip(BLOCKS, ANALYTIC_BLOCKS, strict=True):
-        t, a = role.blocks[block] / scale, role.analytic[analytic] / scale
-        table.add_row(_NAMES[block], f"{t:.2f}", f"{a:.2f}", f"{t - a:+.2f}")
+        t, a = role.blocks[block] / GIB, role.analytic[analytic] / GIB
+        table.add_row(_NAMES[block], q.memory_in(t, unit), q.memory_in(a, unit), _signed(t - a, unit))
     table.add_section()
-    peak, apeak = role.peak_bytes / scale, role.analytic["peak"] / scale
-    table.add_row("[bold]peak", f"[bold]{peak:.2f}", f"[bold]{apeak:.2f}", f"{peak - apeak:+.2f}")
-    table.add_row("overhead (analytic, not traced)", "", f"{role.analytic['overhead'] / scale:.2f}", "")
+    table.add_row("[bold]peak", f"[bold]{q.memory_in(peak, unit)}", f"[bold]{q.memory_in(apeak, unit)}",
+                  _signed(peak - apeak, unit))
+    table.add_row("overhead (analytic, not traced)", "", q.memory_in(role.analytic["overhead"] / GIB, unit), "")
     return table
+
+
+def _summary(roles: list[TracedRole], hbm_gib: float, wall: float, cpu: float) -> list[str]:
+    """The worst rank against HBM (one memory unit for the line) and the time the trace took (one duration
+    unit for the line)."""
+    worst = max(roles, key=lambda r: r.peak_bytes)
+    peak, overhead = worst.peak_bytes / GIB, worst.analytic["overhead"] / GIB
+    mem = q.memory_unit(peak, overhead, hbm_gib)
+    secs = q.duration_unit(wall, cpu, *(r.cpu_seconds for r in roles))
+    return [f"worst rank: {worst.role} stage, traced peak {q.memory_in(peak, mem, True)} (+ analytic overhead "
+            f"{q.memory_in(overhead, mem, True)}) against {q.memory_in(hbm_gib, mem, True)} HBM",
+            f"traced in {q.duration_in(wall, secs)} wall, {q.duration_in(cpu, secs)} CPU (roles: "
+            + ", ".join(f"{r.role} {q.duration_in(r.cpu_seconds, secs)}" for r in roles) + ")"]
 
 
 @app.command("trace")
@@ -90,12 +112,8 @@ def trace_cmd(
     console.print(f"[bold]{scn.name}[/bold]  plan: {pl.short()}  world size {pl.world_size}")
     for role in roles:
         console.print(trace_table(role))
-    worst = max(roles, key=lambda r: r.peak_bytes)
-    console.print(f"worst rank: {worst.role} stage, traced peak {worst.peak_bytes / GIB:.2f} GiB (+ analytic "
-                  f"overhead {worst.analytic['overhead'] / GIB:.2f} GiB) against {scn.cluster.gpu.hbm_gib:g} GiB HBM",
-                  markup=False)
-    console.print(f"traced in {wall:.1f} s wall, {cpu.ru_utime + cpu.ru_stime:.1f} s CPU (roles: "
-                  + ", ".join(f"{r.role} {r.cpu_seconds:.1f} s" for r in roles) + ")", markup=False)
+    for line in _summary(roles, scn.cluster.gpu.hbm_gib, wall, cpu.ru_utime + cpu.ru_stime):
+        console.print(line, markup=False, highlight=False)
 
 
 def traced_phase(scn: Scenario, url: str, name: str, mode: Mode, traced: int, calibration: Calibration | None,
@@ -104,20 +122,16 @@ def traced_phase(scn: Scenario, url: str, name: str, mode: Mode, traced: int, ca
     from rich.console import Console
 
     from stratagem.launch.trace.run import trace_plan
+    from stratagem.reports.terminal import traced_line
     from stratagem.search.traced import run_traced
 
     out = Console(stderr=True) if quiet else console
 
     def on_trace(key: str, ev: Evaluation | None, reason: str) -> None:
-        if ev is None or ev.memory is None:
-            out.print(f"traced {key}: not traced: {reason}", markup=False, soft_wrap=True)
-            return
-        predicted = ev.prediction.memory.peak_gib if ev.prediction and ev.prediction.memory else float("nan")
-        out.print(f"traced {key}: peak {ev.memory.peak_gib:.2f} GiB (analytic {predicted:.2f}), {ev.status}",
-                  markup=False, soft_wrap=True)
+        out.print(traced_line(key, ev, reason), markup=False, soft_wrap=True)
 
     result = run_traced(scn, url, name, trace_plan, traced, sampler=mode, on_trace=on_trace,
                         calibration=calibration)
-    out.print(f"traced {result.traced} plan(s) in {result.seconds:.0f} s; logits_bytes refitted to "
-              f"{result.calibration.logits_bytes:.2f}", markup=False)
+    out.print(f"traced {result.traced} plan(s) in {q.duration(result.seconds)}; logits_bytes refitted to "
+              f"{q.sig(result.calibration.logits_bytes)}", markup=False)
     return result
