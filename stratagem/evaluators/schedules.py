@@ -189,7 +189,8 @@ SCHEDULE_TABLE: dict[str, ScheduleRow] = {
     "gpipe": ScheduleRow("gpipe", lambda p, v, m, f, i, w: p - 1, lambda p, v, m: 2 * (p - 1),
                          lambda p, v, m, r: m, False),
     "1f1b": ScheduleRow("1f1b", lambda p, v, m, f, i, w: p - 1,
-                        lambda p, v, m: 2 * (p - 2) + 2 * (p - 1) * m / p,
+                        # never below one micro-batch's round trip, 2 (p - 1): at m = 1 1F1B is GPipe (spaces/canonical.py)
+                        lambda p, v, m: np.maximum(2 * (p - 1), 2 * (p - 2) + 2 * (p - 1) * m / p),
                         lambda p, v, m, r: np.minimum(m, p - r), False),
     "interleaved": ScheduleRow("interleaved",
                                lambda p, v, m, f, i, w: (p - 1) / v + np.maximum(0.0, p - m) * (v - 1) / v,

@@ -143,3 +143,13 @@ def test_warmup_and_in_flight_follow_the_lists(schedule: str) -> None:
         first, last = IN_FLIGHT[schedule](np.float64(p), np.float64(v), np.float64(m))  # type: ignore[index]
         if schedule != "zero_bubble":  # ZB keeps a micro-batch's inputs until its W: the table keeps 1F1B's peak
             assert (float(first), float(last)) == pytest.approx((peak_first / v, peak_last / v)), (p, v, m)
+
+
+def test_one_micro_batch_of_1f1b_is_gpipe_on_the_critical_path() -> None:
+    """With one micro-batch 1F1B runs GPipe's actions (spaces/canonical.py merges them): one round trip of
+    2 (p - 1) transfers, as the simulation says (the steady-state closed form alone would give less)."""
+    for p in (2, 4, 8):
+        hops = [critical_hops(PlanColumns.from_plans([Plan(dp=1, pp=p, pp_schedule=s)]), np.array([1.0]))[0]
+                for s in ("1f1b", "gpipe")]
+        grown = (simulate("1f1b", p, 1, 1, hop=1e-4) - simulate("1f1b", p, 1, 1)) * 3.0 / 1e-4
+        assert hops[0] == hops[1] == 2 * (p - 1) == pytest.approx(grown)
