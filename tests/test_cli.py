@@ -327,3 +327,25 @@ def test_calibrate_lines_are_percentages_and_significant_figures() -> None:
     assert moved[0] == f"matmul_efficiency {q.sig(base.matmul_efficiency)} -> 0.0123"
     name, before, _, after = moved[1].split()  # overlap moved by 1e-4: 3 figures would print it twice
     assert name == "overlap" and before != after and len(moved) == 2
+
+
+def test_calibrate_run_table_of_the_demo_is_in_mib() -> None:
+    """`stratagem calibrate`'s run table (launch/runners/calibrate.run_table) for the demo's own calibration file
+    (11 measured CPU runs of ~4 MiB): peaks in MiB, one duration unit for the step columns, errors as signed
+    percentages; it printed 'peak GiB 0.003511' and '+121582%'."""
+    from stratagem import quantities as q
+    from stratagem.evaluators.calibration_file import load_calibration
+    from stratagem.launch.runners.calibrate import run_table
+    from stratagem.units import MIB
+
+    cf = load_calibration(DEMO.with_name("demo-cpu-calibration.yaml"))
+    lines = run_table(cf.runs).splitlines()
+    assert "GiB" not in lines[0] and "peak MiB" in lines[0] and "step s" in lines[0], lines[0]
+    assert len(lines) == 2 + len(cf.runs)
+    first, cells = cf.runs[0], lines[2].split()
+    assert first.measured_peak_gib is not None and first.measured_step_s is not None
+    assert first.predicted_step_s_after is not None
+    assert q.memory_in(first.measured_peak_gib, ("MiB", MIB)) in cells
+    assert q.sig(first.measured_step_s) in cells
+    err = first.predicted_step_s_after / first.measured_step_s - 1
+    assert ("+" if err > 0 else "") + q.percent(err) in cells

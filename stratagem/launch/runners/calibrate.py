@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stratagem import quantities as q
 from stratagem.errors import StratagemError
 from stratagem.evaluators.analytic import evaluate_many
 from stratagem.evaluators.calibration import Calibration
@@ -165,10 +166,10 @@ def size_model(base: Scenario, gpus: int, budget_s: float, steps: int, warmup: i
     for model in reversed(LADDER):
         sized = _scenarios(base, model, gpus, 2048)
         peak, seconds = _predicted(sized, steps, warmup)
-        checked.append(f"{model.name} {peak:.0f} GiB / {seconds:.0f} s")
+        checked.append(f"{model.name} {q.memory(peak)} / {q.duration(seconds)}")
         if peak <= MEMORY_SHARE * gpu.hbm_gib and seconds <= TIME_SHARE * budget_s:
-            why = (f"{gpu.name}: largest Llama-3 rung with predicted peak <= {MEMORY_SHARE:.0%} of "
-                   f"{gpu.hbm_gib:.0f} GiB and predicted runs <= {TIME_SHARE:.0%} of {budget_s:.0f} s "
+            why = (f"{gpu.name}: largest Llama-3 rung with predicted peak <= {q.percent(MEMORY_SHARE)} of "
+                   f"{q.memory(gpu.hbm_gib)} and predicted runs <= {q.percent(TIME_SHARE)} of {q.duration(budget_s)} "
                    f"({'; '.join(checked)}), seq 2048")
             return SizedModel(sized.device, sized.node, why)
     sized = _scenarios(base, LADDER[0], gpus, 2048)
@@ -307,26 +308,37 @@ def _revision() -> str:
 
 
 def _err(pred: float | None, meas: float | None) -> str:
-    return f"{pred / meas - 1:+7.0%}" if pred and meas else "      -"
+    """The prediction's signed relative error as a percentage (stratagem.quantities), '-' without a pair."""
+    if not (pred and meas):
+        return "-"
+    x = pred / meas - 1
+    return ("+" if x > 0 else "") + q.percent(x)
 
 
 def run_table(records: Sequence[CalibrationRunRecord]) -> str:
-    """Predicted vs measured step time and peak of every run, before and after the fit."""
-    head = (f"{'plan':26} {'n':>2} {'status':8} {'step s':>9} {'before':>9} {'err':>7} {'after':>9} {'err':>7} "
-            f"{'peak GiB':>9} {'before':>9} {'err':>7} {'after':>9} {'err':>7}")
+    """Predicted vs measured step time and peak of every run, before and after the fit: one duration unit for
+    the step columns and one memory unit for the peak columns (stratagem.quantities, by the largest figure)."""
+    steps = [v for r in records for v in (r.measured_step_s, r.predicted_step_s_before, r.predicted_step_s_after)]
+    peaks = [v for r in records for v in (r.measured_peak_gib, r.predicted_peak_gib_before, r.predicted_peak_gib_after)]
+    t_unit, m_unit = q.duration_unit(*steps), q.memory_unit(*peaks)
+    head = (f"{'plan':26} {'n':>2} {'status':8} {'step ' + t_unit[0]:>9} {'before':>9} {'err':>10} {'after':>9} "
+            f"{'err':>10} {'peak ' + m_unit[0]:>9} {'before':>9} {'err':>10} {'after':>9} {'err':>10}")
     lines = [head, "-" * len(head)]
 
-    def num(v: float | None) -> str:
-        return f"{v:9.4g}" if v is not None else "        -"
+    def step(v: float | None) -> str:
+        return f"{q.duration_in(v, t_unit, with_unit=False) if v is not None else '-':>9}"
+
+    def peak(v: float | None) -> str:
+        return f"{q.memory_in(v, m_unit) if v is not None else '-':>9}"
 
     for r in records:
         lines.append(
-            f"{parse_plan(r.plan).short()[:26]:26} {r.world_size:>2} {r.status:8} {num(r.measured_step_s)} "
-            f"{num(r.predicted_step_s_before)} {_err(r.predicted_step_s_before, r.measured_step_s)} "
-            f"{num(r.predicted_step_s_after)} {_err(r.predicted_step_s_after, r.measured_step_s)} "
-            f"{num(r.measured_peak_gib)} {num(r.predicted_peak_gib_before)} "
-            f"{_err(r.predicted_peak_gib_before, r.measured_peak_gib)} {num(r.predicted_peak_gib_after)} "
-            f"{_err(r.predicted_peak_gib_after, r.measured_peak_gib)}")
+            f"{parse_plan(r.plan).short()[:26]:26} {r.world_size:>2} {r.status:8} {step(r.measured_step_s)} "
+            f"{step(r.predicted_step_s_before)} {_err(r.predicted_step_s_before, r.measured_step_s):>10} "
+            f"{step(r.predicted_step_s_after)} {_err(r.predicted_step_s_after, r.measured_step_s):>10} "
+            f"{peak(r.measured_peak_gib)} {peak(r.predicted_peak_gib_before)} "
+            f"{_err(r.predicted_peak_gib_before, r.measured_peak_gib):>10} {peak(r.predicted_peak_gib_after)} "
+            f"{_err(r.predicted_peak_gib_after, r.measured_peak_gib):>10}")
     return "\n".join(lines)
 
 
@@ -438,7 +450,7 @@ def run_calibration(scenario: Scenario, gpus: int, budget_s: float, out: str | P
         gpu_memory_gib=float(memory) if memory else scenario.cluster.gpu.hbm_gib,
         torch=facts["torch"], cuda=facts["cuda"], python=facts["python"], stratagem=_revision(),
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        model=f"{model.name} ({model.num_params() / 1e6:.1f} M parameters)", sizing=sized.sizing,
+        model=f"{model.name} ({q.count(model.num_params())} parameters)", sizing=sized.sizing,
         seq_len=sized.device.training.seq_len, steps=steps, warmup=warmup,
         command=command or " ".join(shlex.quote(a) for a in sys.argv))
     records = _records(runs, fit, files)
