@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stratagem.errors import StratagemError
 from stratagem.spaces.expert_grid import expert_grid_problem, grid_layout_problem
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import split_problem
-from stratagem.spaces.plan import Plan
+from stratagem.spaces.plan import SCHEDULES, Plan
 from stratagem.spaces.recompute import modules_problem
 from stratagem.spaces.scenario import Scenario
-from stratagem.spaces.stacks import StackRecord, stack_record
+from stratagem.spaces.stacks import PlanExclusion, PlanFacts, StackRecord, stack_record
+
+if TYPE_CHECKING:
+    from stratagem.spaces.columns import PlanColumns
 
 __all__ = ["Rule", "RULES", "violations", "check_plan", "divisors", "capability_violations",
-           "recompute_modules_problem"]
+           "recompute_modules_problem", "plan_facts", "column_facts", "exclusion_problem"]
 
 
 def _valid(values: list[int]) -> str:
@@ -187,6 +191,29 @@ def recompute_modules_problem(s: Scenario, p: Plan) -> str | None:
     return None
 
 
+def plan_facts(p: Plan, moe: bool, microbatches: int) -> PlanFacts:
+    """What a stack's PlanExclusions look at, for one plan (microbatches: per step per pipeline)."""
+    return PlanFacts(moe=moe, tp=p.tp, dp=p.dp, ep=p.ep, etp=p.etp, zero_stage=p.zero_stage, pp=p.pp,
+                     one_f_one_b=p.pp_schedule == "1f1b", microbatches=microbatches)
+
+
+def column_facts(pc: PlanColumns, moe: bool, global_batch_size: int) -> PlanFacts:
+    """The same for columns of plans (vectorised: every PlanExclusion.applies works elementwise)."""
+    return PlanFacts(moe=moe, tp=pc.tp, dp=pc.dp, ep=pc.ep, etp=pc.etp, zero_stage=pc.zero_stage, pp=pc.pp,
+                     one_f_one_b=pc.pp_schedule == SCHEDULES.index("1f1b"),
+                     microbatches=global_batch_size // (pc.dp * pc.micro_batch_size))
+
+
+def exclusion_problem(s: Scenario, p: Plan) -> str | None:
+    """The stack's PlanExclusions (spaces/stacks.py): a combination its engine cannot run, with the engine code."""
+    rec = stack_record(s.training.stack)
+    facts = plan_facts(p, s.model.moe is not None, p.grad_accumulation(s.training.global_batch_size))
+    ex: PlanExclusion | None = rec.plan_exclusion(facts)
+    if ex is None:
+        return None
+    return f"{rec.name}: {ex.describe(facts)} is not supported ({ex.source}): {ex.reason}"
+
+
 def _stack(s: Scenario, p: Plan) -> str | None:
     broken = capability_violations(stack_record(s.training.stack), p)
     return broken[0] if broken else None
@@ -214,6 +241,7 @@ RULES: tuple[Rule, ...] = (
     Rule("fp8_hardware", _fp8),
     Rule("offload_needs_zero", _offload),
     Rule("stack_can_run", _stack),
+    Rule("stack_combinations", exclusion_problem),
     Rule("recompute_modules", recompute_modules_problem),
 )
 

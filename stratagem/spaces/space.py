@@ -47,6 +47,7 @@ from stratagem.spaces.plan import (
     Schedule,
 )
 from stratagem.spaces.recompute import modules_problem
+from stratagem.spaces.stacks import PlanFacts
 
 if TYPE_CHECKING:
     import optuna
@@ -65,8 +66,9 @@ AXES: tuple[str, ...] = (
     "micro_batch_size", "pp_schedule", "virtual_stages", "pp_split", "first_stage_layers", "last_stage_layers",
     "precision", "activation_checkpointing", "recompute_modules",
 )
-SPACE_VERSION = "canonical-1"  # what the enumeration yields; bumped when the same search section yields other plans
-# (canonical-1: one canonical plan per job, spaces/canonical.py; the Optuna choices of the split axes changed)
+SPACE_VERSION = "runnable-1"  # what the enumeration yields; bumped when the same search section yields other plans
+# (canonical-1: one canonical plan per job, spaces/canonical.py; the Optuna choices of the split axes changed;
+# runnable-1: the stack record's PlanExclusions are left out, stacks.py, issue 24 item 6)
 MAX_UNEVEN_SPLITS = 4  # default first/last stage layer pairs per (pp, virtual_stages): the best balanced ones
 # Default heuristics (bypassed by axes the scenario lists explicitly).
 MIN_CP_SHARD_TOKENS = 1024  # cp: each rank keeps >= 1k tokens, or ring attention's KV exchange is exposed
@@ -343,7 +345,9 @@ class SearchSpace:
                     for e in eps_all:
                         for et in etps:  # the expert grid folds over tp x dp x cp (spaces/expert_grid.py)
                             if expert_grid_problem(m, t, d, c, e, et, rec.expert_grid) is None:
-                                layouts.append(_Layout(t, p, c, d, e, et, zero, sp, pipe))
+                                lay = self._runnable(_Layout(t, p, c, d, e, et, zero, sp, pipe))
+                                if lay is not None:
+                                    layouts.append(lay)
         if not layouts:
             raise StratagemError(
                 f"search: no valid plan for {scenario.name} under this search section (tp {tps}, pp {pps}, "
@@ -425,6 +429,27 @@ class SearchSpace:
         rec = self.scenario.training.record
         return tuple((*q, i) for q in out for i, (ac, _) in enumerate(self.recompute_pairs)
                      if pp == 1 or rec.schedule_exclusion(SCHEDULES[q[1]], cp, q[2], recompute=ac) is None)
+
+    def _runnable(self, lay: _Layout) -> _Layout | None:
+        """The layout without the sharding and pipelining choices its stack's PlanExclusions rule out (stacks.py:
+        the same rules the harness refuses from), or None when none is left. An exclusion reads the sharding
+        values or the pipelining ones, not both: the sharding list is checked with no 1f1b schedule, the
+        pipelining list with zero_stage 0 (tests/spaces/test_rules_exclusions.py checks every enumerated plan)."""
+        rec, moe = self.scenario.training.record, self.scenario.model.moe is not None
+        if not rec.plan_exclusions:
+            return lay
+        per_replica = self.scenario.training.global_batch_size // lay.dp
+
+        def facts(zero: int, one_f_one_b: bool, micro: int) -> PlanFacts:
+            return PlanFacts(moe=moe, tp=lay.tp, dp=lay.dp, ep=lay.ep, etp=lay.etp, zero_stage=zero, pp=lay.pp,
+                             one_f_one_b=one_f_one_b, microbatches=micro)
+
+        zero = tuple(z for z in lay.zero if not rec.excluded(facts(z[0], False, per_replica)))
+        pipe = tuple(q for q in lay.pipe
+                     if not rec.excluded(facts(0, SCHEDULES[q[1]] == "1f1b", per_replica // q[0])))
+        if not zero or not pipe:
+            return None
+        return _Layout(lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.etp, zero, lay.sp, pipe)
 
     def _zero(self, dp: int, cp: int, zeros: list[int], offloads: list[int]) -> tuple[tuple[int, int, int], ...]:
         """(zero_stage, dp_replicate, offload) triples for one layout."""

@@ -117,7 +117,7 @@ def test_tensor_parallel_across_nodes_is_moved_inside() -> None:
 def test_bubbles_get_more_micro_batches_or_interleaving() -> None:
     scn = Scenario(model=model_preset("llama3-8b"), cluster=cluster_preset("h100-sxm-80g", 16),
                    training={"seq_len": 4096, "global_batch_size": 32})
-    plan = Plan(dp=2, pp=8, micro_batch_size=4, zero_stage=3)  # zero 1 (DDP + autocast) does not fit
+    plan = Plan(dp=2, pp=8, micro_batch_size=2, zero_stage=3)  # zero 1 (DDP + autocast) does not fit; m = pp = 8
     ev = evaluate(scn, plan)
     assert ev.zones is not None and ev.zones.bubbles.level == "bad"
     bubbles = [a for a in advise(scn, plan, ev) if a.zone == "bubbles"]

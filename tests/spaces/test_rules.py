@@ -84,6 +84,15 @@ CASES = [
      ["recompute_modules (mla_up_proj)", "llama3-8b", "needs MLA"]),
     ("stack_can_run", scn(), Plan(dp=8, activation_checkpointing="selective", recompute_modules="layernorm"),
      ["torch: recompute_modules layernorm is not supported", "torchtitan/distributed/activation_checkpoint.py"]),
+    # the torch record's PlanExclusions (spaces/stacks.py), the same rules the harness refuses from
+    ("stack_combinations", scn(model="mixtral-8x7b"), Plan(dp=4, tp=2, etp=4),
+     ["torch: etp (4) with tp (2) is not supported", "parallel_dims.py", "use etp=1 or etp=tp"]),
+    ("stack_combinations", scn(model="mixtral-8x7b"), Plan(dp=8, ep=2, zero_stage=1),
+     ["zero_stage 1 over dp (8) with the MoE experts under ep (2) / tp (1)", "ZeroRedundancyOptimizer",
+      "use zero_stage 0, 2 or 3"]),
+    ("stack_combinations", scn(), Plan(dp=4, pp=2, micro_batch_size=16, pp_schedule="1f1b"),
+     ["pp_schedule 1f1b with 1 micro-batch(es) per step over pp (2) stages", "pipelining/schedules.py",
+      "or use pp_schedule gpipe"]),
 ]
 
 
@@ -101,7 +110,7 @@ def test_every_rule_is_exercised() -> None:
 
 def test_valid_plan_passes_every_rule() -> None:
     s = scn(model="mixtral-8x7b", gpus=8, gbs=64)
-    plan = Plan(dp=2, tp=2, pp=2, ep=2, zero_stage=1, sequence_parallel=True, micro_batch_size=2,
+    plan = Plan(dp=2, tp=2, pp=2, ep=2, zero_stage=2, sequence_parallel=True, micro_batch_size=2,
                 pp_schedule="interleaved", virtual_stages=2, optimizer_offload="cpu", precision="fp8")
     assert violations(s, plan) == []
     check_plan(s, plan)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
+from stratagem.spaces.rules import plan_facts
 from stratagem.spaces.scenario import Scenario
-from stratagem.spaces.stacks import stack_record
+from stratagem.spaces.stacks import PlanExclusion, stack_record
 from stratagem.spaces.training import TrainingSpec
 
 __all__ = ["DEFAULT_LR", "HARNESS_OPTIMIZERS", "model_refusal", "plan_refusals", "microbatch_refusal", "optimizer_refusal",
@@ -78,16 +79,12 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     if plan.cp > 1 and plan.dp_replicate > 1:
         out.append(f"plan.cp ({plan.cp}): the harness reduces over dp x cp flattened, not HSDP's (replicate, shard x "
                    "cp) mesh; use dp_replicate=1 with cp > 1")
-    # MoE under ep or tp: the experts live on the expert mesh, outside DDP / ZeRO-1 (parallelize.uses_expert_mesh)
-    apart = spec.moe is not None and (plan.ep > 1 or plan.tp > 1)
-    what = f"plan.ep ({plan.ep})" if plan.ep > 1 else f"plan.tp ({plan.tp})"
-    if apart and plan.dp > 1 and plan.zero_stage == 1:
-        out.append(f"{what}: ZeroRedundancyOptimizer broadcasts whole parameters over the dp ranks, and the MoE "
-                   "experts are DTensors on the expert mesh (measured: c10d.broadcast_ has no DTensor sharding "
-                   "strategy); use zero_stage 0, 2 or 3")
-    if plan.etp > 1 and plan.etp != plan.tp:
-        out.append(f"plan.etp ({plan.etp}): the harness splits experts' matmuls over the TP ranks only "
-                   f"(torchtitan ExpertTensorParallel: etp = tp = {plan.tp}); use etp=1 or etp=tp")
+    # combinations the torch stack's record excludes (spaces/stacks.py PlanExclusion: ZeRO-1 with the MoE experts
+    # on the expert mesh, etp other than 1 or tp; the micro-batch count's in microbatch_refusal): the same data
+    # the search space reads
+    for rule in torch_rec.plan_exclusions:  # (microbatches unknown here: 0, the 1f1b rule is skipped)
+        if rule.name != "1f1b_microbatches" and rule.applies(plan_facts(plan, spec.moe is not None, 0)):
+            out.append(f"{_named(rule, plan)}: {rule.reason}")
     if plan.optimizer_offload != "none" and (plan.zero_stage < 2 or plan.dp == 1):
         out.append(f"plan.optimizer_offload (cpu): the harness offloads with FSDP2's CPUOffloadPolicy, which needs "
                    f"zero_stage 2 or 3 and dp > 1 (got zero_stage={plan.zero_stage}, dp={plan.dp}); use zero_stage=3 "
@@ -98,14 +95,21 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     return out
 
 
+def _named(ex: PlanExclusion, plan: Plan) -> str:
+    """'plan.field (value)' for a PlanExclusion's refusal line: ZeRO-1's names the degree that puts the experts
+    on the expert mesh (ep, else tp)."""
+    field = "plan.tp" if ex.name == "zero1_moe_expert_mesh" and plan.ep == 1 else ex.field
+    return f"{field} ({getattr(plan, field.removeprefix('plan.'))})"
+
+
 def microbatch_refusal(plan: Plan, microbatches: int) -> str | None:
     """torch's schedules need 1F1B: m >= pp; interleaved / zero-bubble: m a multiple of max(1, m // pp)."""
     if plan.pp == 1:
         return None
     fix = "lower micro_batch_size or dp (micro-batches per step = global_batch_size / (dp * micro_batch_size))"
-    if plan.pp_schedule == "1f1b" and microbatches < plan.pp:
-        return (f"plan.micro_batch_size ({plan.micro_batch_size}): the 1f1b schedule needs at least "
-                f"pp ({plan.pp}) micro-batches per step, got {microbatches}; {fix}")
+    for rule in stack_record("torch").plan_exclusions:  # spaces/stacks.py: 1f1b with fewer micro-batches than pp
+        if rule.name == "1f1b_microbatches" and rule.applies(plan_facts(plan, False, microbatches)):
+            return f"{_named(rule, plan)}: {rule.reason} (here {microbatches} for pp={plan.pp})"
     rounds = max(1, microbatches // plan.pp)
     if plan.pp_schedule in ("interleaved", "zero_bubble") and microbatches % rounds:
         return (f"plan.micro_batch_size ({plan.micro_batch_size}): the {plan.pp_schedule} schedule "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # stratagem export for Megatron-LM core_v0.19.0 (NVIDIA/Megatron-LM@5be9626709af), pretrain_gpt.py arguments (megatron/training/arguments.py)
 # scenario: mixtral-8x7b on 16x h100-sxm-80g
-# plan: dp=8,tp=2,ep=8,zero_stage=1,sequence_parallel=true
+# plan: dp=8,tp=2,ep=8,zero_stage=3,sequence_parallel=true
 # launch: 2 node(s) x 8 processes = world 16; 8 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case mixtral-folding-ep8
 # Not expressible in Megatron-LM core_v0.19.0 (left out):
@@ -12,7 +12,6 @@ set -euo pipefail
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
-export CUDA_DEVICE_MAX_CONNECTIONS=1
 
 MODEL_ARGS=(
   --num-layers 32
@@ -45,7 +44,8 @@ PARALLEL_ARGS=(
   --sequence-parallel
   --expert-model-parallel-size 8
   --expert-tensor-parallel-size 1
-  --use-distributed-optimizer
+  --use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads_params
   --overlap-grad-reduce
   --overlap-param-gather
 )
@@ -57,7 +57,7 @@ TRAINING_ARGS=(
   --bf16
   --moe-token-dispatcher-type alltoall
   --optimizer adam
-  --ckpt-format torch_dist
+  --ckpt-format fsdp_dtensor
   --save "$CHECKPOINT_DIR"
 )
 # PLACEHOLDERS: synthetic data (--mock-data), no tokenizer (NullTokenizer) and a fixed learning

@@ -1,0 +1,61 @@
+"""The stack record's PlanExclusions (spaces/stacks.py, issue 24 item 6): the torch space never proposes them,
+checked vectorised over every plan of its space; other stacks whose engine runs the combination keep it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stratagem.spaces import SearchConfig, SearchSpace, load_scenario
+from stratagem.spaces.rules import column_facts
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import stack_record
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _with_stack(scn: Scenario, stack: str, search: SearchConfig | None = None) -> Scenario:
+    update: dict[str, object] = {"training": scn.training.model_copy(update={"stack": stack})}
+    if search is not None:
+        update["search"] = search
+    return scn.model_copy(update=update)
+
+
+@pytest.fixture(scope="module")
+def mixtral() -> Scenario:
+    return load_scenario(ROOT / "examples" / "mixtral-8x7b-64xh200.yaml")
+
+
+def _excluded(scn: Scenario) -> tuple[int, int]:
+    """(plans in the space, plans a PlanExclusion of the torch record covers), over every plan."""
+    space = SearchSpace(scn)
+    cols = space.enumerate()
+    facts = column_facts(cols, scn.model.moe is not None, scn.training.global_batch_size)
+    return space.count(), int(np.count_nonzero(stack_record("torch").excluded(facts)))
+
+
+def test_the_torch_space_proposes_no_excluded_combination(mixtral: Scenario) -> None:
+    tiny = load_scenario(ROOT / "examples" / "tiny-moe-cpu.yaml")
+    for scn in (tiny, _with_stack(mixtral, "torch")):  # mixtral: every one of its ~465k plans
+        count, excluded = _excluded(scn)
+        assert count > 0 and excluded == 0, (scn.name, excluded)
+
+
+def test_each_rule_is_one_the_engine_states(mixtral: Scenario) -> None:
+    rec = stack_record("torch")
+    assert [ex.name for ex in rec.plan_exclusions] == ["etp_1_or_tp", "zero1_moe_expert_mesh", "1f1b_microbatches"]
+    for ex in rec.plan_exclusions:  # each names the engine file behind it
+        assert ".py" in ex.source and ex.reason.count("use") >= 1, ex.name
+    for name in ("megatron", "deepspeed", "nanotron"):  # their engines run these (or have their own rules)
+        assert stack_record(name).plan_exclusions == ()
+
+
+def test_megatron_keeps_what_only_the_torch_stack_excludes(mixtral: Scenario) -> None:
+    # Megatron's distributed optimizer shards expert parameters over edp (megatron/core/optimizer/
+    # distrib_optimizer.py), and its 1F1B runs with fewer micro-batches than stages (warm-up = min(pp - rank - 1, m))
+    small = SearchConfig(precision=["bf16"], pp=[1, 4], cp=[1], micro_batch_size=[1, 8], memory_margin_gib=2.0)
+    count, excluded = _excluded(_with_stack(mixtral, "megatron", small))
+    assert count > 0 and excluded > 0
+    assert _excluded(_with_stack(mixtral, "torch", small))[1] == 0
