@@ -16,6 +16,7 @@ The option names, nargs and types used here are checked in at tests/launch/golde
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
 
 from stratagem.launch.export.bundle import (
     ExportBundle,
@@ -28,6 +29,7 @@ from stratagem.launch.export.bundle import (
 )
 from stratagem.launch.export.model_fields import model_constants
 from stratagem.launch.export.rope import megatron_rope_args
+from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
 __all__ = ["MEGATRON_VERSION", "MEGATRON_COMMIT", "export_megatron", "megatron_args", "pipeline_layout"]
@@ -68,16 +70,17 @@ def _overlap_refused(plan: Plan) -> bool:
     return bool(a2a_overlap_refused(PlanColumns.from_plans([plan]))[0])
 
 
-def megatron_args(lay: Layout, checkpoint_interval: int | None = None
-                  ) -> tuple[dict[str, list[str]], dict[str, str], list[FieldNote], list[FieldNote]]:
-    """Argument groups (name -> args), environment variables Megatron requires, and the unexpressed /
-    approximated fields."""
-    s, p = lay.scenario, lay.plan
-    m, tr = s.model, s.training
-    un: list[FieldNote] = []
-    ap: list[FieldNote] = []
+@dataclass
+class _Notes:
+    """The fields an export cannot express (un) and those it writes approximately (ap), in the order found."""
 
-    # ---- model -------------------------------------------------------------------------------------------
+    un: list[FieldNote] = field(default_factory=list)
+    ap: list[FieldNote] = field(default_factory=list)
+
+
+def _shape_args(lay: Layout, notes: _Notes) -> list[str]:
+    """Model dimensions, attention heads, position embedding, MLP, norm, embedding tying and biases."""
+    m, tr = lay.scenario.model, lay.scenario.training
     model = [
         "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
         "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
@@ -91,11 +94,11 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
     # Llama 3 (500000), DeepSeek-V3 (1e-6), ...: always written (model_fields.PUBLISHED)
     consts = model_constants(m)
     if not consts.source:
-        ap.append(FieldNote("model.rope_theta", f"not known for {m.name}: Megatron's defaults --rotary-base "
-                            f"{consts.rope_theta} / --norm-epsilon {consts.norm_eps:g} are written, no rope "
-                            "scaling; set your checkpoint's rope_theta, norm epsilon and rope_scaling"))
+        notes.ap.append(FieldNote("model.rope_theta", f"not known for {m.name}: Megatron's defaults --rotary-base "
+                                  f"{consts.rope_theta} / --norm-epsilon {consts.norm_eps:g} are written, no rope "
+                                  "scaling; set your checkpoint's rope_theta, norm epsilon and rope_scaling"))
     if m.position_embedding == "rope":  # rope scaling (Llama 3.1, YaRN): launch/export/rope.py
-        kind, scaling = megatron_rope_args(m, ap)
+        kind, scaling = megatron_rope_args(m, notes.ap)
         model += ["--position-embedding-type", kind, "--max-position-embeddings", str(tr.seq_len),
                   "--rotary-base", str(consts.rope_theta), *scaling]
     else:
@@ -111,21 +114,33 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
         model.append("--disable-bias-linear")
     elif m.bias == "qkv":
         model += ["--disable-bias-linear", "--add-qkv-bias"]
-    if m.moe is not None:
-        model += ["--num-experts", str(m.moe.num_experts), "--moe-router-topk", str(m.moe.top_k),
-                  "--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size),
-                  "--moe-grouped-gemm"]  # TransformerConfig: recompute of moe_act needs grouped GEMM
-        if m.moe.shared_experts:  # Megatron's shared expert is one MLP of the summed size
-            model += ["--moe-shared-expert-intermediate-size", str(m.moe.shared_experts * m.moe.shared_ffn)]
-        if m.num_moe_layers() < m.num_layers:  # dense layers: arguments.py moe_freq_type's list pattern
-            model += ["--moe-layer-freq", _layer_pattern([int(m.is_moe_layer(i)) for i in range(m.num_layers)])]
-        if m.moe.router_bias and m.mla is not None:  # DeepSeek-V3: sigmoid scores + aux-loss-free expert bias
-            model += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
-        elif m.moe.router_bias:
-            un.append(FieldNote("model.moe.router_bias", "true: Megatron's router has no linear bias (gpt-oss); "
-                                "the router is written without it"))
-        if m.moe.capacity_factor is not None:
-            model += ["--moe-expert-capacity-factor", str(m.moe.capacity_factor)]
+    return model
+
+
+def _moe_args(m: ModelSpec, notes: _Notes) -> list[str]:
+    """MoE experts, router top-k and scoring, shared experts, dense-layer pattern and capacity factor."""
+    if m.moe is None:
+        return []
+    model = ["--num-experts", str(m.moe.num_experts), "--moe-router-topk", str(m.moe.top_k),
+             "--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size),
+             "--moe-grouped-gemm"]  # TransformerConfig: recompute of moe_act needs grouped GEMM
+    if m.moe.shared_experts:  # Megatron's shared expert is one MLP of the summed size
+        model += ["--moe-shared-expert-intermediate-size", str(m.moe.shared_experts * m.moe.shared_ffn)]
+    if m.num_moe_layers() < m.num_layers:  # dense layers: arguments.py moe_freq_type's list pattern
+        model += ["--moe-layer-freq", _layer_pattern([int(m.is_moe_layer(i)) for i in range(m.num_layers)])]
+    if m.moe.router_bias and m.mla is not None:  # DeepSeek-V3: sigmoid scores + aux-loss-free expert bias
+        model += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+    elif m.moe.router_bias:
+        notes.un.append(FieldNote("model.moe.router_bias", "true: Megatron's router has no linear bias (gpt-oss); "
+                                  "the router is written without it"))
+    if m.moe.capacity_factor is not None:
+        model += ["--moe-expert-capacity-factor", str(m.moe.capacity_factor)]
+    return model
+
+
+def _attention_args(m: ModelSpec, notes: _Notes) -> list[str]:
+    """Attention variants: multi-head latent attention, QK norm, sliding windows; sinks noted."""
+    model: list[str] = []
     if m.mla is not None:  # Multi-head Latent Attention (megatron/core/transformer/multi_latent_attention.py)
         model += ["--multi-latent-attention", "--kv-lora-rank", str(m.mla.kv_lora_rank),
                   "--qk-head-dim", str(m.mla.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(m.mla.qk_rope_head_dim),
@@ -140,105 +155,172 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
             if m.global_attention_every:
                 model += ["--window-attn-skip-freq", str(m.global_attention_every)]
         else:
-            un.append(FieldNote("model.attention_window", f"{m.attention_window} (chunked, Llama 4): Megatron-LM "
-                                f"{MEGATRON_VERSION}'s GPT model has no chunked attention; layers attend globally"))
+            notes.un.append(FieldNote("model.attention_window", f"{m.attention_window} (chunked, Llama 4): Megatron-LM "
+                                      f"{MEGATRON_VERSION}'s GPT model has no chunked attention; layers attend globally"))
     if m.attention_sinks:
-        un.append(FieldNote("model.attention_sinks", "true: learned sink logits are not written; set "
-                            "TransformerConfig.softmax_type='learnable' in a model provider"))
-    if m.encoder_params:
-        un.append(FieldNote("model.encoder_params", f"{m.encoder_params}: pretrain_gpt.py builds no vision "
-                            "encoder; the text decoder alone is written"))
-    # stratagem's activation model has no dropout (Megatron's default is 0.1 and saves masks)
-    model += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+        notes.un.append(FieldNote("model.attention_sinks", "true: learned sink logits are not written; set "
+                                  "TransformerConfig.softmax_type='learnable' in a model provider"))
+    return model
+
+
+def _vocab_args(lay: Layout, notes: _Notes) -> list[str]:
+    """The vocabulary padding multiple, written, and a note when padding to 128 x tp adds rows."""
+    m, p = lay.scenario.model, lay.plan
     multiple = _VOCAB_MULTIPLE * p.tp
-    model += ["--make-vocab-size-divisible-by", str(_VOCAB_MULTIPLE)]  # written, not left to the default
     padded = -(-m.vocab_size // multiple) * multiple
     if padded != m.vocab_size:
-        ap.append(FieldNote(
+        notes.ap.append(FieldNote(
             "model.vocab_size",
             f"{m.vocab_size}: Megatron pads the embedding and output to a multiple of 128 x tp = {padded} rows "
             "(--make-vocab-size-divisible-by 128): slightly more memory and compute than planned",
         ))
+    return ["--make-vocab-size-divisible-by", str(_VOCAB_MULTIPLE)]  # written, not left to the default
 
-    # ---- parallelism -------------------------------------------------------------------------------------
-    par = ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp),
-           "--context-parallel-size", str(p.cp)]
-    if p.sequence_parallel:
-        par.append("--sequence-parallel")
-    if p.ep > 1:
-        par += ["--expert-model-parallel-size", str(p.ep)]
-    if m.moe is not None:
-        # MoE parallel folding (megatron/core/parallel_state.py): the expert grid etp x ep x edp re-partitions
-        # tp x cp x dp; Megatron's default etp is tp, so it is always written
-        par += ["--expert-tensor-parallel-size", str(p.etp)]
-    if p.pp > 1:
-        v = p.virtual_stages
-        if p.first_stage_layers or p.last_stage_layers:
-            # uneven stages (transformer_config.py: the middle stages split the rest evenly)
-            if p.first_stage_layers:
-                par += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
-            if p.last_stage_layers:
-                par += ["--decoder-last-pipeline-num-layers", str(p.last_stage_layers)]
-            if v > 1:  # validate_args: uneven stages take the virtual degree, not layers per virtual stage
-                par += ["--num-virtual-stages-per-pipeline-rank", str(v)]
-        elif p.pp_split == "embedding_loss":
-            par += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-            if v > 1:
-                par += ["--num-virtual-stages-per-pipeline-rank", str(v)]
-        elif not lay.even_stages:
-            par += ["--pipeline-model-parallel-layout", pipeline_layout(lay.stage_layers)]
-        elif v > 1:
-            par += ["--num-layers-per-virtual-pipeline-stage", str(lay.stage_layers[0])]
-        if p.pp_schedule == "gpipe":
-            ap.append(FieldNote(
-                "plan.pp_schedule",
-                "gpipe: Megatron-LM has no GPipe schedule; 1F1B runs instead (same bubble, at most pp "
-                "micro-batches in flight instead of all: less activation memory than planned)",
-            ))
-        elif p.pp_schedule == "zero_bubble":
-            ap.append(FieldNote(
-                "plan.pp_schedule",
-                f"zero_bubble: Megatron-LM {MEGATRON_VERSION} has no zero-bubble schedule; 1F1B runs instead, "
-                "with a bubble of (pp-1)/micro-batches instead of about a third of that",
-            ))
-    # data parallel: ZeRO-1 = distributed optimizer; ZeRO-2/3 = Megatron-FSDP; HSDP replicas = optimizer
-    # instances (Megatron-FSDP turns hybrid when there is more than one).
-    ckpt_format = "torch_dist"
+
+def _model_args(lay: Layout, notes: _Notes) -> list[str]:
+    """MODEL_ARGS: the architecture, MoE, attention variants, no dropout, vocabulary padding."""
+    m = lay.scenario.model
+    model = _shape_args(lay, notes) + _moe_args(m, notes) + _attention_args(m, notes)
+    if m.encoder_params:
+        notes.un.append(FieldNote("model.encoder_params", f"{m.encoder_params}: pretrain_gpt.py builds no vision "
+                                  "encoder; the text decoder alone is written"))
+    # stratagem's activation model has no dropout (Megatron's default is 0.1 and saves masks)
+    model += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    return model + _vocab_args(lay, notes)
+
+
+def _pipeline_args(lay: Layout, notes: _Notes) -> list[str]:
+    """The pipeline split (uneven first/last, embedding/loss, layout, virtual stages); schedule noted."""
+    p = lay.plan
+    if p.pp == 1:
+        return []
+    par: list[str] = []
+    v = p.virtual_stages
+    if p.first_stage_layers or p.last_stage_layers:
+        # uneven stages (transformer_config.py: the middle stages split the rest evenly)
+        if p.first_stage_layers:
+            par += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
+        if p.last_stage_layers:
+            par += ["--decoder-last-pipeline-num-layers", str(p.last_stage_layers)]
+        if v > 1:  # validate_args: uneven stages take the virtual degree, not layers per virtual stage
+            par += ["--num-virtual-stages-per-pipeline-rank", str(v)]
+    elif p.pp_split == "embedding_loss":
+        par += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+        if v > 1:
+            par += ["--num-virtual-stages-per-pipeline-rank", str(v)]
+    elif not lay.even_stages:
+        par += ["--pipeline-model-parallel-layout", pipeline_layout(lay.stage_layers)]
+    elif v > 1:
+        par += ["--num-layers-per-virtual-pipeline-stage", str(lay.stage_layers[0])]
+    if p.pp_schedule == "gpipe":
+        notes.ap.append(FieldNote(
+            "plan.pp_schedule",
+            "gpipe: Megatron-LM has no GPipe schedule; 1F1B runs instead (same bubble, at most pp "
+            "micro-batches in flight instead of all: less activation memory than planned)",
+        ))
+    elif p.pp_schedule == "zero_bubble":
+        notes.ap.append(FieldNote(
+            "plan.pp_schedule",
+            f"zero_bubble: Megatron-LM {MEGATRON_VERSION} has no zero-bubble schedule; 1F1B runs instead, "
+            "with a bubble of (pp-1)/micro-batches instead of about a third of that",
+        ))
+    return par
+
+
+def _ckpt_format(p: Plan) -> str:
+    """--ckpt-format: Megatron-FSDP (ZeRO-2/3) needs fsdp_dtensor (validate_args), else torch_dist."""
+    return "fsdp_dtensor" if p.zero_stage >= 2 else "torch_dist"
+
+
+def _data_parallel_args(p: Plan) -> list[str]:
+    """ZeRO-1 = distributed optimizer; ZeRO-2/3 = Megatron-FSDP; HSDP replicas = optimizer instances
+    (Megatron-FSDP turns hybrid when there is more than one); gradient reduce / param gather overlap."""
+    par: list[str] = []
     if p.zero_stage == 1:
         par.append("--use-distributed-optimizer")
     elif p.zero_stage >= 2:
         strategy = "optim_grads" if p.zero_stage == 2 else "optim_grads_params"
         par += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
-        ckpt_format = "fsdp_dtensor"
     if p.zero_stage >= 1 and p.dp_replicate > 1:
         par += ["--num-distributed-optimizer-instances", str(p.dp_replicate)]
     if p.dp > 1 or p.cp > 1:
         par.append("--overlap-grad-reduce")
         if p.zero_stage >= 1:
             par.append("--overlap-param-gather")
+    return par
 
-    # ---- training ----------------------------------------------------------------------------------------
-    train = ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(tr.global_batch_size),
-             "--train-iters", str(lay.run_steps)]
+
+def _parallel_args(lay: Layout, notes: _Notes) -> list[str]:
+    """PARALLEL_ARGS: tensor, pipeline, context, sequence and expert degrees, pipeline split, data parallel."""
+    p = lay.plan
+    par = ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp),
+           "--context-parallel-size", str(p.cp)]
+    if p.sequence_parallel:
+        par.append("--sequence-parallel")
+    if p.ep > 1:
+        par += ["--expert-model-parallel-size", str(p.ep)]
+    if lay.scenario.model.moe is not None:
+        # MoE parallel folding (megatron/core/parallel_state.py): the expert grid etp x ep x edp re-partitions
+        # tp x cp x dp; Megatron's default etp is tp, so it is always written
+        par += ["--expert-tensor-parallel-size", str(p.etp)]
+    return par + _pipeline_args(lay, notes) + _data_parallel_args(p)
+
+
+def _precision_args(lay: Layout) -> list[str]:
+    """bf16 for bf16 and fp8 plans; fp8 format and the recipe the time model used (megatron/core/fp8_utils.py)."""
+    p, tr = lay.plan, lay.scenario.training
+    train: list[str] = []
     if p.precision in ("bf16", "fp8"):
         train.append("--bf16")
     if p.precision == "fp8":
         # the recipe the time model used (training.fp8_recipe, else the stack's first): megatron/core/fp8_utils.py
         recipe = tr.fp8_recipe_used
         train += ["--fp8-format", "e4m3" if recipe == "blockwise" else "hybrid", "--fp8-recipe", recipe]
+    return train
+
+
+def _comm_overlap_args(lay: Layout, notes: _Notes) -> list[str]:
+    """TP communication overlap, the MoE token dispatcher and the expert all-to-all overlap the time model used."""
+    p, tr = lay.plan, lay.scenario.training
+    train: list[str] = []
     if tr.tp_overlap and p.tp > 1 and p.sequence_parallel:  # TE userbuffers (evaluators/step_terms.tp_layer_s)
         train.append("--tp-comm-overlap")
-    if m.moe is not None:  # the dispatcher and EP overlap the time model used (evaluators/experts.py)
+    if lay.scenario.model.moe is not None:  # the dispatcher and EP overlap the time model used (evaluators/experts.py)
         train += (["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if tr.dispatcher == "deepep"
                   else ["--moe-token-dispatcher-type", "alltoall"])
         if tr.ep_overlap and _overlap_refused(p):  # the time model gives it no credit either
-            un.append(FieldNote("training.ep_comm_overlap", "true: not written: Megatron refuses "
-                                "--overlap-moe-expert-parallel-comm for this plan (evaluators/ep_overlap.py "
-                                "a2a_overlap_refused, transformer_config.py __post_init__)"))
+            notes.un.append(FieldNote("training.ep_comm_overlap", "true: not written: Megatron refuses "
+                                      "--overlap-moe-expert-parallel-comm for this plan (evaluators/ep_overlap.py "
+                                      "a2a_overlap_refused, transformer_config.py __post_init__)"))
         elif tr.ep_overlap:
             train += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    return train
+
+
+def _selective_recompute_args(lay: Layout, notes: _Notes) -> list[str]:
+    """Selective recompute: the planned module list, else moe_act (MoE) or the whole MLP (dense, noted)."""
+    p = lay.plan
+    if p.recompute_modules:
+        # transformer_config.py recompute_modules: Megatron's module list, exactly as planned
+        return ["--recompute-granularity", "selective", "--recompute-modules", *p.recompute_modules]
+    if lay.scenario.model.moe is not None:
+        return ["--recompute-granularity", "selective", "--recompute-modules", "moe_act"]
+    notes.ap.append(FieldNote(
+        "plan.activation_checkpointing",
+        "selective (stratagem: recompute the MLP activation feeding the down projection, keep the "
+        "gate/up outputs): Megatron recomputes an activation alone only in MoE layers (moe_act); for "
+        "this dense model --recompute-modules mlp recomputes the whole MLP from its input, freeing the "
+        "gate/up outputs too and re-running their matmuls: less memory, more recompute than planned",
+    ))
+    return ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
+
+
+def _recompute_args(lay: Layout, notes: _Notes) -> list[str]:
+    """Activation recompute: granularity, method and layers or modules; the fp8 SwiGLU-input store noted."""
+    p, tr = lay.plan, lay.scenario.training
+    train: list[str] = []
     if p.precision == "fp8" and tr.activation_func_fp8_input_store:  # fused_bias_swiglu.py: SwiGLU input in fp8
-        un.append(FieldNote(
+        notes.un.append(FieldNote(
             "training.activation_func_fp8_input_store",
             "true: TransformerConfig.activation_func_fp8_input_store has no command-line flag in Megatron-LM "
             f"{MEGATRON_VERSION} (arguments.py leaves it out of the generated options); set it in the model "
@@ -253,69 +335,96 @@ def megatron_args(lay: Layout, checkpoint_interval: int | None = None
         train += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif p.activation_checkpointing == "op":
         train += ["--recompute-granularity", "selective"]
-        ap.append(FieldNote(
+        notes.ap.append(FieldNote(
             "plan.activation_checkpointing",
             "op (torchtitan's op-level policy: keep matmul and attention outputs, recompute the elementwise ops): "
             "Megatron has no per-op policy; written as its default selective recompute (core attention "
             "recomputed, every other activation kept): more activation memory, less recompute than planned",
         ))
-    elif p.activation_checkpointing == "selective" and p.recompute_modules:
-        # transformer_config.py recompute_modules: Megatron's module list, exactly as planned
-        train += ["--recompute-granularity", "selective", "--recompute-modules", *p.recompute_modules]
     elif p.activation_checkpointing == "selective":
-        if m.moe is not None:
-            train += ["--recompute-granularity", "selective", "--recompute-modules", "moe_act"]
-        else:
-            train += ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
-            ap.append(FieldNote(
-                "plan.activation_checkpointing",
-                "selective (stratagem: recompute the MLP activation feeding the down projection, keep the "
-                "gate/up outputs): Megatron recomputes an activation alone only in MoE layers (moe_act); for "
-                "this dense model --recompute-modules mlp recomputes the whole MLP from its input, freeing the "
-                "gate/up outputs too and re-running their matmuls: less memory, more recompute than planned",
-            ))
+        train += _selective_recompute_args(lay, notes)
     if p.recompute_layers and p.activation_checkpointing != "full":
-        un.append(FieldNote(
+        notes.un.append(FieldNote(
             "plan.recompute_layers",
             f"{p.recompute_layers}: Megatron limits recompute to some layers only with full granularity "
             "(--recompute-method block); selective recompute applies to every layer",
         ))
-    if tr.optimizer in ("adamw", "sgd"):
-        train += ["--optimizer", "adam" if tr.optimizer == "adamw" else "sgd"]
+    return train
+
+
+def _optimizer_args(lay: Layout, notes: _Notes) -> list[str]:
+    """The optimizer (adam or sgd) and optimizer CPU offload (needs the precision-aware optimizer)."""
+    optimizer = lay.scenario.training.optimizer
+    train: list[str] = []
+    if optimizer in ("adamw", "sgd"):
+        train += ["--optimizer", "adam" if optimizer == "adamw" else "sgd"]
     else:
-        un.append(FieldNote("training.optimizer",
-                            f"{tr.optimizer}: Megatron-LM offers adam (decoupled weight decay), sgd and others, "
-                            "not this one"))
-    if p.optimizer_offload == "cpu":
+        notes.un.append(FieldNote("training.optimizer",
+                                  f"{optimizer}: Megatron-LM offers adam (decoupled weight decay), sgd and others, "
+                                  "not this one"))
+    if lay.plan.optimizer_offload == "cpu":
         train += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",
                   "--use-precision-aware-optimizer"]
-    train += ["--ckpt-format", ckpt_format, "--save", "$CHECKPOINT_DIR"]
+    return train
+
+
+def _checkpoint_args(lay: Layout, notes: _Notes, checkpoint_interval: int | None) -> list[str]:
+    """Checkpoint format, directory, interval in iterations and async save (torch_dist only)."""
+    ckpt_format = _ckpt_format(lay.plan)
+    train = ["--ckpt-format", ckpt_format, "--save", "$CHECKPOINT_DIR"]
     if checkpoint_interval is not None:
         train += ["--save-interval", str(checkpoint_interval)]
     else:
-        un.append(FieldNote(
+        notes.un.append(FieldNote(
             "training.checkpoint.interval_minutes",
             "Megatron counts --save-interval in iterations; no step time was given to convert it (export from "
             "a study, or pass an evaluation): add --save-interval",
         ))
-    if tr.checkpoint.mode == "async":
+    if lay.scenario.training.checkpoint.mode == "async":
         if ckpt_format == "torch_dist":
             train += ["--async-save", "--use-persistent-ckpt-worker"]
         else:
-            un.append(FieldNote(
+            notes.un.append(FieldNote(
                 "training.checkpoint.mode",
                 "async: Megatron's --async-save is wired for --ckpt-format torch_dist; Megatron-FSDP needs "
                 "fsdp_dtensor, so checkpoints are saved synchronously",
             ))
+    return train
 
-    data = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size), "--lr", "0.0001"]
-    groups = {"MODEL_ARGS": model, "PARALLEL_ARGS": par, "TRAINING_ARGS": train, "DATA_ARGS": data}
+
+def _training_args(lay: Layout, notes: _Notes, checkpoint_interval: int | None) -> list[str]:
+    """TRAINING_ARGS: batch sizes and iterations, precision, overlaps, recompute, optimizer, checkpoints."""
+    p, tr = lay.plan, lay.scenario.training
+    train = ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(tr.global_batch_size),
+             "--train-iters", str(lay.run_steps)]
+    return (train + _precision_args(lay) + _comm_overlap_args(lay, notes) + _recompute_args(lay, notes)
+            + _optimizer_args(lay, notes) + _checkpoint_args(lay, notes, checkpoint_interval))
+
+
+def _data_args(lay: Layout) -> list[str]:
+    """DATA_ARGS placeholders: mock data, no tokenizer, a fixed learning rate (a throughput check)."""
+    return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(lay.scenario.model.vocab_size),
+            "--lr", "0.0001"]
+
+
+def _environment(p: Plan) -> dict[str, str]:
+    """Environment variables Megatron's validate_args requires for this plan."""
     env: dict[str, str] = {}
     if (p.tp > 1 or p.cp > 1) and p.zero_stage < 2:
         # validate_args: TP or CP before Blackwell asserts CUDA_DEVICE_MAX_CONNECTIONS == 1 (Megatron-FSDP
         # asserts the opposite and only warns about TP/CP).
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    return groups, env, un, ap
+    return env
+
+
+def megatron_args(lay: Layout, checkpoint_interval: int | None = None
+                  ) -> tuple[dict[str, list[str]], dict[str, str], list[FieldNote], list[FieldNote]]:
+    """Argument groups (name -> args), environment variables Megatron requires, and the unexpressed /
+    approximated fields."""
+    notes = _Notes()
+    groups = {"MODEL_ARGS": _model_args(lay, notes), "PARALLEL_ARGS": _parallel_args(lay, notes),
+              "TRAINING_ARGS": _training_args(lay, notes, checkpoint_interval), "DATA_ARGS": _data_args(lay)}
+    return groups, _environment(lay.plan), notes.un, notes.ap
 
 
 def _array(name: str, args: list[str]) -> list[str]:
