@@ -37,11 +37,13 @@ def _absent(x: float | None) -> bool:
 
 def sig(x: float | None, digits: int = 3) -> str:
     """`x` to `digits` significant figures, thousands separated (3 sig: 13207585 -> '13,200,000', 80.94 ->
-    '80.9', 0.000722 -> '0.000722', 2.0 -> '2.00')."""
+    '80.9', 0.000722 -> '0.000722', 2.0 -> '2.00', below 1e-4 in powers of ten: 3.83e-12 -> '3.83e-12')."""
     if x is None or _absent(x):
         return DASH
     if x == 0:
         return "0"
+    if abs(x) < 1e-4:  # past four leading zeros a figure reads better in powers of ten: 3.83e-12, not 0.00000000000383
+        return f"{x:.{digits - 1}e}"
     rounded = float(f"{x:.{digits}g}")
     magnitude = math.floor(math.log10(abs(rounded)))
     decimals = max(0, digits - 1 - magnitude)

@@ -14,6 +14,7 @@ from stratagem.units import GIB, MIB
 @pytest.mark.parametrize(("x", "text"), [
     (13_207_585, "13,200,000"), (80.94, "80.9"), (0.000722048, "0.000722"), (2.0, "2.00"), (0, "0"),
     (3439.5, "3,440"), (-0.1234, "-0.123"), (None, "–"), (math.nan, "–"), (999.96, "1,000"),
+    (3.83e-12, "3.83e-12"), (-6.14e-14, "-6.14e-14"), (0.0001, "0.000100"),
 ])
 def test_three_significant_figures(x, text) -> None:
     assert q.sig(x) == text
