@@ -101,8 +101,9 @@ def _suites(args: argparse.Namespace) -> list[tuple[str, list[Instance], dict[st
             fit_folds(list(FOLDINGS), sweep, sweep.parent, args.folds)
         head = _suite_meta(
             "published sweep (Ultra-Scale Playbook, nanotron on H100)", instances,
-            f"in sample: the shipped constants, fitted on all of it; out of sample: refitted without the "
-            f"instance's {args.folding} fold (bench/regret/folds.py)")
+            f"in sample (shipped): the shipped constants, fitted on all of it; in sample (refit): the folds' fit "
+            f"from their neutral start on every group; out of sample: the same fit without the instance's "
+            f"{args.folding} fold (bench/regret/folds.py)")
         out.append(("sweep", instances, load_folds(args.folds), {**head, "dropped": dropped}))
     for path in args.table or [DEFAULT_TABLE]:
         table = load_table(path)

@@ -5,8 +5,10 @@ method has its own stream (TPE and NSGA-II no longer share a seeded start), the 
 A method whose order depends on nothing random (all but random, tpe and nsga2) is replayed once on a table of
 single measurements, `repeats` times on a table whose plans have several samples (its draws differ).
 Calibrations: only stratagem, no_recalibration and analytic_order use the analytic model, so only they are
-replayed twice on the sweep: in sample with the shipped constants, out of sample with the constants refitted
-without the instance's fold (folds.py); the other methods' figures are the same in both columns. The sweep's
+replayed per calibration on the sweep: in sample with the shipped constants; in sample refitted (the folds'
+procedure and start on every group: the column that differs from out of sample only by what the fit saw); out
+of sample with the constants refitted without the instance's fold (folds.py); the other methods' figures are
+the same in every column. The sweep's
 software polls pipeline metadata every 0.1 s (bench/throughput_accuracy.py SWEEP_P2P_POLL_S, read from
 nanotron's code, not fitted): both calibrations carry it, as their fits did.
 """
@@ -86,13 +88,14 @@ def suite_tasks(instances: list[Instance], methods_: list[str], budget: int, rep
     """The columns of a suite (in and out of sample when `folds_doc` is given, a sweep; else one column with
     the device's default calibration, fitted elsewhere: out of sample for a measured table) and its replays:
     every seed of every method on every instance, a model-free method in the last column only."""
-    columns = ["in_sample", "out_of_sample"] if folds_doc is not None else ["out_of_sample"]
+    columns = ["in_sample", "in_sample_refit", "out_of_sample"] if folds_doc is not None else ["out_of_sample"]
     tasks: list[Task] = []
     for i, inst in enumerate(instances):
         gpu = inst.table.load_scenario().cluster.gpu.name
         if folds_doc is not None:
             fold = fold_of(folding, inst.model, inst.nodes)
             cals = {"in_sample": _sweep_calibration(default_calibration(gpu)),
+                    "in_sample_refit": _sweep_calibration(calibration_for(folds_doc, folding, "all")),
                     "out_of_sample": _sweep_calibration(calibration_for(folds_doc, folding, fold))}
         else:
             cals = {"out_of_sample": default_calibration(gpu)}
