@@ -141,7 +141,7 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     scenario.write_text(yaml.safe_dump({**SCENARIO, "model": {**SCENARIO["model"], "name": "kill-test"}}))
     url = f"sqlite:///{tmp_path / 'kill.db'}"
     cmd = [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--storage", url, "--study", "kill",
-           "--real-runs", "2", "--steps", "2", "--no-report"]
+           "--real-runs", "2", "--remeasure", "0", "--steps", "2", "--no-report"]  # each plan once
     driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not _harness_processes():
@@ -202,7 +202,7 @@ def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Pat
     url = f"sqlite:///{tmp_path / 'stop.db'}"
     env = {**os.environ, "STRATAGEM_FAULTS": json.dumps({plan_key(p): "hang" for p in first})}
     cmd = [sys.executable, "-m", "stratagem.cli", "search", "../scenario.yaml", "--storage", url, "--study",
-           "stop", "--real-runs", "2", "--steps", "2", "--no-report"]
+           "stop", "--real-runs", "2", "--remeasure", "0", "--steps", "2", "--no-report"]
     driver = subprocess.Popen(cmd, cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, start_new_session=True)
     runs = tmp_path / "runs" / "stop"

@@ -79,7 +79,7 @@ class Cluster:
         """`stratagem search --real-runs` joined to this cluster, its output in `log` (a pipe nobody reads could
         fill); killed by stop() if still running (a failed test)."""
         cmd = [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--storage", url, "--study", study,
-               "--real-runs", str(real_runs), "--steps", "2", "--ray-address", self.address, "--no-report"]
+               "--real-runs", str(real_runs), "--remeasure", "0", "--steps", "2", "--ray-address", self.address, "--no-report"]
         with open(log, "w") as f:
             self.drivers.append(subprocess.Popen(cmd, cwd=log.parent, env=ENV, stdout=f, stderr=subprocess.STDOUT,
                                                  start_new_session=True))

@@ -82,7 +82,7 @@ def test_ray_job_submit_twice_back_to_back_from_one_directory(tmp_path: Path, jo
     runs = tmp_path / "runs"
     job_cluster.start_head(cpus=2)
     common = ["search", "scenario.yaml", "--storage", url, "--study", "jobs", "--steps", "2", "--ray-address",
-              "auto", "--no-report", "--runs-dir", str(runs)]
+              "auto", "--no-report", "--runs-dir", str(runs), "--remeasure", "0"]  # each plan once: claims, not noise
     first = job_cluster.submit(here, [*common, "--real-runs", "1"])
     second = job_cluster.submit(here, [*common, "--real-runs", "2"])  # a second worker: one more plan
     for done in (first, second):
@@ -110,7 +110,7 @@ def test_workers_submitted_at_once_from_one_directory_share_the_study(tmp_path: 
     runs = tmp_path / "runs"
     job_cluster.start_head(cpus=2)
     args = ["search", "scenario.yaml", "--storage", url, "--study", "at-once", "--steps", "2", "--ray-address",
-            "auto", "--no-report", "--runs-dir", str(runs), "--real-runs", "2"]
+            "auto", "--no-report", "--runs-dir", str(runs), "--remeasure", "0", "--real-runs", "2"]
     warm = job_cluster.submit(here, [*args[:-1], "0"])  # analytic only: the job agent is up, the study exists
     assert warm.returncode == 0, (warm.stdout + warm.stderr)[-3000:]
     for done in job_cluster.submit_at_once(here, args, 2):
