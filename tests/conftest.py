@@ -60,6 +60,22 @@ INTEGRATION: dict[str, str] = {
     "tests/launch/test_export_cli.py::test_exported_torchrun_command_runs_the_harness": "an exported run.sh run",
     "tests/search/test_multifidelity.py::test_workers_on_one_study_measure_each_plan_once": "worker processes",
     "tests/search/test_multifidelity.py::test_a_killed_workers_claim_is_taken_over": "SIGKILLed worker process",
+    # the slowest default cases at the end of issue 22-26's round (771 s quiet for the default suite): each kind
+    # keeps its other cases in the default suite
+    "tests/test_bad_input.py::test_disk_full_calibrate_keeps_the_previous_calibration":
+        "a real CPU calibration under a full disk (23 s; test_failed_calibrate_keeps_the_previous_file stays)",
+    "tests/test_bad_input.py::test_clean_reaps_a_killed_ray_session": "starts and kills a Ray session (21 s)",
+    "tests/search/test_multifidelity.py::test_refit_starts_from_the_given_calibration_and_can_be_off":
+        "three real-run loops with refits (17 s; tests/search/test_calibrate.py keeps the refit rules)",
+    "tests/search/test_multifidelity.py::test_infra_failure_is_retried_not_stored_as_the_plans_verdict":
+        "a real-run loop with infra failures (15 s; test_run_order.py keeps the retry rule)",
+    "tests/search/test_storage.py::test_a_full_disk_under_a_sqlite_storage_is_one_line_and_the_search_resumes":
+        "a search on a full disk, resumed (15 s; test_bad_input.py keeps the disk-full report case)",
+    "tests/search/test_run_order.py::test_the_last_runs_settle_a_ranking_within_noise":
+        "a noisy real-run loop (15 s; test_run_noise.py keeps K and the re-measurements)",
+    "tests/search/test_session.py::test_one_set_of_repredicted_trials_per_calibration": "two real-run loops (12 s)",
+    "tests/launch/test_export_parsers.py::test_no_plan_field_is_dropped_silently[torchrun]":
+        "exports every plan field to torchrun (17 s; the other targets stay)",
 }
 
 
