@@ -217,6 +217,49 @@ class _RankWorker:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+@dataclass(frozen=True)
+class _Trial:
+    """One run's fixed parts, set before it waits for resources."""
+
+    log_dir: Path
+    """The driver's folder of this run (scenario.yaml written at once; rank logs and result.json later)."""
+    scenario_yaml: str
+    """The scenario every rank receives (its `search` section left out)."""
+    plan_text: str
+    """The plan as every rank receives it (format_plan)."""
+    extra: list[str]
+    """The harness arguments after --scenario/--plan/--out: steps or budget, warm-up, seed, memory cap."""
+    command: str
+    """The harness command each rank runs, as RunResult.command shows it."""
+    world: int
+    """Ranks, one per bundle."""
+    start: float
+    """perf_counter() at submission: RunResult.wall_s counts from it."""
+
+    @classmethod
+    def open(cls, run_dir: Path, scenario: Scenario, plan: Plan, steps: int, warmup: int, seed: int,
+             memory_cap_gib: float | None, name: str | None, budget: StepBudget | None) -> _Trial:
+        """Start the clock, make the run's folder under `run_dir` with its scenario.yaml, spell the ranks'
+        arguments and the command."""
+        start = time.perf_counter()
+        world = plan.world_size
+        log_dir = run_dir / run_folder_name(name or f"run-{uuid.uuid4().hex[:8]}")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        scenario_yaml = yaml.safe_dump(scenario.model_dump(mode="json", exclude={"search"}), sort_keys=False)
+        (log_dir / "scenario.yaml").write_text(scenario_yaml)
+        extra = [*_step_args(steps, budget), "--warmup", str(warmup), "--seed", str(seed)]
+        if memory_cap_gib is not None:
+            extra += ["--memory-cap-gib", f"{memory_cap_gib:g}"]
+        command = shlex.join(harness_command("scenario.yaml", plan, steps, warmup, seed, "result.json",
+                                             memory_cap_gib, python="python", budget=budget))
+        return cls(log_dir, scenario_yaml, format_plan(plan), extra, command, world, start)
+
+    def result(self, status: RunStatus, reason: str, ranks: list[dict[str, Any]] | None = None) -> RunResult:
+        """The run's end without a harness result, timed from submission."""
+        return RunResult(status, reason, None, str(self.log_dir), self.command, time.perf_counter() - self.start,
+                         ranks or [])
+
+
 class RayRunner:
     """Runs plans through Ray on a local cluster (started here) or an existing one (`address="auto"`)."""
 
@@ -291,96 +334,105 @@ class RayRunner:
         """Run `plan` for `steps` timed steps (or as many as `budget` buys); never raises for a failing run.
         timeout_s counts from the ranks' start (waiting for resources is not the plan's time: up to
         resource_wait_s, then `infra`)."""
-        import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.placement_group import placement_group
 
-        start = time.perf_counter()
-        world = plan.world_size
-        log_dir = self.run_dir / run_folder_name(name or f"run-{uuid.uuid4().hex[:8]}")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        scenario_yaml = yaml.safe_dump(scenario.model_dump(mode="json", exclude={"search"}), sort_keys=False)
-        (log_dir / "scenario.yaml").write_text(scenario_yaml)
-        extra = [*_step_args(steps, budget), "--warmup", str(warmup), "--seed", str(seed)]
-        if memory_cap_gib is not None:
-            extra += ["--memory-cap-gib", f"{memory_cap_gib:g}"]
-        command = shlex.join(harness_command("scenario.yaml", plan, steps, warmup, seed, "result.json",
-                                             memory_cap_gib, python="python", budget=budget))
-
-        def result(status: RunStatus, reason: str, ranks: list[dict[str, Any]] | None = None) -> RunResult:
-            return RunResult(status, reason, None, str(log_dir), command, time.perf_counter() - start, ranks or [])
-
-        unit = {"GPU": 1, "CPU": 1} if self.use_gpus else {"CPU": 1}
-        if not self._wait_for_slots(world):
-            return result("infra", "stopped" if self._stop.is_set() else
-                          f"plan needs {world} ranks but the cluster has {self.slots} "
-                          f"{'GPUs' if self.use_gpus else 'CPUs'} now" + (
-                              "" if self._temp_dir is not None else f" (waited {self.resource_wait_s:.0f} s)"))
-        pg = placement_group([dict(unit) for _ in range(world)], strategy="PACK")
-        actors: list[Any] = []
-        key = id(actors)
+        trial = _Trial.open(self.run_dir, scenario, plan, steps, warmup, seed, memory_cap_gib, name, budget)
+        if not self._wait_for_slots(trial.world):
+            return trial.result("infra", self._no_slots_reason(trial.world))
+        pg = placement_group([self._unit for _ in range(trial.world)], strategy="PACK")
+        actors: list[Any] = []  # the rank actors, once created: _release kills them whatever happens
         try:
-            if not self._wait([pg.ready()], self.resource_wait_s):
-                return result("infra", "stopped" if self._stop.is_set() else
-                              f"{world} bundles of {unit} not schedulable within {self.resource_wait_s:.0f} s")
-            worker = ray.remote(_RankWorker)
-            opts = {"num_cpus": 1, "num_gpus": 1 if self.use_gpus else 0, "max_concurrency": 2}
-            actors += [
-                worker.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=i)).remote()
-                for i in range(world)
-            ]
-            with self._lock:
-                self._inflight[key] = actors
-            if self._stop.is_set():
-                return result("infra", "stopped")
-            places = ray.get([a.where.remote() for a in actors], timeout=self.resource_wait_s)
-            layout = local_layout([p["node"] for p in places], [p["gpus"] for p in places] if self.use_gpus else None)
-            master = places[0]
-            refs = []
-            for rank, actor in enumerate(actors):
-                env = {"MASTER_ADDR": master["ip"], "MASTER_PORT": str(master["port"]), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), **layout[rank], "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                       # STRATAGEM_* settings of the driver (e.g. STRATAGEM_FAULTS) reach every rank.
-                       **{k: v for k, v in os.environ.items() if k.startswith("STRATAGEM_")}}
-                refs.append(actor.run.remote(scenario_yaml, format_plan(plan), {"extra": extra}, env, rank))
-            ranks_started = time.perf_counter()
-            finished = self._wait(refs, timeout_s, all_of=True, stream=(actors, log_dir))
-            if not finished:
-                for a in actors:  # kill the ranks; each run() then returns its log
-                    a.kill.remote()
-            outcomes = []
-            for rank, ref in enumerate(refs):
-                try:
-                    outcomes.append(ray.get(ref, timeout=30))
-                except Exception as e:  # noqa: BLE001 - a rank's actor lost: recorded, classified below
-                    outcomes.append({"code": None, "log": "", "result": None, "lost": _first_line(e)})
-                (log_dir / f"rank{rank}.log").write_text(outcomes[-1]["log"])
-            if outcomes[0].get("result"):
-                (log_dir / "result.json").write_text(outcomes[0]["result"])
-            lost = [(i, o["lost"]) for i, o in enumerate(outcomes) if "lost" in o]
-            if self._stop.is_set():
-                return result("infra", "stopped", _summary(outcomes))
-            if lost:
-                return result("infra", f"rank {lost[0][0]}: {lost[0][1]}", _summary(outcomes))
-            if not finished:
-                return result("timeout", f"no result within {timeout_s:.0f} s of the ranks' start "
-                              f"({time.perf_counter() - ranks_started:.0f} s); all {world} ranks killed",
-                              _summary(outcomes))
-            return _classify(outcomes, str(log_dir), command, time.perf_counter() - start)
+            return self._run_ranks(trial, pg, actors, timeout_s)
         except Exception as e:
             if type(e).__module__.startswith("ray"):  # actor died, node lost, GetTimeoutError: the cluster's
-                return result("infra", _first_line(e))
+                return trial.result("infra", _first_line(e))
             raise
         finally:
-            with self._lock:
-                self._inflight.pop(key, None)
-            for a in actors:
-                try:
-                    ray.kill(a, no_restart=True)
-                except Exception:  # noqa: BLE001 - cleanup must go on for the other actors (a dead one raises)
-                    pass
-            remove_placement_group(pg)
+            self._release(actors, pg)
+
+    @property
+    def _unit(self) -> dict[str, int]:
+        """One rank's bundle: a GPU and a CPU on a GPU cluster, a CPU here."""
+        return {"GPU": 1, "CPU": 1} if self.use_gpus else {"CPU": 1}
+
+    def _no_slots_reason(self, world: int) -> str:
+        """Why a plan of `world` ranks did not start: the runner stopped, or the cluster lacks the slots."""
+        if self._stop.is_set():
+            return "stopped"
+        return (f"plan needs {world} ranks but the cluster has {self.slots} "
+                f"{'GPUs' if self.use_gpus else 'CPUs'} now" + (
+                    "" if self._temp_dir is not None else f" (waited {self.resource_wait_s:.0f} s)"))
+
+    def _run_ranks(self, trial: _Trial, pg: Any, actors: list[Any], timeout_s: float) -> RunResult:
+        """Once the bundles of `pg` are ready: one actor per rank (added to `actors`, registered in flight for
+        stop()), the harness on each, their outcomes collected into the run folder and classified."""
+        if not self._wait([pg.ready()], self.resource_wait_s):
+            return trial.result("infra", "stopped" if self._stop.is_set() else
+                                f"{trial.world} bundles of {self._unit} not schedulable within "
+                                f"{self.resource_wait_s:.0f} s")
+        actors += self._start_actors(pg, trial.world)
+        with self._lock:
+            self._inflight[id(actors)] = actors
+        if self._stop.is_set():
+            return trial.result("infra", "stopped")
+        refs = self._launch(actors, trial)
+        ranks_started = time.perf_counter()
+        finished = self._wait(refs, timeout_s, all_of=True, stream=(actors, trial.log_dir))
+        if not finished:
+            for a in actors:  # kill the ranks; each run() then returns its log
+                a.kill.remote()
+        outcomes = _collect(refs, trial.log_dir)
+        return self._verdict(trial, outcomes, finished, timeout_s, ranks_started)
+
+    def _start_actors(self, pg: Any, world: int) -> list[Any]:
+        """One _RankWorker actor per bundle of `pg`, bundle i for rank i."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        worker = ray.remote(_RankWorker)
+        opts = {"num_cpus": 1, "num_gpus": 1 if self.use_gpus else 0, "max_concurrency": 2}
+        return [
+            worker.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=i)).remote()
+            for i in range(world)
+        ]
+
+    def _launch(self, actors: list[Any], trial: _Trial) -> list[Any]:
+        """Start the harness on every rank's actor with its rendezvous environment; the refs of their runs."""
+        import ray
+
+        places = ray.get([a.where.remote() for a in actors], timeout=self.resource_wait_s)
+        envs = _rank_envs(places, self.use_gpus)
+        return [actor.run.remote(trial.scenario_yaml, trial.plan_text, {"extra": trial.extra}, env, rank)
+                for rank, (actor, env) in enumerate(zip(actors, envs, strict=True))]
+
+    def _verdict(self, trial: _Trial, outcomes: list[dict[str, Any]], finished: bool, timeout_s: float,
+                 ranks_started: float) -> RunResult:
+        """The run's status from its ranks' outcomes: stopped, a rank's actor lost, timed out, else _classify."""
+        lost = [(i, o["lost"]) for i, o in enumerate(outcomes) if "lost" in o]
+        if self._stop.is_set():
+            return trial.result("infra", "stopped", _summary(outcomes))
+        if lost:
+            return trial.result("infra", f"rank {lost[0][0]}: {lost[0][1]}", _summary(outcomes))
+        if not finished:
+            return trial.result("timeout", f"no result within {timeout_s:.0f} s of the ranks' start "
+                                f"({time.perf_counter() - ranks_started:.0f} s); all {trial.world} ranks killed",
+                                _summary(outcomes))
+        return _classify(outcomes, str(trial.log_dir), trial.command, time.perf_counter() - trial.start)
+
+    def _release(self, actors: list[Any], pg: Any) -> None:
+        """The run is no longer in flight: kill its rank actors (a dead one raises: skipped), free its bundles."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        with self._lock:
+            self._inflight.pop(id(actors), None)
+        for a in actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - cleanup must go on for the other actors (a dead one raises)
+                pass
+        remove_placement_group(pg)
 
     def _wait_for_slots(self, world: int) -> bool:
         """Whether the cluster has `world` slots: at once on a local cluster we started (no node will join),
@@ -519,6 +571,35 @@ def quiet_driver_errors() -> bool:
     one_line.stratagem_quiet = True  # type: ignore[attr-defined]
     ray_worker.print_to_stdstream = one_line
     return True
+
+
+def _rank_envs(places: list[dict[str, Any]], use_gpus: bool) -> list[dict[str, str]]:
+    """Per rank, from where each rank's actor sits (_RankWorker.where): the torchrun rendezvous environment
+    (rank 0's node and port as master), the per-node layout, one thread, and the driver's STRATAGEM_* settings."""
+    layout = local_layout([p["node"] for p in places], [p["gpus"] for p in places] if use_gpus else None)
+    master = places[0]
+    return [{"MASTER_ADDR": master["ip"], "MASTER_PORT": str(master["port"]), "RANK": str(rank),
+             "WORLD_SIZE": str(len(places)), **layout[rank], "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+             # STRATAGEM_* settings of the driver (e.g. STRATAGEM_FAULTS) reach every rank.
+             **{k: v for k, v in os.environ.items() if k.startswith("STRATAGEM_")}}
+            for rank in range(len(places))]
+
+
+def _collect(refs: list[Any], log_dir: Path) -> list[dict[str, Any]]:
+    """Each rank's outcome (code, log, result; a lost actor: code None and `lost`, its first line), each log
+    written to rank<i>.log (replacing the streamed one) and rank 0's result to result.json."""
+    import ray
+
+    outcomes = []
+    for rank, ref in enumerate(refs):
+        try:
+            outcomes.append(ray.get(ref, timeout=30))
+        except Exception as e:  # noqa: BLE001 - a rank's actor lost: recorded, classified by _verdict
+            outcomes.append({"code": None, "log": "", "result": None, "lost": _first_line(e)})
+        (log_dir / f"rank{rank}.log").write_text(outcomes[-1]["log"])
+    if outcomes[0].get("result"):
+        (log_dir / "result.json").write_text(outcomes[0]["result"])
+    return outcomes
 
 
 def _first_line(e: BaseException) -> str:
