@@ -10,7 +10,7 @@ from stratagem.errors import StratagemError
 from stratagem.spaces.expert_grid import expert_grid_problem, grid_layout_problem
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import split_problem
-from stratagem.spaces.plan import SCHEDULES, Plan
+from stratagem.spaces.plan import RECOMPUTES, SCHEDULES, Plan
 from stratagem.spaces.recompute import modules_problem
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import PlanExclusion, PlanFacts, StackRecord, stack_record
@@ -138,9 +138,11 @@ def capability_violations(rec: StackRecord, p: Plan) -> list[str]:
                 f"use zero_stage <= {rec.max_zero_with_pp} or pp=1")
     if p.pp > 1 and p.pp_schedule not in rec.schedules:
         missing("schedules", f"pp_schedule {p.pp_schedule}", f"use pp_schedule in {', '.join(rec.schedules)}")
-    ex = (rec.schedule_exclusion(p.pp_schedule, p.cp, p.virtual_stages, recompute=p.activation_checkpointing)
+    ex = (rec.schedule_exclusion(p.pp_schedule, p.cp, p.virtual_stages, "harness", p.activation_checkpointing)
           if p.pp > 1 else None)
-    if ex is not None:  # stacks.py schedule_exclusions: the same data the harness refuses from
+    # stacks.py schedule_exclusions the harness refuses (the same data it refuses from); an "export" one is a plan
+    # the harness runs as planned, which the space leaves out and the exporter converts when given explicitly
+    if ex is not None:
         out.append(f"{rec.name}: pp_schedule {p.pp_schedule} with {ex.when} is not supported ({ex.source}): "
                    f"{ex.reason}")
     if p.sequence_parallel and not rec.sequence_parallel:
@@ -193,22 +195,28 @@ def recompute_modules_problem(s: Scenario, p: Plan) -> str | None:
 
 def plan_facts(p: Plan, moe: bool, microbatches: int) -> PlanFacts:
     """What a stack's PlanExclusions look at, for one plan (microbatches: per step per pipeline)."""
-    return PlanFacts(moe=moe, tp=p.tp, dp=p.dp, ep=p.ep, etp=p.etp, zero_stage=p.zero_stage, pp=p.pp,
-                     one_f_one_b=p.pp_schedule == "1f1b", microbatches=microbatches)
+    return PlanFacts(moe=moe, tp=p.tp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp, pp=p.pp, zero_stage=p.zero_stage,
+                     dp_replicate=p.dp_replicate, offload=p.optimizer_offload == "cpu",
+                     sequence_parallel=p.sequence_parallel, one_f_one_b=p.pp_schedule == "1f1b",
+                     selective=p.activation_checkpointing == "selective", microbatches=microbatches)
 
 
 def column_facts(pc: PlanColumns, moe: bool, global_batch_size: int) -> PlanFacts:
     """The same for columns of plans (vectorised: every PlanExclusion.applies works elementwise)."""
-    return PlanFacts(moe=moe, tp=pc.tp, dp=pc.dp, ep=pc.ep, etp=pc.etp, zero_stage=pc.zero_stage, pp=pc.pp,
-                     one_f_one_b=pc.pp_schedule == SCHEDULES.index("1f1b"),
+    return PlanFacts(moe=moe, tp=pc.tp, dp=pc.dp, cp=pc.cp, ep=pc.ep, etp=pc.etp, pp=pc.pp, zero_stage=pc.zero_stage,
+                     dp_replicate=pc.dp_replicate, offload=pc.optimizer_offload == 1,
+                     sequence_parallel=pc.sequence_parallel != 0, one_f_one_b=pc.pp_schedule == SCHEDULES.index("1f1b"),
+                     selective=pc.activation_checkpointing == RECOMPUTES.index("selective"),
                      microbatches=global_batch_size // (pc.dp * pc.micro_batch_size))
 
 
 def exclusion_problem(s: Scenario, p: Plan) -> str | None:
-    """The stack's PlanExclusions (spaces/stacks.py): a combination its engine cannot run, with the engine code."""
+    """The stack's PlanExclusions its real runs refuse (spaces/exclusions.py, refused_by harness): a combination its
+    engine cannot run, with the engine code. The "export" ones are no validity rule: the harness runs them as planned
+    and evaluate/explain judge them; the space leaves them out and the exporter converts them, with a note."""
     rec = stack_record(s.training.stack)
     facts = plan_facts(p, s.model.moe is not None, p.grad_accumulation(s.training.global_batch_size))
-    ex: PlanExclusion | None = rec.plan_exclusion(facts)
+    ex: PlanExclusion | None = rec.plan_exclusion(facts, "harness")
     if ex is None:
         return None
     return f"{rec.name}: {ex.describe(facts)} is not supported ({ex.source}): {ex.reason}"

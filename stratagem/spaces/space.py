@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -66,9 +66,10 @@ AXES: tuple[str, ...] = (
     "micro_batch_size", "pp_schedule", "virtual_stages", "pp_split", "first_stage_layers", "last_stage_layers",
     "precision", "activation_checkpointing", "recompute_modules",
 )
-SPACE_VERSION = "runnable-1"  # what the enumeration yields; bumped when the same search section yields other plans
+SPACE_VERSION = "runnable-2"  # what the enumeration yields; bumped when the same search section yields other plans
 # (canonical-1: one canonical plan per job, spaces/canonical.py; the Optuna choices of the split axes changed;
-# runnable-1: the stack record's PlanExclusions are left out, stacks.py, issue 24 item 6)
+# runnable-1: the stack record's PlanExclusions are left out, stacks.py, issue 24 item 6; runnable-2: so are the
+# torch record's export exclusions, what torchtitan cannot express exactly, spaces/exclusions.py)
 MAX_UNEVEN_SPLITS = 4  # default first/last stage layer pairs per (pp, virtual_stages): the best balanced ones
 # Default heuristics (bypassed by axes the scenario lists explicitly).
 MIN_CP_SHARD_TOKENS = 1024  # cp: each rank keeps >= 1k tokens, or ring attention's KV exchange is exposed
@@ -431,25 +432,33 @@ class SearchSpace:
                      if pp == 1 or rec.schedule_exclusion(SCHEDULES[q[1]], cp, q[2], recompute=ac) is None)
 
     def _runnable(self, lay: _Layout) -> _Layout | None:
-        """The layout without the sharding and pipelining choices its stack's PlanExclusions rule out (stacks.py:
-        the same rules the harness refuses from), or None when none is left. An exclusion reads the sharding
-        values or the pipelining ones, not both: the sharding list is checked with no 1f1b schedule, the
-        pipelining list with zero_stage 0 (tests/spaces/test_rules_exclusions.py checks every enumerated plan)."""
+        """The layout without the choices its stack's exclusions rule out (spaces/exclusions.py: what the harness
+        refuses and what the stack's exporter cannot express, one rule with both), or None when none is left. Each
+        PlanExclusion reads the layout's degrees plus one choice list (`reads`: sharding, sequence_parallel or
+        pipelining) and filters that list only (tests/spaces/test_rules_exclusions.py checks every enumerated plan)."""
         rec, moe = self.scenario.training.record, self.scenario.model.moe is not None
         if not rec.plan_exclusions:
             return lay
         per_replica = self.scenario.training.global_batch_size // lay.dp
+        base = PlanFacts(moe=moe, tp=lay.tp, dp=lay.dp, cp=lay.cp, ep=lay.ep, etp=lay.etp, pp=lay.pp, zero_stage=0,
+                         dp_replicate=1, offload=False, sequence_parallel=False, one_f_one_b=False, selective=False,
+                         microbatches=per_replica)
 
-        def facts(zero: int, one_f_one_b: bool, micro: int) -> PlanFacts:
-            return PlanFacts(moe=moe, tp=lay.tp, dp=lay.dp, ep=lay.ep, etp=lay.etp, zero_stage=zero, pp=lay.pp,
-                             one_f_one_b=one_f_one_b, microbatches=micro)
+        def kept(reads: str, entries: tuple[Any, ...], facts: Callable[[Any], PlanFacts]) -> tuple[Any, ...]:
+            rules = [ex for ex in rec.plan_exclusions if ex.reads == reads]
+            return tuple(e for e in entries if not any(bool(ex.applies(facts(e))) for ex in rules))
 
-        zero = tuple(z for z in lay.zero if not rec.excluded(facts(z[0], False, per_replica)))
-        pipe = tuple(q for q in lay.pipe
-                     if not rec.excluded(facts(0, SCHEDULES[q[1]] == "1f1b", per_replica // q[0])))
-        if not zero or not pipe:
+        if not kept("layout", (lay.key,), lambda _: base):
             return None
-        return _Layout(lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.etp, zero, lay.sp, pipe)
+        zero = kept("sharding", lay.zero,
+                    lambda z: replace(base, zero_stage=z[0], dp_replicate=z[1], offload=bool(z[2])))
+        sp = kept("sequence_parallel", lay.sp, lambda x: replace(base, sequence_parallel=bool(x)))
+        pipe = kept("pipelining", lay.pipe,
+                    lambda q: replace(base, one_f_one_b=SCHEDULES[q[1]] == "1f1b", microbatches=per_replica // q[0],
+                                      selective=self.recompute_pairs[q[6]][0] == "selective"))
+        if not zero or not sp or not pipe:
+            return None
+        return _Layout(lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.etp, zero, sp, pipe)
 
     def _zero(self, dp: int, cp: int, zeros: list[int], offloads: list[int]) -> tuple[tuple[int, int, int], ...]:
         """(zero_stage, dp_replicate, offload) triples for one layout."""

@@ -24,6 +24,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.errors import StratagemError
+from stratagem.spaces.exclusions import (
+    TORCH_PLAN_EXCLUSIONS,
+    TORCH_SCHEDULE_EXCLUSIONS,
+    PlanExclusion,
+    PlanFacts,
+    RefusedBy,
+    ScheduleExclusion,
+)
 
 __all__ = [
     "StateTerm",
@@ -71,84 +79,6 @@ class StateTerm:
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
-
-class ScheduleExclusion(BaseModel):
-    """One pipeline schedule the stack cannot honour in some combination: the search space does not propose it,
-    and where `refused_by` is "harness" the training harness refuses it too (launch/harness/support.py)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    schedule: str
-    """Plan.pp_schedule value."""
-    when: Literal["cp>1", "one_chunk", "op_recompute"]
-    """The combination: with context parallelism, with one model chunk per rank (virtual_stages = 1), or with
-    op-level selective activation checkpointing (activation_checkpointing = op)."""
-    refused_by: Literal["harness", "export"]
-    """harness: stratagem's own real runs refuse it; export: the stack's shipped trainer has no such schedule,
-    so an export would have to convert it (the harness may still run it when given explicitly)."""
-    reason: str
-    """Why, in words, with the fix."""
-    source: str
-    """The engine code (or measurement) behind it."""
-
-    def applies(self, schedule: str, cp: int, virtual_stages: int, recompute: str = "none") -> bool:
-        """Whether this exclusion covers a plan with this schedule, cp, chunks per rank and recompute (pp > 1)."""
-        if schedule != self.schedule:
-            return False
-        if self.when == "op_recompute":
-            return recompute == "op"
-        return cp > 1 if self.when == "cp>1" else virtual_stages == 1
-
-
-@dataclass(frozen=True)
-class PlanFacts:
-    """The plan values a PlanExclusion looks at: ints for one plan, or numpy arrays (one entry per plan) for
-    columns of plans (spaces/columns.PlanColumns); every predicate is elementwise."""
-
-    moe: bool
-    tp: Any
-    dp: Any
-    ep: Any
-    etp: Any
-    zero_stage: Any
-    pp: Any
-    one_f_one_b: Any
-    """pp_schedule == "1f1b" (bool or bool array)."""
-    microbatches: Any
-    """Micro-batches per step per pipeline: global_batch_size / (dp * micro_batch_size)."""
-
-
-class PlanExclusion(BaseModel):
-    """A combination of plan values (other than a schedule's, see ScheduleExclusion) the stack's engine cannot run:
-    the search space does not propose it (spaces/space.py, spaces/rules.py) and the training harness refuses it with
-    `reason` (launch/harness/support.py): one rule, stated once."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: Literal["etp_1_or_tp", "zero1_moe_expert_mesh", "1f1b_microbatches"]
-    """The combination: expert TP other than 1 or tp; ZeRO-1 over dp > 1 with MoE experts on the expert mesh
-    (ep > 1 or tp > 1); the 1f1b schedule with fewer micro-batches than pipeline stages."""
-    field: str
-    """The plan field the harness's refusal names (with its value)."""
-    what: str
-    """The combination with its values, a str.format template over PlanFacts' fields (validity messages)."""
-    reason: str
-    """Why, in words, with the fix."""
-    source: str
-    """The engine code (or measurement) behind it."""
-
-    def describe(self, f: PlanFacts) -> str:
-        """`what` filled in with one plan's values."""
-        return self.what.format(**{k: getattr(f, k) for k in f.__dataclass_fields__})
-
-    def applies(self, f: PlanFacts) -> Any:
-        """Whether the exclusion covers the plan(s) `f` describes: a bool, or a bool array for columns."""
-        if self.name == "etp_1_or_tp":
-            return f.moe & (f.etp > 1) & (f.etp != f.tp)
-        if self.name == "zero1_moe_expert_mesh":
-            return f.moe & ((f.ep > 1) | (f.tp > 1)) & (f.dp > 1) & (f.zero_stage == 1)
-        return (f.pp > 1) & f.one_f_one_b & (f.microbatches < f.pp)
 
 
 class StackRecord(BaseModel):
@@ -231,8 +161,8 @@ class StackRecord(BaseModel):
     """Schedules the stack cannot honour in some combination (ScheduleExclusion): one rule for the search space,
     the harness and the exporters."""
     plan_exclusions: tuple[PlanExclusion, ...] = ()
-    """Other value combinations the stack's engine cannot run (PlanExclusion): one rule for the search space and the
-    harness."""
+    """Other value combinations the stack cannot honour (PlanExclusion): one rule for the search space, the harness
+    (refused_by harness) and the exporters (refused_by export)."""
     moe_dispatchers: tuple[Dispatcher, ...] = ("alltoall",)
     """MoE token dispatchers the stack ships (TrainingSpec.moe_dispatcher); the first is the default."""
     ep_comm_overlap: bool = False
@@ -277,7 +207,7 @@ class StackRecord(BaseModel):
     sources: dict[str, str]
     """Per capability and speed-term field: the engine code that enforces or defines it (file: function)."""
 
-    def schedule_exclusion(self, schedule: str, cp: int, virtual_stages: int, refused_by: str | None = None,
+    def schedule_exclusion(self, schedule: str, cp: int, virtual_stages: int, refused_by: RefusedBy | None = None,
                            recompute: str = "none") -> ScheduleExclusion | None:
         """The first exclusion covering (schedule, cp, virtual_stages, recompute), of `refused_by` when given;
         None if the stack honours the combination."""
@@ -287,15 +217,18 @@ class StackRecord(BaseModel):
                 return ex
         return None
 
-    def plan_exclusion(self, f: PlanFacts) -> PlanExclusion | None:
-        """The first PlanExclusion covering the one plan `f` describes, or None."""
-        return next((ex for ex in self.plan_exclusions if bool(ex.applies(f))), None)
+    def plan_exclusion(self, f: PlanFacts, refused_by: RefusedBy | None = None) -> PlanExclusion | None:
+        """The first PlanExclusion (of `refused_by` when given) covering the one plan `f` describes, or None."""
+        return next((ex for ex in self.plan_exclusions
+                     if (refused_by is None or ex.refused_by == refused_by) and bool(ex.applies(f))), None)
 
-    def excluded(self, f: PlanFacts) -> Any:
-        """Whether any PlanExclusion covers each plan `f` describes (bool array for columns)."""
+    def excluded(self, f: PlanFacts, refused_by: RefusedBy | None = None) -> Any:
+        """Whether any PlanExclusion (of `refused_by` when given) covers each plan `f` describes (bool array for
+        columns)."""
         out: Any = False
         for ex in self.plan_exclusions:
-            out = out | ex.applies(f)
+            if refused_by is None or ex.refused_by == refused_by:
+                out = out | ex.applies(f)
         return out
 
     def cite(self, field: str) -> str:
@@ -352,52 +285,10 @@ _TORCH = StackRecord(
     tp_comm_overlap_default=False,
     p2p_overlap=False,
     kernel_paths=("eager", "compiled"),
-    schedule_exclusions=(
-        ScheduleExclusion(
-            schedule="zero_bubble", when="cp>1", refused_by="harness",
-            reason="with the zero_bubble schedule's split input/weight backward, ring attention's gradients differ "
-                   "from the single-process reference (torch 2.13); use pp_schedule 1f1b, gpipe or interleaved "
-                   "with cp > 1, or cp=1",
-            source="measured in stratagem's harness: parameter rel. error 1e-2 (launch/harness/support.py)"),
-        ScheduleExclusion(
-            schedule="zero_bubble", when="op_recompute", refused_by="harness",
-            reason="op-level selective activation checkpointing under zero_bubble's split input/weight backward "
-                   "runs the checkpointed region's backward twice ('Trying to backward an extra time', "
-                   "torch/utils/checkpoint.py selective checkpoint context); use activation_checkpointing full or "
-                   "none, or pp_schedule 1f1b / interleaved",
-            source="measured in stratagem's harness on tiny-moe dp=2,pp=2,ep=2,ac=op,schedule=zero_bubble "
-                   "(torch 2.13, ScheduleInterleavedZeroBubble backward_input / backward_weight)"),
-    ),
-    # What torchtitan / torch.distributed run beyond the schedules: the space leaves these out, the harness refuses
-    # them with `reason` (launch/harness/support.py plan_refusals, microbatch_refusal).
-    plan_exclusions=(
-        PlanExclusion(
-            name="etp_1_or_tp", field="plan.etp", what="etp ({etp}) with tp ({tp})",
-            reason="the harness splits experts' matmuls over the TP ranks only (torchtitan ExpertTensorParallel: "
-                   "etp = tp) or not at all (etp = 1); use etp=1 or etp=tp",
-            source="torchtitan/distributed/parallel_dims.py ParallelDims._validate ('Currently we only support "
-                   "ETP=TP or ETP=1'); with ep = 1 torchtitan/models/llama4/infra/parallelize.py apply_moe_ep_tp "
-                   "puts the experts on the tp mesh (TensorParallel): no other expert TP degree exists"),
-        PlanExclusion(
-            name="zero1_moe_expert_mesh", field="plan.ep",
-            what="zero_stage 1 over dp ({dp}) with the MoE experts under ep ({ep}) / tp ({tp})",
-            reason="ZeroRedundancyOptimizer broadcasts whole parameters over the dp ranks, and the MoE experts are "
-                   "DTensors on the expert mesh (measured: c10d.broadcast_ has no DTensor sharding strategy); use "
-                   "zero_stage 0, 2 or 3",
-            source="torch/distributed/optim/zero_redundancy_optimizer.py ZeroRedundancyOptimizer (broadcasts each "
-                   "rank's parameters after its step), measured in stratagem's harness (launch/harness/"
-                   "parallelize.py build_optimizer); torchtitan has no ZeRO-1 at all (FSDP2 only: "
-                   "torchtitan/models/llama4/infra/parallelize.py apply_fsdp shards the experts over edp)"),
-        PlanExclusion(
-            name="1f1b_microbatches", field="plan.micro_batch_size",
-            what="pp_schedule 1f1b with {microbatches} micro-batch(es) per step over pp ({pp}) stages",
-            reason="the 1f1b schedule needs at least pp micro-batches per step; lower micro_batch_size or dp "
-                   "(micro-batches per step = global_batch_size / (dp * micro_batch_size)), or use pp_schedule "
-                   "gpipe",
-            source="torch/distributed/pipelining/schedules.py PipelineScheduleSingle subclasses (Schedule1F1B): "
-                   "ValueError 'Number of microbatches (m) must be greater than or equal to the number of "
-                   "stages (pp)'"),
-    ),
+    # one rule for what runs (spaces/exclusions.py): what the harness refuses and what torchtitan v0.2.2 cannot
+    # express exactly, which the space leaves out (issue 24 item 6)
+    schedule_exclusions=TORCH_SCHEDULE_EXCLUSIONS,
+    plan_exclusions=TORCH_PLAN_EXCLUSIONS,
     moe_dispatchers=("alltoall",),
     grouped_gemm=True,
     schedules=("gpipe", "1f1b", "interleaved", "zero_bubble"),

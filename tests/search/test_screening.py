@@ -100,8 +100,10 @@ def test_screening_counts_distinct_jobs_and_its_front_labels_parse_back() -> Non
     jobs = {job_description(s, p) for p in plans}
     # "valid plans" are distinct jobs: 2,592 plans before canonical plans, 872 jobs (e.g. 5 pipeline splits of
     # 4 layers over pp = 2 that all put 2 layers on each stage are one plan), less the 8 with 1f1b on fewer
-    # micro-batches than stages (torch Schedule1F1B refuses them: spaces/stacks.py PlanExclusion): 864
-    assert sc.counts.valid == sc.counts.screened == len(jobs) == len(plans) == 864
+    # micro-batches than stages (torch Schedule1F1B refuses them: spaces/stacks.py PlanExclusion): 864, less the 546
+    # torchtitan cannot express exactly (spaces/exclusions.py: tp without sp 240, stratagem's selective recompute
+    # 106, ZeRO-1 112, DDP beside tp/pp 88, each counted under the first rule that covers it): 318
+    assert sc.counts.valid == sc.counts.screened == len(jobs) == len(plans) == 318
     front = [sc.plan(int(i)) for i in sc.front]
     assert len({job_description(s, p) for p in front}) == len(front)
     for p in front:

@@ -35,6 +35,8 @@ from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP, model_consta
 from stratagem.launch.export.rope import torchtitan_rope_comment
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.pipeline_split import chunk_layers
+from stratagem.spaces.rules import plan_facts
+from stratagem.spaces.stacks import stack_record
 
 __all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_COMMIT", "LLAMA3_FLAVORS", "export_torchtitan", "to_toml",
            "llama3_flavor"]
@@ -224,6 +226,14 @@ def _training_table(d: _Draft, lay: Layout) -> None:
     d.tables["training"] = training
 
 
+def _converts(lay: Layout, name: str) -> bool:
+    """Whether the torch record's export exclusion `name` covers the plan (spaces/exclusions.py: torchtitan has no
+    exact setting for it, so the torch space never proposes it; given explicitly, the exporter converts it, with a
+    note): the one rule the space and this exporter read."""
+    rule = next(ex for ex in stack_record("torch").plan_exclusions if ex.name == name and ex.refused_by == "export")
+    return bool(rule.applies(plan_facts(lay.plan, lay.scenario.model.moe is not None, lay.grad_accum)))
+
+
 def _unsharded_data_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> None:
     """Nothing sharded: plain DDP, which torchtitan allows only on its own (else FSDP2 that never reshards)."""
     p = lay.plan
@@ -231,7 +241,7 @@ def _unsharded_data_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> Non
         field_name, why = "plan.zero_stage", "0 (DDP)"
     else:
         field_name, why = "plan.dp_replicate", f"{p.dp_replicate} = dp (every rank a full replica: DDP)"
-    if p.dp > 1 and p.tp * p.pp * p.cp > 1:
+    if _converts(lay, "ddp_beside_other_parallelism"):  # dp > 1 beside tp or pp (cp = 1 here)
         par["data_parallel_replicate_degree"] = 1
         par["data_parallel_shard_degree"] = p.dp
         par["fsdp_reshard_after_forward"] = "never"
@@ -252,31 +262,52 @@ def _data_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> None:
     dp_replicate the HSDP replicas; [training] enable_cpu_offload for optimizer offload."""
     p = lay.plan
     shard = p.dp // p.dp_replicate if p.zero_stage >= 1 else 1
-    if shard == 1 and p.cp == 1:
+    if _converts(lay, "zero0_with_ep"):
+        # torchtitan/models/llama4/infra/parallelize.py: FSDP whenever ep > 1, the experts over efsdp (dp_shard x cp
+        # x tp / (ep x etp)): the dp ranks shard so that ep can fold over them
+        par["data_parallel_replicate_degree"] = 1
+        par["data_parallel_shard_degree"] = p.dp
+        par["fsdp_reshard_after_forward"] = "never"
+        d.ap.append(FieldNote(
+            "plan.zero_stage",
+            f"0 with ep > 1: torchtitan wraps the model in FSDP whenever ep > 1 (llama4 parallelize_llama); written "
+            f"as FSDP2 over the {p.dp} dp ranks with fsdp_reshard_after_forward=never (ZeRO-2): gradients and "
+            "optimizer states sharded, less memory than planned",
+        ))
+    elif shard == 1 and p.cp == 1:
         _unsharded_data_parallel(d, lay, par)
     elif p.zero_stage == 0:
         # cp > 1: torchtitan applies FSDP over dp_shard x cp whenever cp > 1.
         par["data_parallel_replicate_degree"] = p.dp
         par["data_parallel_shard_degree"] = 1
         par["fsdp_reshard_after_forward"] = "never"
-        d.ap.append(FieldNote(
-            "plan.zero_stage",
-            "0 with cp > 1: torchtitan always applies FSDP over the context-parallel ranks "
-            "(parallel_dims.fsdp_enabled includes cp), so gradients and optimizer states are sharded over the "
-            f"{p.cp} cp ranks (weights too, between steps): less memory than planned",
-        ))
+        if _converts(lay, "zero0_with_cp"):
+            d.ap.append(FieldNote(
+                "plan.zero_stage",
+                "0 with cp > 1: torchtitan always applies FSDP over the context-parallel ranks "
+                "(parallel_dims.fsdp_enabled includes cp), so gradients and optimizer states are sharded over the "
+                f"{p.cp} cp ranks (weights too, between steps): less memory than planned",
+            ))
     else:
         par["data_parallel_replicate_degree"] = p.dp_replicate
         par["data_parallel_shard_degree"] = shard
-        par["fsdp_reshard_after_forward"] = "always" if p.zero_stage == 3 else "never"
-        if p.zero_stage == 1:
+        # zero 3 with PP: torchtitan's "default" keeps parameters unsharded through the step (reshard_after_forward
+        # = not pp_enabled, apply_fsdp), as the harness (launch/harness/parallelize.py) and the model
+        # (StackRecord.reshard_after_forward_with_pp) do; "always" would re-gather them every micro-batch
+        par["fsdp_reshard_after_forward"] = (("always" if p.pp == 1 else "default") if p.zero_stage == 3
+                                             else "never")
+        if par["fsdp_reshard_after_forward"] == "default":
+            d.comments["parallelism.fsdp_reshard_after_forward"] = [
+                "with PP torchtitan keeps the parameters unsharded through the step (apply_fsdp: reshard_after_forward "
+                "= not pp_enabled), as stratagem runs and models zero_stage 3 with pp > 1"]
+        if _converts(lay, "zero1_optimizer_only"):
             d.ap.append(FieldNote(
                 "plan.zero_stage",
                 "1 (optimizer states sharded): torchtitan has no optimizer-only sharding; written as FSDP2 "
                 "with fsdp_reshard_after_forward=never (ZeRO-2: gradients sharded too), less memory at the "
                 "same communication volume",
             ))
-    if p.optimizer_offload == "cpu":
+    if _converts(lay, "optimizer_offload_cpu"):
         d.tables["training"]["enable_cpu_offload"] = True
         d.ap.append(FieldNote(
             "plan.optimizer_offload",
@@ -290,7 +321,7 @@ def _tensor_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> None:
     """[parallelism] tensor_parallel_degree; torchtitan's TP always shards the norms along the sequence."""
     p = lay.plan
     par["tensor_parallel_degree"] = p.tp
-    if p.tp > 1 and not p.sequence_parallel:
+    if _converts(lay, "tp_without_sp"):
         d.ap.append(FieldNote(
             "plan.sequence_parallel",
             "false: torchtitan's llama3 TP plan always shards the norms along the sequence "
@@ -347,8 +378,8 @@ def _pipeline_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> None:
     if p.pp == 1:
         return
     schedule, stages = _SCHEDULES[p.pp_schedule], lay.stage_layers
-    if p.pp_schedule == "zero_bubble":
-        schedule, stages = _zero_bubble_chunks(d, lay)
+    if stack_record("torch").schedule_exclusion(p.pp_schedule, p.cp, p.virtual_stages, "export") is not None:
+        schedule, stages = _zero_bubble_chunks(d, lay)  # ZB-H1: spaces/exclusions.py, zero_bubble with one chunk
     par["pipeline_parallel_schedule"] = schedule
     par["pipeline_parallel_microbatch_size"] = p.micro_batch_size
     par["module_fqns_per_model_part"] = _stage_fqns(stages)
@@ -410,7 +441,7 @@ def _activation_checkpoint_table(d: _Draft, lay: Layout) -> None:
             "over the stage",
         ))
     _recompute_notes(d, lay)
-    if p.activation_checkpointing == "selective":
+    if _converts(lay, "selective_recompute"):
         ac["selective_ac_option"] = "op"
         d.ap.append(FieldNote(
             "plan.activation_checkpointing",

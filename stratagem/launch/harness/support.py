@@ -79,11 +79,13 @@ def plan_refusals(plan: Plan, spec: ModelSpec, device_type: str) -> list[str]:
     if plan.cp > 1 and plan.dp_replicate > 1:
         out.append(f"plan.cp ({plan.cp}): the harness reduces over dp x cp flattened, not HSDP's (replicate, shard x "
                    "cp) mesh; use dp_replicate=1 with cp > 1")
-    # combinations the torch stack's record excludes (spaces/stacks.py PlanExclusion: ZeRO-1 with the MoE experts
-    # on the expert mesh, etp other than 1 or tp; the micro-batch count's in microbatch_refusal): the same data
-    # the search space reads
+    # combinations the torch stack's record marks as refused by the harness (spaces/exclusions.py PlanExclusion:
+    # ZeRO-1 with the MoE experts on the expert mesh, etp other than 1 or tp; the micro-batch count's in
+    # microbatch_refusal): the same data the search space reads. The "export" ones the harness runs as planned.
     for rule in torch_rec.plan_exclusions:  # (microbatches unknown here: 0, the 1f1b rule is skipped)
-        if rule.name != "1f1b_microbatches" and rule.applies(plan_facts(plan, spec.moe is not None, 0)):
+        if rule.refused_by != "harness" or rule.name == "1f1b_microbatches":
+            continue
+        if rule.applies(plan_facts(plan, spec.moe is not None, 0)):
             out.append(f"{_named(rule, plan)}: {rule.reason}")
     if plan.optimizer_offload != "none" and (plan.zero_stage < 2 or plan.dp == 1):
         out.append(f"plan.optimizer_offload (cpu): the harness offloads with FSDP2's CPUOffloadPolicy, which needs "
