@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -435,7 +435,8 @@ class SearchSpace:
         """The layout without the choices its stack's exclusions rule out (spaces/exclusions.py: what the harness
         refuses and what the stack's exporter cannot express, one rule with both), or None when none is left. Each
         PlanExclusion reads the layout's degrees plus one choice list (`reads`: sharding, sequence_parallel or
-        pipelining) and filters that list only (tests/spaces/test_rules_exclusions.py checks every enumerated plan)."""
+        pipelining) and filters that list only, vectorised over its entries (tests/spaces/test_rules_exclusions.py
+        checks every enumerated plan)."""
         rec, moe = self.scenario.training.record, self.scenario.model.moe is not None
         if not rec.plan_exclusions:
             return lay
@@ -443,22 +444,31 @@ class SearchSpace:
         base = PlanFacts(moe=moe, tp=lay.tp, dp=lay.dp, cp=lay.cp, ep=lay.ep, etp=lay.etp, pp=lay.pp, zero_stage=0,
                          dp_replicate=1, offload=False, sequence_parallel=False, one_f_one_b=False, selective=False,
                          microbatches=per_replica)
-
-        def kept(reads: str, entries: tuple[Any, ...], facts: Callable[[Any], PlanFacts]) -> tuple[Any, ...]:
-            rules = [ex for ex in rec.plan_exclusions if ex.reads == reads]
-            return tuple(e for e in entries if not any(bool(ex.applies(facts(e))) for ex in rules))
-
-        if not kept("layout", (lay.key,), lambda _: base):
+        zero, sp, pipe = (np.array(x, dtype=np.int64).reshape(len(x), -1) for x in (lay.zero, lay.sp, lay.pipe))
+        selective = np.array([ac == "selective" for ac, _ in self.recompute_pairs])
+        facts = {
+            "layout": (base, 1),
+            "sharding": (replace(base, zero_stage=zero[:, 0], dp_replicate=zero[:, 1], offload=zero[:, 2] == 1),
+                         len(zero)),
+            "sequence_parallel": (replace(base, sequence_parallel=sp[:, 0] != 0), len(sp)),
+            "pipelining": (replace(base, one_f_one_b=pipe[:, 1] == SCHEDULES.index("1f1b"),
+                                   microbatches=per_replica // pipe[:, 0], selective=selective[pipe[:, 6]]), len(pipe)),
+        }
+        keep = {}
+        for reads, (f, n) in facts.items():
+            mask = np.ones(n, dtype=bool)
+            for ex in rec.plan_exclusions:
+                if ex.reads == reads:
+                    mask &= ~np.broadcast_to(np.asarray(ex.applies(f), dtype=bool), (n,))
+            keep[reads] = mask
+        if not keep["layout"].all():
             return None
-        zero = kept("sharding", lay.zero,
-                    lambda z: replace(base, zero_stage=z[0], dp_replicate=z[1], offload=bool(z[2])))
-        sp = kept("sequence_parallel", lay.sp, lambda x: replace(base, sequence_parallel=bool(x)))
-        pipe = kept("pipelining", lay.pipe,
-                    lambda q: replace(base, one_f_one_b=SCHEDULES[q[1]] == "1f1b", microbatches=per_replica // q[0],
-                                      selective=self.recompute_pairs[q[6]][0] == "selective"))
-        if not zero or not sp or not pipe:
+        kept_zero = tuple(z for z, k in zip(lay.zero, keep["sharding"], strict=True) if k)
+        kept_sp = tuple(x for x, k in zip(lay.sp, keep["sequence_parallel"], strict=True) if k)
+        kept_pipe = tuple(q for q, k in zip(lay.pipe, keep["pipelining"], strict=True) if k)
+        if not kept_zero or not kept_sp or not kept_pipe:
             return None
-        return _Layout(lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.etp, zero, sp, pipe)
+        return _Layout(lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.etp, kept_zero, kept_sp, kept_pipe)
 
     def _zero(self, dp: int, cp: int, zeros: list[int], offloads: list[int]) -> tuple[tuple[int, int, int], ...]:
         """(zero_stage, dp_replicate, offload) triples for one layout."""
