@@ -23,13 +23,13 @@ activations, transient; its allocator/context overhead is reported apart: tracin
 
 What this needs from torch internals (torch 2.13): the fake process group; DDP's parameter-shape check reads
 data and is skipped; pipeline stages get their metadata statically (the vote and the metadata exchange are
-point-to-point messages that a fake group cannot answer).
+point-to-point messages that a fake group cannot answer): `fake_group`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +39,7 @@ from torch import nn
 
 from stratagem.errors import StratagemError
 from stratagem.launch.harness.expert_grid import edp_group, shards_experts
-from stratagem.launch.harness.model import build_model, check_supported, named_parameters
+from stratagem.launch.harness.model import Transformer, build_model, check_supported, named_parameters
 from stratagem.launch.harness.moe import sync_expert_grads
 from stratagem.launch.harness.parallelize import (
     build_mesh,
@@ -59,7 +59,15 @@ from stratagem.launch.harness.pipeline import (
 )
 from stratagem.launch.harness.support import token_split_refusal
 from stratagem.launch.harness.train import DEFAULT_LR, Job, _forward_backward, loss_fn, set_aux_rows
+from stratagem.launch.trace.child import TraceFailed, forked, warm_imports
 from stratagem.launch.trace.fake import BLOCKS, BlockBytes, fake_world
+from stratagem.launch.trace.fake_group import (
+    check_outputs,
+    ddp_without_shape_check,
+    in_place_allreduce,
+    static_stages,
+    watch_outputs,
+)
 from stratagem.launch.trace.kernels import bounded_routing, gpu_step
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
@@ -70,6 +78,7 @@ __all__ = ["ANALYTIC_BLOCKS", "TracedRole", "TraceFailed", "role_ranks", "trace_
 
 ANALYTIC_BLOCKS = ("weights", "gradients", "optimizer", "activations", "transient")
 """The analytic model's blocks in the order of `BLOCKS` (its transient is compared with the traced rest)."""
+_DEVICE = torch.device("cpu")  # the fake tensors' device: fake "cuda" fails on a CPU-only torch build
 
 
 @dataclass
@@ -145,75 +154,6 @@ def analytic_blocks(scenario: Scenario, plan: Plan, role: str, calibration: Any 
     return out
 
 
-@contextmanager
-def _ddp_without_shape_check() -> Iterator[None]:
-    """DDP's constructor compares parameter shapes across ranks by reading data; fake tensors have none."""
-    import torch.nn.parallel.distributed as ddp
-
-    name = "_verify_param_shape_across_processes"
-    original = getattr(ddp, name)
-    setattr(ddp, name, lambda *a, **k: None)
-    try:
-        yield
-    finally:
-        setattr(ddp, name, original)
-
-
-def _in_place_allreduce(part: nn.Module) -> None:
-    """DDP's default hook divides the bucket in place and all-reduces it in place; the fake group's work has no
-    result to hand back, so the hook hands back the bucket itself (the same storage the real hook returns)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(part, DistributedDataParallel):
-        return
-
-    def hook(_state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations: none given
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-
-    part.register_comm_hook(None, hook)
-
-
-def _hidden_dtype(plan: Plan) -> torch.dtype:
-    """dtype of the residual stream between stages: FSDP2's bf16 policy casts every unit's inputs; under
-    autocast the residual adds promote to fp32 (embedding and residual stay fp32)."""
-    return torch.bfloat16 if uses_fsdp(plan) and plan.precision != "fp32" else torch.float32
-
-
-def _static_stages(schedule: Any, scenario: Scenario, plan: Plan) -> list[tuple[nn.Module, torch.Size, torch.dtype]]:
-    """Give each pipeline stage its input/output metadata and skip the vote (point-to-point messages a fake
-    group cannot answer). Returns (module, shape, dtype) of each non-last stage's output, checked after the
-    step against what the stage really produced."""
-    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas
-
-    spec, tr = scenario.model, scenario.training
-    mbs, s = plan.micro_batch_size, tr.seq_len
-    rows = s // plan.tp if plan.sequence_parallel and plan.tp > 1 else s
-    hidden = torch.empty((mbs, rows, spec.hidden_size), dtype=_hidden_dtype(plan), device="meta",
-                         requires_grad=True)
-    tokens = torch.empty((mbs, s), dtype=torch.int64, device="meta")
-    logits = torch.empty((mbs, s, spec.vocab_size), device="meta",
-                         dtype=torch.float32 if plan.precision == "fp32" else torch.bfloat16, requires_grad=True)
-    stages = getattr(schedule, "_stages", None) or [schedule._stage]
-    expected = []
-    for stage in stages:
-        inputs = tokens if stage.is_first else hidden
-        outputs = logits if stage.is_last else hidden
-        stage._user_meta = _StageMeta(inputs=extract_tensor_metas((inputs,)),
-                                      outputs=extract_tensor_metas((outputs,)))
-        stage._inference_mode = InferenceMode.STATIC
-        if not stage.is_last:
-            expected.append((stage.submod, hidden.shape, hidden.dtype))
-
-    def vote(stages: Any, has_backward: bool, p2p_done: bool) -> None:
-        for st in stages:
-            st._inference_mode = InferenceMode.STATIC
-
-    schedule._warmup_p2p = vote
-    return expected
-
-
 def _optimizer_states(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: this rank's partition
     return [v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
@@ -231,17 +171,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     """Trace one rank's training step (see the module docstring); raises StratagemError for plans the harness
     cannot apply, with its one-line reason. `kernels`: "cuda" saves what the GPU kernels save (fused RMSNorm;
     stratagem.launch.trace.kernels), "cpu" what this CPU's do (to compare with a CPU run)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    spec, training = scenario.model, scenario.training
-    device = torch.device("cpu")
-    check_supported(spec)
-    check_applicable(plan, spec, device)
-    micro = plan.grad_accumulation(training.global_batch_size)
-    check_microbatches(plan, micro)
-    split = token_split_refusal(plan, spec, training.seq_len)
-    if split:
-        raise StratagemError(split)
+    micro = _check_traceable(scenario, plan)
     # Without pipelining, micro-batches run one after another into the same gradients: micro-batches 2..m-1
     # repeat micro-batch 2's memory exactly (gradients held + one micro-batch's activations), and the last
     # adds DDP's in-place all-reduce. So the first and the last are traced; a pipeline schedule runs all m
@@ -249,69 +179,152 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     traced = micro if plan.pp > 1 else min(micro, 2)
     start, cpu_start = time.perf_counter(), time.process_time()
     with fake_world(plan.world_size, rank):
-        mesh: Any = build_mesh(plan, "cpu") if plan.world_size > 1 else None
-        # MoE under ep or tp: the routed experts on their own mesh, FSDP-sharded over edp or apart (as build_job)
-        experts: Any = expert_mesh(plan, "cpu") if uses_expert_mesh(plan, spec) else None
-        pp_rank = 0 if mesh is None else int(mesh["pp"].get_local_rank())
-        stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
-        chunks = plan.pp * plan.virtual_stages
-        modules = [build_stage_model(spec, plan, s) for s in stage_ids] if plan.pp > 1 else [build_model(spec)]
-        for module in modules:  # outside fake mode: FSDP2 and DeviceMesh compute coordinates with real ops
-            parallelize(module, plan, mesh, experts)
-        tracker = BlockBytes()
-        saved_outputs: list[tuple[nn.Module, torch.Size, torch.dtype]] = []
-        with FakeTensorMode(allow_non_fake_inputs=True), tracker:
-            for module in modules:
-                module.to_empty(device=device)
-            set_aux_rows(modules, plan, training.global_batch_size)
-            with _ddp_without_shape_check():
-                parts = [wrap_ddp(m, plan, mesh) for m in modules]
-            for part in parts:
-                _in_place_allreduce(part)
-            params = [p for _, p in named_parameters(parts)]
-            tracker.label(params, "weights")
-            optimizer = build_optimizer(params, plan, training.optimizer, mesh, DEFAULT_LR)
-            schedule = None
-            if plan.pp > 1:
-                schedule = build_schedule(parts, stage_ids, plan, mesh["pp"].get_group(), device, micro, loss_fn)
-                saved_outputs = _static_stages(schedule, scenario, plan)
-            is_last = (chunks - 1) in stage_ids
-            job = Job(scenario=scenario, plan=plan, device=device, mesh=mesh, parts=parts, stage_ids=stage_ids,
-                      optimizer=optimizer, schedule=schedule,
-                      dp_rank=0, microbatches=traced, is_first=0 in stage_ids, is_last=is_last,
-                      loss_owner=is_last, experts_apart=experts is not None and not shards_experts(plan, spec),
-                      edp_group=edp_group(experts) if experts is not None else None)
-            if kernels == "cuda" and scenario.cluster.gpu.kind != "cpu":
-                _foreach(optimizer)
-            _warm_up_optimizer(params, optimizer)
-            tracker.label(_optimizer_states(optimizer), "optimizer")
-            states = {"param_bytes": sum(_nbytes(p) for p in params),
-                      "optimizer_bytes": sum(_nbytes(v) for v in _optimizer_states(optimizer) if v.numel() > 1)}
-            produced = _watch_outputs([m for m, _, _ in saved_outputs])
-            tracker.reset_peak()
-            tracker.phase = "forward"
-            grads: list[int] = []
+        built = _build_rank(scenario, plan)
+        tracker, states = _fake_step(scenario, plan, built, micro, traced, kernels)
+    classify = _classifier(tracker, plan)
+    blocks = tracker.blocks_at_peak(classify)
+    by_op = sorted(((b, op, n) for (b, op), n in tracker.ops_at_peak(classify).items()), key=lambda r: -r[2])
+    return TracedRole(role=role, rank=rank, stage_ids=built.stage_ids, peak_bytes=tracker.peak, blocks=blocks,
+                      states=states, analytic=analytic_blocks(scenario, plan, role),
+                      seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu_start, microbatches=(micro, traced),
+                      top_ops=[(b, op, n) for b, op, n in by_op[:12]])
 
-            def after_backward() -> None:
-                held = [p.grad for p in params if p.grad is not None]
-                tracker.label(held, "gradients")
-                grads.append(sum(_nbytes(g) for g in held))
-                tracker.phase = "optimizer"
 
-            rows = traced * plan.micro_batch_size  # this data-parallel rank's rows (all of them with pp > 1)
-            x = torch.zeros((rows, training.seq_len), dtype=torch.int64, device=device)
-            y = torch.zeros((rows, training.seq_len), dtype=torch.int64, device=device)
-            with _saved_tensor_labels(tracker), gpu_step(tracker, params, kernels), \
-                    bounded_routing(scenario, plan):  # train_step without its batch draw and float(loss)
-                _forward_backward(job, x, y)
-                if job.experts_apart:  # train_step: expert gradients summed over edp
-                    sync_expert_grads(job.parts, job.edp_group, plan.dp * plan.cp)
-                after_backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            tracker.phase = "done"
-            states["grad_bytes"] = grads[0] if grads else 0
-        _check_outputs(saved_outputs, produced)
+def _check_traceable(scenario: Scenario, plan: Plan) -> int:
+    """The harness's own refusals of this plan (StratagemError, one line); else its micro-batches per step."""
+    spec, training = scenario.model, scenario.training
+    check_supported(spec)
+    check_applicable(plan, spec, _DEVICE)
+    micro = plan.grad_accumulation(training.global_batch_size)
+    check_microbatches(plan, micro)
+    split = token_split_refusal(plan, spec, training.seq_len)
+    if split:
+        raise StratagemError(split)
+    return micro
+
+
+@dataclass
+class _RankParts:
+    """What the traced rank builds before fake mode: its meshes and its model parts, parallelised."""
+
+    mesh: Any
+    """The plan's device mesh (None at world size 1)."""
+    experts: Any
+    """The routed experts' own mesh under ep or tp (None otherwise)."""
+    stage_ids: list[int]
+    """Pipeline chunks this rank holds ([0] without pipelining)."""
+    modules: list[Transformer]
+    """One model part per chunk, on the meta device, with TP, checkpointing and FSDP2 applied."""
+
+
+def _build_rank(scenario: Scenario, plan: Plan) -> _RankParts:
+    """The rank's meshes and model parts with the harness's own functions, outside fake mode: FSDP2 and
+    DeviceMesh compute coordinates with real ops."""
+    spec = scenario.model
+    mesh: Any = build_mesh(plan, "cpu") if plan.world_size > 1 else None
+    # MoE under ep or tp: the routed experts on their own mesh, FSDP-sharded over edp or apart (as build_job)
+    experts: Any = expert_mesh(plan, "cpu") if uses_expert_mesh(plan, spec) else None
+    pp_rank = 0 if mesh is None else int(mesh["pp"].get_local_rank())
+    stage_ids = rank_chunks(plan, pp_rank) if plan.pp > 1 else [0]
+    modules = [build_stage_model(spec, plan, s) for s in stage_ids] if plan.pp > 1 else [build_model(spec)]
+    for module in modules:
+        parallelize(module, plan, mesh, experts)
+    return _RankParts(mesh, experts, stage_ids, modules)
+
+
+def _fake_step(scenario: Scenario, plan: Plan, rank: _RankParts, micro: int, traced: int,
+               kernels: str) -> tuple[BlockBytes, dict[str, int]]:
+    """In fake mode, counted by a BlockBytes: the harness's Job for the rank, its optimizer states allocated,
+    one training step of `traced` micro-batches. Returns the tracker and the model-state bytes (param_bytes,
+    optimizer_bytes, grad_bytes); the pipeline stages' static metadata is checked against their outputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tracker = BlockBytes()
+    with FakeTensorMode(allow_non_fake_inputs=True), tracker:
+        job, params, saved_outputs = _fake_job(scenario, plan, rank, micro, traced, tracker)
+        states = _model_states(job.optimizer, params, tracker,
+                               foreach=kernels == "cuda" and scenario.cluster.gpu.kind != "cpu")
+        produced = watch_outputs([m for m, _, _ in saved_outputs])
+        states["grad_bytes"] = _one_step(job, params, tracker, traced, kernels)
+    check_outputs(saved_outputs, produced)
+    return tracker, states
+
+
+def _fake_job(scenario: Scenario, plan: Plan, rank: _RankParts, micro: int, traced: int,
+              tracker: BlockBytes) -> tuple[Job, list[nn.Parameter], list[tuple[nn.Module, torch.Size, torch.dtype]]]:
+    """The rank's parts as fake tensors, wrapped (DDP) as the harness does, their parameters labelled weights,
+    the optimizer and (pp > 1) the schedule with static stage metadata. Returns the harness's Job, the
+    parameters and the (stage, shape, dtype) outputs to check after the step."""
+    training = scenario.training
+    for module in rank.modules:
+        module.to_empty(device=_DEVICE)
+    set_aux_rows(rank.modules, plan, training.global_batch_size)
+    with ddp_without_shape_check():
+        parts = [wrap_ddp(m, plan, rank.mesh) for m in rank.modules]
+    for part in parts:
+        in_place_allreduce(part)
+    params = [p for _, p in named_parameters(parts)]
+    tracker.label(params, "weights")
+    optimizer = build_optimizer(params, plan, training.optimizer, rank.mesh, DEFAULT_LR)
+    schedule = None
+    saved_outputs: list[tuple[nn.Module, torch.Size, torch.dtype]] = []
+    if plan.pp > 1:
+        schedule = build_schedule(parts, rank.stage_ids, plan, rank.mesh["pp"].get_group(), _DEVICE, micro,
+                                  loss_fn)
+        saved_outputs = static_stages(schedule, scenario, plan)
+    is_last = (plan.pp * plan.virtual_stages - 1) in rank.stage_ids
+    experts = rank.experts
+    job = Job(scenario=scenario, plan=plan, device=_DEVICE, mesh=rank.mesh, parts=parts, stage_ids=rank.stage_ids,
+              optimizer=optimizer, schedule=schedule,
+              dp_rank=0, microbatches=traced, is_first=0 in rank.stage_ids, is_last=is_last,
+              loss_owner=is_last, experts_apart=experts is not None and not shards_experts(plan, scenario.model),
+              edp_group=edp_group(experts) if experts is not None else None)
+    return job, params, saved_outputs
+
+
+def _model_states(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], tracker: BlockBytes,
+                  foreach: bool) -> dict[str, int]:
+    """Allocate the optimizer's states (with its foreach implementation when `foreach`: a GPU scenario with
+    the cuda kernels) and label them; the parameter and optimizer-state bytes at rest."""
+    if foreach:
+        _foreach(optimizer)
+    _warm_up_optimizer(params, optimizer)
+    tracker.label(_optimizer_states(optimizer), "optimizer")
+    return {"param_bytes": sum(_nbytes(p) for p in params),
+            "optimizer_bytes": sum(_nbytes(v) for v in _optimizer_states(optimizer) if v.numel() > 1)}
+
+
+def _one_step(job: Job, params: list[nn.Parameter], tracker: BlockBytes, traced: int, kernels: str) -> int:
+    """The harness's train_step without its batch draw and float(loss), on zero tokens, the tracker's peak
+    reset before it; returns the gradients' bytes after backward (labelled gradients)."""
+    scenario, plan = job.scenario, job.plan
+    tracker.reset_peak()
+    tracker.phase = "forward"
+    grads: list[int] = []
+
+    def after_backward() -> None:
+        held = [p.grad for p in params if p.grad is not None]
+        tracker.label(held, "gradients")
+        grads.append(sum(_nbytes(g) for g in held))
+        tracker.phase = "optimizer"
+
+    rows = traced * plan.micro_batch_size  # this data-parallel rank's rows (all of them with pp > 1)
+    x = torch.zeros((rows, scenario.training.seq_len), dtype=torch.int64, device=_DEVICE)
+    y = torch.zeros((rows, scenario.training.seq_len), dtype=torch.int64, device=_DEVICE)
+    with _saved_tensor_labels(tracker), gpu_step(tracker, params, kernels), \
+            bounded_routing(scenario, plan):  # train_step without its batch draw and float(loss)
+        _forward_backward(job, x, y)
+        if job.experts_apart:  # train_step: expert gradients summed over edp
+            sync_expert_grads(job.parts, job.edp_group, plan.dp * plan.cp)
+        after_backward()
+        job.optimizer.step()
+        job.optimizer.zero_grad(set_to_none=True)
+    tracker.phase = "done"
+    return grads[0] if grads else 0
+
+
+def _classifier(tracker: BlockBytes, plan: Plan) -> Callable[[int], str]:
+    """Each storage's block, decided after the step from its label and the phase that made it."""
     # zero 3 gathers each unit for its forward and backward (a transient); with pp > 1 the harness keeps the
     # stage's units gathered through the step (reshard_after_forward = not pp, as torchtitan): weights then
     copies_to_rest = uses_fsdp(plan) and plan.zero_stage == 3 and plan.pp == 1
@@ -324,12 +337,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
             return label
         return "activations" if tracker.made_in.get(serial) == "forward" else "rest"
 
-    blocks = tracker.blocks_at_peak(classify)
-    by_op = sorted(((b, op, n) for (b, op), n in tracker.ops_at_peak(classify).items()), key=lambda r: -r[2])
-    return TracedRole(role=role, rank=rank, stage_ids=stage_ids, peak_bytes=tracker.peak, blocks=blocks,
-                      states=states, analytic=analytic_blocks(scenario, plan, role),
-                      seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu_start, microbatches=(micro, traced),
-                      top_ops=[(b, op, n) for b, op, n in by_op[:12]])
+    return classify
 
 
 def _foreach(optimizer: torch.optim.Optimizer) -> None:
@@ -348,26 +356,6 @@ def _warm_up_optimizer(params: list[nn.Parameter], optimizer: torch.optim.Optimi
         p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-def _watch_outputs(modules: list[nn.Module]) -> dict[int, tuple[torch.Size, torch.dtype]]:
-    seen: dict[int, tuple[torch.Size, torch.dtype]] = {}
-    for m in modules:
-        def hook(mod: nn.Module, _args: Any, out: Any) -> None:
-            if isinstance(out, torch.Tensor):
-                seen[id(mod)] = (out.shape, out.dtype)
-        m.register_forward_hook(hook)
-    return seen
-
-
-def _check_outputs(expected: list[tuple[nn.Module, torch.Size, torch.dtype]],
-                   produced: dict[int, tuple[torch.Size, torch.dtype]]) -> None:
-    """The static stage metadata must match what each stage produced (else the trace is of the wrong run)."""
-    for module, shape, dtype in expected:
-        got = produced.get(id(module))
-        if got is not None and got != (shape, dtype):
-            raise RuntimeError(f"traced pipeline metadata {tuple(shape)} {dtype} differs from the stage's output "
-                               f"{tuple(got[0])} {got[1]}")
 
 
 @contextmanager
@@ -397,23 +385,14 @@ def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0, kernels: str = "cu
     broken = violations(scenario, plan)
     if broken:
         raise StratagemError(f"plan: {broken[0]}")
-    if plan.cp > 1 and plan.pp > 1:  # `_static_stages` gives stages [b, s, h] inputs, not cp's shards + positions
+    if plan.cp > 1 and plan.pp > 1:  # `static_stages` gives stages [b, s, h] inputs, not cp's shards + positions
         raise StratagemError(f"plan.cp ({plan.cp}): tracing a pipeline with context parallelism is not supported yet "
                              "(its stages' inputs are sequence shards with their positions); trace cp=1 or pp=1")
-    _warm_imports()
+    warm_imports()
     try:
-        return [_forked(_role_or_reason, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
+        return [forked(_role_or_reason, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
     except TraceFailed as e:  # one line naming the plan; a traced search records it and goes on
         raise TraceFailed(f"plan ({plan.short()}): {e}", e.details) from None
-
-
-class TraceFailed(StratagemError):
-    """The harness's own step raised while a plan was traced (what a real run of the plan would likely meet
-    too): one line; the child process's traceback is kept in `details`."""
-
-    def __init__(self, message: str, details: str) -> None:
-        super().__init__(message)
-        self.details = details
 
 
 def _role_or_reason(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int, kernels: str) -> TracedRole:
@@ -430,53 +409,3 @@ def _role_or_reason(scenario: Scenario, plan: Plan, role: str, rank: int, seed: 
     except (DynamicOutputShapeException, DataDependentOutputException, UnsupportedOperatorException) as e:
         raise StratagemError(f"plan ({plan.short()}): cannot be traced on fake tensors ({role} stage): "
                              f"{type(e).__name__} in {e}") from None
-
-
-def _warm_imports() -> None:
-    """Import what the first fake-tensor op would import (torch._dynamo: seconds) once, before forking."""
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
-    import torch.distributed.pipelining  # noqa: F401
-    import torch.distributed.tensor.parallel  # noqa: F401
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        torch.empty(2, device="meta").normal_()
-
-
-def _forked(fn: Any, *args: Any) -> Any:
-    """fn(*args) in a forked child; its return value or its exception comes back through a pipe."""
-    import multiprocessing
-    import os
-    import traceback
-
-    ctx = multiprocessing.get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 0
-        try:
-            receiver.close()
-            try:
-                sender.send(("ok", fn(*args)))
-            except StratagemError as e:
-                sender.send(("error", e))
-            except BaseException as e:  # sent to the parent, which raises it with the child's traceback
-                sender.send(("crash", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-            sender.close()
-        finally:
-            os._exit(code)
-    sender.close()
-    try:
-        kind, value = receiver.recv()
-    except EOFError:
-        kind, value = "crash", "the tracing process died without a result"
-    finally:
-        receiver.close()
-        os.waitpid(pid, 0)
-    if kind == "ok":
-        return value
-    if kind == "error":
-        raise value
-    first = value.splitlines()[0] if value else "no result"
-    raise TraceFailed(f"the harness's step failed under tracing ({first[:400]})", value)
