@@ -141,13 +141,15 @@ def test_torchrun(tmp_path: Path) -> None:
 def test_torchrun_40_launches_without_an_abort_at_exit(tmp_path: Path) -> None:
     """Issue 22 item 7: the tp=2 case once died with SIGABRT ("terminate called without an active exception")
     after training, in interpreter teardown with gloo threads alive; the harness now leaves by os._exit
-    (harness.run.cli). 40 launches in a row, every one exit 0 with its result and no abort line."""
+    (harness.run.cli) after a barrier, without destroying the group (CI still saw 1 abort in 40 launches while
+    each rank destroyed it). 40 launches in a row, every one exit 0 with its result and no abort line; a
+    failure shows the aborting rank's Python stacks (faulthandler) in its stderr."""
     aborts = []
     for i in range(40):
         out = tmp_path / f"r{i}" / "result.json"
         (done,) = _run([_torchrun_tp2(out)], [ENV])
         if done.returncode != 0 or "terminate called" in done.stderr or not out.exists():
-            aborts.append((i, done.returncode, done.stderr[-600:]))
+            aborts.append((i, done.returncode, done.stderr[-6000:]))
     assert aborts == []
 
 

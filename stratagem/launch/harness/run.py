@@ -50,7 +50,7 @@ import warnings
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.spread import spread_of_samples
@@ -76,6 +76,9 @@ warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a vi
 
 PG_TIMEOUT_S = float(os.environ.get("STRATAGEM_PG_TIMEOUT_S", "300"))
 _EXIT_FAULT: list[str] = []  # "abort": an injected abort at exit after the result was written (_faults)
+
+Teardown = Literal["destroy", "leave"]
+"""How run_harness ends a process group it started (run_harness says each)."""
 
 
 def validate_plan(scenario: Scenario, plan: Plan, world_size: int) -> None:
@@ -283,8 +286,13 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int | None, warmup: int = 1,
 def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int | None, warmup: int = 1, seed: int = 0,
                 out: str | Path | None = None, memory_cap_gib: float | None = None,
                 checkpoint_dir: str | Path | None = None, checkpoint: bool = True,
-                budget: StepBudget | None = None) -> dict[str, Any]:
-    """Initialise the process group from the torchrun environment, run the plan, write `out` on rank 0."""
+                budget: StepBudget | None = None, teardown: Teardown = "destroy") -> dict[str, Any]:
+    """Initialise the process group from the torchrun environment, run the plan, write `out` on rank 0.
+
+    teardown, for a process group this call started: "destroy" destroys it (a library call in a process that
+    goes on); "leave" waits at a barrier after a successful run, so no rank exits while another still
+    communicates, and leaves the group to the process's end (the command line, which exits by os._exit: `cli`
+    says why)."""
     import torch
     import torch.distributed as dist
 
@@ -299,6 +307,7 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int | 
         device, backend = pick_device()
         dist.init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S),
                                 device_id=device if device.type == "cuda" else None)
+    finished = False
     try:
         result = run_plan(scn, the_plan, steps, warmup, seed, memory_cap_gib=memory_cap_gib,
                           checkpoint_dir=checkpoint_dir, checkpoint=checkpoint, budget=budget)
@@ -311,10 +320,23 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int | 
             tmp.replace(path)
             if injected_fault(the_plan) == "exit-abort":
                 _EXIT_FAULT.append("abort")
+        finished = True
         return result
     finally:
         if own_group and dist.is_initialized():
-            dist.destroy_process_group()
+            _end_group(teardown, finished)
+
+
+def _end_group(teardown: Teardown, finished: bool) -> None:
+    """End the process group run_harness started: destroy it, or (teardown "leave") only make every rank wait
+    for the others after a successful run; a failed run leaves at once (its peers' collectives fail or time out
+    as they would on a crash)."""
+    import torch.distributed as dist
+
+    if teardown == "destroy":
+        dist.destroy_process_group()
+    elif finished:
+        dist.barrier()  # gloo's barrier also waits for this rank's earlier work (ProcessGroupGloo::barrier)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -355,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise StratagemError(f"--step-budget-s/--min-steps/--max-steps: {str(e).splitlines()[-1].strip()}") from None
         steps = None if budget is not None else (args.steps if args.steps is not None else 5)
         run_harness(args.scenario, args.plan, steps, args.warmup, args.seed, args.out,
-                    args.memory_cap_gib, args.checkpoint_dir, not args.no_checkpoint, budget)
+                    args.memory_cap_gib, args.checkpoint_dir, not args.no_checkpoint, budget, teardown="leave")
     except StratagemError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -383,8 +405,15 @@ def cli(argv: list[str] | None = None) -> NoReturn:
     ("terminate called without an active exception", SIGABRT) after the result was written (pytorch issues
     190489 and PR 179291 trace the same path: decref -> gil_scoped_acquire -> take_gil ->
     PyThread_exit_thread -> terminate). Nothing is left to run after `main` (the result is written and
-    replaced atomically, the process group destroyed), so the process ends with os._exit: no finalization,
-    no thread can race it. Any exception is printed and exits 1, argparse's SystemExit keeps its code."""
+    replaced atomically), so the process ends with os._exit: no finalization, no thread can race it.
+    The process group is not destroyed either (run_harness teardown "leave"): 1 launch in 40 of the tp=2 case
+    still died with SIGABRT while rank 1 was alive when each rank destroyed its group before os._exit (CI,
+    torch 2.13; destroy_process_group shuts the gloo backends down with their threads running); each rank now
+    waits at a barrier for the others and exits with the group alive. faulthandler prints every thread's Python
+    stack should a rank still abort. Any exception is printed and exits 1, argparse's SystemExit keeps its code."""
+    import faulthandler
+
+    faulthandler.enable(all_threads=True)
     try:
         code = main(argv)
     except SystemExit as e:  # argparse: --help (0), a bad argument (2)
