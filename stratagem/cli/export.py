@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -26,7 +27,10 @@ from stratagem.evaluators import Evaluation, evaluate
 from stratagem.quantities import percent
 
 if TYPE_CHECKING:
+    from stratagem.launch.export import ExportBundle
     from stratagem.search.view import StudyView
+    from stratagem.spaces.plan import Plan
+    from stratagem.spaces.scenario import Scenario
 
 
 def _existing_view(path: Path | None, storage: str | None, study: str | None) -> StudyView | None:
@@ -75,9 +79,34 @@ def export_cmd(
     Which plan: --plan over the scenario's plan: section; --trial N or --best from the study; with none of them
     the study's best plan (as --best tokens), or the scenario's plan when no search has stored a study. One line
     on stderr says which."""
-    from stratagem.launch.export import choose_trial, export_plan, write_bundle
-    from stratagem.search.view import StudyView
+    from stratagem.launch.export import export_plan, write_bundle
 
+    _check_export_args(steps, output, scenario, searched)
+    path = scenario or searched
+    err = Console(stderr=True)
+    if plan is not None:
+        picked = _given_plan(path, plan, trial, best)
+    else:
+        picked = _study_plan(path, storage, study, trial, best, err)
+    if steps is None and to == "torchrun":
+        steps = picked.run_steps
+    bundle = export_plan(picked.scenario, picked.plan, to, nodes, evaluation=picked.evaluation, steps=steps,
+                         seed=seed if seed is not None else (picked.run_seed if picked.run_seed is not None else 0),
+                         source=picked.source, warmup=picked.run_warmup)
+    # said after the files are written: a refused -o is the one line of a failed export
+    written = write_bundle(bundle, output, force) if output is not None else []
+    _tell(err, picked.which, bundle, to)
+    if output is None:
+        for rel, text in bundle.files.items():
+            sys.stdout.write(f"==> {rel} <==\n{text}" + ("" if text.endswith("\n") else "\n"))
+        return
+    err.print(f"wrote {', '.join(str(p) for p in written)} ({picked.source})", markup=False, soft_wrap=True)
+
+
+def _check_export_args(steps: int | None, output: Path | None, scenario: Path | None,
+                       searched: Path | None) -> None:
+    """Refuse --steps below 1, an -o that is not a directory (or reached through a link) and two different
+    scenarios, before any study is opened."""
     if steps is not None and steps < 1:
         raise StratagemError(f"--steps ({steps}): must be at least 1 (the harness times that many steps)")
     if output is not None:  # refused now, before a study is opened (stratagem.files: no path through a link)
@@ -89,58 +118,80 @@ def export_cmd(
             check_dir(output, output, "-o")
     if scenario is not None and searched is not None and scenario != searched:
         raise StratagemError("--scenario: give the scenario once (SCENARIO or --scenario)")
-    path = scenario or searched
-    err = Console(stderr=True)
-    run_steps = run_seed = run_warmup = None
-    if plan is not None:
-        if trial is not None or best is not None:
-            raise StratagemError("--plan: give one of --plan, --trial, --best")
-        if path is None:
-            raise StratagemError("--plan: needs the scenario (stratagem export SCENARIO.yaml --plan ...)")
-        picked = pick_plan("export", path, plan)
-        scn, pl, source = picked.scenario, picked.plan, f"scenario {path}"
-        ev: Evaluation | None = evaluate(scn, pl)
-        which = picked.origin
-    else:
-        view = (StudyView.open(*study_location("export", path, storage, study)) if trial is not None
-                or best is not None else _existing_view(path, storage, study))
-        if view is None:
-            assert path is not None  # study_location refused a missing scenario and storage
-            picked = pick_plan("export", path, None)
-            scn, pl, source = picked.scenario, picked.plan, f"scenario {path}"
-            ev = evaluate(scn, pl)
-            url, name = study_location("export", path, storage, study)
-            which = (f"exporting the scenario's plan {pl.short()}: no study {name} in {url} (run stratagem search "
-                     f"{path} first to export its best plan)")
-        else:
-            from stratagem import reports
 
-            note = reports.unfinished_note(view.study)
-            if note:
-                err.print(f"note: {note}", markup=False, soft_wrap=True)
-            chosen = choose_trial(view.study, trial, best)
-            scn, pl, ev, source = chosen.scenario, chosen.plan, chosen.evaluation, chosen.source
-            run_steps, run_seed, run_warmup = chosen.steps, chosen.seed, chosen.warmup
-            which = (f"exporting trial #{chosen.trial}: {pl.short()}" if trial is not None else
-                     f"exporting the study's best plan (--best {best or 'tokens'}), trial #{chosen.trial}: "
-                     f"{pl.short()}; {chosen.why}")
-    if steps is None and to == "torchrun":
-        steps = run_steps
-    bundle = export_plan(scn, pl, to, nodes, evaluation=ev, steps=steps,
-                         seed=seed if seed is not None else (run_seed if run_seed is not None else 0), source=source,
-                         warmup=run_warmup)
-    # said after the files are written: a refused -o is the one line of a failed export
-    written = write_bundle(bundle, output, force) if output is not None else []
+
+@dataclass(frozen=True)
+class _Picked:
+    """The plan to export, where it comes from, and the measured run's settings when it is a trial."""
+
+    scenario: Scenario
+    """The scenario the plan runs in."""
+    plan: Plan
+    """The plan exported."""
+    evaluation: Evaluation | None
+    """Its evaluation (the trial's, else the analytic one)."""
+    source: str
+    """Where the plan comes from, as the bundle's comments and the `wrote` line name it."""
+    which: str
+    """The stderr line that says which plan is exported."""
+    run_steps: int | None = None
+    """The measured trial's timed steps (torchrun's default --steps); None for a plan not from a trial."""
+    run_seed: int | None = None
+    """The measured trial's seed (the default --seed); None for a plan not from a trial."""
+    run_warmup: int | None = None
+    """The measured trial's warm-up steps; None for a plan not from a trial."""
+
+
+def _given_plan(path: Path | None, plan: str, trial: int | None, best: str | None) -> _Picked:
+    """--plan over the scenario's plan: section (alone: not with --trial or --best)."""
+    if trial is not None or best is not None:
+        raise StratagemError("--plan: give one of --plan, --trial, --best")
+    if path is None:
+        raise StratagemError("--plan: needs the scenario (stratagem export SCENARIO.yaml --plan ...)")
+    picked = pick_plan("export", path, plan)
+    return _Picked(picked.scenario, picked.plan, evaluate(picked.scenario, picked.plan), f"scenario {path}",
+                   picked.origin)
+
+
+def _study_plan(path: Path | None, storage: str | None, study: str | None, trial: int | None, best: str | None,
+                err: Console) -> _Picked:
+    """--trial N or --best from the study (it must exist); with neither, the study's best plan when a search
+    stored the study, else the scenario's plan. A note on stderr when the study's search did not finish."""
+    from stratagem.launch.export import choose_trial
+    from stratagem.search.view import StudyView
+
+    view = (StudyView.open(*study_location("export", path, storage, study)) if trial is not None
+            or best is not None else _existing_view(path, storage, study))
+    if view is None:
+        assert path is not None  # study_location refused a missing scenario and storage
+        picked = pick_plan("export", path, None)
+        pl = picked.plan
+        ev = evaluate(picked.scenario, pl)
+        url, name = study_location("export", path, storage, study)
+        return _Picked(picked.scenario, pl, ev, f"scenario {path}",
+                       f"exporting the scenario's plan {pl.short()}: no study {name} in {url} (run stratagem search "
+                       f"{path} first to export its best plan)")
+    from stratagem import reports
+
+    note = reports.unfinished_note(view.study)
+    if note:
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
+    chosen = choose_trial(view.study, trial, best)
+    pl = chosen.plan
+    which = (f"exporting trial #{chosen.trial}: {pl.short()}" if trial is not None else
+             f"exporting the study's best plan (--best {best or 'tokens'}), trial #{chosen.trial}: "
+             f"{pl.short()}; {chosen.why}")
+    return _Picked(chosen.scenario, pl, chosen.evaluation, chosen.source, which, chosen.steps, chosen.seed,
+                   chosen.warmup)
+
+
+def _tell(err: Console, which: str, bundle: ExportBundle, to: str) -> None:
+    """On stderr: which plan is exported, and how many of its fields the target cannot express or approximates."""
     err.print(which, markup=False, highlight=False, soft_wrap=True)
     if bundle.notes:
         fields = ", ".join(dict.fromkeys(n.field for n in bundle.notes))
         err.print(f"{to}: {len(bundle.unexpressed)} field(s) not expressible, {len(bundle.approximated)} "
                   f"approximated ({fields}); see the comments in {bundle.main}", markup=False, soft_wrap=True)
-    if output is None:
-        for rel, text in bundle.files.items():
-            sys.stdout.write(f"==> {rel} <==\n{text}" + ("" if text.endswith("\n") else "\n"))
-        return
-    err.print(f"wrote {', '.join(str(p) for p in written)} ({source})", markup=False, soft_wrap=True)
 
 
 @app.command("reproduce")
