@@ -5,6 +5,7 @@ result: ok, oom, timeout); 1 only when nothing could be measured (the line says 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,7 +19,11 @@ from stratagem.quantities import duration, sig
 from stratagem.spaces import load_scenario
 
 if TYPE_CHECKING:
+    from stratagem.evaluators import Calibration
+    from stratagem.search.runner import SearchResult
+    from stratagem.search.screening import Mode
     from stratagem.search.session import MeasureResult, SearchSession
+    from stratagem.spaces.scenario import Scenario
 
 
 @app.command("search")
@@ -65,18 +70,64 @@ def search_cmd(
     """Search the plan space: screen it analytically, store the Pareto front in an Optuna study, optionally
     measure the best survivors as real runs through Ray (recalibrating the model), show the front and write
     the HTML report."""
-    from stratagem.reports import check_output, output_format
     from stratagem.reports import terminal as view
-    from stratagem.search import check_sampler
-    from stratagem.search.budget import check_run_timeout
     from stratagem.search.session import SearchSession
 
     # Everything a user can get wrong is checked here, before screening, Ray or any file is touched.
+    _check_limits(timeout, budget_minutes, run_timeout)
+    setup = _setup(scenario, storage, study, sampler, calibration, runs_dir, report, no_report)
+    out = Console(stderr=True) if as_json else console
+    with view.EventPrinter(out, progress=not as_json) as printer:
+        session = SearchSession(setup.scenario, setup.url, setup.name, calibration=setup.calibration,
+                                sampler=setup.sampler, listener=printer, calibration_source=setup.calibration_label)
+        session.screen(n_trials=None if real_runs else n_trials, timeout=None if real_runs else timeout)
+        result = session.store()
+        if traced:  # the traced fidelity (stratagem/search/traced.py): refits logits_bytes, re-screens
+            result = _traced(session, traced, out)
+        measured = _real_runs(session, setup.runs, (real_runs, remeasure), ray_address, steps, budget_minutes,
+                              run_timeout, n_trials, timeout, out) if real_runs else None
+    _show(session, result, measured, setup, out, as_json, top)
+
+
+def _check_limits(timeout: float | None, budget_minutes: float | None, run_timeout: float | None) -> None:
+    """--timeout and --budget-minutes above 0, --run-timeout as search.budget allows."""
+    from stratagem.search.budget import check_run_timeout
+
     for option, value in (("--timeout", timeout), ("--budget-minutes", budget_minutes)):
         if value is not None and not value > 0:
             raise StratagemError(f"{option} ({value:g}): must be > 0")
     check_run_timeout(run_timeout)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What the search works with, settled before screening: the scenario, its study, where runs and report go."""
+
+    scenario: Scenario
+    """The scenario loaded."""
+    calibration: Calibration | None
+    """--calibration over cluster.calibration (None: the published constants)."""
+    calibration_label: str
+    """Which calibration, as the `calibration:` line says."""
+    sampler: Mode
+    """The --sampler mode."""
+    url: str
+    """The study's storage URL, absolute."""
+    name: str
+    """The study's name."""
+    runs: Path
+    """The real runs' logs folder (one subfolder per worker)."""
+    report: Path | None
+    """The HTML report's path; None with --no-report."""
+
+
+def _setup(scenario: Path, storage: str | None, study: str | None, sampler: str, calibration: Path | None,
+           runs_dir: Path | None, report: Path | None, no_report: bool) -> _Setup:
+    """Load the scenario and its calibration, check the sampler, locate the study (a storage that outlives the
+    job), the runs folder and the report (.html only), refusing what is wrong before anything is written."""
     from stratagem.cli.runs_dir import absolute_storage, check_storage_outlives, in_ray_job_copy, runs_root
+    from stratagem.reports import check_output, output_format
+    from stratagem.search import check_sampler
 
     scenario = scenario.resolve()  # paths fixed at start: a Ray job's cwd is a copy Ray may delete
     scn = load_scenario(scenario)
@@ -92,34 +143,39 @@ def search_cmd(
     if report_path is not None and output_format(report_path, None) != "html":
         raise StratagemError(f"--report ({report_path}): the search writes an HTML report; name it .html (other "
                              "formats: stratagem report -o)")
-    out = Console(stderr=True) if as_json else console
-    with view.EventPrinter(out, progress=not as_json) as printer:
-        session = SearchSession(scn, url, name, calibration=cal, sampler=mode, listener=printer,
-                                calibration_source=cal_label)
-        session.screen(n_trials=None if real_runs else n_trials, timeout=None if real_runs else timeout)
-        result = session.store()
-        if traced:  # the traced fidelity (stratagem/search/traced.py): refits logits_bytes, re-screens
-            from stratagem.launch.trace.run import trace_plan
+    return _Setup(scn, cal, cal_label, mode, url, name, runs, report_path)
 
-            done = session.trace(traced, trace_plan, lambda key, ev, why: out.print(
-                view.traced_line(key, ev, why), markup=False, soft_wrap=True))
-            out.print(f"traced {done.traced} plan(s) in {duration(done.seconds)}; logits_bytes refitted to "
-                      f"{sig(done.calibration.logits_bytes)}", markup=False)
-            result = done.search
-        measured = _real_runs(session, runs, (real_runs, remeasure), ray_address, steps, budget_minutes,
-                              run_timeout, n_trials, timeout, out) if real_runs else None
+
+def _traced(session: SearchSession, k: int, out: Console) -> SearchResult:
+    """Trace up to `k` plans (SearchSession.trace), a line per plan and one for the refit; the search after it."""
+    from stratagem.launch.trace.run import trace_plan
+    from stratagem.reports import terminal as view
+
+    done = session.trace(k, trace_plan, lambda key, ev, why: out.print(
+        view.traced_line(key, ev, why), markup=False, soft_wrap=True))
+    out.print(f"traced {done.traced} plan(s) in {duration(done.seconds)}; logits_bytes refitted to "
+              f"{sig(done.calibration.logits_bytes)}", markup=False)
+    return done.search
+
+
+def _show(session: SearchSession, result: SearchResult, measured: MeasureResult | None, setup: _Setup,
+          out: Console, as_json: bool, top: int) -> None:
+    """The measured runs, the calibration line, the front (a table, or JSON on stdout), the report written;
+    exit 1 when real runs were asked for and nothing could be measured."""
+    from stratagem.reports import terminal as view
+
     if measured is not None:
         view.print_measured(out, measured)
         result = measured.search
-    out.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
+    out.print(f"calibration: {setup.calibration_label}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         print(view.result_json(result))
     else:
         view.print_result(console, result, top)
-    if report_path is not None:
+    if setup.report is not None:
         from stratagem.reports import write_report
 
-        path = write_report(session.study, report_path)
+        path = write_report(session.study, setup.report)
         out.print(f"report:   {path}", markup=False, soft_wrap=True)
     if measured is not None and measured.nothing_measured:
         Console(stderr=True).print(f"error: nothing could be measured: {measured.nothing_measured}", markup=False,
