@@ -41,7 +41,9 @@ def test_the_space_less_the_plans_the_harness_refuses() -> None:
     assert [format_plan(p) for p in kept] == ["dp=4,precision=fp32"]
     assert list(said) == ["pp=4,micro_batch_size=4,precision=fp32"] and "1f1b" in said[list(said)[0]]
     assert {p.micro_batch_size for p in plans} == {1, 2, 4, 8}
-    assert {p.activation_checkpointing for p in plans} == {"none", "selective", "full"}
+    # stratagem's selective is not in the torch space (torchtitan has no such policy: spaces/exclusions.py); the
+    # published table (bench/data/cpu-table.json) was measured before and keeps its selective plans
+    assert {p.activation_checkpointing for p in plans} == {"none", "full"}
     assert [format_plan(p) for p in mt.table_plans(scn, None, 4)[0]] == [format_plan(p) for p in plans[:4]]
 
 

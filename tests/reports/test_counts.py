@@ -159,7 +159,7 @@ def test_a_measured_search_prints_one_set_of_counts(tmp_path: Path) -> None:
     from stratagem.spaces import Plan, load_scenario
     from stratagem.spaces.columns import PlanColumns
 
-    plans = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=4, micro_batch_size=2)]
+    plans = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2), Plan(dp=4, micro_batch_size=2)]
     url = f"journal:{tmp_path / 's.log'}"
     mf = run_multifidelity(load_scenario(SCENARIO), url, "s", KnownConstants(oom={plans[0].short()}), real_runs=3,
                            candidates=PlanColumns.from_plans(plans))

@@ -22,7 +22,7 @@ def test_lost_runs_are_orphaned_until_measured_or_claimed(tmp_path: Path) -> Non
     space = SearchSpace(scn)
     backend = open_storage(parse_storage(f"sqlite:///{tmp_path / 'c.db'}"))
     study = optuna.create_study(storage=backend, study_name="c", directions=list(DIRECTIONS))
-    a, b, c = Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2)
+    a, b, c = Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2)
     claim(backend, study, space, a, "front")
     cb = claim(backend, study, space, b, "boundary")
     claim(backend, study, space, c, "candidate")
@@ -68,7 +68,7 @@ def test_a_lost_plan_runs_again_before_the_ranking_moves_on(tmp_path: Path) -> N
 
     scn = load_scenario(SCENARIO)
     url = f"sqlite:///{tmp_path / 'o.db'}"
-    plans = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2)]
+    plans = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2)]
     cols = PlanColumns.from_plans(plans)
     first = run_multifidelity(scn, url, "o", KnownConstants(), real_runs=1, candidates=cols, n_trials=0)
     backend = open_storage(parse_storage(url))

@@ -30,7 +30,7 @@ from stratagem.spaces.plan import format_plan
 
 STANDIN = Path(__file__).with_name("standin.py")
 ROOT = Path(__file__).resolve().parents[2]
-PLANS = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=4, micro_batch_size=2)]
+PLANS = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2), Plan(dp=4, micro_batch_size=2)]
 
 
 def _study(url: str, name: str) -> optuna.Study:
@@ -39,7 +39,7 @@ def _study(url: str, name: str) -> optuna.Study:
 
 def test_candidates_restrict_runs_and_unsupported_plans_are_skipped(tmp_path: Path) -> None:
     scn = load_scenario(SCENARIO)
-    allowed = [Plan(dp=4), Plan(dp=4, zero_stage=3), Plan(dp=2, tp=2), Plan(dp=4, micro_batch_size=2)]
+    allowed = [Plan(dp=4), Plan(dp=4, zero_stage=3), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=4, micro_batch_size=2)]
     ev = KnownConstants()
     url = f"sqlite:///{tmp_path / 's.db'}"
     mf = run_multifidelity(scn, url, "mf", ev, real_runs=10, candidates=PlanColumns.from_plans(allowed))
@@ -84,12 +84,12 @@ def test_candidates_outside_the_space_are_a_user_error(tmp_path: Path) -> None:
 def test_infra_failure_is_retried_not_stored_as_the_plans_verdict(tmp_path: Path) -> None:
     scn = load_scenario(SCENARIO)
     url = f"sqlite:///{tmp_path / 'i.db'}"
-    ev = KnownConstants(infra={Plan(dp=2, tp=2).short()})
+    ev = KnownConstants(infra={Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2).short()})
     mf = run_multifidelity(scn, url, "i", ev, real_runs=4, candidates=PlanColumns.from_plans(PLANS))
     assert mf.measured == 4 and mf.statuses == {"ok": 4, "infra": 1}
-    assert mf.ok_runs == 4 and mf.runs == 5 and mf.first_failure.startswith(f"{Plan(dp=2, tp=2).short()}: infra: ")
+    assert mf.ok_runs == 4 and mf.runs == 5 and mf.first_failure.startswith(f"{Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2).short()}: infra: ")
     st = _study(url, "i")
-    mine = [t for t in st.trials if t.user_attrs.get("plan") == plan_key(Plan(dp=2, tp=2))
+    mine = [t for t in st.trials if t.user_attrs.get("plan") == plan_key(Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2))
             and t.user_attrs.get("fidelity") == "measured"]
     assert sorted(t.state.name for t in mine) == ["COMPLETE", "FAIL"]
     failed = next(t for t in mine if t.state == TrialState.FAIL)
@@ -126,7 +126,7 @@ def _worker(url: str, name: str, k: int, delay: float, plans: list[Plan]) -> sub
 @pytest.mark.timeout(300)
 def test_workers_on_one_study_measure_each_plan_once(shared_url: str) -> None:
     url = shared_url
-    many = PLANS + [Plan(dp=1, tp=2, pp=2), Plan(dp=2, tp=2, micro_batch_size=2)]
+    many = PLANS + [Plan(dp=1, tp=2, pp=2, sequence_parallel=True), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2, micro_batch_size=2)]
     workers = [_worker(url, "w", 5, 2.0, many) for _ in range(2)]
     outs = [w.communicate(timeout=240) for w in workers]
     for w, (_, err) in zip(workers, outs, strict=True):
@@ -142,7 +142,7 @@ def test_workers_on_one_study_measure_each_plan_once(shared_url: str) -> None:
 @pytest.mark.timeout(300)
 def test_a_killed_workers_claim_is_taken_over(shared_url: str) -> None:
     url = shared_url
-    plans = [Plan(dp=4), Plan(dp=2, tp=2)]
+    plans = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2)]
     open_storage(parse_storage(url))  # Optuna's tables first: the polling below must not create them racing the worker
     victim = _worker(url, "k", 1, 120.0, plans)  # claims one plan, then sleeps in its "run"
     deadline = time.monotonic() + 120

@@ -18,7 +18,7 @@ from stratagem.search.session import SearchSession
 from stratagem.spaces import Plan, load_scenario
 from stratagem.spaces.columns import PlanColumns
 
-PLANS = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(tp=4)]
+PLANS = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2), Plan(tp=4, sequence_parallel=True)]
 
 
 def _session(tmp_path: Path) -> SearchSession:

@@ -59,8 +59,8 @@ WRITES: list[tuple[str, Role, Evaluation, float]] = [
     ("dp=4", "front", _ev("dp=4", speed=100.0), USABLE),                                       # 0
     ("dp=4", "front", _ev("dp=4", "measured", "oom"), USABLE),                                 # 1
     # B: a prediction, then a recalibrated one -> the latest analytic stands
-    ("dp=2,tp=2", "sample", _ev("dp=2,tp=2"), USABLE),                                         # 2
-    ("dp=2,tp=2", "recalibrated", _ev("dp=2,tp=2", speed=2.0), USABLE),                        # 3
+    ("dp=2,tp=2,sp=true,zero=2", "sample", _ev("dp=2,tp=2,sp=true,zero=2"), USABLE),                                         # 2
+    ("dp=2,tp=2,sp=true,zero=2", "recalibrated", _ev("dp=2,tp=2,sp=true,zero=2", speed=2.0), USABLE),                        # 3
     # C: predicted, traced, predicted again -> traced beats the later analytic
     ("dp=4,zero=3", "boundary", _ev("dp=4,zero=3"), USABLE),                                   # 4
     ("dp=4,zero=3", "boundary", _ev("dp=4,zero=3", "traced", speed=1.5), USABLE),              # 5
@@ -68,17 +68,17 @@ WRITES: list[tuple[str, Role, Evaluation, float]] = [
     # D: the sampler's measured plan that ran fine -> the only feasible measured plan
     ("dp=1,pp=4", "sampler", _ev("dp=1,pp=4", "measured", speed=0.5), USABLE),                 # 7
     # E: breaks a rule
-    ("dp=2,pp=2", "boundary", _ev("dp=2,pp=2", status="infeasible"), USABLE),                  # 8
+    ("dp=2,pp=2,zero=2", "boundary", _ev("dp=2,pp=2,zero=2", status="infeasible"), USABLE),                  # 8
     # F: failed, then timed out -> the latest measured stands
-    ("dp=2,pp=2,zero=1", "front", _ev("dp=2,pp=2,zero=1", "measured", "failed"), USABLE),      # 9
-    ("dp=2,pp=2,zero=1", "front", _ev("dp=2,pp=2,zero=1", "measured", "timeout"), USABLE),     # 10
+    ("dp=2,pp=2,zero=3", "front", _ev("dp=2,pp=2,zero=3", "measured", "failed"), USABLE),      # 9
+    ("dp=2,pp=2,zero=3", "front", _ev("dp=2,pp=2,zero=3", "measured", "timeout"), USABLE),     # 10
     # G: fits HBM but not the search's margin -> PRUNED, constraint > 0
-    ("dp=2,tp=2,zero=1", "candidate", _ev("dp=2,tp=2,zero=1"), 1e-6),                                 # 11
+    ("dp=2,tp=2,sp=true,zero=3", "candidate", _ev("dp=2,tp=2,sp=true,zero=3"), 1e-6),                                 # 11
     # D again: re-measured (search/noise.py pools its runs) -> the latest measured stands
     ("dp=1,pp=4", "remeasured", _ev("dp=1,pp=4", "measured", speed=0.6), USABLE),             # 12
 ]
-STANDS = {"dp=4": (1, False), "dp=2,tp=2": (3, True), "dp=4,zero=3": (5, True), "dp=1,pp=4": (12, True),
-          "dp=2,pp=2": (8, False), "dp=2,pp=2,zero=1": (10, False), "dp=2,tp=2,zero=1": (11, False)}
+STANDS = {"dp=4": (1, False), "dp=2,tp=2,sp=true,zero=2": (3, True), "dp=4,zero=3": (5, True), "dp=1,pp=4": (12, True),
+          "dp=2,pp=2,zero=2": (8, False), "dp=2,pp=2,zero=3": (10, False), "dp=2,tp=2,sp=true,zero=3": (11, False)}
 """plan -> (number of the trial that stands for it, feasible)."""
 
 
@@ -155,13 +155,13 @@ def test_export_never_picks_a_superseded_prediction(tmp_path: Path) -> None:
     for n in (0, 1, 2):  # A predicted fastest, measured oom; B predicted
         _, role, ev, usable = WRITES[n]
         study.add_trial(evaluation_trial(SPACE, ev, usable, role, prov))
-    assert choose_trial(study, best="tokens").plan == parse_plan("dp=2,tp=2")
+    assert choose_trial(study, best="tokens").plan == parse_plan("dp=2,tp=2,sp=true,zero=2")
 
 
 def test_multifidelity_reader_agrees(study: optuna.Study) -> None:
     got = measured_trials(study)
     assert {k: t.number for k, t in got.items()} == {key("dp=4"): 1, key("dp=1,pp=4"): 12,
-                                                     key("dp=2,pp=2,zero=1"): 10}
+                                                     key("dp=2,pp=2,zero=3"): 10}
 
 
 def test_a_plan_without_trials_has_no_standing() -> None:

@@ -25,7 +25,7 @@ from stratagem.search.storage import open_storage, parse_storage
 from stratagem.spaces import Plan, SearchSpace, load_scenario
 from stratagem.spaces.columns import PlanColumns
 
-PLANS = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=4, micro_batch_size=2)]
+PLANS = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2), Plan(dp=4, micro_batch_size=2)]
 
 
 def test_status_counts_measured_claimed_infra_and_budget(tmp_path: Path) -> None:

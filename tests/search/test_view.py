@@ -18,7 +18,7 @@ from stratagem.search.view import StudyView
 from stratagem.spaces import Plan, load_scenario
 from stratagem.spaces.columns import PlanColumns
 
-PLANS = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2)]
+PLANS = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2)]
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
