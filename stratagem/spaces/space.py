@@ -236,6 +236,7 @@ class SearchSpace:
         self.scenario = scenario
         self.config = cfg = config or scenario.search or SearchConfig()
         self.notes: list[str] = []  # listed axis values that occur in no valid plan here (ignored)
+        self._left_out: dict[str, str] = {}  # the stack's exclusions that removed choices: name -> reason
         m, cl, tr = scenario.model, scenario.cluster, scenario.training
         rec = tr.record  # the stack's capabilities (spaces/stacks.py): the space holds only plans it can run
         world, layers = cl.num_gpus, m.num_layers
@@ -333,6 +334,10 @@ class SearchSpace:
                     # the non-interleaved ones)
                     honoured = [x for x in schedules if SCHEDULES[x] == "interleaved"
                                 or rec.schedule_exclusion(SCHEDULES[x], c, 1) is None]
+                    for x in (x for x in schedules if x not in honoured and p > 1):
+                        ex = rec.schedule_exclusion(SCHEDULES[x], c, 1)
+                        self._left_out.setdefault(f"{SCHEDULES[x]} with {ex.when}" if ex else SCHEDULES[x],
+                                                  ex.reason if ex else "")
                     pipe = self._pipe(p, gbs // d, honoured, c)
                     sp = tuple(sps) if t > 1 else (0,)
                     if t > 1 and m.moe is not None and rec.moe_tp_requires_sp:  # stacks.py: MoE + TP needs SP
@@ -352,7 +357,7 @@ class SearchSpace:
         if not layouts:
             raise StratagemError(
                 f"search: no valid plan for {scenario.name} under this search section (tp {tps}, pp {pps}, "
-                f"cp {cps}); widen the axes, or set cross_node_tp: allow")
+                f"cp {cps}); widen the axes, or set cross_node_tp: allow{self._left_out_text()}")
         self.layouts: tuple[_Layout, ...] = tuple(layouts)
         for name, spec in (("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp), ("dp", cfg.dp), ("ep", cfg.ep),
                            ("etp", cfg.etp)):
@@ -459,7 +464,10 @@ class SearchSpace:
             mask = np.ones(n, dtype=bool)
             for ex in rec.plan_exclusions:
                 if ex.reads == reads:
-                    mask &= ~np.broadcast_to(np.asarray(ex.applies(f), dtype=bool), (n,))
+                    hit = np.broadcast_to(np.asarray(ex.applies(f), dtype=bool), (n,))
+                    if hit[mask].any():
+                        self._left_out.setdefault(ex.name, ex.reason)
+                    mask &= ~hit
             keep[reads] = mask
         if not keep["layout"].all():
             return None
@@ -482,6 +490,14 @@ class SearchSpace:
             out.extend((z, r, o) for r in reps if dp * cp // r > 1 for o in offloads)
         return tuple(out)
 
+    def _left_out_text(self) -> str:
+        """For an error: the stack's exclusions that left choices out (spaces/exclusions.py), each with its fix."""
+        if not self._left_out:
+            return ""
+        rec = self.scenario.training.record.name
+        fixes = (f"{k} ({v[v.rfind('; use ') + 2:] if '; use ' in v else v})" for k, v in self._left_out.items())
+        return f"; the {rec} stack leaves out (spaces/exclusions.py) " + ", ".join(fixes)
+
     def _check_listed(self, name: str, spec: Any, possible: Sequence[Any], hint: str = "") -> None:
         """Values the scenario lists for an axis must occur in some valid plan: none of them -> an error;
         some -> a note (the same search section may serve other cluster sizes, e.g. capacity planning)."""
@@ -494,7 +510,7 @@ class SearchSpace:
         text = (f"search.{name} ({', '.join(map(str, missing))}): no valid plan of {self.scenario.name} has it; "
                 f"possible here: {', '.join(map(str, possible)) or 'none'}{hint}")
         if len(missing) == len(listed):
-            raise StratagemError(text)
+            raise StratagemError(text + self._left_out_text())
         if text not in self.notes:
             self.notes.append(text)
 

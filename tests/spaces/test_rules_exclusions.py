@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stratagem.errors import StratagemError
 from stratagem.spaces import SearchConfig, SearchSpace, load_scenario
 from stratagem.spaces.rules import column_facts
 from stratagem.spaces.scenario import Scenario
@@ -67,3 +68,14 @@ def test_megatron_keeps_what_only_the_torch_stack_excludes(mixtral: Scenario) ->
     count, excluded = _excluded(_with_stack(mixtral, "megatron", small))
     assert count > 0 and excluded > 0
     assert _excluded(_with_stack(mixtral, "torch", small))[1] == 0
+
+
+def test_a_search_section_left_empty_by_the_exclusions_says_which_and_the_fix() -> None:
+    tiny = load_scenario(ROOT / "examples" / "tiny-cpu.yaml")
+    for search, said in ((SearchConfig(tp=2, sequence_parallel=False), "tp_without_sp (use sequence_parallel=true"),
+                         (SearchConfig(pp=2, pp_schedule=["zero_bubble"]), "zero_bubble with one_chunk (use pp_schedule"),
+                         (SearchConfig(activation_checkpointing=["selective"], tp=1, pp=1, cp=1),
+                          "selective_recompute (use activation_checkpointing op")):
+        with pytest.raises(StratagemError, match="no valid plan") as err:
+            SearchSpace(tiny.model_copy(update={"search": search}))
+        assert said in str(err.value) and "spaces/exclusions.py" in str(err.value), str(err.value)
