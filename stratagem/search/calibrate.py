@@ -34,15 +34,18 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
 
-from stratagem.evaluators import Calibration, Evaluation, evaluate_many
+from stratagem.evaluators import Calibration, Evaluation
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.evaluators.fitting import (
     descend,
     lower_bound_loss,
     median_error,
 )
+from stratagem.evaluators.memory import memory_columns
+from stratagem.evaluators.timing import time_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
+from stratagem.units import GIB
 
 __all__ = ["CalibrationStep", "calibration_history", "CalibrationFit", "fit_calibration", "refit_step",
            "calibration_id", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS", "HELD_OUT"]
@@ -192,12 +195,20 @@ class _Data:
         return _Data(self.scenario, [self.runs[i] for i in keep], self.ooms)
 
     def predict(self, cal: Calibration) -> tuple[Array, Array]:
-        cols = evaluate_many(self.scenario, self.pc, cal)
-        return cols.step_s, cols.peak_gib
+        return self.predict_step(cal), self.predict_peak(cal)
+
+    def predict_step(self, cal: Calibration) -> Array:
+        """Predicted step seconds of the ok runs: evaluate_many's step_s, without the memory, checkpoint and
+        zone columns a time fit does not read (time_columns is independent of them)."""
+        return time_columns(self.scenario, self.pc, cal)["step_s"]
+
+    def predict_peak(self, cal: Calibration, pc: PlanColumns | None = None) -> Array:
+        """Predicted peak GiB of the ok runs' plans (or of `pc`'s): evaluate_many's peak_gib alone."""
+        return memory_columns(self.scenario, self.pc if pc is None else pc, cal)["peak"] / GIB
 
     def predict_ooms(self, cal: Calibration) -> Array:
         """Predicted peaks of the OOM runs' plans (empty without OOM runs)."""
-        return np.empty(0) if self.oom_pc is None else evaluate_many(self.scenario, self.oom_pc, cal).peak_gib
+        return np.empty(0) if self.oom_pc is None else self.predict_peak(cal, self.oom_pc)
 
     def without_oom(self, i: int) -> _Data:
         return _Data(self.scenario, self.runs, [e for k, e in enumerate(self.ooms) if k != i])
@@ -208,12 +219,12 @@ class _Data:
         return memory_error(peak_pred, measured, oom_pred, self.bound)
 
     def time_loss(self, cal: Calibration) -> float:
-        return float(np.mean((np.log(self.predict(cal)[0]) - np.log(self.step)) ** 2))
+        return float(np.mean((np.log(self.predict_step(cal)) - np.log(self.step)) ** 2))
 
     def memory_loss(self, cal: Calibration) -> float:
-        loss = float(np.sum((np.log(self.predict(cal)[1]) - np.log(self.peak)) ** 2))
+        loss = float(np.sum((np.log(self.predict_peak(cal)) - np.log(self.peak)) ** 2))
         if self.oom_pc is not None:
-            loss += lower_bound_loss(evaluate_many(self.scenario, self.oom_pc, cal).peak_gib, self.bound)
+            loss += lower_bound_loss(self.predict_ooms(cal), self.bound)
         return loss / (len(self.runs) + len(self.ooms))
 
 
