@@ -167,7 +167,7 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     assert _harness_processes() == []
     # Ray's agents exit on their own some seconds after their raylet; the runner's reaping (at start and after
     # shutdown) removes those whose raylet is gone. Give them that time, then nothing may be left.
-    from stratagem.launch.runners.ray_runner import _ray_helpers, reap_orphans
+    from stratagem.launch.runners.ray_session import ray_helpers, reap_orphans
     from stratagem.procfs import alive
 
     deadline = time.monotonic() + 30
@@ -175,7 +175,7 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
         reap_orphans()
         time.sleep(1)
     left = _ray_processes()
-    assert left == [], (left, {pid: (raylet, alive(raylet)) for pid, raylet in _ray_helpers().items()})
+    assert left == [], (left, {pid: (raylet, alive(raylet)) for pid, raylet in ray_helpers().items()})
 
 
 def test_local_rank_and_visible_devices_are_per_node() -> None:
@@ -240,13 +240,13 @@ def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Pat
 def test_only_old_unnamed_session_dirs_are_removed() -> None:
     import tempfile
 
-    from stratagem.launch.runners.ray_runner import _remove_stale_temp_dirs
+    from stratagem.launch.runners.ray_session import remove_stale_temp_dirs
 
     old = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
     fresh = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     try:
-        removed = _remove_stale_temp_dirs()
+        removed = remove_stale_temp_dirs()
         assert old in removed and not os.path.exists(old)
         assert fresh not in removed and os.path.isdir(fresh)  # maybe a session being started right now
     finally:
@@ -259,16 +259,16 @@ def test_only_old_unnamed_session_dirs_are_removed() -> None:
 
 def _rank_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plan_text: str, faults: dict[str, str],
                   *extra: str) -> dict:
-    """Run `plan_text` as rank 0 of 1 the way _RankWorker.run does (no Ray needed to call it), with tmp_path
+    """Run `plan_text` as rank 0 of 1 the way RankWorker.run does (no Ray needed to call it), with tmp_path
     as the node's temp dir (where the rank dir goes)."""
     import tempfile
 
-    from stratagem.launch.runners.ray_runner import _RankWorker
+    from stratagem.launch.runners.ray_rank import RankWorker
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     scenario_yaml = yaml.safe_dump(scenario_from_dict(SCENARIO).model_dump(mode="json", exclude={"search"}))
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "STRATAGEM_FAULTS": json.dumps(faults)}
-    return _RankWorker().run(scenario_yaml, plan_text, {"extra": ["--steps", "2", "--warmup", "1", *extra]}, env, 0)
+    return RankWorker().run(scenario_yaml, plan_text, {"extra": ["--steps", "2", "--warmup", "1", *extra]}, env, 0)
 
 
 def test_an_abort_at_exit_after_the_result_is_an_ok_run_that_says_so(tmp_path: Path,

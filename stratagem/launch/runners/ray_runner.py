@@ -30,6 +30,8 @@ shutdown it waits for the session's processes to exit, kills the ones that linge
 runtime-env agents, which the raylet always starts: Ray 2.60 has no switch to skip them; the dashboard head is
 off) and removes the temp dir; at start it reaps agents of dead sessions and removes stale temp dirs. Joined to
 an external cluster (`address`) it reaps nothing and does not wait.
+
+The rank actor is ray_rank.RankWorker; the session's processes and the reaping live in ray_session.py.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -56,6 +57,17 @@ import yaml
 
 from stratagem import procfs
 from stratagem.launch.harness.budget import StepBudget, budget_args
+from stratagem.launch.runners.ray_rank import RankWorker
+from stratagem.launch.runners.ray_session import (
+    SESSION_ENV,
+    TEMP_PREFIX,
+    ray_helpers,
+    reap_orphans,
+    reap_rank_dirs,
+    reap_session_dirs,
+    remove_stale_temp_dirs,
+    session_pids,
+)
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.scenario import Scenario
 
@@ -65,12 +77,6 @@ __all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_l
 
 RunStatus = Literal["ok", "oom", "failed", "timeout", "infra"]
 _TAIL_LINES = 20
-_LOG_BYTES = 4 << 20  # per rank log returned to the driver (its end)
-_TEMP_PREFIX = "stratagem-ray-"  # + the driver's pid + "-"
-SESSION_ENV = "STRATAGEM_RAY_SESSION"
-"""Set to the session's temp dir in the driver before ray.init: every process of the session inherits it."""
-_STALE_S = 300.0  # a session temp dir nobody names for this long is a dead run's
-_RANK_PREFIX = "stratagem-rank-"  # + the actor's pid + "-": one rank's work dir on its node
 START_ATTEMPTS = 2
 """Tries to start a local Ray session (Ray's raylet registration window is a fixed 30 s)."""
 LOG_STREAM_S = 3.0
@@ -133,88 +139,6 @@ def local_layout(nodes: Sequence[str], gpus: Sequence[Sequence[str]] | None = No
             env["CUDA_VISIBLE_DEVICES"] = ",".join(g for r in peers for g in gpus[r])
         out.append(env)
     return out
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die when the actor dies
-    except OSError:
-        pass
-
-
-class _RankWorker:
-    """A Ray actor holding one bundle; runs one rank of the harness as a child process on its node (two
-    concurrent calls: `kill` while `run` waits)."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.killed = False
-        self.log_path: Path | None = None
-
-    def where(self) -> dict[str, Any]:
-        """This rank's node: IP, a free port (used by rank 0 as MASTER_PORT), Ray's GPU ids."""
-        import socket
-
-        import ray
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = int(s.getsockname()[1])
-        return {"ip": ray.util.get_node_ip_address(), "port": port,  # type: ignore[no-untyped-call]
-                "node": ray.get_runtime_context().get_node_id(),
-                "gpus": [str(g) for g in ray.get_gpu_ids()]}
-
-    def run(self, scenario_yaml: str, plan_text: str, args: dict[str, Any], env: dict[str, str],
-            rank: int) -> dict[str, Any]:
-        """Write the scenario to a temp dir here, run the harness, return code, log (its end) and result.
-
-        The dir is named after this actor's pid and is the harness's TMPDIR (its timed checkpoint included):
-        removed at the end, and by the next rank on this node when this actor died without cleaning up."""
-        reap_rank_dirs()
-        work = Path(tempfile.mkdtemp(prefix=f"{_RANK_PREFIX}{os.getpid()}-"))
-        try:
-            (work / "scenario.yaml").write_text(scenario_yaml)
-            cmd = [sys.executable, "-m", "stratagem.launch.harness", "--scenario", "scenario.yaml", "--plan",
-                   plan_text, "--out", "result.json", *args["extra"]]
-            log_path = self.log_path = work / "rank.log"
-            with open(log_path, "wb") as log:
-                if self.killed:
-                    return {"code": -9, "log": "", "result": None}
-                env = {**os.environ, **env, "TMPDIR": str(work)}
-                self.proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log,
-                                             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-                code = self.proc.wait()
-            with open(log_path, "rb") as f:
-                f.seek(max(0, log_path.stat().st_size - _LOG_BYTES))
-                text = f.read().decode(errors="replace")
-            out = work / "result.json"
-            # rank 0 replaces result.json atomically after the last collective: present means complete, even
-            # when a rank died at exit afterwards (_classify names that case)
-            result = out.read_text() if rank == 0 and out.exists() else None
-            return {"code": code, "log": text, "result": result}
-        finally:
-            self.log_path = None
-            shutil.rmtree(work, ignore_errors=True)
-
-    def read_log(self, offset: int) -> tuple[str, int]:
-        """The log written since byte `offset` (at most _LOG_BYTES) and the new offset; ('', offset) when the
-        rank has not started or has finished (run() returns the whole log then)."""
-        path = self.log_path
-        try:
-            with open(path, "rb") if path else open(os.devnull, "rb") as f:
-                f.seek(offset)
-                data = f.read(_LOG_BYTES)
-        except OSError:
-            return "", offset
-        return data.decode(errors="replace"), offset + len(data)
-
-    def kill(self) -> None:
-        self.killed = True
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -280,14 +204,14 @@ class RayRunner:
                                       "configure_logging": False}
             if address is None:
                 reap_orphans()
-                _remove_stale_temp_dirs()
+                remove_stale_temp_dirs()
                 if num_cpus is not None:
                     kwargs["num_cpus"] = num_cpus
                 self._start_local(kwargs)
             else:
                 ray.init(address=address, **kwargs)
             if self._temp_dir is not None:
-                self._raylets = {pid for pid in _session_pids(self._temp_dir) if procfs.comm(pid) == "raylet"}
+                self._raylets = {pid for pid in session_pids(self._temp_dir) if procfs.comm(pid) == "raylet"}
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
         self.use_gpus = bool(resources.get("GPU", 0)) if use_gpus is None else use_gpus
         self._stop = threading.Event()
@@ -303,14 +227,14 @@ class RayRunner:
             # Unix socket paths must stay short: a private temp dir under /tmp.
             # the driver's pid in the name: once it is dead the dir is a killed run's (reap_session_dirs); the
             # session's processes inherit SESSION_ENV, which tells `stratagem clean` which helpers are ours
-            self._temp_dir = tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir="/tmp")
+            self._temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir="/tmp")
             os.environ[SESSION_ENV] = self._temp_dir
             try:
                 ray.init(_temp_dir=self._temp_dir, **kwargs)
                 return
             except Exception as e:
                 ray.shutdown()  # whatever failed, the session's processes and temp dir go
-                for pid in _session_pids(self._temp_dir):
+                for pid in session_pids(self._temp_dir):
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except OSError:
@@ -385,11 +309,11 @@ class RayRunner:
         return self._verdict(trial, outcomes, finished, timeout_s, ranks_started)
 
     def _start_actors(self, pg: Any, world: int) -> list[Any]:
-        """One _RankWorker actor per bundle of `pg`, bundle i for rank i."""
+        """One RankWorker actor per bundle of `pg`, bundle i for rank i."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        worker = ray.remote(_RankWorker)
+        worker = ray.remote(RankWorker)
         opts = {"num_cpus": 1, "num_gpus": 1 if self.use_gpus else 0, "max_concurrency": 2}
         return [
             worker.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -523,15 +447,15 @@ class RayRunner:
         if self._temp_dir is None:
             ray.shutdown()
             return
-        ours = set(_session_pids(self._temp_dir)) | {p for p, r in _ray_helpers().items() if r in self._raylets}
+        ours = set(session_pids(self._temp_dir)) | {p for p, r in ray_helpers().items() if r in self._raylets}
         ray.shutdown()
         deadline = time.monotonic() + 15.0  # the raylet takes a moment to exit; its agents follow or linger
         while any(procfs.alive(pid) for pid in ours) and time.monotonic() < deadline:
-            ours |= {p for p, r in _ray_helpers().items() if r in self._raylets}
+            ours |= {p for p, r in ray_helpers().items() if r in self._raylets}
             if not any(procfs.alive(r) for r in self._raylets):
                 break
             time.sleep(0.3)
-        for pid in ours | {p for p, r in _ray_helpers().items() if r in self._raylets}:
+        for pid in ours | {p for p, r in ray_helpers().items() if r in self._raylets}:
             if procfs.alive(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -574,7 +498,7 @@ def quiet_driver_errors() -> bool:
 
 
 def _rank_envs(places: list[dict[str, Any]], use_gpus: bool) -> list[dict[str, str]]:
-    """Per rank, from where each rank's actor sits (_RankWorker.where): the torchrun rendezvous environment
+    """Per rank, from where each rank's actor sits (RankWorker.where): the torchrun rendezvous environment
     (rank 0's node and port as master), the per-node layout, one thread, and the driver's STRATAGEM_* settings."""
     layout = local_layout([p["node"] for p in places], [p["gpus"] for p in places] if use_gpus else None)
     master = places[0]
@@ -608,102 +532,6 @@ def _first_line(e: BaseException) -> str:
 
 def _summary(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"code": o["code"], "tail": o["log"].splitlines()[-_TAIL_LINES:]} for o in outcomes]
-
-
-def _session_pids(temp_dir: str) -> list[int]:
-    """This user's processes whose command line names `temp_dir` (the session's GCS, raylet, monitors)."""
-    needle = temp_dir.encode()
-    return [pid for pid in procfs.user_pids() if needle in (procfs.cmdline(pid) or b"")]
-
-
-def reap_rank_dirs(temp_dir: str | None = None) -> list[str]:
-    """Remove this user's rank work dirs (stratagem-rank-<pid>-*) in this node's temp dir whose actor is
-    dead (killed with the driver, a node restart: its `finally` never ran), and older unnamed ones (before
-    the pid was in the name) after _STALE_S. Returns what it removed (issue 27 item 8)."""
-    removed = []
-    me = os.getuid()
-    for d in Path(temp_dir or tempfile.gettempdir()).glob(f"{_RANK_PREFIX}*"):
-        try:
-            st = d.stat()
-            if st.st_uid != me or not d.is_dir():
-                continue
-        except OSError:
-            continue
-        pid = d.name[len(_RANK_PREFIX):].split("-")[0]
-        dead = not procfs.alive(int(pid)) if pid.isdigit() else time.time() - st.st_mtime > _STALE_S
-        if dead:
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(str(d))
-    return removed
-
-
-def _remove_stale_temp_dirs() -> list[str]:
-    """Remove /tmp/stratagem-ray-* dirs of this user that no live process names and whose driver (the pid in
-    the name) is dead, or, without a pid, that are older than _STALE_S (sessions that died; a younger one may be
-    a session another runner is starting right now)."""
-    removed = []
-    me = os.getuid()
-    cmdlines = [procfs.cmdline(pid) or b"" for pid in procfs.user_pids()]
-    for d in Path("/tmp").glob(f"{_TEMP_PREFIX}*"):
-        owner = d.name[len(_TEMP_PREFIX):].split("-")[0]
-        try:
-            st = d.stat()
-            young = time.time() - st.st_mtime < _STALE_S
-            if st.st_uid != me or not d.is_dir() or (young and not (owner.isdigit() and not procfs.alive(int(owner)))):
-                continue
-        except OSError:
-            continue
-        if not any(str(d).encode() in c for c in cmdlines):
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(str(d))
-    return removed
-
-
-def _ray_helpers() -> dict[int, int]:
-    """This user's Ray helper processes (ray::...) and the pid of the raylet each belongs to: RAY_RAYLET_PID
-    from its environment, else its parent (the raylet starts them)."""
-    out = {}
-    for pid in procfs.user_pids():
-        if not (procfs.cmdline(pid) or b"").startswith(b"ray::"):
-            continue
-        env, parent = procfs.environ(pid), procfs.parent(pid)
-        if env is None or parent is None:
-            continue
-        raylet = env.get(b"RAY_RAYLET_PID", str(parent).encode())
-        if raylet.isdigit():
-            out[pid] = int(raylet)
-    return out
-
-
-def _is_raylet(pid: int) -> bool:
-    """A live raylet (not a zombie, not a reused pid)."""
-    return procfs.alive(pid) and procfs.comm(pid) == "raylet"
-
-
-def reap_session_dirs() -> list[str]:
-    """Remove the Ray temp dirs of this user's dead stratagem sessions (see `_remove_stale_temp_dirs`)."""
-    return _remove_stale_temp_dirs()
-
-
-def reap_orphans(only_ours: bool = False) -> list[int]:
-    """Kill Ray helper processes (dashboard/runtime-env agents, workers) whose raylet is dead.
-
-    A driver killed with SIGKILL takes its local GCS, raylet, workers and harness ranks with it (Ray's fate
-    sharing and our PR_SET_PDEATHSIG), but Ray 2.60's per-node agents outlive it (and linger for a while after
-    a clean shutdown too). They carry their raylet's pid in RAY_RAYLET_PID; when that raylet is gone they serve
-    nothing, so they are removed here.
-    """
-    killed = []
-    for pid, raylet in _ray_helpers().items():
-        if only_ours and SESSION_ENV.encode() not in (procfs.environ(pid) or {}):
-            continue  # `stratagem clean`: only helpers of sessions a RayRunner started
-        if not _is_raylet(raylet):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except OSError:
-                pass
-    return killed
 
 
 def _classify(ranks: list[dict[str, Any]], log_dir: str, command: str, wall_s: float) -> RunResult:
