@@ -88,6 +88,7 @@ def trace_cmd(
     the analytic prediction. Plans the harness cannot run are refused with its reason."""
     from rich.console import Console
 
+    from stratagem.cli.calibrate import scenario_calibration
     from stratagem.files import check_owned, write_owned
     from stratagem.launch.trace.run import trace_plan
 
@@ -97,8 +98,9 @@ def trace_cmd(
     scn, pl = picked.scenario, picked.plan
     (Console(stderr=True) if as_json else console).print(picked.origin, markup=False, highlight=False,
                                                          soft_wrap=True)
+    cal, _ = scenario_calibration(scn, None)  # the analytic side as `explain` predicts it: cluster.calibration
     start = time.perf_counter()
-    roles = trace_plan(scn, pl)
+    roles = trace_plan(scn, pl, calibration=cal)
     wall = time.perf_counter() - start
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     if output is not None:

@@ -151,3 +151,28 @@ def test_a_plan_whose_step_fails_is_one_line() -> None:
         trace_plan(load_scenario(MOE), plan)
     # one line naming the plan or its refused field (support.unsupported now refuses this pair up front)
     assert "\n" not in str(e.value) and "plan" in str(e.value), str(e.value)
+
+
+def test_the_trace_predicts_with_the_scenario_calibration(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`stratagem trace` predicts its analytic side with the scenario's calibration, as `explain` does
+    (demo-cpu.yaml names demo-cpu-calibration.yaml): the analytic overhead equals evaluate(scenario, plan,
+    calibration)'s (it used the GPU's default constants: 1.15 MiB beside explain's 0.177 MiB)."""
+    from stratagem import cli
+    from stratagem.cli.plans import pick_plan
+    from stratagem.evaluators import evaluate
+    from stratagem.evaluators.calibration_file import resolve_calibration
+
+    demo = ROOT / "examples" / "demo-cpu.yaml"
+    monkeypatch.setattr(sys, "argv", ["stratagem", "trace", str(demo), "--json"])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert not done.value.code, capsys.readouterr().err
+    roles = json.loads(capsys.readouterr().out)
+    scn, plan = load_scenario(demo), pick_plan("trace", demo, None).plan
+    cal, _ = resolve_calibration(scn)
+    assert cal is not None
+    want = evaluate(scn, plan, cal).memory
+    assert want is not None and want.overhead_gib != evaluate(scn, plan).memory.overhead_gib  # can fail
+    assert [r["role"] for r in roles] == ["only"]
+    assert roles[0]["analytic_overhead_gib"] == pytest.approx(want.overhead_gib, rel=1e-9)

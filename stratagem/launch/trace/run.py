@@ -167,10 +167,11 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int = 0,
-               kernels: str = "cuda") -> TracedRole:
+               kernels: str = "cuda", calibration: Any = None) -> TracedRole:
     """Trace one rank's training step (see the module docstring); raises StratagemError for plans the harness
     cannot apply, with its one-line reason. `kernels`: "cuda" saves what the GPU kernels save (fused RMSNorm;
-    stratagem.launch.trace.kernels), "cpu" what this CPU's do (to compare with a CPU run)."""
+    stratagem.launch.trace.kernels), "cpu" what this CPU's do (to compare with a CPU run). `calibration`: the
+    analytic prediction's constants (None: the GPU's defaults), as `explain` and `evaluate` take them."""
     micro = _check_traceable(scenario, plan)
     # Without pipelining, micro-batches run one after another into the same gradients: micro-batches 2..m-1
     # repeat micro-batch 2's memory exactly (gradients held + one micro-batch's activations), and the last
@@ -185,7 +186,7 @@ def trace_role(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int =
     blocks = tracker.blocks_at_peak(classify)
     by_op = sorted(((b, op, n) for (b, op), n in tracker.ops_at_peak(classify).items()), key=lambda r: -r[2])
     return TracedRole(role=role, rank=rank, stage_ids=built.stage_ids, peak_bytes=tracker.peak, blocks=blocks,
-                      states=states, analytic=analytic_blocks(scenario, plan, role),
+                      states=states, analytic=analytic_blocks(scenario, plan, role, calibration),
                       seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu_start, microbatches=(micro, traced),
                       top_ops=[(b, op, n) for b, op, n in by_op[:12]])
 
@@ -376,10 +377,12 @@ def _saved_tensor_labels(tracker: BlockBytes) -> Iterator[None]:
         yield
 
 
-def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0, kernels: str = "cuda") -> list[TracedRole]:
+def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0, kernels: str = "cuda",
+               calibration: Any = None) -> list[TracedRole]:
     """Trace every distinct rank role of `plan` (see `role_ranks`), each in a forked child process: a rank's
     fake process group, meshes and the groups DTensor caches by name belong to that rank alone. A plan that
-    breaks the scenario's rules is refused first (StratagemError naming the rule)."""
+    breaks the scenario's rules is refused first (StratagemError naming the rule). `calibration`: the
+    analytic prediction's constants (None: the GPU's defaults)."""
     from stratagem.spaces.rules import violations
 
     broken = violations(scenario, plan)
@@ -390,12 +393,14 @@ def trace_plan(scenario: Scenario, plan: Plan, seed: int = 0, kernels: str = "cu
                              "(its stages' inputs are sequence shards with their positions); trace cp=1 or pp=1")
     warm_imports()
     try:
-        return [forked(_role_or_reason, scenario, plan, role, rank, seed, kernels) for role, rank in role_ranks(plan)]
+        return [forked(_role_or_reason, scenario, plan, role, rank, seed, kernels, calibration)
+                for role, rank in role_ranks(plan)]
     except TraceFailed as e:  # one line naming the plan; a traced search records it and goes on
         raise TraceFailed(f"plan ({plan.short()}): {e}", e.details) from None
 
 
-def _role_or_reason(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int, kernels: str) -> TracedRole:
+def _role_or_reason(scenario: Scenario, plan: Plan, role: str, rank: int, seed: int, kernels: str,
+                    calibration: Any) -> TracedRole:
     """`trace_role`; an op fake tensors cannot run (no fake kernel, a size that depends on data) becomes a
     StratagemError naming it: this plan cannot be traced, and a traced search records why and goes on."""
     from torch._subclasses.fake_tensor import (
@@ -405,7 +410,7 @@ def _role_or_reason(scenario: Scenario, plan: Plan, role: str, rank: int, seed: 
     )
 
     try:
-        return trace_role(scenario, plan, role, rank, seed, kernels)
+        return trace_role(scenario, plan, role, rank, seed, kernels, calibration)
     except (DynamicOutputShapeException, DataDependentOutputException, UnsupportedOperatorException) as e:
         raise StratagemError(f"plan ({plan.short()}): cannot be traced on fake tensors ({role} stage): "
                              f"{type(e).__name__} in {e}") from None
