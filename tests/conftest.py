@@ -50,6 +50,7 @@ INTEGRATION: dict[str, str] = {
     # Ray: test_ray_runs.py's module study (crash, hang, OOM, ok through a local Ray cluster) stays default
     "tests/launch/test_ray_runs.py::test_killed_driver_resumes_without_loss_or_repeat": "SIGKILL/resume on Ray",
     "tests/launch/test_ray_runs.py::test_export_torchrun_then_reproduce_round_trip": "torchrun + a Ray rerun",
+    "tests/launch/test_ray_runs.py::test_a_hung_run_is_killed_at_its_timeout": "waits out a hung run's timeout",
     # SIGKILL/resume loops: test_cli_search.py's sqlite case stays default
     "tests/search/test_cli_search.py::test_resume_after_sigkill_at_several_points[journal]": "SIGKILL loop",
     "tests/search/test_cli_search.py::test_two_concurrent_searches_share_one_study": "two CLI processes",

@@ -1,5 +1,5 @@
 """Real runs through Ray (a local cluster of 4 CPU slots, gloo): the multi-fidelity search records measured
-trials beside their predictions; an injected crash, hang and memory-cap OOM end with their status and cause
+trials beside their predictions; an injected crash, hang (integration suite) and memory-cap OOM end with their status and cause
 while the search finishes the rest; the best measured plan round-trips through `export --to torchrun` and
 `reproduce`; a driver killed mid-run resumes with no trial lost or repeated and no process left behind."""
 
@@ -55,25 +55,29 @@ def _ray_processes() -> list[str]:
     return [line for line in out if "stratagem-ray-" in line or "ray::" in line]
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory):
-    """One multi-fidelity search with 4 real runs: crash, hang, OOM (memory cap), then a good run."""
+def _faulted_search(tmp: Path, faults: list[str], timeout_s: float) -> dict:
+    """One multi-fidelity search whose first candidates get `faults` in rank order ("" = none), one real run each."""
     from stratagem.launch.runners.real import RayRunEvaluator
 
-    tmp = tmp_path_factory.mktemp("ray")
     scn = scenario_from_dict(SCENARIO)
-    first = [p for p, _ in rank_candidates(screen(scn), set(), 4)]
-    faults = {plan_key(first[0]): "crash", plan_key(first[1]): "hang", plan_key(first[2]): "cap=1e-6"}
-    os.environ["STRATAGEM_FAULTS"] = json.dumps(faults)
+    first = [p for p, _ in rank_candidates(screen(scn), set(), len(faults))]
+    os.environ["STRATAGEM_FAULTS"] = json.dumps({plan_key(p): f for p, f in zip(first, faults, strict=True) if f})
     url = f"sqlite:///{tmp / 'study.db'}"
-    evaluator = RayRunEvaluator(tmp / "runs", num_cpus=4, steps=3, warmup=1, timeout_s=45)
-    try:
-        mf = run_multifidelity(scn, url, "ray-test", evaluator, real_runs=4, remeasure=0)  # 4 runs, no repeat
+    evaluator = RayRunEvaluator(tmp / "runs", num_cpus=4, steps=3, warmup=1, timeout_s=timeout_s)
+    try:  # one run per plan, no repeat
+        mf = run_multifidelity(scn, url, "ray-test", evaluator, real_runs=len(faults), remeasure=0)
     finally:
         evaluator.close()
         del os.environ["STRATAGEM_FAULTS"]
     (tmp / "scenario.yaml").write_text(yaml.safe_dump(SCENARIO))
     return {"scn": scn, "url": url, "mf": mf, "first": first, "tmp": tmp}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory):
+    """One multi-fidelity search with 3 real runs: crash, OOM (memory cap), then a good run (the hang, which waits
+    out its timeout, is test_a_hung_run_is_killed_at_its_timeout, in the integration suite)."""
+    return _faulted_search(tmp_path_factory.mktemp("ray"), ["crash", "cap=1e-6", ""], timeout_s=45)
 
 
 def _trial_of(url: str, plan) -> optuna.trial.FrozenTrial:
@@ -83,19 +87,28 @@ def _trial_of(url: str, plan) -> optuna.trial.FrozenTrial:
 
 def test_failures_become_statuses_and_the_search_finishes(study) -> None:
     mf, first, url = study["mf"], study["first"], study["url"]
-    assert mf.measured == 4 and mf.runs == 4
-    crash, hang, oom, good = (_trial_of(url, p) for p in first)
+    assert mf.measured == 3 and mf.runs == 3
+    crash, oom, good = (_trial_of(url, p) for p in first)
     assert crash.user_attrs["status"] == "failed"
     assert "fault injected" in trial_evaluation(crash).reason  # the failing rank's last log lines
-    assert hang.user_attrs["status"] == "timeout" and "killed" in trial_evaluation(hang).reason
     assert oom.user_attrs["status"] == "oom" and "OOM" in trial_evaluation(oom).reason
-    for t in (crash, hang, oom):
+    for t in (crash, oom):
         assert t.state == optuna.trial.TrialState.PRUNED
     assert good.state == optuna.trial.TrialState.COMPLETE and good.user_attrs["status"] == "ok"
 
 
+def test_a_hung_run_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    """A rank that hangs is killed when the run passes its timeout: stored as `timeout`, pruned, and the search
+    goes on to the next plan (integration suite: it waits out the timeout)."""
+    run = _faulted_search(tmp_path, ["hang", ""], timeout_s=45)  # 45 s: a good run under CI load fits
+    hang, good = (_trial_of(run["url"], p) for p in run["first"])
+    assert hang.user_attrs["status"] == "timeout" and "killed" in trial_evaluation(hang).reason
+    assert hang.state == optuna.trial.TrialState.PRUNED
+    assert good.user_attrs["status"] == "ok" and run["mf"].runs == 2
+
+
 def test_measured_trial_sits_next_to_its_prediction(study) -> None:
-    good = _trial_of(study["url"], study["first"][3])
+    good = _trial_of(study["url"], study["first"][2])
     ev = trial_evaluation(good)
     assert ev.fidelity == "measured" and ev.prediction is not None and ev.prediction.fidelity == "analytic"
     assert good.values[0] == pytest.approx(ev.throughput.tokens_per_s)
