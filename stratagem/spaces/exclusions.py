@@ -75,6 +75,8 @@ class PlanFacts:
     """activation_checkpointing == "selective" (stratagem's selective recompute; bool or bool array)."""
     microbatches: Any
     """Micro-batches per step per pipeline: global_batch_size / (dp * micro_batch_size)."""
+    seq_len: int = 0
+    """training.seq_len (0: unknown, rules on it do not apply)."""
 
 
 Predicate = Callable[[PlanFacts], Any]
@@ -94,10 +96,11 @@ _RULES: dict[str, tuple[ReadList, Predicate]] = {
     "zero1_optimizer_only": ("sharding", lambda f: (f.zero_stage == 1) & ((f.dp_replicate < f.dp) | (f.cp > 1))),
     "optimizer_offload_cpu": ("sharding", lambda f: f.offload & (f.zero_stage > 0)),
     "selective_recompute": ("pipelining", lambda f: f.selective),
+    "seq_len_divisor": ("layout", lambda f: (f.seq_len > 0) & (f.seq_len % (2 * f.tp * f.cp) != 0)),
 }
 ExclusionName = Literal["etp_1_or_tp", "zero1_moe_expert_mesh", "1f1b_microbatches", "tp_without_sp",
                         "zero0_with_cp", "zero0_with_ep", "ddp_beside_other_parallelism", "zero1_optimizer_only",
-                        "optimizer_offload_cpu", "selective_recompute"]
+                        "optimizer_offload_cpu", "selective_recompute", "seq_len_divisor"]
 
 
 class PlanExclusion(BaseModel):
@@ -245,4 +248,11 @@ TORCH_PLAN_EXCLUSIONS: tuple[PlanExclusion, ...] = (
                "op (torchtitan's op policy), full or none",
         source=f"{_V022} torchtitan/distributed/activation_checkpoint.py apply_ac (selective_ac_option 'op' or an "
                "int: every k-th layer in full); torchtitan/config/job_config.py ActivationCheckpoint.mode"),
+    PlanExclusion(
+        name="seq_len_divisor", refused_by="export", field="plan.tp",
+        what="seq_len ({seq_len}) not a multiple of 2 x tp ({tp}) x cp ({cp})",
+        reason="torchtitan asserts seq_len % (tp * 2 * cp) == 0 (sequence parallel shards the sequence over tp, "
+               "load-balanced ring attention over 2 * cp); use a tp and cp whose 2 * tp * cp divides seq_len",
+        source=f"{_V022} torchtitan/models/llama3/infra/parallelize.py parallelize_llama (assert on "
+               "parallel_dims.seq_len_divisor); torchtitan/distributed/parallel_dims.py ParallelDims.seq_len_divisor"),
 )

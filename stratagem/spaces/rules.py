@@ -193,21 +193,22 @@ def recompute_modules_problem(s: Scenario, p: Plan) -> str | None:
     return None
 
 
-def plan_facts(p: Plan, moe: bool, microbatches: int) -> PlanFacts:
-    """What a stack's PlanExclusions look at, for one plan (microbatches: per step per pipeline)."""
+def plan_facts(p: Plan, moe: bool, microbatches: int, seq_len: int = 0) -> PlanFacts:
+    """What a stack's PlanExclusions look at, for one plan (microbatches: per step per pipeline; seq_len 0: unknown,
+    the seq_len rule does not apply)."""
     return PlanFacts(moe=moe, tp=p.tp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp, pp=p.pp, zero_stage=p.zero_stage,
                      dp_replicate=p.dp_replicate, offload=p.optimizer_offload == "cpu",
                      sequence_parallel=p.sequence_parallel, one_f_one_b=p.pp_schedule == "1f1b",
-                     selective=p.activation_checkpointing == "selective", microbatches=microbatches)
+                     selective=p.activation_checkpointing == "selective", microbatches=microbatches, seq_len=seq_len)
 
 
-def column_facts(pc: PlanColumns, moe: bool, global_batch_size: int) -> PlanFacts:
+def column_facts(pc: PlanColumns, moe: bool, global_batch_size: int, seq_len: int = 0) -> PlanFacts:
     """The same for columns of plans (vectorised: every PlanExclusion.applies works elementwise)."""
     return PlanFacts(moe=moe, tp=pc.tp, dp=pc.dp, cp=pc.cp, ep=pc.ep, etp=pc.etp, pp=pc.pp, zero_stage=pc.zero_stage,
                      dp_replicate=pc.dp_replicate, offload=pc.optimizer_offload == 1,
                      sequence_parallel=pc.sequence_parallel != 0, one_f_one_b=pc.pp_schedule == SCHEDULES.index("1f1b"),
                      selective=pc.activation_checkpointing == RECOMPUTES.index("selective"),
-                     microbatches=global_batch_size // (pc.dp * pc.micro_batch_size))
+                     microbatches=global_batch_size // (pc.dp * pc.micro_batch_size), seq_len=seq_len)
 
 
 def exclusion_problem(s: Scenario, p: Plan) -> str | None:
@@ -215,7 +216,8 @@ def exclusion_problem(s: Scenario, p: Plan) -> str | None:
     engine cannot run, with the engine code. The "export" ones are no validity rule: the harness runs them as planned
     and evaluate/explain judge them; the space leaves them out and the exporter converts them, with a note."""
     rec = stack_record(s.training.stack)
-    facts = plan_facts(p, s.model.moe is not None, p.grad_accumulation(s.training.global_batch_size))
+    facts = plan_facts(p, s.model.moe is not None, p.grad_accumulation(s.training.global_batch_size),
+                       s.training.seq_len)
     ex: PlanExclusion | None = rec.plan_exclusion(facts, "harness")
     if ex is None:
         return None

@@ -448,7 +448,7 @@ class SearchSpace:
         per_replica = self.scenario.training.global_batch_size // lay.dp
         base = PlanFacts(moe=moe, tp=lay.tp, dp=lay.dp, cp=lay.cp, ep=lay.ep, etp=lay.etp, pp=lay.pp, zero_stage=0,
                          dp_replicate=1, offload=False, sequence_parallel=False, one_f_one_b=False, selective=False,
-                         microbatches=per_replica)
+                         microbatches=per_replica, seq_len=self.scenario.training.seq_len)
         zero, sp, pipe = (np.array(x, dtype=np.int64).reshape(len(x), -1) for x in (lay.zero, lay.sp, lay.pipe))
         selective = np.array([ac == "selective" for ac, _ in self.recompute_pairs])
         facts = {

@@ -217,7 +217,7 @@ EXPORT_ONLY = [
 ]
 
 
-@pytest.mark.parametrize("text,rule,field", EXPORT_ONLY)
+@pytest.mark.parametrize("text,rule,field", [*EXPORT_ONLY, ("dp=2,tp=2,sp=true,zero=2,seq_len=34", "seq_len_divisor", "plan.tp")])
 def test_an_export_exclusion_is_run_by_the_harness_and_converted_by_the_exporter(
         tiny: Scenario, text: str, rule: str, field: str) -> None:
     from stratagem.launch.export import export_plan
@@ -225,9 +225,12 @@ def test_an_export_exclusion_is_run_by_the_harness_and_converted_by_the_exporter
     from stratagem.spaces.rules import plan_facts
     from stratagem.spaces.stacks import stack_record
 
+    if "seq_len=" in text:  # torchtitan: seq_len % (2 * tp * cp) == 0; 34 is not a multiple of 4
+        text, seq = text.split(",seq_len=")
+        tiny = tiny.model_copy(update={"training": tiny.training.model_copy(update={"seq_len": int(seq)})})
     plan = parse_plan(f"{text},precision=fp32")
     rec = stack_record("torch")
-    facts = plan_facts(plan, False, plan.grad_accumulation(tiny.training.global_batch_size))
+    facts = plan_facts(plan, False, plan.grad_accumulation(tiny.training.global_batch_size), tiny.training.seq_len)
     found = [ex.name for ex in rec.plan_exclusions if ex.applies(facts)]
     sched = rec.schedule_exclusion(plan.pp_schedule, plan.cp, plan.virtual_stages) if plan.pp > 1 else None
     found += [f"{sched.schedule} {sched.when}"] if sched is not None else []

@@ -33,7 +33,7 @@ def _excluded(scn: Scenario) -> tuple[int, int]:
     """(plans in the space, plans a PlanExclusion of the torch record covers), over every plan."""
     space = SearchSpace(scn)
     cols = space.enumerate()
-    facts = column_facts(cols, scn.model.moe is not None, scn.training.global_batch_size)
+    facts = column_facts(cols, scn.model.moe is not None, scn.training.global_batch_size, scn.training.seq_len)
     return space.count(), int(np.count_nonzero(stack_record("torch").excluded(facts)))
 
 
@@ -51,7 +51,7 @@ def test_each_rule_is_one_the_engine_states(mixtral: Scenario) -> None:
         # what torchtitan v0.2.2 cannot express exactly (the harness runs them as planned)
         ("tp_without_sp", "export"), ("zero0_with_cp", "export"), ("zero0_with_ep", "export"),
         ("ddp_beside_other_parallelism", "export"), ("zero1_optimizer_only", "export"),
-        ("optimizer_offload_cpu", "export"), ("selective_recompute", "export")]
+        ("optimizer_offload_cpu", "export"), ("selective_recompute", "export"), ("seq_len_divisor", "export")]
     for ex in [*rec.plan_exclusions, *rec.schedule_exclusions]:  # each names the engine code (or measurement)
         assert (".py" in ex.source or "measured" in ex.source) and ex.reason.count("use") >= 1, ex  # and a fix
     for ex in rec.plan_exclusions + rec.schedule_exclusions:

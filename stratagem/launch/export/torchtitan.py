@@ -231,7 +231,8 @@ def _converts(lay: Layout, name: str) -> bool:
     exact setting for it, so the torch space never proposes it; given explicitly, the exporter converts it, with a
     note): the one rule the space and this exporter read."""
     rule = next(ex for ex in stack_record("torch").plan_exclusions if ex.name == name and ex.refused_by == "export")
-    return bool(rule.applies(plan_facts(lay.plan, lay.scenario.model.moe is not None, lay.grad_accum)))
+    return bool(rule.applies(plan_facts(lay.plan, lay.scenario.model.moe is not None, lay.grad_accum,
+                                        lay.scenario.training.seq_len)))
 
 
 def _unsharded_data_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> None:
@@ -321,6 +322,13 @@ def _tensor_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> None:
     """[parallelism] tensor_parallel_degree; torchtitan's TP always shards the norms along the sequence."""
     p = lay.plan
     par["tensor_parallel_degree"] = p.tp
+    if _converts(lay, "seq_len_divisor"):
+        d.un.append(FieldNote(
+            "plan.tp",
+            f"{p.tp} with cp {p.cp}: torchtitan asserts seq_len % (tp * 2 * cp) == 0 (parallelize_llama, "
+            f"ParallelDims.seq_len_divisor) and seq_len {lay.scenario.training.seq_len} is not a multiple of "
+            f"{2 * p.tp * p.cp}: torchtitan stops at start-up with this plan",
+        ))
     if _converts(lay, "tp_without_sp"):
         d.ap.append(FieldNote(
             "plan.sequence_parallel",
