@@ -48,6 +48,7 @@ import sys
 import time
 import warnings
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
@@ -169,88 +170,154 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int | None, warmup: int = 1,
     the warm-up's step time (harness.budget.timed_steps, the same on every rank; needs warmup >= 1). The
     memory is traced during one untimed step (the last warm-up step; step 0 when warmup is 0).
     """
-    import torch
     import torch.distributed as dist
 
-    from stratagem.launch.harness.memtrack import HeldParams, grad_bytes, peak_memory, rss_bytes, state_bytes
-    from stratagem.launch.harness.train import build_job, mechanisms, train_step
+    from stratagem.launch.harness.train import build_job
 
     world = dist.get_world_size() if dist.is_initialized() else 1
     validate_plan(scenario, plan, world)
     fault = injected_fault(plan)
     if fault.startswith("cap="):
         memory_cap_gib = float(fault.removeprefix("cap="))
-    if (steps is None) == (budget is None):
-        raise StratagemError("give either steps (a fixed count) or a step budget, not both or neither")
-    if (steps is not None and steps < 1) or warmup < 0 or (budget is not None and warmup < 1):
-        raise StratagemError(f"steps ({steps}) must be >= 1 and warmup ({warmup}) >= 0 (>= 1 with a step budget: "
-                             "the warm-up times the step the budget divides)")
+    _check_step_counts(steps, warmup, budget)
     device, backend = pick_device()
     start = time.perf_counter()
     job = job or build_job(scenario, plan, device, seed, lr)
     _sync(device)
     build_s = time.perf_counter() - start
-
-    tracked = warmup - 1 if warmup > 0 else 0
-    losses: list[float] = []
-    times: list[float] = []
-    memory: dict[str, Any] = {}
-    grads: list[int] = []
-    held = 0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    total = warmup + steps if steps is not None else None
-    step = 0
-    load_at_timed = _load_average()
-    while total is None or step < total:
-        _sync(device)
-        t0 = time.perf_counter()
-        if step == tracked:  # CUDA keeps its own peak over all steps (reset once above)
-            meter: AbstractContextManager[dict[str, Any]] = (
-                peak_memory(job.parts, job.optimizer, device) if device.type != "cuda" else nullcontext({}))
-            with HeldParams(job.parts) as hp, meter as memory:
-                loss = train_step(job, step, seed, after_backward=lambda: grads.extend(
-                    (grad_bytes(job.parts), grad_bytes(job.parts, "host"))))
-            held = hp.peak
-        else:
-            loss = train_step(job, step, seed)
-        if step == 0 and fault in ("crash", "hang") and (dist.get_rank() if dist.is_initialized() else 0) == world - 1:
-            if fault == "crash":
-                raise RuntimeError(f"fault injected by STRATAGEM_FAULTS for {format_plan(plan)}")
-            time.sleep(24 * 3600)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-        losses.append(loss)
-        if device.type == "cuda":
-            _check_cap(torch.cuda.max_memory_allocated(device), memory_cap_gib)
-        elif step == tracked:
-            _check_cap(memory["peak_bytes"], memory_cap_gib)
-        step += 1
-        if step == warmup:
-            load_at_timed = _load_average()
-        if total is None and step == warmup and budget is not None:
-            # the fastest warm-up step (step 0 allocates, the last is traced), slowest rank: one N for all
-            total = warmup + timed_steps(budget, _max_over_ranks(min(times)))
-    if device.type == "cuda":
-        memory = {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
-                  "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
-        memory["peak_bytes"] = memory["peak_allocated_bytes"]
-
-    rank_figures: dict[str, Any] = {
-        "rank": dist.get_rank() if dist.is_initialized() else 0,
-        "stage_ids": job.stage_ids,
-        **state_bytes(job.parts, job.optimizer),
-        "unsharded_param_bytes": held,
-        "grad_bytes": grads[0] if grads else 0,
-        **memory,
-        **rss_bytes(),
-    }
-    rank_figures["host_state_bytes"] += grads[1] if grads else 0
+    rec = _train(job, plan, device, steps, warmup, seed, budget, memory_cap_gib, fault, world)
+    figures = _rank_figures(job, rec)
     ckpt: dict[str, Any] = {}
     if checkpoint:
         from stratagem.launch.harness.checkpoint import save_load_times
 
         ckpt = save_load_times(job, checkpoint_dir)  # default: each node's temp dir (no shared filesystem)
+    return _result(scenario, plan, job, rec, device, backend, world, warmup, seed, lr, budget, build_s, figures,
+                   ckpt)
+
+
+def _check_step_counts(steps: int | None, warmup: int, budget: StepBudget | None) -> None:
+    """Either a step count (>= 1) or a budget (with a warm-up to time), and warmup >= 0."""
+    if (steps is None) == (budget is None):
+        raise StratagemError("give either steps (a fixed count) or a step budget, not both or neither")
+    if (steps is not None and steps < 1) or warmup < 0 or (budget is not None and warmup < 1):
+        raise StratagemError(f"steps ({steps}) must be >= 1 and warmup ({warmup}) >= 0 (>= 1 with a step budget: "
+                             "the warm-up times the step the budget divides)")
+
+
+@dataclass
+class _Steps:
+    """What the training steps leave behind."""
+
+    tracked: int
+    """The step whose memory is traced (the last warm-up step; 0 without warm-up)."""
+    losses: list[float] = field(default_factory=list)
+    """One loss per optimizer step, warm-up first."""
+    times: list[float] = field(default_factory=list)
+    """Each step's wall time (synchronised before and after), warm-up first."""
+    memory: dict[str, Any] = field(default_factory=dict)
+    """The peak-memory figures (the traced step's on CPU; the whole run's on CUDA)."""
+    grads: list[int] = field(default_factory=list)
+    """Gradient bytes after the traced step's backward: on the device, on the host."""
+    held: int = 0
+    """Peak bytes of unsharded parameters held during the traced step (memtrack.HeldParams)."""
+    load_at_timed: float = 0.0
+    """The host's load average when the timed steps began."""
+
+
+def _train(job: Job, plan: Plan, device: torch.device, steps: int | None, warmup: int, seed: int,
+           budget: StepBudget | None, memory_cap_gib: float | None, fault: str, world: int) -> _Steps:
+    """warmup + steps training steps (with a budget: as many timed steps as it buys at the warm-up's fastest
+    step, slowest rank), each timed; the memory cap checked after each (CUDA) or after the traced step."""
+    import torch
+
+    rec = _Steps(tracked=warmup - 1 if warmup > 0 else 0)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    total = warmup + steps if steps is not None else None
+    step = 0
+    rec.load_at_timed = _load_average()
+    while total is None or step < total:
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = _step(job, step, seed, device, rec)
+        _injected_step_fault(fault, step, plan, world)
+        _sync(device)
+        rec.times.append(time.perf_counter() - t0)
+        rec.losses.append(loss)
+        if device.type == "cuda":
+            _check_cap(torch.cuda.max_memory_allocated(device), memory_cap_gib)
+        elif step == rec.tracked:
+            _check_cap(rec.memory["peak_bytes"], memory_cap_gib)
+        step += 1
+        if step == warmup:
+            rec.load_at_timed = _load_average()
+        if total is None and step == warmup and budget is not None:
+            # the fastest warm-up step (step 0 allocates, the last is traced), slowest rank: one N for all
+            total = warmup + timed_steps(budget, _max_over_ranks(min(rec.times)))
+    if device.type == "cuda":
+        rec.memory = {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+                      "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
+        rec.memory["peak_bytes"] = rec.memory["peak_allocated_bytes"]
+    return rec
+
+
+def _step(job: Job, step: int, seed: int, device: torch.device, rec: _Steps) -> float:
+    """One train_step; the traced one under the memory meters (CPU: peak live bytes; CUDA keeps its own peak over
+    all steps, reset once in _train) and the held-parameter counter, its gradient bytes taken after backward."""
+    from stratagem.launch.harness.memtrack import HeldParams, grad_bytes, peak_memory
+    from stratagem.launch.harness.train import train_step
+
+    if step != rec.tracked:
+        return train_step(job, step, seed)
+    meter: AbstractContextManager[dict[str, Any]] = (
+        peak_memory(job.parts, job.optimizer, device) if device.type != "cuda" else nullcontext({}))
+    with HeldParams(job.parts) as hp, meter as memory:
+        rec.memory = memory
+        loss = train_step(job, step, seed, after_backward=lambda: rec.grads.extend(
+            (grad_bytes(job.parts), grad_bytes(job.parts, "host"))))
+    rec.held = hp.peak
+    return loss
+
+
+def _injected_step_fault(fault: str, step: int, plan: Plan, world: int) -> None:
+    """STRATAGEM_FAULTS' crash or hang of the last rank in step 0 (harness._faults)."""
+    import torch.distributed as dist
+
+    if step == 0 and fault in ("crash", "hang") and (dist.get_rank() if dist.is_initialized() else 0) == world - 1:
+        if fault == "crash":
+            raise RuntimeError(f"fault injected by STRATAGEM_FAULTS for {format_plan(plan)}")
+        time.sleep(24 * 3600)
+
+
+def _rank_figures(job: Job, rec: _Steps) -> dict[str, Any]:
+    """This rank's figures for the result's `ranks`: stages, state bytes, held and gradient bytes, peak memory, RSS."""
+    import torch.distributed as dist
+
+    from stratagem.launch.harness.memtrack import rss_bytes, state_bytes
+
+    figures: dict[str, Any] = {
+        "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "stage_ids": job.stage_ids,
+        **state_bytes(job.parts, job.optimizer),
+        "unsharded_param_bytes": rec.held,
+        "grad_bytes": rec.grads[0] if rec.grads else 0,
+        **rec.memory,
+        **rss_bytes(),
+    }
+    figures["host_state_bytes"] += rec.grads[1] if rec.grads else 0
+    return figures
+
+
+def _result(scenario: Scenario, plan: Plan, job: Job, rec: _Steps, device: torch.device, backend: str, world: int,
+            warmup: int, seed: int, lr: float, budget: StepBudget | None, build_s: float, figures: dict[str, Any],
+            ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The result dict (the module docstring's keys); every rank's figures gathered last."""
+    import torch
+
+    from stratagem.launch.harness.train import mechanisms
+
+    times = rec.times
     timed = times[warmup:] or times
     spread = spread_of_samples(timed)
     step_s = spread.median_s
@@ -266,17 +333,17 @@ def run_plan(scenario: Scenario, plan: Plan, steps: int | None, warmup: int = 1,
         "step_budget": budget.model_dump() if budget is not None else None,
         "seed": seed,
         "lr": lr,
-        "losses": losses,
+        "losses": rec.losses,
         "step_times_s": times,
         "step_s": step_s,
         "step_spread": spread.model_dump(),
-        "host_load": [load_at_timed, _load_average()],
+        "host_load": [rec.load_at_timed, _load_average()],
         "tokens_per_step": tokens,
         "tokens_per_s": tokens / step_s,
         "build_s": build_s,
-        "memory_tracked_step": tracked,
+        "memory_tracked_step": rec.tracked,
         "mechanisms": mechanisms(job),
-        "ranks": _gather(rank_figures),
+        "ranks": _gather(figures),
         "checkpoint": ckpt,
         "versions": {"torch": torch.__version__, "python": platform.python_version(),
                      "cuda": torch.version.cuda or "none"},
