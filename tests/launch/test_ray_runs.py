@@ -289,13 +289,13 @@ def test_an_abort_at_exit_after_the_result_is_an_ok_run_that_says_so(tmp_path: P
     """Issue 22 item 7: a rank that aborts (SIGABRT) after rank 0 wrote the result is neither a silent ok nor a
     failure: the run is ok, its reason and the result's exit_fault name the rank and the signal."""
     from stratagem.launch.harness.result import parse_result
-    from stratagem.launch.runners.ray_runner import _classify
+    from stratagem.launch.runners.ray_outcome import classify
     from stratagem.spaces import format_plan, parse_plan
 
     plan = format_plan(parse_plan("dp=1,precision=fp32"))
     outcome = _rank_outcome(tmp_path, monkeypatch, plan, {plan: "exit-abort"}, "--no-checkpoint")
     assert outcome["code"] == -signal.SIGABRT and outcome["result"]
-    run = _classify([outcome], str(tmp_path), "cmd", 1.0)
+    run = classify([outcome], str(tmp_path), "cmd", 1.0)
     assert run.status == "ok" and "rank 0 exited -6 (SIGABRT) after rank 0 wrote the result" in run.reason
     assert parse_result(run.result, "r").exit_fault == run.reason
     assert "exit_fault" in parse_result(run.result, "r").stored()
@@ -304,13 +304,13 @@ def test_an_abort_at_exit_after_the_result_is_an_ok_run_that_says_so(tmp_path: P
 
 def test_a_checkpoint_the_node_cannot_write_is_infra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 27 item 1: a failure of the environment (here a checkpoint dir under a file) is `infra`."""
-    from stratagem.launch.runners.ray_runner import _classify
+    from stratagem.launch.runners.ray_outcome import classify
 
     (tmp_path / "a-file").write_text("")
     outcome = _rank_outcome(tmp_path, monkeypatch, "dp=1,precision=fp32", {}, "--checkpoint-dir",
                             str(tmp_path / "a-file" / "x"))
     assert outcome["code"] == 4
-    run = _classify([outcome], str(tmp_path), "cmd", 1.0)
+    run = classify([outcome], str(tmp_path), "cmd", 1.0)
     assert run.status == "infra" and run.reason.startswith("rank 0: INFRA: checkpoint under")
 
 

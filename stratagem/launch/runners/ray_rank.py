@@ -78,7 +78,7 @@ class RankWorker:
                 text = f.read().decode(errors="replace")
             out = work / "result.json"
             # rank 0 replaces result.json atomically after the last collective: present means complete, even
-            # when a rank died at exit afterwards (_classify names that case)
+            # when a rank died at exit afterwards (ray_outcome.classify names that case)
             result = out.read_text() if rank == 0 and out.exists() else None
             return {"code": code, "log": text, "result": result}
         finally:

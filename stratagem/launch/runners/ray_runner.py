@@ -36,7 +36,6 @@ The rank actor is ray_rank.RankWorker; the session's processes and the reaping l
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -49,14 +48,21 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from stratagem import procfs
 from stratagem.launch.harness.budget import StepBudget, budget_args
+from stratagem.launch.runners.ray_outcome import (
+    RunResult,
+    RunStatus,
+    classify,
+    exit_fault_reason,
+    rank_summary,
+)
 from stratagem.launch.runners.ray_rank import RankWorker
 from stratagem.launch.runners.ray_session import (
     SESSION_ENV,
@@ -75,33 +81,10 @@ __all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_l
            "run_folder_name", "reap_rank_dirs", "reap_session_dirs", "SESSION_ENV",
            "quiet_driver_errors"]
 
-RunStatus = Literal["ok", "oom", "failed", "timeout", "infra"]
-_TAIL_LINES = 20
 START_ATTEMPTS = 2
 """Tries to start a local Ray session (Ray's raylet registration window is a fixed 30 s)."""
 LOG_STREAM_S = 3.0
 """How often the driver pulls the ranks' new log lines into the run folder while they run."""
-# What a rank prints when another rank died under it (gloo/NCCL): not the cause.
-_PEER_FAILURE = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                 "NCCL communicator was aborted", "ProcessGroupNCCL")
-
-
-@dataclass
-class RunResult:
-    """What one real run produced."""
-
-    status: RunStatus
-    reason: str
-    result: dict[str, Any] | None
-    """The harness JSON (rank 0's), when the run finished."""
-    log_dir: str
-    """The driver's folder of this run: per-rank logs (rank<i>.log), scenario.yaml, result.json."""
-    command: str
-    """The harness command each rank ran (paths relative to the rank's temp dir; environment separate)."""
-    wall_s: float
-    """Wall time from submission to the end of the run (scheduling + process start + training)."""
-    ranks: list[dict[str, Any]] = field(default_factory=list)
-    """Per rank: exit code and log tail."""
 
 
 def harness_command(scenario_path: str, plan: Plan, steps: int, warmup: int, seed: int, out: str,
@@ -332,17 +315,17 @@ class RayRunner:
 
     def _verdict(self, trial: _Trial, outcomes: list[dict[str, Any]], finished: bool, timeout_s: float,
                  ranks_started: float) -> RunResult:
-        """The run's status from its ranks' outcomes: stopped, a rank's actor lost, timed out, else _classify."""
+        """The run's status from its ranks' outcomes: stopped, a rank's actor lost, timed out, else classify."""
         lost = [(i, o["lost"]) for i, o in enumerate(outcomes) if "lost" in o]
         if self._stop.is_set():
-            return trial.result("infra", "stopped", _summary(outcomes))
+            return trial.result("infra", "stopped", rank_summary(outcomes))
         if lost:
-            return trial.result("infra", f"rank {lost[0][0]}: {lost[0][1]}", _summary(outcomes))
+            return trial.result("infra", f"rank {lost[0][0]}: {lost[0][1]}", rank_summary(outcomes))
         if not finished:
             return trial.result("timeout", f"no result within {timeout_s:.0f} s of the ranks' start "
                                 f"({time.perf_counter() - ranks_started:.0f} s); all {trial.world} ranks killed",
-                                _summary(outcomes))
-        return _classify(outcomes, str(trial.log_dir), trial.command, time.perf_counter() - trial.start)
+                                rank_summary(outcomes))
+        return classify(outcomes, str(trial.log_dir), trial.command, time.perf_counter() - trial.start)
 
     def _release(self, actors: list[Any], pg: Any) -> None:
         """The run is no longer in flight: kill its rank actors (a dead one raises: skipped), free its bundles."""
@@ -530,58 +513,3 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
-def _summary(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"code": o["code"], "tail": o["log"].splitlines()[-_TAIL_LINES:]} for o in outcomes]
-
-
-def _classify(ranks: list[dict[str, Any]], log_dir: str, command: str, wall_s: float) -> RunResult:
-    summary = _summary(ranks)
-    for rank, r in enumerate(summary):
-        oom = [line for line in r["tail"] if "OOM:" in line or "OutOfMemoryError" in line]
-        if oom:
-            return RunResult("oom", f"rank {rank}: {oom[-1].strip()}", None, log_dir, command, wall_s, summary)
-    for rank, r in enumerate(summary):  # the harness's exit 4: the environment failed the run (its checkpoint)
-        infra = [line for line in r["tail"] if line.startswith("INFRA:")]
-        if infra and r["code"] != 0:
-            return RunResult("infra", f"rank {rank}: {infra[-1].strip()}", None, log_dir, command, wall_s, summary)
-    failed = [(i, r) for i, r in enumerate(summary) if r["code"] != 0]
-    text = ranks[0]["result"]
-    if failed and text:
-        return _exit_fault(json.loads(text), failed, log_dir, command, wall_s, summary)
-    if failed:
-        # The rank that raised explains best; its peers only report the broken collective.
-        def own_error(r: dict[str, Any]) -> bool:
-            text = "\n".join(r["tail"])
-            return "Error" in text and not any(m in text for m in _PEER_FAILURE)
-
-        rank, r = next(((i, r) for i, r in failed if own_error(r)), failed[0])
-        last = "\n".join(r["tail"][-8:])
-        return RunResult("failed", f"rank {rank} exited with {r['code']}:\n{last}", None, log_dir, command,
-                         wall_s, summary)
-    if not text:
-        return RunResult("failed", "rank 0 finished but wrote no result", None, log_dir, command, wall_s, summary)
-    return RunResult("ok", "", json.loads(text), log_dir, command, wall_s, summary)
-
-
-def exit_fault_reason(failed: Sequence[tuple[int, int | None]]) -> str:
-    """One line for ranks that exited non-zero after rank 0 wrote the result: (rank, exit code) pairs."""
-    def code(c: int | None) -> str:
-        if c is not None and c < 0:
-            try:
-                return f"{c} ({signal.Signals(-c).name})"
-            except ValueError:
-                return str(c)
-        return str(c)
-
-    what = ", ".join(f"rank {r} exited {code(c)}" for r, c in failed)
-    return (f"{what} after rank 0 wrote the result (after the last collective): a fault at process exit, "
-            "the measurement is kept")
-
-
-def _exit_fault(result: dict[str, Any], failed: list[tuple[int, dict[str, Any]]], log_dir: str, command: str,
-                wall_s: float, summary: list[dict[str, Any]]) -> RunResult:
-    """Rank 0 wrote its result (every rank had trained and sent its figures: the result gathers them) but a
-    rank then exited non-zero (issue 22 item 7: an abort in interpreter teardown). The run is `ok` and says so:
-    the reason and the result's `exit_fault` (kept in the stored measurements) name the ranks and signals."""
-    reason = exit_fault_reason([(i, r["code"]) for i, r in failed])
-    return RunResult("ok", reason, {**result, "exit_fault": reason}, log_dir, command, wall_s, summary)
