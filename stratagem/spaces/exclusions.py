@@ -97,10 +97,11 @@ _RULES: dict[str, tuple[ReadList, Predicate]] = {
     "optimizer_offload_cpu": ("sharding", lambda f: f.offload & (f.zero_stage > 0)),
     "selective_recompute": ("pipelining", lambda f: f.selective),
     "seq_len_divisor": ("layout", lambda f: (f.seq_len > 0) & (f.seq_len % (2 * f.tp * f.cp) != 0)),
+    "etp_without_ep": ("layout", lambda f: f.moe & (f.ep == 1) & (f.tp > 1) & (f.etp == 1)),
 }
 ExclusionName = Literal["etp_1_or_tp", "zero1_moe_expert_mesh", "1f1b_microbatches", "tp_without_sp",
                         "zero0_with_cp", "zero0_with_ep", "ddp_beside_other_parallelism", "zero1_optimizer_only",
-                        "optimizer_offload_cpu", "selective_recompute", "seq_len_divisor"]
+                        "optimizer_offload_cpu", "selective_recompute", "seq_len_divisor", "etp_without_ep"]
 
 
 class PlanExclusion(BaseModel):
@@ -255,4 +256,12 @@ TORCH_PLAN_EXCLUSIONS: tuple[PlanExclusion, ...] = (
                "load-balanced ring attention over 2 * cp); use a tp and cp whose 2 * tp * cp divides seq_len",
         source=f"{_V022} torchtitan/models/llama3/infra/parallelize.py parallelize_llama (assert on "
                "parallel_dims.seq_len_divisor); torchtitan/distributed/parallel_dims.py ParallelDims.seq_len_divisor"),
+    PlanExclusion(
+        name="etp_without_ep", refused_by="export", field="plan.etp",
+        what="etp 1 with tp ({tp}) and ep 1",
+        reason="with expert parallelism off torchtitan splits every routed expert's matmuls over the TP ranks, so "
+               "experts whole on each TP rank have no setting (and export as the etp = tp job); use etp = tp, or "
+               "ep > 1",
+        source=f"{_V022} torchtitan/models/llama4/infra/parallelize.py apply_moe_ep_tp: without an ep mesh, "
+               "experts_mesh = tp_mesh with TensorParallel()"),
 )

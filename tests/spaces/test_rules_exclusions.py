@@ -51,7 +51,8 @@ def test_each_rule_is_one_the_engine_states(mixtral: Scenario) -> None:
         # what torchtitan v0.2.2 cannot express exactly (the harness runs them as planned)
         ("tp_without_sp", "export"), ("zero0_with_cp", "export"), ("zero0_with_ep", "export"),
         ("ddp_beside_other_parallelism", "export"), ("zero1_optimizer_only", "export"),
-        ("optimizer_offload_cpu", "export"), ("selective_recompute", "export"), ("seq_len_divisor", "export")]
+        ("optimizer_offload_cpu", "export"), ("selective_recompute", "export"), ("seq_len_divisor", "export"),
+        ("etp_without_ep", "export")]
     for ex in [*rec.plan_exclusions, *rec.schedule_exclusions]:  # each names the engine code (or measurement)
         assert (".py" in ex.source or "measured" in ex.source) and ex.reason.count("use") >= 1, ex  # and a fix
     for ex in rec.plan_exclusions + rec.schedule_exclusions:

@@ -410,6 +410,13 @@ def _parallelism_table(d: _Draft, lay: Layout) -> None:
         # parallel_dims.py ParallelDims._validate allows etp = tp or etp = 1 (the export refuses others, rules.py)
         par["expert_parallel_degree"] = p.ep
         par["expert_tensor_parallel_degree"] = p.etp
+    elif _converts(lay, "etp_without_ep"):
+        d.ap.append(FieldNote(
+            "plan.etp",
+            f"1 with tp={p.tp} and ep=1: without expert parallelism torchtitan splits every routed expert over the "
+            f"{p.tp} TP ranks (apply_moe_ep_tp: TensorParallel on the tp mesh), as etp={p.tp} does: less expert "
+            "memory per rank than planned, plus the experts' TP collectives",
+        ))
     d.tables["parallelism"] = par
 
 
