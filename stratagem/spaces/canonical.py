@@ -20,6 +20,14 @@ the stack:
                    gives them the same figures (memory.py _in_flight: m = 1; timing.py bubble (p-1)/m). Canonical:
                    gpipe where the stack has it (torch's Schedule1F1B refuses fewer micro-batches than stages:
                    harness/support.py microbatch_refusal), else 1f1b.
+  zero_stage       3 with pp > 1 on a stack that keeps parameters unsharded through the step with PP
+                   (StackRecord.reshard_after_forward_with_pp False; torchtitan v0.2.2 models/llama3/infra/
+                   parallelize.py apply_fsdp: reshard_after_forward_policy "default" = not pp_enabled) is FSDP2's
+                   fully_shard(reshard_after_forward=False), which is that stack's zero 2: the harness builds it
+                   (harness/parallelize.py parallelize), the model predicts it (evaluators/memory.py
+                   _kept_gathered, timing.py once_per_step) and torchtitan runs it alike. Canonical: 2, the
+                   stage that names what runs (parameters kept gathered, gradients and optimizer states sharded),
+                   where the stack has zero 2 with pp (`sharding_stage`).
 Fields not named here (and any added to Plan later) are kept: a field is reset only once proved inert. An
 invalid plan's offending fields are left as they are (its canonical form is as invalid as it is), except the
 plan-alone resets of `Plan.canonical()`.
@@ -34,9 +42,10 @@ from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_pro
 from stratagem.spaces.plan import Plan
 
 if TYPE_CHECKING:
-    from stratagem.spaces.scenario import Scenario  # scenario.py imports space.py, which imports this module
+    from stratagem.spaces.scenario import Scenario
+    from stratagem.spaces.stacks import StackRecord  # scenario.py imports space.py, which imports this module
 
-__all__ = ["Job", "job_description", "canonical_plan", "canonical_split", "KNOWN_FIELDS"]
+__all__ = ["Job", "job_description", "canonical_plan", "canonical_split", "sharding_stage", "KNOWN_FIELDS"]
 
 # Plan fields this module knows the effect of; any other field is part of the job as it is (conservative).
 KNOWN_FIELDS = frozenset({
@@ -68,13 +77,23 @@ class Job:
     precision: str
     """Compute precision."""
     sharding: tuple[int, str]
-    """(ZeRO stage, optimizer offload)."""
+    """(ZeRO stage as run: `sharding_stage`, optimizer offload)."""
     sequence_parallel: bool
     """Activations sharded along the sequence over the TP group (tp > 1 only)."""
     recompute: tuple[str, tuple[int, ...]]
     """(mode, recomputed layers of each chunk)."""
     other: tuple[tuple[str, Any], ...]
     """Plan fields this module does not know, as they are."""
+
+
+def sharding_stage(rec: StackRecord, pp: int, zero_stage: int) -> int:
+    """The ZeRO stage a plan with `pp` and `zero_stage` runs as on the stack `rec` (see the module docstring):
+    2 for zero 3 with pp > 1 where the stack keeps parameters unsharded with PP and has zero 2 with pp, else
+    `zero_stage`."""
+    if zero_stage == 3 and pp > 1 and not rec.reshard_after_forward_with_pp and 2 in rec.zero_stages \
+            and rec.max_zero_with_pp >= 2:
+        return 2
+    return zero_stage
 
 
 def _micro_batches(scenario: Scenario, plan: Plan) -> int:
@@ -107,7 +126,8 @@ def job_description(scenario: Scenario, plan: Plan) -> Job:
         mesh=mesh, chunks=chunks, embedding_chunk=0, loss_chunk=len(chunks) - 1,
         schedule=_schedule(scenario, plan), micro_batch_size=plan.micro_batch_size,
         micro_batches=_micro_batches(scenario, plan), precision=plan.precision,
-        sharding=(plan.zero_stage, plan.optimizer_offload), sequence_parallel=plan.sequence_parallel and plan.tp > 1,
+        sharding=(sharding_stage(scenario.training.record, plan.pp, plan.zero_stage), plan.optimizer_offload),
+        sequence_parallel=plan.sequence_parallel and plan.tp > 1,
         recompute=(ac, redone),
         other=tuple((name, getattr(plan, name)) for name in Plan.model_fields if name not in KNOWN_FIELDS),
     )
@@ -150,4 +170,7 @@ def canonical_plan(scenario: Scenario, plan: Plan) -> Plan:
     if p.pp > 1 and p.pp_schedule == "1f1b" and _micro_batches(scenario, p) == 1 and \
             "gpipe" in scenario.training.record.schedules:
         update["pp_schedule"] = "gpipe"
+    stage = sharding_stage(scenario.training.record, p.pp, p.zero_stage)
+    if stage != p.zero_stage:
+        update["zero_stage"] = stage
     return p.model_copy(update=update) if update else p

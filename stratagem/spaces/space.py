@@ -11,8 +11,9 @@ products and enumeration (or sampling) is a vectorised decode: no Plan object on
 Conditional axes apply only where they mean something: sequence_parallel with tp > 1, pp_schedule with
 pp > 1, virtual_stages with the interleaved schedule, dp_replicate and optimizer_offload with zero_stage >= 1,
 zero_stage > 0 with a sharding group dp*cp > 1 (a ZeRO/FSDP wrapper over one rank: a pointless job, not
-enumerated). Elsewhere they keep the Plan default. Pipeline splits that give the same chunks and 1f1b with one
-micro-batch (= gpipe) are enumerated once, in their canonical form (spaces/canonical.py): every enumerated plan is
+enumerated). Elsewhere they keep the Plan default. Pipeline splits that give the same chunks, 1f1b with one
+micro-batch (= gpipe) and zero 3 with pp where the stack keeps parameters gathered with pp (= zero 2) are
+enumerated once, in their canonical form (spaces/canonical.py): every enumerated plan is
 `canonical_plan` of itself and no two build the same job, so `count()` counts distinct jobs.
 """
 
@@ -30,7 +31,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stratagem.errors import StratagemError
-from stratagem.spaces.canonical import canonical_plan, canonical_split
+from stratagem.spaces.canonical import canonical_plan, canonical_split, sharding_stage
 from stratagem.spaces.expert_grid import expert_grid_problem
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_problem
@@ -66,10 +67,11 @@ AXES: tuple[str, ...] = (
     "micro_batch_size", "pp_schedule", "virtual_stages", "pp_split", "first_stage_layers", "last_stage_layers",
     "precision", "activation_checkpointing", "recompute_modules",
 )
-SPACE_VERSION = "runnable-2"  # what the enumeration yields; bumped when the same search section yields other plans
+SPACE_VERSION = "runnable-3"  # what the enumeration yields; bumped when the same search section yields other plans
 # (canonical-1: one canonical plan per job, spaces/canonical.py; the Optuna choices of the split axes changed;
 # runnable-1: the stack record's PlanExclusions are left out, stacks.py, issue 24 item 6; runnable-2: so are the
-# torch record's export exclusions, what torchtitan cannot express exactly, spaces/exclusions.py)
+# torch record's export exclusions, what torchtitan cannot express exactly, spaces/exclusions.py; runnable-3:
+# zero 3 with pp is zero 2 where the stack keeps parameters gathered with pp, canonical.py sharding_stage)
 MAX_UNEVEN_SPLITS = 4  # default first/last stage layer pairs per (pp, virtual_stages): the best balanced ones
 # Default heuristics (bypassed by axes the scenario lists explicitly).
 MIN_CP_SHARD_TOKENS = 1024  # cp: each rank keeps >= 1k tokens, or ring attention's KV exchange is exposed
@@ -345,6 +347,8 @@ class SearchSpace:
                     if not pipe or not sp:
                         continue
                     zs = zeros if p == 1 else [z for z in zeros if z <= rec.max_zero_with_pp]
+                    # one job, one stage: zero 3 with pp runs as 2 where the stack keeps params gathered with pp
+                    zs = list(dict.fromkeys(sharding_stage(rec, p, z) for z in zs))
                     zero = self._zero(d, c, zs, offloads)
                     if not zero:
                         continue

@@ -4,14 +4,18 @@ enumeration of distinct jobs."""
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
+import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stratagem.evaluators import evaluate_many
+from stratagem.launch.export.bundle import layout
+from stratagem.launch.export.torchtitan import export_torchtitan
 from stratagem.search.records import plan_key
 from stratagem.spaces import (
     IntRange,
@@ -58,6 +62,25 @@ def test_gpipe_and_1f1b_with_one_micro_batch_are_one_plan() -> None:
     assert canonical_plan(s, two) == two
 
 
+def test_zero3_with_pp_is_zero2_where_the_stack_keeps_params_gathered() -> None:
+    # torchtitan apply_fsdp: reshard_after_forward = not pp_enabled; the harness builds fully_shard(
+    # reshard_after_forward=False) for both (StackRecord.reshard_after_forward_with_pp False on torch)
+    s = load_scenario(EXAMPLES / "demo-cpu.yaml")
+    z2, z3 = parse_plan("dp2 pp2 z2 mb2 bf16 1f1b"), parse_plan("dp2 pp2 z3 mb2 bf16 1f1b")
+    assert s.training.stack == "torch" and job_description(s, z2) == job_description(s, z3)
+    assert canonical_plan(s, z3) == z2 and plan_key(z3, s) == plan_key(z2) == "dp=2,pp=2,zero_stage=2,micro_batch_size=2"
+    assert resolve_plan(s, canonical_plan(s, z3).short()) == z2
+    assert _torchtitan_job(s, z2) == _torchtitan_job(s, z3)  # the exporter writes one setting for the one job
+    assert '"fsdp_reshard_after_forward": "never"' in _torchtitan_job(s, z3)
+    pc = SearchSpace(s).enumerate()
+    assert not [i for i in range(len(pc)) if pc.plan(i).pp > 1 and pc.plan(i).zero_stage == 3]
+    # without pp, or on a stack that reshards with pp (megatron/deepspeed/nanotron), zero 3 is its own job
+    assert canonical_plan(s, parse_plan("dp4 z3 mb2 bf16")).zero_stage == 3
+    for stack in ("megatron", "deepspeed", "nanotron"):
+        other = s.model_copy(update={"training": s.training.model_copy(update={"stack": stack})})
+        assert canonical_plan(other, z3).zero_stage == 3
+
+
 def test_recompute_layers_covering_every_layer_is_full_recompute() -> None:
     s = load_scenario(EXAMPLES / "demo-cpu.yaml")
     plan = parse_plan("dp2 pp2 z0 mb2 bf16 full-ac2L 1f1b")  # 2 layers per chunk: all of them
@@ -91,9 +114,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     gpus = draw(st.sampled_from([1, 2, 4, 8]))
     stack = draw(st.sampled_from(STACKS))
     # torch: ZeRO-1, and ZeRO-0 beside other parallelism, are not in its space (torchtitan has neither exactly:
-    # spaces/exclusions.py); its FSDP without reshard (zero 2) stands in
+    # spaces/exclusions.py); its FSDP without reshard (zero 2) and with it (zero 3: kept gathered with pp) stand in
     search = SearchConfig(precision="bf16", activation_checkpointing=["none", "full"],
-                          zero_stage=[0, 2] if stack == "torch" else [0, 1],
+                          zero_stage=[0, 2, 3] if stack == "torch" else [0, 1, 3],
                           first_stage_layers=IntRange(), last_stage_layers=IntRange(), max_stage_imbalance=100.0,
                           virtual_stages=IntRange(min=1, max=3), cp=1)
     return Scenario(model=model, cluster=cluster_preset("h100-sxm-80g", gpus, gpus),
@@ -112,6 +135,45 @@ def test_no_two_enumerated_plans_build_the_same_job(s: Scenario) -> None:
     assert len(set(jobs)) == len(plans) == space.count()
     for p in plans:
         assert canonical_plan(s, p) == p and violations(s, p) == []
+    # an oracle independent of job_description: the model reads every field that changes the job, so two
+    # enumerated plans with every figure equal (bit for bit) name one job twice (e.g. torch's zero 2 and 3 with pp)
+    if plans:
+        figures = evaluate_many(s, plans)
+        rows = np.column_stack([np.asarray(getattr(figures, f.name), dtype=np.float64).reshape(len(plans), -1)
+                                for f in fields(figures)])
+        twins: dict[bytes, Plan] = {}
+        for p, row in zip(plans, rows, strict=True):
+            other = twins.setdefault(np.nan_to_num(row, nan=-1.0).tobytes(), p)
+            assert other is p or _known_tie(other, p), f"{other.short()} and {p.short()}: every figure equal"
+    if s.training.stack == "torch":  # a second oracle: the torchtitan job each plan exports to, as torchtitan reads it
+        seen: dict[str, Plan] = {}
+        for p in plans:
+            other = seen.setdefault(_torchtitan_job(s, p), p)
+            assert other is p, f"{other.short()} and {p.short()}: one torchtitan job"
+
+
+def _torchtitan_job(s: Scenario, plan: Plan) -> str:
+    """The torchtitan config `plan` exports to, without comments or the free-text description, with
+    fsdp_reshard_after_forward resolved as torchtitan v0.2.2 resolves it (torchtitan/models/llama3/infra/
+    parallelize.py apply_fsdp: "default" -> reshard_after_forward = not pp_enabled)."""
+    doc = tomllib.loads(export_torchtitan(layout(s, plan)).files["torchtitan.toml"])
+    del doc["job"]["description"]
+    par = doc.get("parallelism", {})
+    policy = par.get("fsdp_reshard_after_forward", "default")
+    if policy == "default":
+        policy = "never" if par.get("pipeline_parallel_degree", 1) > 1 else "always"
+    par["fsdp_reshard_after_forward"] = policy
+    return json.dumps(doc, sort_keys=True)
+
+
+def _known_tie(a: Plan, b: Plan) -> bool:
+    """Two distinct jobs the model may give equal figures: they differ only in how the pipeline is laid out
+    (schedule, chunks, split). The figures are maxima over stages, and two layouts can share their heaviest
+    stage: e.g. gpipe and 1f1b with as many micro-batches as stages run the same order on the first stage (1F1B's
+    warm-up is pp - 1 forwards, then one more: torch/distributed/pipelining/schedules.py Schedule1F1B) and
+    differ on the later ones. Any other tie (sharding, mesh, recompute, micro-batch, dtype) is one job twice."""
+    layout = {"pp_schedule", "virtual_stages", "pp_split", "first_stage_layers", "last_stage_layers"}
+    return {k for k in Plan.model_fields if getattr(a, k) != getattr(b, k)} <= layout
 
 
 def _variants(s: Scenario, plan: Plan) -> list[Plan]:

@@ -33,6 +33,7 @@ from stratagem.launch.export.bundle import (
 )
 from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP, model_constants
 from stratagem.launch.export.rope import torchtitan_rope_comment
+from stratagem.spaces.canonical import sharding_stage
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.rules import plan_facts
@@ -292,15 +293,16 @@ def _data_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> None:
     else:
         par["data_parallel_replicate_degree"] = p.dp_replicate
         par["data_parallel_shard_degree"] = shard
-        # zero 3 with PP: torchtitan's "default" keeps parameters unsharded through the step (reshard_after_forward
-        # = not pp_enabled, apply_fsdp), as the harness (launch/harness/parallelize.py) and the model
-        # (StackRecord.reshard_after_forward_with_pp) do; "always" would re-gather them every micro-batch
-        par["fsdp_reshard_after_forward"] = (("always" if p.pp == 1 else "default") if p.zero_stage == 3
-                                             else "never")
-        if par["fsdp_reshard_after_forward"] == "default":
+        # torchtitan apply_fsdp: "always" reshards after forward, "never" keeps the parameters gathered through
+        # the step, "default" = not pp_enabled. Zero 3 with PP is the job zero 2 builds (parameters kept gathered,
+        # as the harness runs and the model predicts it: spaces/canonical.py sharding_stage), so both write
+        # "never", one setting for one job
+        stage = sharding_stage(stack_record("torch"), p.pp, p.zero_stage)
+        par["fsdp_reshard_after_forward"] = "always" if stage == 3 else "never"
+        if p.zero_stage == 3 and stage == 2:
             d.comments["parallelism.fsdp_reshard_after_forward"] = [
-                "with PP torchtitan keeps the parameters unsharded through the step (apply_fsdp: reshard_after_forward "
-                "= not pp_enabled), as stratagem runs and models zero_stage 3 with pp > 1"]
+                "zero_stage 3 with pp > 1: torchtitan keeps the parameters unsharded through the step with PP "
+                "(apply_fsdp: reshard_after_forward = not pp_enabled), the job zero_stage 2 builds"]
         if _converts(lay, "zero1_optimizer_only"):
             d.ap.append(FieldNote(
                 "plan.zero_stage",
