@@ -10,14 +10,11 @@ URLs:
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import shlex
 import sqlite3
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +23,8 @@ from urllib.parse import quote
 
 from stratagem.errors import StratagemError
 from stratagem.search.journal import FlockJournalLock, JournalDamaged, SafeJournalBackend, repair_journal
-from stratagem.search.retry import RetryingStorage, StorageUnavailable, check_minutes, outages_for, transient
+from stratagem.search.locks import db_lock, file_lock, first_line, sqlalchemy_errors
+from stratagem.search.retry import RetryingStorage, StorageUnavailable, check_minutes, outages_for
 
 if TYPE_CHECKING:
     import optuna
@@ -198,14 +196,14 @@ def _check_rdb(url: str) -> None:
         raise StratagemError(f"storage ({url!r}): the database driver {module!r} is not installed; {fix}") from None
     except Exception as e:
         if type(e).__module__.startswith("sqlalchemy"):
-            raise StratagemError(f"storage ({url!r}): {_first_line(e)}") from None
+            raise StratagemError(f"storage ({url!r}): {first_line(e)}") from None
         raise
     try:
         with engine.connect():
             pass
     except Exception as e:
         if type(e).__module__.startswith("sqlalchemy"):
-            raise StratagemError(f"storage ({url!r}): cannot connect: {_first_line(e)}") from None
+            raise StratagemError(f"storage ({url!r}): cannot connect: {first_line(e)}") from None
         raise
     finally:
         engine.dispose()
@@ -246,10 +244,10 @@ def open_storage(spec: StorageSpec, *, write: bool = True,
     except StratagemError:
         raise
     except (ImportError, OSError) as e:
-        raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
+        raise StratagemError(f"storage ({spec.url!r}): cannot open: {first_line(e)}") from None
     except Exception as e:  # sqlalchemy OperationalError and friends: unreachable server, bad file
         if type(e).__module__.startswith(("sqlalchemy", "optuna")):
-            raise StratagemError(f"storage ({spec.url!r}): cannot open: {_first_line(e)}") from None
+            raise StratagemError(f"storage ({spec.url!r}): cannot open: {first_line(e)}") from None
         raise
     return RetryingStorage(inner, spec.kind, outages)
 
@@ -319,7 +317,7 @@ def _check_readable(spec: StorageSpec) -> None:
 
     engine = create_engine(spec.url, connect_args=_connect_args(spec.url))
     try:
-        with _translated(spec.url):
+        with sqlalchemy_errors(spec.url):
             tables = set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
@@ -371,11 +369,6 @@ def _schema_race(e: BaseException) -> bool:
     return type(e).__module__.startswith(("sqlalchemy", "optuna")) and any(m in text for m in _SCHEMA_RACE)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(getattr(e, "orig", None) or e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 @contextlib.contextmanager
 def storage_lock(spec: StorageSpec, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Exclusive across processes (and hosts sharing the file or database) for the block.
@@ -385,108 +378,8 @@ def storage_lock(spec: StorageSpec, timeout: float = LOCK_TIMEOUT_S) -> Iterator
     Other databases have no lock: concurrent searches may then store a plan twice.
     """
     if spec.path is not None:
-        with _file_lock(Path(f"{spec.path}.stratagem-lock"), timeout):
+        with file_lock(Path(f"{spec.path}.stratagem-lock"), timeout):
             yield
         return
-    with _db_lock(spec.url, timeout):
+    with db_lock(spec.url, timeout, _connect_args(spec.url)):
         yield
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path, timeout: float) -> Iterator[None]:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as e:
-        raise StratagemError(f"storage lock ({path}): cannot create it: {e.strerror}; the storage's directory "
-                             "must be writable") from None
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() > deadline:
-                    raise StratagemError(f"storage lock ({path}): still held by another search after "
-                                         f"{timeout:.0f} s; wait for it or remove a stale lock holder") from None
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _translated(url: str) -> Iterator[None]:
-    """SQLAlchemy errors (server gone, credentials) as one line."""
-    try:
-        yield
-    except Exception as e:
-        if type(e).__module__.startswith("sqlalchemy"):
-            raise StratagemError(f"storage ({url!r}): {_first_line(e)}") from None
-        raise
-
-
-@contextlib.contextmanager
-def _db_lock(url: str, timeout: float) -> Iterator[None]:
-    """The advisory lock on its own connection, taken through an outage (retried like the storage's calls).
-    A lock whose connection died in the block died with it on the server: releasing it is then skipped."""
-    from sqlalchemy import create_engine
-
-    try:
-        engine = create_engine(url, connect_args=_connect_args(url), pool_pre_ping=True)
-    except ImportError as e:
-        raise StratagemError(f"storage lock ({url}): database driver {getattr(e, 'name', '?')!r} is not "
-                             "installed") from None
-    try:
-        with _translated(url):
-            conn = outages_for(url).run("rdb", lambda: _acquire_db_lock(engine, url, timeout))
-        try:
-            yield
-        finally:
-            try:
-                _release_db_lock(conn)
-            except Exception as e:
-                if not transient(e, "rdb"):
-                    raise
-            finally:
-                with contextlib.suppress(Exception):
-                    conn.close()
-    finally:
-        engine.dispose()
-
-
-_DB_LOCK_KEY = zlib.crc32(b"stratagem-search")
-
-
-def _acquire_db_lock(engine: Any, url: str, timeout: float) -> Any:
-    from sqlalchemy import text
-
-    conn = engine.connect()
-    try:
-        if engine.dialect.name == "postgresql":
-            conn.execute(text(f"SET lock_timeout = '{int(timeout * 1000)}ms'"))
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _DB_LOCK_KEY})
-        elif engine.dialect.name in ("mysql", "mariadb"):
-            got = conn.execute(text("SELECT GET_LOCK('stratagem-search', :t)"), {"t": int(timeout)}).scalar()
-            if got != 1:
-                raise StratagemError(f"storage lock ({url}): not acquired within {timeout:.0f} s")
-    except BaseException:
-        with contextlib.suppress(Exception):
-            conn.close()
-        raise
-    return conn
-
-
-def _release_db_lock(conn: Any) -> None:
-    from sqlalchemy import text
-
-    name = conn.engine.dialect.name
-    if name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _DB_LOCK_KEY})
-    elif name in ("mysql", "mariadb"):
-        conn.execute(text("SELECT RELEASE_LOCK('stratagem-search')"))

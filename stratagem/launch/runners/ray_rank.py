@@ -98,6 +98,7 @@ class RankWorker:
         return data.decode(errors="replace"), offset + len(data)
 
     def kill(self) -> None:
+        """SIGKILL the rank's process group (the rank and its children), remembering that it was killed."""
         self.killed = True
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
