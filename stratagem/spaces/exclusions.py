@@ -128,7 +128,7 @@ class PlanExclusion(BaseModel):
 
     @property
     def reads(self) -> ReadList:
-        """The per-layout choice list (spaces/layouts.py Layout) whose values the predicate reads."""
+        """The per-layout choice list (spaces/layout_lists.py Layout) whose values the predicate reads."""
         return _RULES[self.name][0]
 
     def describe(self, f: PlanFacts) -> str:
