@@ -63,7 +63,7 @@ def torchrun_command(bundle: ExportBundle) -> list[str]:
 
 def harness_parser() -> argparse.ArgumentParser:
     """The harness's own command-line parser (stratagem/launch/harness/run.py; importing it imports torch)."""
-    from stratagem.launch.harness.run import _parser
+    from stratagem.launch.harness.cli import _parser
 
     return _parser()
 

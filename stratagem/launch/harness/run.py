@@ -1,13 +1,8 @@
-"""The training harness entry point: run one plan for a few steps and write one JSON result (rank 0).
+"""The training harness in-process: run one plan for a few steps and write one JSON result (rank 0). Its
+command line (`python -m stratagem.launch.harness`: `main`, `cli`) is harness/cli.py, re-exported here.
 
-Command line (under torchrun, or any launcher that sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
-LOCAL_RANK; without them it runs as a single process):
-
-    python -m stratagem.launch.harness --scenario S.yaml --plan "dp=2,tp=2" --out result.json \
-        [--steps N | --step-budget-s S [--min-steps A] [--max-steps B]] \
-        [--warmup W] [--seed S] [--memory-cap-gib X] [--checkpoint-dir D | --no-checkpoint]
-
-In-process, for a launcher that has set that environment (e.g. inside a Ray actor):
+In-process, for a launcher that has set torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+LOCAL_RANK; e.g. inside a Ray actor):
 
     run_harness(scenario, plan, steps, warmup=1, seed=0, out=None, memory_cap_gib=None,
                 checkpoint_dir=None, checkpoint=True, budget=None) -> dict
@@ -32,31 +27,26 @@ rss_peak_bytes), checkpoint (save_s, async_save_blocking_s, async_save_total_s, 
 
 `unsupported(scenario, plan) -> str | None` (from stratagem.launch.harness.support; importing this module imports no
 torch) is the one-line reason the harness would stop on a plan, or None: the multi-fidelity loop skips such plans.
-
-Exit codes of the command: 0 ok; 2 a plan or scenario error (one line); 3 OOM (a line starting "OOM:");
-4 the environment failed the run, not the plan (a line starting "INFRA:": the timed checkpoint could not be
-written or read, harness.checkpoint); 1 any other crash (traceback on stderr).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import sys
 import time
 import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.spread import spread_of_samples
 from stratagem.launch.harness._faults import injected_fault
-from stratagem.launch.harness.budget import DEFAULT_MAX_STEPS, DEFAULT_MIN_STEPS, StepBudget, timed_steps
+from stratagem.launch.harness.budget import StepBudget, timed_steps
+from stratagem.launch.harness.cli import cli, main
 from stratagem.launch.harness.result import HarnessResult
 from stratagem.launch.harness.support import DEFAULT_LR, unsupported
 from stratagem.quantities import memory_in, memory_unit
@@ -76,7 +66,8 @@ __all__ = ["validate_plan", "run_plan", "run_harness", "main", "cli", "GIB", "un
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 PG_TIMEOUT_S = float(os.environ.get("STRATAGEM_PG_TIMEOUT_S", "300"))
-_EXIT_FAULT: list[str] = []  # "abort": an injected abort at exit after the result was written (_faults)
+EXIT_FAULTS: list[str] = []
+"""Faults injected at the process's exit, after the result was written (_faults): "abort" (cli reads it)."""
 
 Teardown = Literal["destroy", "leave"]
 """How run_harness ends a process group it started (run_harness says each)."""
@@ -386,7 +377,7 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int | 
             tmp.write_text(json.dumps(result, indent=1))
             tmp.replace(path)
             if injected_fault(the_plan) == "exit-abort":
-                _EXIT_FAULT.append("abort")
+                EXIT_FAULTS.append("abort")
         finished = True
         return result
     finally:
@@ -404,99 +395,6 @@ def _end_group(teardown: Teardown, finished: bool) -> None:
         dist.destroy_process_group()
     elif finished:
         dist.barrier()  # gloo's barrier also waits for this rank's earlier work (ProcessGroupGloo::barrier)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m stratagem.launch.harness", description=__doc__.split("\n")[0])
-    p.add_argument("--scenario", required=True, help="scenario YAML")
-    p.add_argument("--plan", required=True, help='plan, e.g. "dp=2,tp=2,zero=3"')
-    how_many = p.add_mutually_exclusive_group()
-    how_many.add_argument("--steps", type=int, default=None, help="timed optimizer steps (default 5)")
-    how_many.add_argument("--step-budget-s", type=float, default=None,
-                          help="time N steps, N = clamp(budget / warm-up step time, --min-steps, --max-steps)")
-    p.add_argument("--min-steps", type=int, default=DEFAULT_MIN_STEPS, help="with --step-budget-s: fewest timed steps")
-    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="with --step-budget-s: most timed steps")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps before them (memory is traced in the last)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="result JSON written by rank 0")
-    p.add_argument("--memory-cap-gib", type=float, default=None,
-                   help="fail with OOM when the tracked peak of any rank exceeds this")
-    p.add_argument("--checkpoint-dir", default=None, help="a directory on every node for the timed checkpoint (default: each node's temp dir; "
-                   "a shared one is not needed); the run's folder in it is removed after")
-    p.add_argument("--no-checkpoint", action="store_true", help="skip the checkpoint save/load timing")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line; returns its exit code (0 ok, 2 plan/scenario error, 3 OOM, 4 environment)."""
-    import torch
-
-    from stratagem.launch.harness.checkpoint import CheckpointEnvironmentError
-    from stratagem.launch.harness.memtrack import MemoryCapExceeded
-
-    args = _parser().parse_args(argv)
-    try:
-        budget = None
-        if args.step_budget_s is not None:
-            try:
-                budget = StepBudget(budget_s=args.step_budget_s, min_steps=args.min_steps, max_steps=args.max_steps)
-            except ValueError as e:
-                raise StratagemError(f"--step-budget-s/--min-steps/--max-steps: {str(e).splitlines()[-1].strip()}") from None
-        steps = None if budget is not None else (args.steps if args.steps is not None else 5)
-        run_harness(args.scenario, args.plan, steps, args.warmup, args.seed, args.out,
-                    args.memory_cap_gib, args.checkpoint_dir, not args.no_checkpoint, budget, teardown="leave")
-    except StratagemError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except MemoryCapExceeded as e:
-        print(f"OOM: {e}", file=sys.stderr)
-        return 3
-    except torch.cuda.OutOfMemoryError as e:
-        print(f"OOM: CUDA out of memory: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 3
-    except CheckpointEnvironmentError as e:
-        print(f"INFRA: {e}", file=sys.stderr)
-        return 4
-    return 0
-
-
-def cli(argv: list[str] | None = None) -> NoReturn:
-    """`python -m stratagem.launch.harness`: run `main`, then leave the process without interpreter teardown.
-
-    Why (issue 22 item 7): `dist.destroy_process_group()` unregisters the groups, but the ProcessGroupGloo
-    objects stay alive on the C++ side (after a DTensor TP run of world 2 no Python object refers to a group,
-    yet 12 `pt_gloo_runloop` and 6 `gloo_tcp_loop` threads still run: /proc/self/task). When CPython
-    finalizes, any such thread that needs the GIL (a completed gloo work dropping the last reference to a
-    Python-owned tensor: TensorImpl's PyObject decref takes the GIL) is ended by CPython with
-    PyThread_exit_thread; the forced unwind crosses a noexcept C++ frame and std::terminate aborts the process
-    ("terminate called without an active exception", SIGABRT) after the result was written (pytorch issues
-    190489 and PR 179291 trace the same path: decref -> gil_scoped_acquire -> take_gil ->
-    PyThread_exit_thread -> terminate). Nothing is left to run after `main` (the result is written and
-    replaced atomically), so the process ends with os._exit: no finalization, no thread can race it.
-    The process group is not destroyed either (run_harness teardown "leave"): 1 launch in 40 of the tp=2 case
-    still died with SIGABRT while rank 1 was alive when each rank destroyed its group before os._exit (CI,
-    torch 2.13; destroy_process_group shuts the gloo backends down with their threads running); each rank now
-    waits at a barrier for the others and exits with the group alive. faulthandler prints every thread's Python
-    stack should a rank still abort. Any exception is printed and exits 1, argparse's SystemExit keeps its code."""
-    import faulthandler
-
-    faulthandler.enable(all_threads=True)
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse: --help (0), a bad argument (2)
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except KeyboardInterrupt:
-        code = 130
-    except BaseException:  # noqa: BLE001 - a crash: its traceback on stderr, exit 1 as the docstring says
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if _EXIT_FAULT:
-        os.abort()
-    os._exit(code)
 
 
 if __name__ == "__main__":
