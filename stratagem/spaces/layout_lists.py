@@ -46,6 +46,7 @@ class Layout:
 
     @property
     def key(self) -> tuple[int, int, int, int, int]:
+        """(tp, pp, cp, ep, etp): the degrees that name the layout (dp follows from them)."""
         return self.tp, self.pp, self.cp, self.ep, self.etp
 
 
