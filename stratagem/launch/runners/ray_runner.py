@@ -31,34 +31,29 @@ runtime-env agents, which the raylet always starts: Ray 2.60 has no switch to sk
 off) and removes the temp dir; at start it reaps agents of dead sessions and removes stale temp dirs. Joined to
 an external cluster (`address`) it reaps nothing and does not wait.
 
-The rank actor is ray_rank.RankWorker; the session's processes and the reaping live in ray_session.py.
+The rank actor is ray_rank.RankWorker; the session's processes and the reaping live in ray_session.py; a run's
+folder, harness command and rank environments in ray_trial.py; its outcome's classification in ray_outcome.py.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from stratagem import procfs
-from stratagem.launch.harness.budget import StepBudget, budget_args
+from stratagem.launch.harness.budget import StepBudget
 from stratagem.launch.runners.ray_outcome import (
     RunResult,
-    RunStatus,
     classify,
     exit_fault_reason,
     rank_summary,
@@ -74,7 +69,14 @@ from stratagem.launch.runners.ray_session import (
     remove_stale_temp_dirs,
     session_pids,
 )
-from stratagem.spaces.plan import Plan, format_plan
+from stratagem.launch.runners.ray_trial import (
+    Trial,
+    harness_command,
+    local_layout,
+    rank_envs,
+    run_folder_name,
+)
+from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_layout", "exit_fault_reason",
@@ -85,86 +87,6 @@ START_ATTEMPTS = 2
 """Tries to start a local Ray session (Ray's raylet registration window is a fixed 30 s)."""
 LOG_STREAM_S = 3.0
 """How often the driver pulls the ranks' new log lines into the run folder while they run."""
-
-
-def harness_command(scenario_path: str, plan: Plan, steps: int, warmup: int, seed: int, out: str,
-                    memory_cap_gib: float | None = None, python: str | None = None,
-                    budget: StepBudget | None = None) -> list[str]:
-    """The harness invocation one rank runs (torchrun-compatible environment supplied separately); with
-    `budget` the number of timed steps comes from it (--step-budget-s ...) instead of `steps`."""
-    cmd = [python or sys.executable, "-m", "stratagem.launch.harness", "--scenario", scenario_path,
-           "--plan", format_plan(plan), *_step_args(steps, budget), "--warmup", str(warmup),
-           "--seed", str(seed), "--out", out]
-    if memory_cap_gib is not None:
-        cmd += ["--memory-cap-gib", f"{memory_cap_gib:g}"]
-    return cmd
-
-
-def run_folder_name(name: str) -> str:
-    """`name` as one folder name: every character outside letters, digits and `._,=+-` (a split label's `/`,
-    spaces, ...) becomes `_`, leading dots go (issue 27 item 8: `split2/-` made nested folders)."""
-    return re.sub(r"[^\w.,=+-]", "_", name, flags=re.ASCII).lstrip(".") or "run"
-
-
-def _step_args(steps: int, budget: StepBudget | None) -> list[str]:
-    return budget_args(budget) if budget is not None else ["--steps", str(steps)]
-
-
-def local_layout(nodes: Sequence[str], gpus: Sequence[Sequence[str]] | None = None) -> list[dict[str, str]]:
-    """Per global rank, the per-node environment: LOCAL_RANK, LOCAL_WORLD_SIZE (ranks on the same node, in
-    global-rank order) and, given each rank's GPU ids (Ray's), CUDA_VISIBLE_DEVICES = the GPUs of that node's
-    ranks in local-rank order (so cuda:LOCAL_RANK is the rank's own GPU)."""
-    out = []
-    for rank, node in enumerate(nodes):
-        peers = [r for r, n in enumerate(nodes) if n == node]
-        env = {"LOCAL_RANK": str(peers.index(rank)), "LOCAL_WORLD_SIZE": str(len(peers))}
-        if gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(g for r in peers for g in gpus[r])
-        out.append(env)
-    return out
-
-
-@dataclass(frozen=True)
-class _Trial:
-    """One run's fixed parts, set before it waits for resources."""
-
-    log_dir: Path
-    """The driver's folder of this run (scenario.yaml written at once; rank logs and result.json later)."""
-    scenario_yaml: str
-    """The scenario every rank receives (its `search` section left out)."""
-    plan_text: str
-    """The plan as every rank receives it (format_plan)."""
-    extra: list[str]
-    """The harness arguments after --scenario/--plan/--out: steps or budget, warm-up, seed, memory cap."""
-    command: str
-    """The harness command each rank runs, as RunResult.command shows it."""
-    world: int
-    """Ranks, one per bundle."""
-    start: float
-    """perf_counter() at submission: RunResult.wall_s counts from it."""
-
-    @classmethod
-    def open(cls, run_dir: Path, scenario: Scenario, plan: Plan, steps: int, warmup: int, seed: int,
-             memory_cap_gib: float | None, name: str | None, budget: StepBudget | None) -> _Trial:
-        """Start the clock, make the run's folder under `run_dir` with its scenario.yaml, spell the ranks'
-        arguments and the command."""
-        start = time.perf_counter()
-        world = plan.world_size
-        log_dir = run_dir / run_folder_name(name or f"run-{uuid.uuid4().hex[:8]}")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        scenario_yaml = yaml.safe_dump(scenario.model_dump(mode="json", exclude={"search"}), sort_keys=False)
-        (log_dir / "scenario.yaml").write_text(scenario_yaml)
-        extra = [*_step_args(steps, budget), "--warmup", str(warmup), "--seed", str(seed)]
-        if memory_cap_gib is not None:
-            extra += ["--memory-cap-gib", f"{memory_cap_gib:g}"]
-        command = shlex.join(harness_command("scenario.yaml", plan, steps, warmup, seed, "result.json",
-                                             memory_cap_gib, python="python", budget=budget))
-        return cls(log_dir, scenario_yaml, format_plan(plan), extra, command, world, start)
-
-    def result(self, status: RunStatus, reason: str, ranks: list[dict[str, Any]] | None = None) -> RunResult:
-        """The run's end without a harness result, timed from submission."""
-        return RunResult(status, reason, None, str(self.log_dir), self.command, time.perf_counter() - self.start,
-                         ranks or [])
 
 
 class RayRunner:
@@ -243,7 +165,7 @@ class RayRunner:
         resource_wait_s, then `infra`)."""
         from ray.util.placement_group import placement_group
 
-        trial = _Trial.open(self.run_dir, scenario, plan, steps, warmup, seed, memory_cap_gib, name, budget)
+        trial = Trial.open(self.run_dir, scenario, plan, steps, warmup, seed, memory_cap_gib, name, budget)
         if not self._wait_for_slots(trial.world):
             return trial.result("infra", self._no_slots_reason(trial.world))
         pg = placement_group([self._unit for _ in range(trial.world)], strategy="PACK")
@@ -270,7 +192,7 @@ class RayRunner:
                 f"{'GPUs' if self.use_gpus else 'CPUs'} now" + (
                     "" if self._temp_dir is not None else f" (waited {self.resource_wait_s:.0f} s)"))
 
-    def _run_ranks(self, trial: _Trial, pg: Any, actors: list[Any], timeout_s: float) -> RunResult:
+    def _run_ranks(self, trial: Trial, pg: Any, actors: list[Any], timeout_s: float) -> RunResult:
         """Once the bundles of `pg` are ready: one actor per rank (added to `actors`, registered in flight for
         stop()), the harness on each, their outcomes collected into the run folder and classified."""
         if not self._wait([pg.ready()], self.resource_wait_s):
@@ -304,16 +226,16 @@ class RayRunner:
             for i in range(world)
         ]
 
-    def _launch(self, actors: list[Any], trial: _Trial) -> list[Any]:
+    def _launch(self, actors: list[Any], trial: Trial) -> list[Any]:
         """Start the harness on every rank's actor with its rendezvous environment; the refs of their runs."""
         import ray
 
         places = ray.get([a.where.remote() for a in actors], timeout=self.resource_wait_s)
-        envs = _rank_envs(places, self.use_gpus)
+        envs = rank_envs(places, self.use_gpus)
         return [actor.run.remote(trial.scenario_yaml, trial.plan_text, {"extra": trial.extra}, env, rank)
                 for rank, (actor, env) in enumerate(zip(actors, envs, strict=True))]
 
-    def _verdict(self, trial: _Trial, outcomes: list[dict[str, Any]], finished: bool, timeout_s: float,
+    def _verdict(self, trial: Trial, outcomes: list[dict[str, Any]], finished: bool, timeout_s: float,
                  ranks_started: float) -> RunResult:
         """The run's status from its ranks' outcomes: stopped, a rank's actor lost, timed out, else classify."""
         lost = [(i, o["lost"]) for i, o in enumerate(outcomes) if "lost" in o]
@@ -478,18 +400,6 @@ def quiet_driver_errors() -> bool:
     one_line.stratagem_quiet = True  # type: ignore[attr-defined]
     ray_worker.print_to_stdstream = one_line
     return True
-
-
-def _rank_envs(places: list[dict[str, Any]], use_gpus: bool) -> list[dict[str, str]]:
-    """Per rank, from where each rank's actor sits (RankWorker.where): the torchrun rendezvous environment
-    (rank 0's node and port as master), the per-node layout, one thread, and the driver's STRATAGEM_* settings."""
-    layout = local_layout([p["node"] for p in places], [p["gpus"] for p in places] if use_gpus else None)
-    master = places[0]
-    return [{"MASTER_ADDR": master["ip"], "MASTER_PORT": str(master["port"]), "RANK": str(rank),
-             "WORLD_SIZE": str(len(places)), **layout[rank], "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-             # STRATAGEM_* settings of the driver (e.g. STRATAGEM_FAULTS) reach every rank.
-             **{k: v for k, v in os.environ.items() if k.startswith("STRATAGEM_")}}
-            for rank in range(len(places))]
 
 
 def _collect(refs: list[Any], log_dir: Path) -> list[dict[str, Any]]:
