@@ -1,6 +1,6 @@
 """The training harness: one plan trains for a few steps on torch (FSDP2, DTensor TP, pipelining, DCP).
 
-Modules: `run` (the entry point, `python -m stratagem.launch.harness`), `model` and `moe` (the seeded
+Modules: `run` (the entry point) and `cli` (its command line, `python -m stratagem.launch.harness`), `model` and `moe` (the seeded
 transformer), `parallelize` (with `tensor_parallel`), `expert_grid`, `pipeline` and `context` (the plan applied to it; `expert_grid`: where
 MoE experts live and which ranks shard them; `context`: context parallelism),
 `train` (the job and its step),
