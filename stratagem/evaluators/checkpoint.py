@@ -19,7 +19,7 @@ from stratagem.evaluators.memory import training_optimizer_bytes
 from stratagem.evaluators.timing import rank_params
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
-from stratagem.spaces.stacks import stack_record
+from stratagem.spaces.stacks import StackRecord, stack_record
 from stratagem.units import GIB
 
 __all__ = ["CHECKPOINT_KEYS", "STAGING_BYTES_S", "young_interval", "daly_interval", "failure_floor",
@@ -56,6 +56,14 @@ def failure_floor(stall_s: float, lag_s: float, restart_s: float, mtbf_s: float)
     return float(np.sqrt(2.0 * stall_s / mtbf_s) + (lag_s + restart_s) / mtbf_s)
 
 
+def weights_sharded_from(rec: StackRecord) -> int:
+    """The ZeRO stage from which the stack keeps its weights sharded at rest, so a checkpoint writes a shard: its
+    record's weights term that exists at every stage (torch: FSDP2's fully_shard keeps sharded parameters from
+    ZeRO-2 on, whatever reshard_after_forward, and DCP writes each rank's shard; the others from ZeRO-3)."""
+    return min(t.sharded_from for t in rec.states if t.block == "weights" and t.exists_from == 0
+               and t.exists_until >= 3)
+
+
 def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
     """CHECKPOINT_KEYS for every plan (times in seconds, sizes in GiB, MTBF in hours)."""
     m, tr, cl = scn.model, scn.training, scn.cluster
@@ -76,7 +84,8 @@ def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
     shard_n = pc.dp * pc.cp / pc.dp_replicate
     z = pc.zero_stage
     held = dense + expert
-    shard = held * (weight_b / np.where(z >= 3, shard_n, 1.0) + (master_b + opt) / np.where(z >= 1, shard_n, 1.0))
+    weights_sharded = z >= weights_sharded_from(stack_record(tr.stack))
+    shard = held * (weight_b / np.where(weights_sharded, shard_n, 1.0) + (master_b + opt) / np.where(z >= 1, shard_n, 1.0))
 
     write_bw = min(cl.storage_write_gbps, cl.node_storage_gbps * cl.num_nodes) * GB
     read_bw = min(cl.storage_read_gbps, cl.node_storage_gbps * cl.num_nodes) * GB

@@ -64,6 +64,7 @@ __all__ = [
 ]
 
 Array = NDArray[np.float64]
+Mask = NDArray[np.bool_]
 # [DS] estimate_zero3_model_states_mem_needs: 4 bytes x the largest layer's parameters stay gathered on the GPU.
 DEEPSPEED_ZERO3_LAYER_BYTES = 4.0
 
@@ -274,10 +275,10 @@ def rank_memory_columns(
     r = _rank(scn, pc, cal, stage == "last")
     engine = ENGINES[r.rec.master_weights]
     states = _states(r, engine)
-    with_copies = engine.copies(r, states)
-    # the engine's compute copies (autocast's casts, FSDP2's zero-2 unsharded units) are freed after backward
-    copies = with_copies["weights"] - states["weights"]
-    blocks = _kept_gathered(r, engine, with_copies)
+    blocks = _kept_gathered(r, engine, engine.copies(r, states))
+    # the engine's compute copies (autocast's casts, FSDP2's unsharded units, kept through the step under PP) are
+    # freed after backward (torch pipelining's perform_reduce_grad reshards them before the optimizer step)
+    copies = blocks["weights"] - states["weights"]
     per_mb, none, per_layer = _layer_activations(r, engine)
     held_head, held_io, p2p, loss_freed = engine.stage_io(r)
     activations = per_mb * r.in_flight + held_head + held_io
@@ -335,18 +336,21 @@ def _states(r: Rank, engine: EngineTerms) -> dict[str, Array]:
 
 
 def _kept_gathered(r: Rank, engine: EngineTerms, blocks: dict[str, Array]) -> dict[str, Array]:
-    """ZeRO-3 with PP on a stack that keeps parameters gathered (torchtitan parallelize_llama: reshard_after_forward
-    = not pp_enabled): the stage's unsharded parameters (compute dtype) stay through the step, and with gradient
-    sync on the last micro-batch only, FSDP2 accumulates unsharded gradients in the reduce dtype between
-    micro-batches (torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed)."""
+    """ZeRO-2/3 with PP on a stack that keeps parameters gathered (torchtitan parallelize_llama: reshard_after_forward
+    = not pp_enabled): the stage's unsharded parameters (compute dtype) stay through the step (ZeRO-2's states
+    already hold that copy), and with gradient sync on the last micro-batch only (torch/distributed/pipelining/
+    stage.py backward_maybe_with_nosync, perform_reduce_grad), FSDP2 accumulates unsharded gradients in the
+    reduce dtype between micro-batches (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    to_accumulated_grad_if_needed): one job for both stages."""
     if r.rec.reshard_after_forward_with_pp:
         return blocks
     pc = r.pc
-    kept = (pc.zero_stage == 3) & (pc.pp > 1) & (pc.dp * pc.cp > 1)
+    kept = (pc.zero_stage >= 2) & (pc.pp > 1) & (pc.dp * pc.cp > 1)
     held = r.dense + r.expert
     reduce_b = np.where(r.fp32, 4.0, r.scn.training.grad_reduce_bytes)
     out = dict(blocks)
-    out["weights"] = out["weights"] + np.where(kept, held * np.where(r.fp32, 4.0, 2.0), 0.0)
+    gathered = kept & (pc.zero_stage == 3)  # ZeRO-2's record terms hold the gathered copy already
+    out["weights"] = out["weights"] + np.where(gathered, held * np.where(r.fp32, 4.0, 2.0), 0.0)
     out["gradients"] = engine.unsharded_grads(r, out["gradients"], held * reduce_b, kept & (r.microbatches > 1))
     return out
 
@@ -412,7 +416,7 @@ class EngineTerms(NamedTuple):
     """1 where the sharded weights and gradients live on the host."""
     copies: Callable[[Rank, dict[str, Array]], dict[str, Array]]
     """The blocks with the engine's compute copies and extra buffers."""
-    unsharded_grads: Callable[[Rank, Array, Array, Array], Array]
+    unsharded_grads: Callable[[Rank, Array, Array, Mask], Array]
     """Gradients with ZeRO-3's kept-gathered unsharded gradients (r, gradients, their bytes, where accumulated)."""
     layer_extra: Callable[[Rank], Array]
     """Bytes per micro-batch the engine saves beyond the layer inventory."""
@@ -435,7 +439,7 @@ def _stage_io(r: Rank) -> tuple[Array, Array, Array, Array]:
     return np.where(r.has_head, head, 0.0), zero, p2p, zero
 
 
-def _added_unsharded_grads(r: Rank, gradients: Array, held_bytes: Array, accumulated: Array) -> Array:
+def _added_unsharded_grads(r: Rank, gradients: Array, held_bytes: Array, accumulated: Mask) -> Array:
     """Unsharded gradients accumulated between micro-batches, beside the sharded ones."""
     return gradients + np.where(accumulated, held_bytes, 0.0)
 

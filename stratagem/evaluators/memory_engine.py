@@ -53,8 +53,9 @@ def fp32_masters(scn: Scenario) -> bool:
 
 
 def uses_fsdp(pc: PlanColumns) -> NDArray[np.bool_]:
-    """FSDP2 (ZeRO 2/3 with dp > 1), as the harness and torchtitan apply it; DDP / no data parallelism otherwise."""
-    return np.asarray((pc.dp > 1) & (pc.zero_stage >= 2))
+    """FSDP2 (ZeRO 2/3 over dp x cp > 1 ranks: torchtitan shards over its dp_shard_cp mesh, the harness over the
+    flattened dp_cp mesh, parallelize.uses_fsdp), as they apply it; DDP / no data parallelism otherwise."""
+    return np.asarray((pc.dp * pc.cp > 1) & (pc.zero_stage >= 2))
 
 
 def uses_autocast(scn: Scenario, pc: PlanColumns) -> NDArray[np.bool_]:

@@ -206,9 +206,11 @@ def dp_terms(ctx: StepContext, rec_mb: Array, idle_mb: Array) -> tuple[Array, Ar
 
     DDP / ZeRO-1: once per step (all-reduce; reduce-scatter + all-gather) [ZeRO], hidden behind one micro-batch's
     compute. ZeRO-2: a bulk reduce-scatter per micro-batch (and on torch, FSDP2 with reshard_after_forward=False,
-    the gather kept through backward). ZeRO-3: FSDP's per-unit collectives every micro-batch (_per_unit); torchtitan
-    with PP gathers each unit once per step and reduce-scatters once (parallelize_llama: reshard_after_forward =
-    not pp_enabled; the schedule syncs gradients on the last micro-batch): StackRecord.reshard_after_forward_with_pp.
+    the gather kept through backward). ZeRO-3: FSDP's per-unit collectives every micro-batch (_per_unit). Under
+    torch's pipeline schedules FSDP2 (ZeRO-2 and -3: torchtitan parallelize_llama sets reshard_after_forward = not
+    pp_enabled) gathers each unit once per step and reduce-scatters once: PipelineStage.backward_maybe_with_nosync
+    turns gradient sync and reshard-after-backward off for every micro-batch, and perform_reduce_grad runs FSDP's
+    post-backward once after the last (torch/distributed/pipelining/stage.py): StackRecord.reshard_after_forward_with_pp.
     """
     scn, pc, cal = ctx.scn, ctx.pc, ctx.cal
     cl, tr, rec = scn.cluster, scn.training, scn.training.record
@@ -219,7 +221,7 @@ def dp_terms(ctx: StepContext, rec_mb: Array, idle_mb: Array) -> tuple[Array, Ar
     shard_link = group_link(cl, cal, shard_n, t)
     rep_link = group_link(cl, cal, pc.dp_replicate, t * shard_n)
     fsdp_zero2_keeps = not rec.master_weights
-    once_per_step = (pc.pp > 1) & (z == 3) & (not rec.reshard_after_forward_with_pp)
+    once_per_step = (pc.pp > 1) & (z >= 2) & (not rec.reshard_after_forward_with_pp)
     compute_only = ctx.compute_mb + rec_mb + idle_mb  # the GPU's wall time of a micro-batch (launch waits too)
     # a unit's wall time: its compute plus its share of launch waits (the GPU idles, the links do not)
     idle_layer = idle_mb / ctx.layers

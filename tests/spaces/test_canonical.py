@@ -178,7 +178,8 @@ def _known_tie(a: Plan, b: Plan) -> bool:
 
 def _variants(s: Scenario, plan: Plan) -> list[Plan]:
     """Other valid plans the stack runs that build the same job as `plan`: every split encoding, the other of
-    gpipe/1f1b, recompute_layers past the largest chunk, pipeline fields without a pipeline."""
+    gpipe/1f1b, recompute_layers past the largest chunk, pipeline fields without a pipeline, ZeRO-3 for ZeRO-2
+    where the stack keeps parameters gathered under pp."""
     layers, out = s.model.num_layers, []
     if plan.pp == 1:
         out += [plan.model_copy(update={"pp_schedule": x}) for x in ("gpipe", "zero_bubble")]
@@ -191,6 +192,8 @@ def _variants(s: Scenario, plan: Plan) -> list[Plan]:
             out.append(plan.model_copy(update={"pp_schedule": "1f1b" if plan.pp_schedule == "gpipe" else "gpipe"}))
     if plan.activation_checkpointing != "none":
         out.append(plan.model_copy(update={"recompute_layers": layers}))
+    if plan.zero_stage == 2:  # torch with pp: FSDP2 kept gathered either way (the figures must agree too)
+        out.append(plan.model_copy(update={"zero_stage": 3}))
     job = job_description(s, plan)
     return [v for v in out if v != plan and job_description(s, v) == job and violations(s, v) == []]
 
