@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from stratagem.errors import StratagemError
 from stratagem.spaces.canonical import canonical_plan
 from stratagem.spaces.layout_lists import OFFLOAD, Layout
 from stratagem.spaces.layouts import LayoutBuilder
@@ -304,8 +305,14 @@ class SearchSpace:
             params[name] = "+".join(plan.recompute_modules) if name == "recompute_modules" else dump[name]
             if name == "dp":
                 dists[name] = IntDistribution(plan.dp, plan.dp)
-            else:
-                dists[name] = CategoricalDistribution(self._axis_choices[name])
+                continue
+            choices = self._axis_choices[name]
+            if params[name] not in choices:  # a study holds only plans of its space (Optuna's distributions)
+                left_out = f" (the stack leaves out: {', '.join(self._left_out)})" if self._left_out else ""
+                raise StratagemError(
+                    f"plan.{name} ({params[name]}) of {plan.short()} is not in this search space ({name}: "
+                    f"{', '.join(map(str, choices))}){left_out}; use a plan the space enumerates")
+            dists[name] = CategoricalDistribution(choices)
         return params, dists
 
     def summary(self) -> dict[str, Any]:

@@ -52,7 +52,7 @@ def test_one_set_of_repredicted_trials_per_calibration(tmp_path: Path) -> None:
     rerun) with the same calibration adds none, and every one carries the id of the study's latest calibration."""
     from stratagem.search.calibrate import calibration_history
 
-    plans = PlanColumns.from_plans([Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=4, micro_batch_size=2)])
+    plans = PlanColumns.from_plans([Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2), Plan(dp=4, micro_batch_size=2)])
     url = f"sqlite:///{tmp_path / 'r.db'}"
     first = SearchSession(load_scenario(SCENARIO), url, "r", listener=lambda e: None)
     mf = first.measure(4, KnownConstants(), RankedOrder(candidates=plans))

@@ -443,7 +443,7 @@ def test_two_workers_survive_a_20_s_database_outage(fresh_postgres, postgres_out
     from stratagem.spaces.plan import format_plan
 
     url, k = fresh_postgres, 4
-    plans = [Plan(dp=4), Plan(dp=2, tp=2), Plan(dp=2, pp=2), Plan(dp=4, micro_batch_size=2)]
+    plans = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2), Plan(dp=4, micro_batch_size=2)]
     open_storage(parse_storage(url))  # Optuna's tables first
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     workers = [subprocess.Popen([sys.executable, str(Path(__file__).with_name("standin.py")), url, "out", str(k),
@@ -561,7 +561,7 @@ def test_a_worker_exits_2_in_one_line_when_the_outage_outlasts_the_window(fresh_
     from stratagem.spaces.plan import format_plan
 
     url = fresh_postgres
-    plans = [format_plan(p) for p in (Plan(dp=4), Plan(dp=2, tp=2))]
+    plans = [format_plan(p) for p in (Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2))]
     open_storage(parse_storage(url))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "STRATAGEM_STORAGE_RETRY_MINUTES": "0.1"}
     cmd = [sys.executable, str(Path(__file__).with_name("standin.py")), url, "win", "2", "8", *plans]

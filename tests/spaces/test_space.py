@@ -351,3 +351,16 @@ def test_schedules_the_stack_cannot_honour_are_not_enumerated() -> None:
         assert not (plan.pp > 1 and plan.pp_schedule == "zero_bubble")
         assert violations(s, plan) == [], plan
         study.tell(t, [float(plan.dp)])
+
+
+def test_a_plan_outside_the_space_cannot_be_stored_and_says_which_field() -> None:
+    """A study holds the plans of its space (Optuna's distributions are the axis choices): params() of a plan with a
+    value no plan of the space has is one line naming the field and the stack's exclusions, not Optuna's
+    ValueError (torch: TP without sequence parallelism is left out, spaces/exclusions.py tp_without_sp)."""
+    space = SearchSpace(load_scenario(EXAMPLES / "tiny-cpu.yaml"))
+    with pytest.raises(StratagemError) as e:
+        space.params(Plan(dp=2, tp=2, zero_stage=2))
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("plan.sequence_parallel (False)") and "tp_without_sp" in line
+    params, _ = space.params(Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2))
+    assert params["sequence_parallel"] is True
