@@ -261,14 +261,10 @@ def screen_candidates(scenario: Scenario, space: SearchSpace, calibration: Calib
 
 
 def check_candidates(space: SearchSpace, candidates: PlanColumns) -> None:
-    """Raise StratagemError naming the first candidate plan outside the space (its trial could not be stored)."""
+    """Raise StratagemError naming the first candidate plan outside the space (SearchSpace.params refuses it: its
+    trial could not be stored), before anything is written."""
     for i in range(len(candidates)):
-        plan = candidates.plan(i)
-        params, dists = space.params(plan)
-        for name, value in params.items():
-            try:
-                dists[name].to_internal_repr(value)
-            except ValueError:
-                raise StratagemError(
-                    f"candidates: plan '{plan.short()}' has {name}={value!r}, outside the scenario's search space "
-                    f"({dists[name]}); widen the search section or drop the plan") from None
+        try:
+            space.params(candidates.plan(i))
+        except StratagemError as e:
+            raise StratagemError(f"candidates: {e}") from None

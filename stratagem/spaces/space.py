@@ -310,8 +310,8 @@ class SearchSpace:
             if params[name] not in choices:  # a study holds only plans of its space (Optuna's distributions)
                 left_out = f" (the stack leaves out: {', '.join(self._left_out)})" if self._left_out else ""
                 raise StratagemError(
-                    f"plan.{name} ({params[name]}) of {plan.short()} is not in this search space ({name}: "
-                    f"{', '.join(map(str, choices))}){left_out}; use a plan the space enumerates")
+                    f"plan.{name} ({params[name]}) of {plan.short()} is outside the scenario's search space ({name}: "
+                    f"{', '.join(map(str, choices))}){left_out}; widen the search section or use a plan it holds")
             dists[name] = CategoricalDistribution(choices)
         return params, dists
 

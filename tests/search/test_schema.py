@@ -70,15 +70,15 @@ WRITES: list[tuple[str, Role, Evaluation, float]] = [
     # E: breaks a rule
     ("dp=2,pp=2,zero=2", "boundary", _ev("dp=2,pp=2,zero=2", status="infeasible"), USABLE),                  # 8
     # F: failed, then timed out -> the latest measured stands
-    ("dp=2,pp=2,zero=3", "front", _ev("dp=2,pp=2,zero=3", "measured", "failed"), USABLE),      # 9
-    ("dp=2,pp=2,zero=3", "front", _ev("dp=2,pp=2,zero=3", "measured", "timeout"), USABLE),     # 10
+    ("dp=2,pp=2,zero=2,ac=full", "front", _ev("dp=2,pp=2,zero=2,ac=full", "measured", "failed"), USABLE),      # 9
+    ("dp=2,pp=2,zero=2,ac=full", "front", _ev("dp=2,pp=2,zero=2,ac=full", "measured", "timeout"), USABLE),     # 10
     # G: fits HBM but not the search's margin -> PRUNED, constraint > 0
     ("dp=2,tp=2,sp=true,zero=3", "candidate", _ev("dp=2,tp=2,sp=true,zero=3"), 1e-6),                                 # 11
     # D again: re-measured (search/noise.py pools its runs) -> the latest measured stands
     ("dp=1,pp=4", "remeasured", _ev("dp=1,pp=4", "measured", speed=0.6), USABLE),             # 12
 ]
 STANDS = {"dp=4": (1, False), "dp=2,tp=2,sp=true,zero=2": (3, True), "dp=4,zero=3": (5, True), "dp=1,pp=4": (12, True),
-          "dp=2,pp=2,zero=2": (8, False), "dp=2,pp=2,zero=3": (10, False), "dp=2,tp=2,sp=true,zero=3": (11, False)}
+          "dp=2,pp=2,zero=2": (8, False), "dp=2,pp=2,zero=2,ac=full": (10, False), "dp=2,tp=2,sp=true,zero=3": (11, False)}
 """plan -> (number of the trial that stands for it, feasible)."""
 
 
@@ -161,7 +161,7 @@ def test_export_never_picks_a_superseded_prediction(tmp_path: Path) -> None:
 def test_multifidelity_reader_agrees(study: optuna.Study) -> None:
     got = measured_trials(study)
     assert {k: t.number for k, t in got.items()} == {key("dp=4"): 1, key("dp=1,pp=4"): 12,
-                                                     key("dp=2,pp=2,zero=3"): 10}
+                                                     key("dp=2,pp=2,zero=2,ac=full"): 10}
 
 
 def test_a_plan_without_trials_has_no_standing() -> None:

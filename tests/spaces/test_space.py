@@ -362,5 +362,6 @@ def test_a_plan_outside_the_space_cannot_be_stored_and_says_which_field() -> Non
         space.params(Plan(dp=2, tp=2, zero_stage=2))
     line = str(e.value)
     assert "\n" not in line and line.startswith("plan.sequence_parallel (False)") and "tp_without_sp" in line
+    assert "outside the scenario's search space" in line
     params, _ = space.params(Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2))
     assert params["sequence_parallel"] is True
