@@ -56,6 +56,7 @@ INTEGRATION: dict[str, str] = {
     "tests/search/test_cli_search.py::test_two_concurrent_searches_share_one_study": "two CLI processes",
     # PostgreSQL: test_storage.py's single-outage case and the claims tests stay default
     "tests/search/test_status.py::test_status_watch_waits_out_a_database_outage": "a PostgreSQL restart (19 s)",
+    "tests/search/test_status.py::test_ctrl_c_during_an_outage_ends_the_watch": "a 12 s PostgreSQL outage",
     "tests/search/test_storage.py::test_past_the_window_an_outage_is_one_line": "a PostgreSQL outage (8 s)",
     # torchrun: test_harness_cli.py::test_torchrun stays default
     "tests/launch/test_export_cli.py::test_exported_torchrun_command_runs_the_harness": "an exported run.sh run",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
+import signal
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -41,26 +41,38 @@ def status_cmd(
     are done, retries pending and done, releases by a signal, best plan so far (measured and predicted),
     calibration error per batch, time spent and left of the real-run budget. Never creates a storage."""
     from stratagem.reports.counts import count_lines
-    from stratagem.search.retry import set_retry_minutes
+    from stratagem.search.retry import STOP, set_retry_minutes
     from stratagem.search.view import StudyView
 
     url, name = study_location("status", scenario, storage, study)
     view = StudyView.open(url, name)
     if watch:
         set_retry_minutes(math.inf if retry is None else retry)  # watching waits out an outage, however long
+    # Ctrl-C while watching sets STOP instead of raising inside a database read: a KeyboardInterrupt raised in
+    # psycopg / SQLAlchemy mid-query was seen swallowed (the watch ran on); a read in flight finishes, a retry
+    # through an outage stops at once (search.retry.STOP), and the loop ends with exit 0.
+    previous = signal.getsignal(signal.SIGINT)
+    STOP.clear()
+    if watch:
+        signal.signal(signal.SIGINT, lambda *_: STOP.set())
     try:
-        while True:
+        while not STOP.is_set():
             s = view.status()
             counts = view.counts()
             if as_json:
                 print(json.dumps({**s.as_dict(), "counts": counts.as_dict()}), flush=True)
             else:
                 _render(console, s, count_lines(counts, s.study), counts.measured_plans)
-            if not watch:
-                return
-            time.sleep(interval)
+            if not watch or STOP.wait(interval):
+                break
     except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+        pass
+    finally:
+        if watch:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        STOP.clear()  # this process's later storage calls retry as before
+    if watch:
+        raise typer.Exit(0)
 
 
 def _minutes(seconds: float | None) -> str:

@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from stratagem.errors import StratagemError
 
-__all__ = ["RetryingStorage", "StorageUnavailable", "Outages", "retry_minutes", "set_retry_minutes",
+__all__ = ["RetryingStorage", "StorageUnavailable", "Outages", "retry_minutes", "set_retry_minutes", "STOP",
            "RETRY_ENV", "DEFAULT_RETRY_MINUTES", "outage_grace_s", "check_minutes", "transient", "outages_for"]
 
 RETRY_ENV = "STRATAGEM_STORAGE_RETRY_MINUTES"
@@ -46,6 +46,9 @@ or a file-size limit (EFBIG, ENOSPC), which waiting does not mend: one line at o
 
 T = TypeVar("T")
 _window_minutes: float | None = None
+STOP = threading.Event()
+"""Set by a command that ends on Ctrl-C through its own SIGINT handler (`status --watch`): a retry in progress
+stops waiting and raises KeyboardInterrupt, so Ctrl-C ends the command even during an outage."""
 
 
 class StorageUnavailable(StratagemError):
@@ -210,7 +213,8 @@ class Outages:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self.give_up(e) from None
-                time.sleep(min(delay, left))
+                if STOP.wait(min(delay, left)):  # Ctrl-C under a command's own handler: stop retrying
+                    raise KeyboardInterrupt from None
                 delay = min(2 * delay, _MAX_DELAY_S)
                 retried = True
                 continue

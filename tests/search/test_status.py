@@ -123,3 +123,40 @@ def test_status_watch_waits_out_a_database_outage(fresh_postgres, postgres_outag
     assert len(lines) == 2 and "unreachable (" in lines[0] and "until it answers" in lines[0], lines
     assert "reachable again after" in lines[1], lines
     assert len(out.strip().splitlines()) >= 3 and all(json.loads(x)["study"] == "w" for x in out.splitlines())
+
+
+def test_ctrl_c_during_an_outage_ends_the_watch(fresh_postgres, postgres_outage) -> None:
+    """Ctrl-C while `status --watch` retries through an outage (an unbounded window) ends it with exit 0 at once:
+    its SIGINT handler sets search.retry.STOP, which stops the retry (no KeyboardInterrupt inside a read)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from stratagem.search.records import DIRECTIONS
+
+    optuna.create_study(storage=open_storage(parse_storage(fresh_postgres)), study_name="c",
+                        directions=list(DIRECTIONS))
+    watch = subprocess.Popen([sys.executable, "-m", "stratagem.cli", "status", "--storage", fresh_postgres,
+                              "--study", "c", "--watch", "--interval", "1", "--json"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    ended: list[float] = []
+    try:
+        time.sleep(8)  # started, printed
+
+        def interrupt() -> None:  # 4 s into the 12 s outage: the watch is retrying
+            watch.send_signal(signal.SIGINT)
+            start = time.monotonic()
+            watch.wait(timeout=60)
+            ended.append(time.monotonic() - start)
+
+        timer = threading.Timer(4.0, interrupt)
+        timer.start()
+        postgres_outage(12.0)
+        timer.join()
+        out, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+    assert watch.returncode == 0 and "Traceback" not in err, err
+    assert "unreachable (" in err and ended and ended[0] < 6.0, (err, ended)  # during the outage, not after it
