@@ -38,7 +38,8 @@ from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
 
 __all__ = ["Pick", "RunState", "RunOrder", "RankedOrder", "rank_candidates", "memory_band", "screen_candidates",
-           "check_candidates", "measured_trials", "DEFAULT_MEMORY_BAND", "INFRA_RETRIES"]
+           "check_candidates", "measured_trials", "DEFAULT_MEMORY_BAND", "INFRA_RETRIES", "RUN_ORDERS",
+           "DEFAULT_RUN_ORDER"]
 
 Pick = tuple[Plan, str]
 """A plan to run and its role (records.ROLES)."""
@@ -155,6 +156,12 @@ class RankedOrder:
                 else:
                     ranked.append((plan, role))
         return ranked
+
+
+RUN_ORDERS: dict[str, Callable[..., RunOrder]] = {"ranked": RankedOrder}
+"""Run-order policies by name, each built as `RUN_ORDERS[name](candidates=...)` (None: the whole space); the
+search uses DEFAULT_RUN_ORDER and bench/search_regret.py replays each."""
+DEFAULT_RUN_ORDER = "ranked"
 
 
 def rank_candidates(screening: Screening, measured: set[str], limit: int, include_infeasible: bool = False,

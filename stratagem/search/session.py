@@ -34,7 +34,13 @@ from stratagem.search.events import Event, Listener, Notice, Phase, WindowOpened
 from stratagem.search.measure import Measurement, measured_runs
 from stratagem.search.noise import best_measured
 from stratagem.search.records import OBJECTIVES, StudyKey, front_trials, plan_key, trial_status
-from stratagem.search.run_order import RankedOrder, RunOrder, check_candidates, measured_trials
+from stratagem.search.run_order import (
+    DEFAULT_RUN_ORDER,
+    RUN_ORDERS,
+    RunOrder,
+    check_candidates,
+    measured_trials,
+)
 from stratagem.search.runner import SearchResult, select_plans
 from stratagem.search.screening import Mode, Screening, screen
 from stratagem.search.status import beating
@@ -269,7 +275,7 @@ class SearchSession:
             check_candidates(self.space, candidates)
         if self._study is None:
             self.store()
-        order = order or RankedOrder(candidates=candidates)
+        order = order or RUN_ORDERS[DEFAULT_RUN_ORDER](candidates=candidates)
         deadline = Deadline(call_end=None if timeout is None else time.monotonic() + timeout, max_runs=n_trials)
         window_index = self._begin_measure(budget_minutes, run_timeout_s, deadline)
         m = Measurement(self, evaluator, order, k, recalibrate, deadline, remeasure)
