@@ -6,15 +6,73 @@ not hidden factors here.
 
 Defaults are fitted on `bench/reference/` only (bench/memory_accuracy.py, bench/throughput_accuracy.py);
 a search may refit them on its own measured trials (real runs) and pass the result to the evaluator.
+
+Beside the constants, a calibration may carry what a study's runs taught about each mechanism: a multiplier per
+step-time term (evaluators.timing.TIME_TERMS) and per memory block (evaluation.BLOCKS), as the Gaussian posterior
+of their logs (`LogMultipliers`, fitted by evaluators.posterior_fit). None (the default): every multiplier is 1 and
+the model is exactly the formulas.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Calibration", "DEFAULT_CALIBRATION", "DEVICE_CALIBRATIONS", "default_calibration", "default_label"]
+from stratagem.evaluators.evaluation import BLOCKS
+
+__all__ = ["LogMultipliers", "Calibration", "DEFAULT_CALIBRATION", "DEVICE_CALIBRATIONS", "default_calibration", "default_label"]
+
+
+class LogMultipliers(BaseModel):
+    """The posterior of the log multipliers of named model terms (step-time terms or memory blocks): Gaussian with
+    this mean and covariance (the Laplace approximation at the fit's maximum a posteriori, evaluators.posterior_fit).
+    A term's prediction is its formula's times exp(mean); a term not named keeps multiplier 1."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    names: tuple[str, ...]
+    """The terms (evaluators.timing.TIME_TERMS) or blocks (evaluation.BLOCKS), one per multiplier."""
+    mean: tuple[float, ...]
+    """Posterior mean of each log multiplier (0: the formula as it is)."""
+    cov: tuple[tuple[float, ...], ...]
+    """Posterior covariance of the log multipliers (K x K, symmetric)."""
+    noise_sd: float = Field(ge=0, allow_inf_nan=False)
+    """Standard deviation of a run's log value that no multiplier explains (run-to-run noise and the model's
+    per-plan misfit)."""
+    runs: int = Field(ge=0)
+    """Measured runs the posterior was fitted on (0: the prior)."""
+
+    @model_validator(mode="after")
+    def _shapes(self) -> LogMultipliers:
+        """One mean and one covariance row per name, names distinct, a finite symmetric covariance with a
+        non-negative diagonal."""
+        k = len(self.names)
+        if len(set(self.names)) != k:
+            raise ValueError(f"names {list(self.names)} repeat a term")
+        if len(self.mean) != k or len(self.cov) != k or any(len(row) != k for row in self.cov):
+            raise ValueError(f"mean and cov must have one entry per name ({k}): got {len(self.mean)} and "
+                             f"{[len(row) for row in self.cov]}")
+        values = [*self.mean, *(v for row in self.cov for v in row)]
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError("mean and cov must be finite")
+        for i in range(k):
+            if self.cov[i][i] < 0:
+                raise ValueError(f"cov[{i}][{i}] ({self.cov[i][i]}) is a variance: it must be >= 0")
+            for j in range(i):
+                if abs(self.cov[i][j] - self.cov[j][i]) > 1e-9 * (1.0 + abs(self.cov[i][j])):
+                    raise ValueError(f"cov is not symmetric at [{i}][{j}]")
+        return self
+
+    def factors(self) -> dict[str, float]:
+        """Each named term's multiplier at the posterior mean, exp(mean)."""
+        return {n: math.exp(m) for n, m in zip(self.names, self.mean, strict=True)}
+
+    def sd(self, name: str) -> float:
+        """Posterior standard deviation of one term's log multiplier."""
+        i = self.names.index(name)
+        return math.sqrt(self.cov[i][i])
 
 
 class Calibration(BaseModel):
@@ -67,6 +125,20 @@ class Calibration(BaseModel):
     67c5ebb6, 2024-12-27, src/nanotron/parallel/pipeline_parallel/p2p.py `_send_meta` / `_recv_meta`) sends two
     metadata tensors before every activation or gradient and waits for each with
     `while not work.is_completed(): time.sleep(0.1)`, i.e. 0.1 (evaluators.timing: pipeline polling)."""
+    time_multipliers: LogMultipliers | None = None
+    """What measured step times taught about each step-time term (evaluators.timing.TIME_TERMS); None: all 1."""
+    memory_multipliers: LogMultipliers | None = None
+    """What measured peaks (and OOMs) taught about each memory block (evaluation.BLOCKS); None: all 1."""
+
+    @model_validator(mode="after")
+    def _multiplier_names(self) -> Calibration:
+        """Memory multipliers name memory blocks (the time terms are checked where they are applied: the list
+        lives in evaluators.timing, which imports this module)."""
+        if self.memory_multipliers is not None:
+            unknown = [n for n in self.memory_multipliers.names if n not in BLOCKS]
+            if unknown:
+                raise ValueError(f"memory_multipliers.names: {unknown} are not memory blocks {list(BLOCKS)}")
+        return self
 
 
 DEFAULT_CALIBRATION = Calibration()

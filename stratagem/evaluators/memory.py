@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators import memory_engine as eng
 from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.evaluation import BLOCKS
 from stratagem.evaluators.experts import expert_data_parallel
 from stratagem.evaluators.memory_activations import layer_bytes, layer_elements
 from stratagem.evaluators.memory_copies import fp8_weight_cache_bytes, optimizer_step_bytes
@@ -271,7 +272,8 @@ def rank_memory_columns(
 ) -> dict[str, Array]:
     """Bytes per block (weights, gradients, optimizer, activations, transient, overhead) and `peak` for one
     rank of the first or the last pipeline stage (the same rank when pp = 1): the model states of the stack
-    record, the engine's own copies, the activations, the transients, the optimizer step, each a term below."""
+    record, the engine's own copies, the activations, the transients, the optimizer step, each a term below; each
+    block times its multiplier when the calibration carries memory multipliers (peak: their sum)."""
     r = _rank(scn, pc, cal, stage == "last")
     engine = ENGINES[r.rec.master_weights]
     states = _states(r, engine)
@@ -288,8 +290,15 @@ def rank_memory_columns(
     transient = np.maximum(transient, _optimizer_step(r, blocks) - activations - copies)
     allocated = blocks["weights"] + blocks["gradients"] + blocks["optimizer"] + activations + transient
     overhead = cal.fragmentation * allocated + cal.context_gib * GIB
-    return {**blocks, "activations": activations, "transient": transient, "overhead": overhead,
-            "peak": allocated + overhead}
+    out = {**blocks, "activations": activations, "transient": transient, "overhead": overhead,
+           "peak": allocated + overhead}
+    if cal.memory_multipliers is None:  # the formulas exactly
+        return out
+    # each block times its multiplier (the overhead block's from the allocated bytes before); peak = their sum
+    f = cal.memory_multipliers.factors()
+    out = {k: v * f.get(k, 1.0) for k, v in out.items()}
+    out["peak"] = sum((out[b] for b in BLOCKS), np.zeros(len(pc)))
+    return out
 
 
 # ---- the terms of one rank -----------------------------------------------------------------------------------

@@ -15,12 +15,24 @@ distribution of Bayesian linear regression).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["LogNormalColumns", "Predictive"]
+from stratagem.evaluators.calibration import Calibration, LogMultipliers, default_calibration
+from stratagem.evaluators.evaluation import BLOCKS
+from stratagem.evaluators.figures import PlanFigures
+from stratagem.evaluators.memory import memory_columns
+from stratagem.evaluators.priors import prior_for
+from stratagem.evaluators.timing import TIME_TERMS, term_seconds, time_columns
+from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.scenario import Scenario
+from stratagem.units import GIB
+
+__all__ = ["LogNormalColumns", "Predictive", "predictive", "predictive_from_figures", "time_posterior",
+           "memory_posterior", "expand"]
 
 Array = NDArray[np.float64]
 
@@ -40,7 +52,7 @@ class LogNormalColumns:
 
     def model_var(self) -> Array:
         """(N,) variance of log value from the multipliers alone: shares Sigma shares^T."""
-        out: Array = np.einsum("nk,kl,nl->n", self.shares, self.cov, self.shares)
+        out: Array = ((self.shares @ self.cov) * self.shares).sum(axis=1)
         return out
 
     def sd(self) -> Array:
@@ -56,3 +68,69 @@ class Predictive:
     """log tokens/s of the cluster (evaluate_many's `tokens_per_s`, the study's first objective)."""
     log_peak: LogNormalColumns
     """log peak memory of the worst rank in GiB (evaluate_many's `peak_gib`)."""
+
+
+def expand(given: LogMultipliers | None, prior: LogMultipliers) -> LogMultipliers:
+    """`given` over all of `prior`'s names (a name it lacks: the prior's mean and variance, uncorrelated; its
+    noise and runs stay); `prior` itself when None."""
+    if given is None:
+        return prior
+    if given.names == prior.names:
+        return given
+    index = {n: i for i, n in enumerate(given.names)}
+    mean = tuple(given.mean[index[n]] if n in index else prior.mean[k] for k, n in enumerate(prior.names))
+    cov = tuple(tuple(given.cov[index[a]][index[b]] if a in index and b in index else
+                      (prior.cov[i][j] if a not in index and b not in index else 0.0)
+                      for j, b in enumerate(prior.names)) for i, a in enumerate(prior.names))
+    return LogMultipliers(names=prior.names, mean=mean, cov=cov, noise_sd=given.noise_sd, runs=given.runs)
+
+
+def time_posterior(cal: Calibration, gpu_name: str) -> LogMultipliers:
+    """The step-time multipliers in force over every TIME_TERMS term: the calibration's posterior, else the
+    device's prior (evaluators.priors): every plan has a distribution before any run."""
+    return expand(cal.time_multipliers, prior_for(gpu_name).time())
+
+
+def memory_posterior(cal: Calibration, gpu_name: str) -> LogMultipliers:
+    """The memory-block multipliers in force over every block (the calibration's posterior, else the prior)."""
+    return expand(cal.memory_multipliers, prior_for(gpu_name).memory())
+
+
+def _columns(shares: Array, mean: Array, post: LogMultipliers) -> LogNormalColumns:
+    return LogNormalColumns(mean=mean, shares=shares, cov=np.array(post.cov, dtype=np.float64),
+                            noise_sd=float(post.noise_sd))
+
+
+def _from_columns(scn: Scenario, cols: Mapping[str, Array], cal: Calibration) -> Predictive:
+    """The Predictive from columns computed with `cal`: step-time terms (TIME_TERMS, timing.term_seconds), the worst
+    rank's blocks `<block>_gib` and `peak_gib`. Shares are each term's fraction of the step, negated for tokens/s
+    (tokens/s = tokens per step / step), and each block's fraction of the peak."""
+    tr = scn.training
+    step = np.asarray(cols["step_s"], dtype=np.float64)
+    peak = np.asarray(cols["peak_gib"], dtype=np.float64)
+    t_shares = -term_seconds(cols) / step[:, None]
+    m_shares = np.stack([np.asarray(cols[f"{b}_gib"], dtype=np.float64) for b in BLOCKS], axis=1) / peak[:, None]
+    gpu = scn.cluster.gpu.name
+    return Predictive(
+        log_tokens=_columns(t_shares, np.log(tr.global_batch_size * tr.seq_len / step), time_posterior(cal, gpu)),
+        log_peak=_columns(m_shares, np.log(peak), memory_posterior(cal, gpu)),
+    )
+
+
+def predictive(scn: Scenario, pc: PlanColumns, cal: Calibration | None = None) -> Predictive:
+    """The predictive distributions of log tokens/s and log peak GiB of every plan under `cal` (None: the device's
+    defaults), linearised at the posterior mean multipliers (module docstring): the step-time and memory columns
+    only (no checkpoint or zone figures), vectorised."""
+    cal = cal or default_calibration(scn.cluster.gpu.name)
+    cols = time_columns(scn, pc, cal)
+    mem = memory_columns(scn, pc, cal)
+    cols.update({f"{b}_gib": mem[b] / GIB for b in BLOCKS})
+    cols["peak_gib"] = mem["peak"] / GIB
+    return _from_columns(scn, cols, cal)
+
+
+def predictive_from_figures(scn: Scenario, figs: PlanFigures, cal: Calibration | None = None) -> Predictive:
+    """`predictive` from evaluate_many's figures of the same plans with the same calibration (no model cost)."""
+    cal = cal or default_calibration(scn.cluster.gpu.name)
+    names = (*TIME_TERMS, "exposed_comm_s", "step_s", "peak_gib", *(f"{b}_gib" for b in BLOCKS))
+    return _from_columns(scn, {n: getattr(figs, n) for n in names}, cal)

@@ -168,7 +168,11 @@ def calibration_id(cal: Calibration) -> str:
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps(cal.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:12]
+    data = cal.model_dump(mode="json")
+    for key in ("time_multipliers", "memory_multipliers"):  # absent ones leave the ids of earlier studies as they were
+        if data[key] is None:
+            del data[key]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def fields_to_fit(fields: Sequence[str], runs: int) -> tuple[str, ...]:
