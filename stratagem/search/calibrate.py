@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,7 +48,8 @@ from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
 
 __all__ = ["CalibrationStep", "calibration_history", "CalibrationFit", "fit_calibration", "refit_step",
-           "calibration_id", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS", "HELD_OUT"]
+           "calibration_id", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS", "HELD_OUT", "usable_runs", "oom_runs",
+           "memory_error", "oom_shortfall"]
 
 Array = NDArray[np.float64]
 TIME_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s")
@@ -85,6 +86,12 @@ class CalibrationStep(BaseModel):
     """calibration_id() of the calibration in force after this step (re-predicted trials carry it)."""
     ooms: int = 0
     """Measured OOM runs the memory fit used as lower bounds."""
+    multipliers_adopted: tuple[Literal["time", "memory"], ...] = ()
+    """The per-term multipliers (search/multiplier_refit.py) this step adopted: time, memory, both or none."""
+    multiplier_step_error_held_out: float | None = None
+    """Leave-one-out median step-time error of the time multipliers' fit; None: not judged."""
+    multiplier_memory_error_held_out: float | None = None
+    """Leave-one-out memory error of the memory multipliers' fit (OOMs included); None: not judged."""
 
 
 def calibration_history(raw: Any) -> list[CalibrationStep]:
@@ -133,12 +140,14 @@ class CalibrationFit:
                                calibration_id=calibration_id(self.calibration), ooms=self.ooms)
 
 
-def _usable(measured: Sequence[Evaluation]) -> list[Evaluation]:
+def usable_runs(measured: Sequence[Evaluation]) -> list[Evaluation]:
+    """The measured ok runs with a step time and a peak (what a time or memory fit can use)."""
     return [e for e in measured if e.fidelity == "measured" and e.status == "ok" and e.measurements
             and e.memory is not None and "step_s" in e.measurements]
 
 
-def _ooms(measured: Sequence[Evaluation]) -> list[Evaluation]:
+def oom_runs(measured: Sequence[Evaluation]) -> list[Evaluation]:
+    """The measured OOM runs (a peak above the device's memory)."""
     return [e for e in measured if e.fidelity == "measured" and e.status == "oom"]
 
 
@@ -244,10 +253,10 @@ def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
     `measured`, starting at `base` (refit=False: keep `base`; the errors before and after are then both
     `base`'s). Adopts the fit unconditionally: the loop judges it with `refit_step`."""
     base = base or default_calibration(scenario.cluster.gpu.name)  # the device's defaults
-    runs = _usable(measured)
+    runs = usable_runs(measured)
     if not runs:
-        return CalibrationFit(base, 0, 0.0, 0.0, 0.0, 0.0, ooms=len(_ooms(measured)))
-    data = _Data(scenario, runs, _ooms(measured))
+        return CalibrationFit(base, 0, 0.0, 0.0, 0.0, 0.0, ooms=len(oom_runs(measured)))
+    data = _Data(scenario, runs, oom_runs(measured))
     fitted = _fit(data, base) if refit else base
     before_t, before_m = data.predict(base)
     after_t, after_m = data.predict(fitted)
@@ -289,7 +298,7 @@ def refit_step(scenario: Scenario, measured: Sequence[Evaluation], base: Calibra
     """Refit on `measured` from `base` and keep each group of constants (time, memory) only where the refit
     predicts held-out runs better than `current` (the calibration in force) does (see the module docstring).
     The errors "after" are those of the calibration in force after the step."""
-    runs, ooms = _usable(measured), _ooms(measured)
+    runs, ooms = usable_runs(measured), oom_runs(measured)
     if not runs:
         note = (f"{len(ooms)} OOM run(s), no step time to fit; constants unchanged" if ooms
                 else "no measured run to fit; constants unchanged")

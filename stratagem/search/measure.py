@@ -9,8 +9,9 @@ claims as many as the cluster runs at once (slots // widest plan, re-read each b
 the remaining plans it waits for them (or for their claims to expire).
 Batch lifecycle (`Measurement.batch`): claim -> evaluate (claims renewed meanwhile; at the budget window's end
 the runs in flight are stopped) -> finish each claim as its measured trial, or release it (infra failure,
-stopped) for a retry -> refit the calibration (adopted only when it predicts held-out runs better:
-calibrate.refit_step) -> one BatchDone event. A re-measured plan's trial holds the figures of all its runs
+stopped) for a retry -> refit the calibration's constants and then its per-term multipliers (each adopted only
+when it predicts held-out runs better: calibrate.refit_step, multiplier_refit.refit_multipliers) -> one BatchDone
+event. A re-measured plan's trial holds the figures of all its runs
 pooled (search/noise.py). K counts measured plans (distinct jobs), across all workers; re-measurements are
 counted apart, R per call (each worker's call), so `--real-runs 6` measures six different jobs.
 SIGINT/SIGTERM (main thread): the runs in flight are killed, their claims released, and Stopped is raised.
@@ -19,6 +20,7 @@ SIGINT/SIGTERM (main thread): the runs in flight are killed, their claims releas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -34,7 +36,8 @@ from stratagem.search.budget import Deadline
 from stratagem.search.calibrate import CalibrationStep, calibration_history, calibration_id, refit_step
 from stratagem.search.claims import Claim, claim, expire_claims, finish, live_claims, release, renewing
 from stratagem.search.events import RESULT_STATUSES, BatchDone, Phase, RunDone
-from stratagem.search.noise import pooled_evaluation
+from stratagem.search.multiplier_refit import refit_multipliers, with_multipliers
+from stratagem.search.noise import pooled_evaluation, run_noise
 from stratagem.search.records import (
     StudyKey,
     TrialKey,
@@ -287,8 +290,13 @@ class Measurement:
         s = self.s
         evaluations = [ev for t in measured_trials(s.study).values() if (ev := trial_evaluation(t)) is not None]
         fit = refit_step(s.scenario, evaluations, s.start_calibration, self.calibration, refit=self.recalibrate)
-        self.calibration = fit.calibration
         step = fit.step(measured_runs(s.study))
+        if self.recalibrate:  # then the per-term multipliers, at the constants in force (search/multiplier_refit.py)
+            terms = refit_multipliers(s.scenario, evaluations, s.start_calibration, fit.calibration,
+                                      run_noise(s.study).sd)
+            fit = dataclasses.replace(fit, calibration=terms.calibration)
+            step = with_multipliers(step, terms)
+        self.calibration = fit.calibration
         history = calibration_history(s.study.user_attrs.get(StudyKey.CALIBRATION_HISTORY)) + [step]
         s.study.set_user_attr(StudyKey.CALIBRATION, fit.calibration.model_dump(mode="json"))
         s.study.set_user_attr(StudyKey.CALIBRATION_HISTORY, [h.model_dump(mode="json") for h in history])

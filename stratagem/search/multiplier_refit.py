@@ -1,0 +1,186 @@
+"""Refit the per-term multipliers (evaluators.posterior_fit) on a study's own measured runs, after the constants'
+refit (search/calibrate.py `refit_step`), and keep them only when they predict held-out runs better.
+
+Time: each ok run's step-time terms by the formulas at the constants in force (no multipliers) and its measured
+step; memory: each ok run's worst-rank blocks and measured peak, each OOM run's blocks as a censored observation
+(its peak was above the device's memory, the harness's cap). The prior is the calibration the search started
+from (its own multipliers, else the device's prior widths, evaluators.priors); the noise floor the study's
+run-to-run noise (search/noise.py) when a plan was measured twice. The fit uses every run; the fits judged are
+leave-one-out: each of the latest HELD_OUT ok runs (and OOM runs, for memory) held out in turn, the rest fitted,
+the held-out run predicted; adopted when that error (median relative step error; memory_error, OOM shortfalls
+included) is below the calibration in force's on the same runs, as refit_step judges the constants.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stratagem.evaluators import Calibration, Evaluation
+from stratagem.evaluators.calibration import LogMultipliers
+from stratagem.evaluators.evaluation import BLOCKS
+from stratagem.evaluators.fitting import median_error
+from stratagem.evaluators.memory import memory_columns
+from stratagem.evaluators.posterior import expand
+from stratagem.evaluators.posterior_fit import fit_multipliers, log_sum
+from stratagem.evaluators.priors import prior_for
+from stratagem.evaluators.timing import TIME_TERMS, term_seconds, time_columns
+from stratagem.search.calibrate import (
+    HELD_OUT,
+    CalibrationStep,
+    calibration_id,
+    memory_error,
+    oom_runs,
+    usable_runs,
+)
+from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.scenario import Scenario
+from stratagem.units import GIB
+
+__all__ = ["MultiplierRefit", "refit_multipliers", "with_multipliers"]
+
+Array = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class MultiplierRefit:
+    """The calibration in force after the multipliers' refit, and how it was judged."""
+
+    calibration: Calibration
+    adopted: tuple[Literal["time", "memory"], ...]
+    """"time" and/or "memory": the multipliers that replaced the previous ones."""
+    step_error_held_out: float | None
+    """Leave-one-out median step-time error of the time multipliers; None: not judged."""
+    memory_error_held_out: float | None
+    """Leave-one-out memory_error of the memory multipliers (OOMs included); None: not judged."""
+    step_error_after: float
+    """Median step-time error of the calibration in force after the refit, on every ok run."""
+    memory_error_after: float
+    """memory_error of the calibration in force after the refit, on every run."""
+    note: str
+    """One line per group: adopted or refused, with the held-out errors."""
+
+
+def _blocks(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
+    """(N, len(BLOCKS)) the worst rank's blocks in GiB by the formulas."""
+    mem = memory_columns(scn, pc, cal)
+    return np.stack([mem[b] / GIB for b in BLOCKS], axis=1)
+
+
+class _Runs:
+    """The study's ok and OOM runs as the fit sees them: terms at the constants in force, measured log values."""
+
+    def __init__(self, scn: Scenario, runs: Sequence[Evaluation], ooms: Sequence[Evaluation],
+                 current: Calibration) -> None:
+        plain = current.model_copy(update={"time_multipliers": None, "memory_multipliers": None})
+        self.n = len(runs)
+        self.pc = PlanColumns.from_plans([e.plan for e in runs]) if runs else None
+        self.oom_pc = PlanColumns.from_plans([e.plan for e in ooms]) if ooms else None
+        k_t, k_m = len(TIME_TERMS), len(BLOCKS)
+        self.time = term_seconds(time_columns(scn, self.pc, plain)) if self.pc else np.zeros((0, k_t))
+        self.mem = _blocks(scn, self.pc, plain) if self.pc else np.zeros((0, k_m))
+        self.oom = _blocks(scn, self.oom_pc, plain) if self.oom_pc else np.zeros((0, k_m))
+        self.step = np.array([float((e.measurements or {})["step_s"]) for e in runs])
+        self.peak = np.array([e.memory.peak_gib for e in runs if e.memory is not None])
+        self.bound = scn.cluster.gpu.hbm_gib  # the harness's cap: an OOM run's peak was above it
+        self.now_step = time_columns(scn, self.pc, current)["step_s"] if self.pc else np.zeros(0)
+        self.now_peak = memory_columns(scn, self.pc, current)["peak"] / GIB if self.pc else np.zeros(0)
+        self.now_oom = memory_columns(scn, self.oom_pc, current)["peak"] / GIB if self.oom_pc else np.zeros(0)
+
+
+def _held(n: int) -> list[int]:
+    return list(range(max(0, n - HELD_OUT), n))
+
+
+def _without(n: int, i: int) -> NDArray[np.bool_]:
+    keep = np.ones(n, dtype=bool)
+    keep[i] = False
+    return keep
+
+
+def _time_fit(r: _Runs, prior: LogMultipliers, floor: float | None) -> Callable[[NDArray[np.bool_]],
+                                                                              LogMultipliers]:
+    return lambda keep: fit_multipliers(r.time[keep], np.log(r.step[keep]), prior, noise_floor=floor)
+
+
+def _memory_fit(r: _Runs, prior: LogMultipliers) -> Callable[[NDArray[np.bool_], NDArray[np.bool_]],
+                                                            LogMultipliers]:
+    return lambda keep, keep_oom: fit_multipliers(r.mem[keep], np.log(r.peak[keep]), prior, r.oom[keep_oom],
+                                                  math.log(r.bound))
+
+
+def _judge_time(r: _Runs, prior: LogMultipliers, floor: float | None) -> tuple[LogMultipliers, float, float]:
+    """(fit on every ok run, leave-one-out error, the calibration in force's error on the same runs)."""
+    fit = _time_fit(r, prior, floor)
+    held = _held(r.n)
+    pred = np.array([math.exp(log_sum(r.time[i:i + 1], np.array(fit(_without(r.n, i)).mean))[0]) for i in held])
+    return (fit(np.ones(r.n, dtype=bool)), median_error(pred, r.step[held]),
+            median_error(r.now_step[held], r.step[held]))
+
+
+def _judge_memory(r: _Runs, prior: LogMultipliers) -> tuple[LogMultipliers, float, float]:
+    """(fit on every run, leave-one-out memory_error, the calibration in force's on the same runs)."""
+    fit = _memory_fit(r, prior)
+    m = len(r.oom)
+    all_ok, all_oom = np.ones(r.n, dtype=bool), np.ones(m, dtype=bool)
+    held, held_oom = _held(r.n), _held(m)
+    peak = np.array([math.exp(log_sum(r.mem[i:i + 1], np.array(fit(_without(r.n, i), all_oom).mean))[0])
+                     for i in held])
+    oom = np.array([math.exp(log_sum(r.oom[j:j + 1], np.array(fit(all_ok, _without(m, j)).mean))[0])
+                    for j in held_oom])
+    return (fit(all_ok, all_oom), memory_error(peak, r.peak[held], oom, r.bound),
+            memory_error(r.now_peak[held], r.peak[held], r.now_oom[held_oom], r.bound))
+
+
+def refit_multipliers(scenario: Scenario, measured: Sequence[Evaluation], base: Calibration, current: Calibration,
+                      run_noise_sd: float | None = None) -> MultiplierRefit:
+    """Fit the time and memory multipliers on `measured` with the prior from `base` and the constants of `current`
+    (the calibration in force after the constants' refit); keep each group only where its leave-one-out error
+    beats `current`'s (module docstring)."""
+    runs, ooms = usable_runs(measured), oom_runs(measured)
+    r = _Runs(scenario, runs, ooms, current)
+    gpu = scenario.cluster.gpu.name
+    update: dict[str, LogMultipliers] = {}
+    parts: list[str] = []
+    step_loo = memory_loo = None
+    if r.n >= 2:
+        post, step_loo, now = _judge_time(r, expand(base.time_multipliers, prior_for(gpu).time()), run_noise_sd)
+        if step_loo < now:
+            update["time_multipliers"] = post
+        parts.append(f"term multipliers (time) {'adopted' if step_loo < now else 'refused'} "
+                     f"(held-out error {step_loo:.0%} vs {now:.0%})")
+    else:
+        parts.append(f"term multipliers (time): {r.n} run(s), not judged before 2")
+    if r.n + len(r.oom) >= 2:
+        post, memory_loo, now = _judge_memory(r, expand(base.memory_multipliers, prior_for(gpu).memory()))
+        if memory_loo < now:
+            update["memory_multipliers"] = post
+        parts.append(f"block multipliers (memory) {'adopted' if memory_loo < now else 'refused'} "
+                     f"(held-out error {memory_loo:.0%} vs {now:.0%})")
+    cal = current.model_copy(update=update)
+    after = _Runs(scenario, runs, ooms, cal) if update else r
+    groups: tuple[Literal["time", "memory"], ...] = ("time", "memory")
+    adopted = tuple(g for g in groups if f"{g}_multipliers" in update)
+    return MultiplierRefit(
+        calibration=cal, adopted=adopted, step_error_held_out=step_loo,
+        memory_error_held_out=memory_loo,
+        step_error_after=median_error(after.now_step, after.step) if r.n else 0.0,
+        memory_error_after=memory_error(after.now_peak, after.peak, after.now_oom, after.bound),
+        note="; ".join(parts))
+
+
+def with_multipliers(step: CalibrationStep, terms: MultiplierRefit) -> CalibrationStep:
+    """The constants' calibration step with the multipliers' refit folded in: its note, adoption, held-out errors,
+    the errors after and the id of the calibration in force after both."""
+    note = "; ".join(n for n in (step.note, terms.note) if n)
+    return CalibrationStep.model_validate(step.model_dump() | {
+        "note": note, "adopted": step.adopted or bool(terms.adopted), "multipliers_adopted": terms.adopted,
+        "multiplier_step_error_held_out": terms.step_error_held_out,
+        "multiplier_memory_error_held_out": terms.memory_error_held_out,
+        "step_error_after": terms.step_error_after, "memory_error_after": terms.memory_error_after,
+        "calibration_id": calibration_id(terms.calibration)})
