@@ -5,9 +5,10 @@ socket, a directory or a pipe such as /dev/stdin is refused without reading it),
 UTF-8, nested at most MAX_DEPTH levels and at most MAX_NODES values once YAML aliases are expanded (an alias
 bomb or a self-referencing document is refused). Every refusal is one `StratagemError` line naming the file.
 
-Writes (`check_owned`, `write_owned`, `check_inside`): a file is replaced only when it does not exist, when it
-was written by stratagem (its first HEAD_BYTES hold one of MARKERS: recognised by its content, never by its
-name) or when the user passes --force. A symbolic link is never written through (with --force the link itself
+Writes (`check_owned`, `write_owned`, `check_inside`): a file is replaced only when it does not exist, when
+stratagem wrote it and it is unchanged since (`is_ours`: the sha256 digest stratagem keeps in the file's first
+line, or second after a `#!` line, or in a `.NAME.stratagem` file beside a CSV, matches the whole file: a file
+that merely mentions stratagem, or one the user edited, is not ours) or when the user passes --force. A symbolic link is never written through (with --force the link itself
 is replaced); a path inside an output directory never goes through a link. A write goes to a temporary file
 beside the target, renamed into place only when complete; a failure (disk full, `File too large`, read-only
 directory) is one line and leaves the target and its directory as they were.
@@ -16,18 +17,21 @@ directory) is one line and leaves the target and its directory as they were.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from stratagem.errors import StratagemError
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "HEAD_BYTES", "MARKERS", "MD_MARKER", "read_bytes", "read_text",
-           "read_yaml", "read_json", "parse_yaml", "check_structure", "is_ours", "check_owned", "check_dir",
-           "write_owned", "check_inside", "disk_error"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "OWN_MAX_BYTES", "DIGEST", "JSON_DIGEST_KEY", "Style",
+           "read_bytes", "read_text", "read_yaml", "read_json", "parse_yaml", "check_structure", "style_for", "stamp",
+           "sidecar", "is_ours", "check_owned", "check_dir", "stamped", "write_owned", "check_inside",
+           "disk_error"]
 
 MAX_BYTES = 16 << 20
 """Largest file read by default: a scenario is kilobytes, a calibration file with its runs tens of kilobytes."""
@@ -35,22 +39,21 @@ MAX_DEPTH = 64
 """Deepest nesting of mappings and lists accepted (a scenario nests 4 levels)."""
 MAX_NODES = 1_000_000
 """Most values a document may hold once YAML aliases are expanded (what pydantic and hashing will walk)."""
-HEAD_BYTES = 64 << 10
-"""How much of an existing file is read to recognise it as stratagem's output."""
-MD_MARKER = "<!-- generator: stratagem -->"
-"""First line of a Markdown file stratagem writes (invisible when rendered)."""
-MARKERS: tuple[str, ...] = (
-    "stratagem export for",                         # every exported file's header (launch/export/bundle.py)
-    "format: stratagem-calibration/",               # calibration YAML (evaluators/calibration_file.py)
-    '"format": "stratagem-',                        # calibration run JSON, trace JSON
-    '<meta name="generator" content="stratagem">',  # HTML report and capacity page (reports/html.py)
-    "<title>stratagem",                             # HTML reports written before the generator tag
-    MD_MARKER,                                      # Markdown report and capacity table
-    "# stratagem: ",                                # Markdown reports written before MD_MARKER
-    '"stratagem_version":',                         # JSON report (reports/data.py render_json)
-    "trial,plan_key,label,fidelity,status",         # CSV report header (reports/data.py CSV_COLUMNS)
-)
-"""Text found near the start of every file stratagem writes."""
+OWN_MAX_BYTES = 256 << 20
+"""Largest file read in full to prove it is stratagem's (an HTML report embedding plotly.js is a few MiB)."""
+DIGEST = "stratagem-sha256:"
+"""Prefix of the digest stratagem keeps in every file it writes: sha256 of the file with the 64 hex digits read
+as zeros (or, in a `.NAME.stratagem` file beside a CSV, of the whole CSV)."""
+JSON_DIGEST_KEY = "stratagem_digest"
+"""The first key of a JSON object stratagem writes; `read_json` drops it."""
+Style = Literal["hash", "html", "json", "sidecar"]
+"""Where a file keeps its digest: a `# ` comment line (YAML, shell, TOML), a `<!-- -->` comment line (HTML,
+Markdown), the first key of a JSON object, or a `.NAME.stratagem` file beside it (CSV and other formats without
+comments)."""
+_STYLES: dict[str, Style] = {".html": "html", ".htm": "html", ".md": "html", ".markdown": "html", ".json": "json",
+                             ".yaml": "hash", ".yml": "hash", ".sh": "hash", ".toml": "hash", ".py": "hash"}
+_ZERO = "0" * 64
+_DIGEST_RE = re.compile(re.escape(DIGEST) + "([0-9a-f]{64})")
 
 _KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
@@ -170,22 +173,92 @@ def read_json(path: str | Path, what: str, max_bytes: int = MAX_BYTES, hint: str
     except RecursionError:
         raise StratagemError(f"{what} ({path}): nested too deeply to read") from None
     check_structure(data, f"{what} ({path})")
+    if isinstance(data, dict):
+        data.pop(JSON_DIGEST_KEY, None)
     return data
 
 
 # ---- writes ----------------------------------------------------------------------------------------------------
 
-def is_ours(path: str | Path) -> bool:
-    """Whether `path` is a regular file (not a link) whose first HEAD_BYTES hold one of MARKERS."""
+def style_for(path: str | Path) -> Style:
+    """Where a file named `path` keeps its digest, from its suffix (`Style`); a sidecar when the format has no
+    comments stratagem knows."""
+    return _STYLES.get(Path(path).suffix.lower(), "sidecar")
+
+
+def _digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def stamp(text: str, style: Style) -> str:
+    """`text` with its digest line: line 1 (line 2 after a `#!` line) for "hash" and "html", the first key of a
+    JSON object for "json"; unchanged for "sidecar" (see `sidecar`). The digest is sha256 of the result with
+    its 64 hex digits read as zeros (`is_ours` checks it against the whole file)."""
+    if style == "sidecar":
+        return text
+    if style == "json":
+        body = text.lstrip()
+        if not body.startswith("{"):
+            raise ValueError("a JSON file stratagem stamps is an object")
+        rest = body[1:]
+        sep = "" if rest.lstrip().startswith("}") else ","
+        out = f'{{"{JSON_DIGEST_KEY}": "{DIGEST}{_ZERO}"{sep}{rest}'
+    else:
+        line = f"# {DIGEST}{_ZERO} (written by stratagem; edit it and stratagem will not replace it without --force)" \
+            if style == "hash" else f"<!-- generator: stratagem, {DIGEST}{_ZERO} -->"
+        if text.startswith("#!"):
+            first, _, rest = text.partition("\n")
+            out = f"{first}\n{line}\n{rest}"
+        else:
+            out = f"{line}\n{text}"
+    return out.replace(DIGEST + _ZERO, DIGEST + _digest(out.encode("utf-8")), 1)
+
+
+def sidecar(path: str | Path) -> Path:
+    """The file beside `path` that holds its digest when its format has no comments (`Style` "sidecar")."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.stratagem")
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """The bytes of a regular file (never through a link, never a FIFO or device) of at most `limit`, else None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
-        return False
+        return None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return False
-        head = f.read(HEAD_BYTES).decode("utf-8", errors="replace")
-    return any(m in head for m in MARKERS)
+            return None
+        try:
+            raw = f.read(limit + 1)
+        except OSError:
+            return None
+    return raw if len(raw) <= limit else None
+
+
+def _digest_line(raw: bytes) -> bytes:
+    """The line that holds a stamped file's digest: the first, or the second after a `#!` line."""
+    lines = raw.split(b"\n", 2)
+    return lines[1] if raw.startswith(b"#!") and len(lines) > 1 else lines[0]
+
+
+def is_ours(path: str | Path) -> bool:
+    """Whether `path` is a regular file (not a link) that stratagem wrote and nobody changed since: the digest in
+    its digest line (`stamp`) or in its sidecar matches the whole file. A file that only mentions stratagem, an
+    edited copy of stratagem's output or a file over OWN_MAX_BYTES is not ours."""
+    p = Path(path)
+    raw = _read_regular(p, OWN_MAX_BYTES)
+    if raw is None:
+        return False
+    found: list[str] = _DIGEST_RE.findall(_digest_line(raw).decode("utf-8", errors="replace"))
+    if len(found) == 1:
+        zeroed = raw.replace((DIGEST + found[0]).encode(), (DIGEST + _ZERO).encode(), 1)
+        return _digest(zeroed) == found[0]
+    side = _read_regular(sidecar(p), 4096)
+    if side is None:
+        return False
+    found = _DIGEST_RE.findall(side.decode("utf-8", errors="replace"))
+    return len(found) == 1 and _digest(raw) == found[0]
 
 
 def check_dir(directory: str | Path, path: str | Path, option: str) -> None:
@@ -203,10 +276,11 @@ def check_dir(directory: str | Path, path: str | Path, option: str) -> None:
     os.unlink(probe)
 
 
-def check_owned(path: str | Path, force: bool = False, option: str = "-o") -> Path:
-    """`path` may be written: it does not exist, or is stratagem's own output (`is_ours`), or `force`; never a
-    directory, device or FIFO; a symbolic link only with `force` (the link is replaced, not its target); its
-    directory exists and is writable. Call it before the work that produces the file."""
+def check_owned(path: str | Path, force: bool = False, option: str = "-o", style: Style | None = None) -> Path:
+    """`path` may be written: it does not exist, or is stratagem's unchanged output (`is_ours`), or `force`;
+    never a directory, device or FIFO; a symbolic link only with `force` (the link is replaced, not its target);
+    its directory exists and is writable; a digest sidecar in its way (`style` "sidecar", by default from the
+    suffix) is stratagem's. Call it before the work that produces the file."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     try:
@@ -225,10 +299,28 @@ def check_owned(path: str | Path, force: bool = False, option: str = "-o") -> Pa
         elif not stat.S_ISREG(st.st_mode):
             raise StratagemError(f"{option} ({p}): is {_kind(st.st_mode)}; give the path of a file")
         elif not force and not is_ours(p):
-            raise StratagemError(f"{option} ({p}): exists and was not written by stratagem; choose another path, "
-                                 "or pass --force to replace it")
+            raise StratagemError(f"{option} ({p}): exists and was not written by stratagem, or was edited since "
+                                 f"(no matching {DIGEST} digest); choose another path, or pass --force to replace it")
+    if (style or style_for(p)) == "sidecar" and not force:
+        side = sidecar(p)
+        if os.path.lexists(side) and not _DIGEST_RE.fullmatch((_read_regular(side, 4096) or b"").decode(
+                "utf-8", errors="replace").strip()):
+            raise StratagemError(f"{option} ({p}): {side} (where stratagem keeps the digest of {p.name}) exists and "
+                                 "was not written by stratagem; remove it, or pass --force to replace it")
     check_dir(parent, p, option)
     return p
+
+
+def stamped(path: str | Path, text: str, style: Style | None = None) -> list[tuple[Path, bytes]]:
+    """What writing `text` to `path` as stratagem's own puts on disk: (path, bytes) with the digest (`stamp`),
+    preceded by its sidecar for a format without comments (written first, so an interrupted write leaves a
+    digest that matches nothing: refused, never wrongly taken as ours)."""
+    p = Path(path)
+    kind = style or style_for(p)
+    body = stamp(text, kind).encode("utf-8")
+    if kind != "sidecar":
+        return [(p, body)]
+    return [(sidecar(p), f"{DIGEST}{_digest(body)}\n".encode()), (p, body)]
 
 
 def check_inside(root: str | Path, rel: str, option: str = "-o") -> Path:
@@ -247,27 +339,28 @@ def check_inside(root: str | Path, rel: str, option: str = "-o") -> Path:
     return base.joinpath(*parts)
 
 
-def write_owned(path: str | Path, data: str | bytes, force: bool = False, option: str = "-o",
-                mode: int = 0o644) -> Path:
-    """Write `data` to `path` after `check_owned`: through a temporary file in the same directory, renamed
-    into place when complete; any OSError (disk full, quota, size limit) is one line, the temporary file
-    removed and `path` unchanged."""
-    p = check_owned(path, force, option)
+def write_owned(path: str | Path, text: str, force: bool = False, option: str = "-o", mode: int = 0o644,
+                style: Style | None = None) -> Path:
+    """Write `text` to `path` as stratagem's own (`stamped`: with its digest) after `check_owned`: through a
+    temporary file in the same directory, renamed into place when complete; any OSError (disk full, quota, size
+    limit) is one line, the temporary files removed and `path` unchanged."""
+    p = check_owned(path, force, option, style)
     parent = p.parent if str(p.parent) else Path(".")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = None
+    staged: list[tuple[str, Path]] = []
     try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, p)
-        tmp = None
+        for dest, raw in stamped(p, text, style):
+            fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{dest.name}.", suffix=".tmp")
+            staged.append((tmp, dest))
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+        for tmp, dest in staged:
+            os.replace(tmp, dest)
     except OSError as e:
         raise StratagemError(f"{option} ({p}): cannot write: {disk_error(e)}; nothing was changed") from None
     finally:
-        if tmp is not None:
+        for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
     return p

@@ -1,8 +1,9 @@
 """Bad input and faults through the real CLI (issue 28): every case ends in exit 2 with one line naming the file
 or field and the fix, leaves every file it was given byte-identical (sha256), and leaves nothing behind.
 
-  OVERWRITE  export / calibrate / report / capacity / trace -o never replace a file stratagem did not write
-             (recognised by content, not name) unless --force; never through a symbolic link (28.1)
+  OVERWRITE  export / calibrate / report / capacity / trace -o never replace a file stratagem did not write, or
+             one edited since (proven by the digest in its first line or beside it, not guessed from a marker
+             or a name) unless --force; never through a symbolic link (28.1, 37.1)
   CALIBRATE  options and output are checked before the first run; a failed calibrate leaves the previous file
              byte-identical and writes nothing (28.3)
   DEVICE     a calibration fitted on another GPU preset is refused, or used with a warning when the scenario
@@ -127,7 +128,42 @@ OVERWRITES: dict[str, Callable[[Path], tuple[list[str], str]]] = {
                                     str(_notes(t, "roles.json"))], "was not written by stratagem"),
     "capacity-onto-directory": lambda t: (["capacity", str(H100), "-o", str(_dir(t, "out.md"))],
                                           "is a directory"),
+    # issue 37.1: a marker string anywhere near the start is no proof; only a matching digest is
+    "report-onto-stratagem-notes": lambda t: (["report", "--storage", f"sqlite:///{t / 'none.db'}", "-o",
+                                               str(_notes(t, "n.md", "# stratagem: my notes\n"))], "--force"),
+    "report-onto-titled-page": lambda t: (["report", "--storage", f"sqlite:///{t / 'none.db'}", "-o", str(_notes(
+        t, "p.html", "<!DOCTYPE html><title>stratagem runs</title>\n"))], "was not written by stratagem"),
+    "capacity-onto-quoting-page": lambda t: (["capacity", str(H100), "-o", str(_notes(
+        t, "q.html", "<p>we pasted 'stratagem export for llama' here</p>\n"))], "was not written by stratagem"),
+    "report-onto-csv-with-header": lambda t: (["report", "--storage", f"sqlite:///{t / 'none.db'}", "-o", str(_notes(
+        t, "mine.csv", "trial,plan_key,label,fidelity,status\n1,x,y,z,ok\n"))], "was not written by stratagem"),
+    "export-onto-edited-run-sh": lambda t: (["export", "--scenario", str(TINY), "--to", "torchrun", "--plan", "dp=4",
+                                             "-o", str(_edited_export(t))], "run.sh"),
+    "report-onto-edited-report": lambda t: (["report", "--storage", f"sqlite:///{t / 'none.db'}", "-o",
+                                             str(_edited_capacity(t))], "edited since"),
 }
+
+
+def _edited_export(t: Path) -> Path:
+    """A real export whose run.sh the user then edited (its digest line kept)."""
+    from stratagem.launch.export import export_plan, write_bundle
+    from stratagem.spaces import load_scenario, parse_plan
+
+    out = t / "job"
+    write_bundle(export_plan(load_scenario(TINY), parse_plan("dp=4"), "torchrun", source="test"), out)
+    script = out / "run.sh"
+    script.write_text(script.read_text().replace("\n", "\nexport NCCL_DEBUG=INFO  # mine\n", 3))
+    return out
+
+
+def _edited_capacity(t: Path) -> Path:
+    """stratagem's own Markdown page with one line the user added at its end."""
+    from stratagem.files import write_owned
+
+    page = t / "page.md"
+    write_owned(page, "# capacity\n| nodes |\n")
+    page.write_text(page.read_text() + "my note\n")
+    return page
 
 
 def _linked(t: Path) -> Path:
@@ -145,8 +181,8 @@ def _link_inside(t: Path) -> Path:
     return d
 
 
-def _notes(t: Path, name: str) -> Path:
-    (t / name).write_text("my notes\n")
+def _notes(t: Path, name: str, text: str = "my notes\n") -> Path:
+    (t / name).write_text(text)
     return t / name
 
 
@@ -176,14 +212,21 @@ def test_own_output_is_recognised_by_content_and_force_replaces(tmp_path: Path, 
     first = snapshot(out)
     code, _, err = run(monkeypatch, capsys, *args, "--steps", "7")  # its own earlier output: replaced
     assert code == 0, err and snapshot(out) != first
-    renamed = tmp_path / "renamed.md"  # recognised by its marker, whatever its name
+    renamed = tmp_path / "renamed.md"  # recognised by its digest, whatever its name
     assert run(monkeypatch, capsys, "capacity", str(H100), "-o", str(tmp_path / "cap.md"))[0] == 0
     (tmp_path / "cap.md").rename(renamed)
     assert run(monkeypatch, capsys, "capacity", str(H100), "-o", str(renamed))[0] == 0
     user = _notes(tmp_path, "notes.md")
     code, _, err = run(monkeypatch, capsys, "capacity", str(H100), "-o", str(user), "--force")
     assert code == 0, err
-    assert user.read_text().startswith("<!-- generator: stratagem -->")
+    assert user.read_text().startswith("<!-- generator: stratagem, stratagem-sha256:")
+    assert run(monkeypatch, capsys, "capacity", str(H100), "-o", str(user))[0] == 0, "ours now, while unchanged"
+    page = tmp_path / "cap.html"  # HTML keeps its digest in a comment line before the doctype
+    for _ in range(2):
+        code, _, err = run(monkeypatch, capsys, "capacity", str(H100), "-o", str(page))
+        assert code == 0, err
+    assert page.read_text().split("\n", 2)[1] == "<!DOCTYPE html>"
+    page.unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job", "notes.md", "renamed.md"]
 
 

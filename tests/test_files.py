@@ -10,7 +10,7 @@ import pytest
 
 from stratagem.errors import StratagemError
 from stratagem.files import (
-    MARKERS,
+    DIGEST,
     check_inside,
     check_owned,
     check_structure,
@@ -18,24 +18,66 @@ from stratagem.files import (
     parse_yaml,
     read_json,
     read_text,
+    sidecar,
+    stamp,
     write_owned,
 )
 
 
-def test_every_marker_makes_a_file_ours_and_nothing_else_does(tmp_path: Path) -> None:
-    for i, marker in enumerate(MARKERS):
-        f = tmp_path / f"{i}.txt"
-        f.write_text(f"x\n{marker} y\n")
-        assert is_ours(f), marker
-    plain = tmp_path / "notes.md"
-    plain.write_text("# my notes about stratagem\n")
-    assert not is_ours(plain)
-    link = tmp_path / "link"
-    link.symlink_to(tmp_path / "0.txt")
+@pytest.mark.parametrize("name,text", [
+    ("r.md", "# Pareto front\n"), ("r.html", "<!DOCTYPE html>\n<title>x</title>\n"), ("run.sh", "#!/bin/sh\necho\n"),
+    ("c.yaml", "format: x\n"), ("r.json", '{\n "a": 1\n}\n'), ("e.json", "{}"), ("r.csv", "trial,plan_key\n1,a\n"),
+])
+def test_ours_only_while_unchanged(name: str, text: str, tmp_path: Path) -> None:
+    """What write_owned writes is ours; one byte changed anywhere (or the digest line copied into another file)
+    and it is not; a link to it never is."""
+    f = tmp_path / name
+    write_owned(f, text)
+    assert is_ours(f)
+    raw = f.read_bytes()
+    if name == "run.sh":
+        assert raw.startswith(b"#!/bin/sh\n# " + DIGEST.encode()), "the shebang stays first"
+    if name.endswith(".json"):
+        assert read_json(f, "x") == __import__("json").loads(text), "read_json drops the digest key"
+    f.write_bytes(raw[:-1] + b"X")
+    assert not is_ours(f), "an edited file is the user's"
+    f.write_bytes(raw)
+    copy = tmp_path / f"copy-{name}"
+    copy.write_bytes(raw + b"\nmine\n")  # the digest line copied into a longer file
+    assert not is_ours(copy)
+    link = tmp_path / f"link-{name}"
+    link.symlink_to(f)
     assert not is_ours(link), "a link is never ours, even to our file"
-    late = tmp_path / "late.txt"
-    late.write_text("a" * (70 << 10) + MARKERS[0])
-    assert not is_ours(late), "the marker must be near the start"
+
+
+@pytest.mark.parametrize("text", [
+    "# stratagem: my notes\n", "<title>stratagem notes</title>\n", "# stratagem export for my job\n",
+    "trial,plan_key,label,fidelity,status\n", f"# {DIGEST}{'0' * 64}\nmine\n",
+    f"# {DIGEST}{'a' * 64}\nmine\n",
+])
+def test_mentions_of_stratagem_are_not_ownership(text: str, tmp_path: Path) -> None:
+    f = tmp_path / "notes.md"
+    f.write_text(text)
+    assert not is_ours(f)
+    with pytest.raises(StratagemError, match=r"-o \(.*notes.md\): exists and was not written by stratagem.*--force"):
+        write_owned(f, "x")
+    assert f.read_text() == text
+
+
+def test_csv_digest_lives_beside_it(tmp_path: Path) -> None:
+    out = tmp_path / "r.csv"
+    write_owned(out, "a,b\n1,2\n")
+    assert out.read_text() == "a,b\n1,2\n", "a CSV stays plain CSV"
+    assert sidecar(out).read_text().startswith(DIGEST)
+    write_owned(out, "a,b\n3,4\n")
+    out.write_text("a,b\n5,6\n")
+    with pytest.raises(StratagemError, match="--force"):
+        write_owned(out, "x")
+    other = tmp_path / "u.csv"
+    sidecar(other).write_text("my file\n")
+    with pytest.raises(StratagemError, match="remove it, or pass --force"):
+        write_owned(other, "x")
+    assert stamp("x", "sidecar") == "x"
 
 
 def test_self_referencing_yaml_and_deep_data_end_in_one_line() -> None:
@@ -66,15 +108,15 @@ def test_reads_refuse_what_is_not_a_small_text_file(tmp_path: Path) -> None:
 
 def test_write_owned_replaces_only_its_own_and_leaves_nothing_on_failure(tmp_path: Path) -> None:
     out = tmp_path / "r.md"
-    write_owned(out, f"{MARKERS[5]}\nfirst\n")
-    write_owned(out, f"{MARKERS[5]}\nsecond\n")
+    write_owned(out, "first\n")
+    write_owned(out, "second\n")
     assert out.read_text().endswith("second\n")
     user = tmp_path / "u.md"
     user.write_text("mine")
     with pytest.raises(StratagemError, match="was not written by stratagem"):
         write_owned(user, "x")
     write_owned(user, "x", force=True)
-    assert user.read_text() == "x"
+    assert user.read_text().endswith("\nx") and is_ours(user)
     with pytest.raises(StratagemError, match="is a directory"):
         check_owned(tmp_path)
     before = sorted(os.listdir(tmp_path))

@@ -59,7 +59,7 @@ def report_cmd(
     if output is None:
         sys.stdout.write(built.text)
         return
-    reports.write_text_atomic(output, built.text, force)
+    reports.write_text_atomic(output, built.text, force, built.fmt)
     console.print(f"wrote {output} ({len(built.info.plans):,} distinct plans, {len(built.info.front):,} on the Pareto "
                   "front now)",
                   markup=False, soft_wrap=True)
@@ -109,7 +109,7 @@ def capacity_cmd(
         console.print(answer_line(cap, days, budget), markup=False, highlight=False, soft_wrap=True)
     if output is not None:
         text = reports.capacity_markdown(cap, heading="#") if kind == "md" else reports.render_capacity_html(cap)
-        reports.write_text_atomic(output, text, force)
+        reports.write_text_atomic(output, text, force, kind)
         console.print(f"wrote {output}", markup=False, soft_wrap=True)
 
 

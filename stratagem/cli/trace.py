@@ -93,7 +93,7 @@ def trace_cmd(
     from stratagem.launch.trace.run import trace_plan
 
     if output is not None:
-        check_owned(output, force)  # before the trace: a path it must not replace is refused now (its one line)
+        check_owned(output, force, style="json")  # before the trace: a path it must not replace is refused now (its one line)
     picked = pick_plan("trace", scenario, plan, trial, storage, study)
     scn, pl = picked.scenario, picked.plan
     (Console(stderr=True) if as_json else console).print(picked.origin, markup=False, highlight=False,
@@ -106,7 +106,7 @@ def trace_cmd(
     if output is not None:
         doc = {"format": TRACE_FORMAT, "scenario": scn.name, "plan": format_plan(pl),
                "roles": [r.to_json() for r in roles]}
-        write_owned(output, json.dumps(doc, indent=1) + "\n", force)
+        write_owned(output, json.dumps(doc, indent=1) + "\n", force, style="json")
         Console(stderr=True).print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps([r.to_json() for r in roles], indent=1))

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.calibration import Calibration, default_label
-from stratagem.files import check_dir, check_owned, disk_error, is_ours, read_yaml
+from stratagem.files import check_dir, check_owned, disk_error, is_ours, read_yaml, stamp
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["FORMAT", "CalibrationRunRecord", "CalibrationProvenance", "CalibrationFile", "load_calibration",
@@ -190,11 +190,11 @@ def write_calibration(path: str | Path, cf: CalibrationFile, runs: dict[str, str
                 fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
                 staged.append((tmp, d / name))
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(text)
+                    f.write(stamp(text, "json"))  # with its digest (stratagem.files): ours while unchanged
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         staged.append((tmp, p))
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(yaml.safe_dump(cf.model_dump(mode="json"), sort_keys=False, width=120))
+            f.write(stamp(yaml.safe_dump(cf.model_dump(mode="json"), sort_keys=False, width=120), "hash"))
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:

@@ -83,7 +83,7 @@ def _page(title: str, body: str, payload: dict[str, Any]) -> str:
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="generator" content="stratagem">',  # stratagem.files.MARKERS: recognised as ours
+        '<meta name="generator" content="stratagem">',
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)}</title>",

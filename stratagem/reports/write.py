@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratagem.errors import StratagemError
+from stratagem.files import Style
 from stratagem.reports.advice import study_calibration
 from stratagem.reports.capacity import CapacityInfo, capacity_plan
 from stratagem.reports.data import render_csv, render_json
@@ -51,15 +52,18 @@ def check_output(path: Path, option: str = "-o", force: bool = False) -> Path:
     return check_owned(path, force, option)
 
 
-def write_text_atomic(path: Path, text: str, force: bool = False) -> Path:
-    """Write text to path through a temporary file in the same directory, renamed into place (stratagem.files.
-    write_owned: never over a file stratagem did not write unless `force`; a failed write is one line).
-    Markdown gets stratagem.files.MD_MARKER as its first line."""
-    from stratagem.files import MD_MARKER, write_owned
+_STYLE: dict[str, Style] = {"html": "html", "md": "html", "json": "json", "csv": "sidecar"}
+"""Where each format keeps the digest that proves a file stratagem's (stratagem.files.stamp): an HTML comment
+line, the first key of the JSON object, a `.NAME.stratagem` file beside a CSV (CSV has no comments)."""
 
-    if path.suffix.lower() in (".md", ".markdown") and not text.startswith(MD_MARKER):
-        text = f"{MD_MARKER}\n{text}"
-    return write_owned(path, text, force)
+
+def write_text_atomic(path: Path, text: str, force: bool = False, fmt: str | None = None) -> Path:
+    """Write text to path through a temporary file in the same directory, renamed into place (stratagem.files.
+    write_owned: with its digest, kept where `fmt` (one of FORMATS, else the suffix) keeps it; never over a file
+    stratagem did not write, or one edited since, unless `force`; a failed write is one line)."""
+    from stratagem.files import write_owned
+
+    return write_owned(path, text, force, style=_STYLE.get(fmt) if fmt else None)
 
 
 def read_study(storage: str, study: str | None = None) -> optuna.Study:
@@ -120,7 +124,7 @@ def write_report(
     """
     out = check_output(Path(path))
     report = build_report(study, output_format(out, fmt), capacity_nodes, advice_limit)
-    return write_text_atomic(out, report.text)
+    return write_text_atomic(out, report.text, fmt=report.fmt)
 
 
 _SCREENED_ROLES = ("front", "boundary", "sample")

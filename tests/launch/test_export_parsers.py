@@ -29,6 +29,7 @@ import yaml
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
 from stratagem.evaluators.ep_overlap import a2a_overlap_refused
+from stratagem.files import stamp
 from stratagem.launch.export import TARGETS, ExportBundle, export_plan, layout, write_bundle
 from stratagem.launch.export.deepspeed import COMMENT_KEY
 from stratagem.launch.export.model_fields import model_constants, throughput_steps
@@ -619,7 +620,8 @@ def test_write_bundle_leaves_nothing_half_written(tmp_path: Path) -> None:
     out = tmp_path / "new" / "dir"
     written = write_bundle(bundle, out)
     assert sorted(p.name for p in written) == ["run.sh", "scenario.yaml"]
-    assert (out / "run.sh").read_text() == bundle.files["run.sh"] and (out / "run.sh").stat().st_mode & 0o111
+    assert (out / "run.sh").read_text() == stamp(bundle.files["run.sh"], "hash"), "the file, with its digest"
+    assert (out / "run.sh").stat().st_mode & 0o111
     blocked = tmp_path / "blocked"
     blocked.mkdir()
     (blocked / "sub").write_text("a file where a directory is needed")

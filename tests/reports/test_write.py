@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from stratagem.cli import app
 from stratagem.errors import StratagemError
+from stratagem.files import is_ours
 from stratagem.reports import output_format, read_study, write_report, write_text_atomic
 
 
@@ -84,7 +85,11 @@ def test_write_report_every_format(storage, tmp_path) -> None:
         out = write_report(study, tmp_path / f"r.{suffix}")
         assert out.stat().st_size > 0
     assert json.loads((tmp_path / "r.json").read_text())["study"] == "alpha"
-    assert sorted(os.listdir(tmp_path)) == ["r.csv", "r.html", "r.json", "r.md"]
+    assert sorted(os.listdir(tmp_path)) == [".r.csv.stratagem", "r.csv", "r.html", "r.json", "r.md"], \
+        "a CSV's digest lives beside it (CSV has no comments)"
+    for suffix in ("html", "md", "json", "csv"):  # each one ours while unchanged: rewritten without --force
+        assert is_ours(tmp_path / f"r.{suffix}")
+        write_report(study, tmp_path / f"r.{suffix}")
 
 
 def test_report_command(storage, tmp_path) -> None:

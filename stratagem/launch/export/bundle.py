@@ -13,7 +13,7 @@ from typing import Literal
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
-from stratagem.files import check_inside, check_owned, disk_error
+from stratagem.files import check_inside, check_owned, disk_error, stamped
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.rules import capability_violations, check_plan, divisors
@@ -217,9 +217,10 @@ def note_lines(unexpressed: list[FieldNote], approximated: list[FieldNote], targ
 
 def write_bundle(bundle: ExportBundle, out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write the bundle's files under `out_dir` (created). Every file is checked first (stratagem.files.
-    check_owned: an existing file stratagem did not write is refused unless `force`; no path through a link),
-    then written to a temporary name in its directory and renamed only when all were written, so a refusal or a
-    failure (disk full) leaves no file changed and no file or directory behind."""
+    check_owned: an existing file stratagem did not write, or one edited since, is refused unless `force`; no
+    path through a link), then written with its digest (stratagem.files.stamped) to a temporary name in its
+    directory and renamed only when all were written, so a refusal or a failure (disk full) leaves no file
+    changed and no file or directory behind."""
     root = Path(out_dir)
     if root.exists() and not root.is_dir():
         raise StratagemError(f"-o ({root}): exists and is not a directory")
@@ -235,11 +236,12 @@ def write_bundle(bundle: ExportBundle, out_dir: str | Path, force: bool = False)
                 if not d.exists():
                     d.mkdir()
                     made.append(d)
-            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-            staged.append((tmp, dest))
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.chmod(tmp, 0o755 if rel.endswith(".sh") else 0o644)
+            for path, raw in stamped(dest, text):  # with its digest: ours to replace only while unchanged
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=dest.parent)
+                staged.append((tmp, path))
+                with os.fdopen(fd, "wb") as f:
+                    f.write(raw)
+                os.chmod(tmp, 0o755 if rel.endswith(".sh") else 0o644)
     except OSError as e:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
@@ -247,8 +249,6 @@ def write_bundle(bundle: ExportBundle, out_dir: str | Path, force: bool = False)
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise StratagemError(f"-o ({root}): cannot write: {disk_error(e)}; nothing was changed") from None
-    written = []
     for tmp, dest in staged:
         os.replace(tmp, dest)
-        written.append(dest)
-    return written
+    return [dest for dest, _, _ in targets]
