@@ -7,16 +7,18 @@ noise and the baselines people use.
 
 Every candidate's measured outcome is known (a table of measured runs), so a method's cost to find the best plan
 is exact and cheap to replay, as NAS-Bench-101 (Ying et al. 2019) and HPOBench (Eggensperger et al. 2021)
-compare search methods. Suites (default: both):
+compare search methods. Suites (default: the sweep and every measured table in bench/data):
   sweep   each (model, nodes) group of a sweep in the format of bench/reference/playbook_sweep_calibration.json:
           its scenario from the file's `meta`, the group's plans as candidates (runs whose recorded global batch
           contradicts dp x mbs x gas, or that the validity rules refuse, are left out and counted). The shipped
           constants were fitted on it, so it is replayed twice: in sample (shipped constants) and out of sample
           (constants refitted per fold without the instance's fold: regret/folds.py, cached in
           bench/data/regret-folds.json; --refit-folds refits them).
-  table   a table measured here (bench/data/cpu-table.json by bench/measure_table.py): OOM runs included, each
+  table   a table measured here (bench/data/*table*.json by bench/measure_table.py): OOM runs included, each
           plan run several times; a method's run draws one sample (regret/instances.py). Its calibration (the
-          cpu device's defaults) was fitted on other runs, never on the table.
+          cpu device's defaults) was fitted on other runs, never on the table. The history table
+          (cpu-table.json) was measured when the torch space still held ZeRO-1 and selective recompute: its
+          plans stay as the harness ran them, and the loop's space holds them (regret/space.py).
 Methods: regret/methods.py (the shipped loop, its analytic order, the rule, the decision tree, random, TPE,
 NSGA-II) and regret/procedures.py (DeepSpeed's autotuner, NeMo's AutoConfigurator); figures: regret/scoring.py.
 `--json` writes the document (default bench/data/regret.json, `-` for stdout), replacing the suites it replays
@@ -48,11 +50,16 @@ from regret.report import plot, rewrite_readme, text_table  # noqa: E402
 
 from stratagem.errors import StratagemError  # noqa: E402
 from stratagem.evaluators.table import EPSILON_RULE, load_table  # noqa: E402
+from stratagem.spaces.space import SearchSpace  # noqa: E402
 
+DATA = ROOT / "bench" / "data"
 DEFAULT_SWEEP = ROOT / "bench" / "reference" / "playbook_sweep_calibration.json"
-DEFAULT_TABLE = ROOT / "bench" / "data" / "cpu-table.json"
-DEFAULT_JSON = ROOT / "bench" / "data" / "regret.json"
-DEFAULT_PLOT = ROOT / "bench" / "data" / "regret.png"
+DEFAULT_TABLE = DATA / "cpu-table.json"
+"""The history table: measured when the torch space still held ZeRO-1 and selective recompute."""
+TABLE_GLOB = "*table*.json"
+"""The measured tables in bench/data (bench/measure_table.py writes them; none of the other files matches)."""
+DEFAULT_JSON = DATA / "regret.json"
+DEFAULT_PLOT = DATA / "regret.png"
 README = ROOT / "README.md"
 TRACED = ("not replayed: neither table has a traced figure per plan. The sweep's runs are nanotron's on H100, "
           "which a trace of this project's harness does not describe; the CPU table records measured samples "
@@ -63,7 +70,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", type=Path, default=None, help="playbook-format sweep (default: the reference one)")
     ap.add_argument("--table", type=Path, action="append", default=[], help="a measured table (repeatable)")
-    ap.add_argument("--budget", type=int, default=20, help="runs each method may spend per instance (>= 10)")
+    ap.add_argument("--budget", type=int, default=10, help="runs each method may spend per instance")
     ap.add_argument("--repeats", type=int, default=3, help="seeds per randomised method or noisy table")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--folding", choices=sorted(FOLDINGS), default="model",
@@ -91,46 +98,84 @@ def _suite_meta(title: str, instances: list[Instance], calibration_text: str) ->
             "calibration_text": calibration_text}
 
 
-def _suites(args: argparse.Namespace) -> list[tuple[str, list[Instance], dict[str, Any] | None, dict[str, Any]]]:
-    """(name, instances, folds document or None, suite header) per suite."""
-    out: list[tuple[str, list[Instance], dict[str, Any] | None, dict[str, Any]]] = []
-    if args.sweep is not None or not args.table:
-        sweep = args.sweep or DEFAULT_SWEEP
-        instances, dropped = sweep_instances(sweep)
-        if args.refit_folds:
-            fit_folds(list(FOLDINGS), sweep, sweep.parent, args.folds)
-        head = _suite_meta(
-            "published sweep (Ultra-Scale Playbook, nanotron on H100)", instances,
-            f"in sample (shipped): the shipped constants, fitted on all of it; in sample (refit): the folds' fit "
-            f"from their neutral start on every group; out of sample: the same fit without the instance's "
-            f"{args.folding} fold (bench/regret/folds.py)")
-        out.append(("sweep", instances, load_folds(args.folds), {**head, "dropped": dropped}))
-    for path in args.table or [DEFAULT_TABLE]:
-        table = load_table(path)
-        head = _suite_meta(f"{path.name} (measured here, {table.name})", [table_instance(table)],
-                           "the cpu device's default constants, fitted on other runs, never on this table")
-        out.append((path.stem, [table_instance(table)], None, head))
+Suite = tuple[str, list[Instance], dict[str, Any] | None, dict[str, Any]]
+"""(name, instances, folds document or None, suite header)."""
+
+
+def default_tables() -> list[Path]:
+    """Every measured table in bench/data (TABLE_GLOB), the history table first."""
+    found = sorted(DATA.glob(TABLE_GLOB))
+    return sorted(found, key=lambda p: p != DEFAULT_TABLE)
+
+
+def _outside(instance: Instance) -> int:
+    """How many of the instance's plans today's search space of its scenario leaves out (regret/space.py)."""
+    space = SearchSpace(instance.table.load_scenario())
+    out = 0
+    for plan in instance.table.plans():
+        try:
+            space.params(plan)
+        except StratagemError:
+            out += 1
     return out
 
 
-def _run(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
-    budget = max(args.budget, 10)
-    suites = _suites(args)
-    planned = [suite_tasks(inst, methods, budget, args.repeats, folds, args.folding) for _, inst, folds, _ in suites]
+def table_suite(path: Path) -> Suite:
+    """A measured table as a suite of one instance (out of sample: the device's default calibration)."""
+    table = load_table(path)
+    inst = table_instance(table)
+    outside = _outside(inst)
+    note = (f"; {outside} of its plans lie outside today's search space of its scenario, the replay's space holds "
+            "them (bench/regret/space.py)" if outside else "")
+    head = _suite_meta(f"{path.name} (measured here, {table.name})", [inst],
+                       "the cpu device's default constants, fitted on other runs, never on this table" + note)
+    return path.stem, [inst], None, head
+
+
+def sweep_suite(sweep: Path, folds: Path, folding: str, refit: bool = False) -> Suite:
+    """Every (model, nodes) group of a playbook-format sweep, in and out of sample (module docstring)."""
+    instances, dropped = sweep_instances(sweep)
+    if refit:
+        fit_folds(list(FOLDINGS), sweep, sweep.parent, folds)
+    head = _suite_meta(
+        "published sweep (Ultra-Scale Playbook, nanotron on H100)", instances,
+        f"in sample (shipped): the shipped constants, fitted on all of it; in sample (refit): the folds' fit "
+        f"from their neutral start on every group; out of sample: the same fit without the instance's "
+        f"{folding} fold (bench/regret/folds.py)")
+    return "sweep", instances, load_folds(folds), {**head, "dropped": dropped}
+
+
+def _suites(args: argparse.Namespace) -> list[Suite]:
+    """The suites the arguments name: the sweep and every table by default; only those given otherwise."""
+    out: list[Suite] = []
+    if args.sweep is not None or not args.table:
+        out.append(sweep_suite(args.sweep or DEFAULT_SWEEP, args.folds, args.folding, args.refit_folds))
+    out += [table_suite(p) for p in (args.table or default_tables())]
+    return out
+
+
+def replay(suites: list[Suite], methods: list[str], budget: int, repeats: int, jobs: int, folding: str = "model",
+           command: str = "") -> dict[str, Any]:
+    """Every method on every suite's instances (one pool over all replays); the results document."""
+    planned = [suite_tasks(inst, methods, budget, repeats, folds, folding) for _, inst, folds, _ in suites]
     every = [t for _, tasks in planned for t in tasks]
-    results = run_tasks(every, args.jobs)  # one pool over every suite's replays
+    results = run_tasks(every, jobs)  # one pool over every suite's replays
     out: dict[str, Any] = {}
     start = 0
-    config = {"budget": budget, "repeats": args.repeats, "folding": args.folding,
+    config = {"budget": budget, "repeats": repeats, "folding": folding,
               "date": time.strftime("%Y-%m-%d", time.gmtime()), "python": platform.python_version(),
               "optuna": optuna.__version__, "numpy": np.__version__}
-    command = "python bench/search_regret.py " + " ".join(sys.argv[1:])
     for (name, inst, folds, head), (columns, tasks) in zip(suites, planned, strict=True):
         mine = results[start:start + len(tasks)]
         start += len(tasks)
         out[name] = {**head, "command": command, "config": config,
-                     **summarise_suite(inst, methods, columns, tasks, mine, folds, args.folding)}
+                     **summarise_suite(inst, methods, columns, tasks, mine, folds, folding)}
     return {"suites": out, "traced": TRACED}
+
+
+def _run(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
+    return replay(_suites(args), methods, args.budget, args.repeats, args.jobs, args.folding,
+                  "python bench/search_regret.py " + " ".join(sys.argv[1:]))
 
 
 def _write(doc: dict[str, Any], path: Path) -> None:

@@ -7,6 +7,12 @@ usually runs is an OOM to the method). It is JUDGED on the plan's median sample 
 true best is the highest median, and a plan counts as the best when its median is within the table's measured
 noise of it (OutcomeTable.within_noise, epsilon by stratagem.evaluators.table.EPSILON_RULE; 0 for tables of
 single measurements such as the published sweep, where only the best plan itself counts).
+
+Each instance's plans are named by their canonical plan in the instance's scenario (spaces/canonical.py: the one
+Plan for the job a plan builds): a table row measured as `dp2 pp2 z3` on torch (the harness keeps parameters
+gathered with pp: ZeRO-2's job) or as 1f1b with one micro-batch (gpipe's job) is that job, and the loop stores
+and excludes its runs by the canonical plan's key (search.records.plan_key). Two rows naming one job would keep
+the first (none does in these tables; counted as `duplicate`).
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from stratagem.evaluators.table import OutcomeTable, TableOutcome
-from stratagem.spaces import Plan, format_plan, violations
+from stratagem.spaces import Plan, format_plan, parse_plan, violations
+from stratagem.spaces.canonical import canonical_plan
 
-__all__ = ["Instance", "Truth", "Runner", "sweep_instances", "table_instance"]
+__all__ = ["Instance", "Truth", "Runner", "sweep_instances", "table_instance", "canonical_table"]
 
 
 class Instance:
@@ -75,7 +82,7 @@ def sweep_instances(path: Path) -> tuple[list[Instance], dict[str, int]]:
             if violations(scn, plan):
                 dropped["invalid"] += 1
                 continue
-            key = format_plan(plan)
+            key = format_plan(canonical_plan(scn, plan))
             if key in outcomes:  # the same plan measured twice: a tabular benchmark keeps one outcome, the first
                 dropped["duplicate"] += 1
                 continue
@@ -86,9 +93,20 @@ def sweep_instances(path: Path) -> tuple[list[Instance], dict[str, int]]:
     return out, dropped
 
 
+def canonical_table(table: OutcomeTable) -> tuple[OutcomeTable, int]:
+    """`table` with each row named by its canonical plan (module docstring); rows naming a job already seen are
+    left out (the first kept). Returns the table and how many rows were left out."""
+    scn = table.load_scenario()
+    rows: dict[str, TableOutcome] = {}
+    for r in table.runs:
+        key = format_plan(canonical_plan(scn, parse_plan(r.plan)))
+        rows.setdefault(key, r.model_copy(update={"plan": key}))
+    return table.model_copy(update={"runs": list(rows.values())}), len(table.runs) - len(rows)
+
+
 def table_instance(table: OutcomeTable) -> Instance:
-    """A measured table as one instance."""
-    return Instance(table)
+    """A measured table as one instance, its plans canonical (module docstring)."""
+    return Instance(canonical_table(table)[0])
 
 
 class Truth:

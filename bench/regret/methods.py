@@ -2,12 +2,18 @@
 the shipped loop, through the table evaluator with the same kind of seeded draws.
 
   stratagem         the real-run loop as shipped: search.session.SearchSession.measure with the shipped run-order
-                    policy search.run_order.RankedOrder restricted to the candidates, one run per batch, refitting
-                    after each run (a refit kept only when it predicts held-out runs better); its predictions start
-                    from the calibration given (the shipped one in sample, the fold's refit out of sample);
-  no_recalibration  the same loop and policy with recalibrate=False (the start calibration throughout);
+                    policy (search.run_order.RUN_ORDERS[DEFAULT_RUN_ORDER]) restricted to the candidates, one run
+                    per batch, refitting after each run (a refit kept only when it predicts held-out runs better);
+                    its predictions start from the calibration given (the shipped one in sample, the fold's refit
+                    out of sample);
+  ranked            the same loop with the previous shipped policy, RUN_ORDERS["ranked"] (RankedOrder), replayed
+                    only while another policy is the default;
+  no_recalibration  the shipped loop and policy with recalibrate=False (the start calibration throughout);
   analytic_order    the candidates in predicted order with the start calibration (fitting plans by predicted
                     tokens/s, then the rest), no refit;
+  rule_memory_filter  the rule's order (below), the plans the analytic memory model predicts fit (peak <= usable
+                    memory, the screening's feasibility, start calibration) first, then the rest: the rule with the
+                    loop's memory filter and nothing else of the model;
   random            a seeded random order;
   tpe, nsga2        Optuna's TPESampler / NSGAIISampler as black boxes over the candidates' axes (no analytic
                     model), each with its own seed: a suggestion is projected onto the nearest untried candidate;
@@ -38,9 +44,10 @@ from stratagem.evaluators import Calibration, evaluate_many
 from stratagem.evaluators.table import TableEvaluator
 from stratagem.spaces import Plan
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.search_config import SearchConfig
 
-__all__ = ["loop", "analytic_order", "random_order", "blackbox", "rule_order", "decision_tree", "run_static",
-           "AXES", "axis_space"]
+__all__ = ["loop", "analytic_order", "random_order", "blackbox", "rule_order", "rule_memory_filter", "decision_tree",
+           "run_static", "AXES", "axis_space"]
 
 AXES = ("dp", "tp", "pp", "cp", "ep", "etp", "dp_replicate", "zero_stage", "sequence_parallel", "micro_batch_size",
         "precision", "activation_checkpointing", "recompute_layers", "pp_schedule", "virtual_stages",
@@ -54,13 +61,15 @@ class _Enough(Exception):
 
 
 def loop(truth: Truth, budget: int, seed: int, rng: np.random.Generator, calibration: Calibration,
-         recalibrate: bool = True) -> list[tuple[str, float]]:
-    """The shipped loop and run-order policy against the table (SearchSession with journal storage in a temp dir,
-    RankedOrder restricted to the candidates, one run per batch), each run one drawn sample. Stops once the
-    budget is spent, or (tables of single measurements) once the best plan has run: later runs change no
-    figure. Returns (plan key, value the run showed) per run."""
+         recalibrate: bool = True, order: str | None = None) -> list[tuple[str, float]]:
+    """The shipped loop with run-order policy `order` (search.run_order.RUN_ORDERS; None: DEFAULT_RUN_ORDER, the
+    shipped one) against the table: SearchSession with journal storage in a temp dir, the policy restricted to
+    the candidates, one run per batch, the session's space holding the candidates (regret/space.py), each run one
+    drawn sample. Stops once the budget is spent, or (tables of single measurements) once the best plan has run:
+    later runs change no figure. Returns (plan key, value the run showed) per run."""
+    from regret.space import CandidateSpace
     from stratagem.search.events import BatchDone, Event
-    from stratagem.search.run_order import RankedOrder
+    from stratagem.search.run_order import DEFAULT_RUN_ORDER, RUN_ORDERS
     from stratagem.search.session import SearchSession
 
     scn = truth.scenario
@@ -79,11 +88,12 @@ def loop(truth: Truth, budget: int, seed: int, rng: np.random.Generator, calibra
 
     with tempfile.TemporaryDirectory() as tmp:
         session = SearchSession(scn, f"journal:{tmp}/study.log", "regret", calibration=calibration, listener=enough)
+        session.space = CandidateSpace(scn, truth.plans)  # before anything is stored: every trial's choices
+        policy = RUN_ORDERS[order or DEFAULT_RUN_ORDER](candidates=PlanColumns.from_plans(truth.plans))
         try:
             session.screen()
             session.store()
-            session.measure(min(budget, len(truth.plans)), evaluator,
-                            RankedOrder(candidates=PlanColumns.from_plans(truth.plans)), recalibrate=recalibrate)
+            session.measure(min(budget, len(truth.plans)), evaluator, policy, recalibrate=recalibrate)
         except _Enough:
             pass
     return [(k, truth.outcomes[k].samples[i].value) for k, i in evaluator.draws]
@@ -118,6 +128,16 @@ def rule_order(truth: Truth) -> list[str]:
         truth.plans[i].tp * truth.plans[i].pp, -truth.plans[i].micro_batch_size, truth.plans[i].zero_stage,
         truth.plans[i].tp, *_tie_key(truth.plans[i])))
     return [truth.keys[i] for i in idx]
+
+
+def rule_memory_filter(truth: Truth, calibration: Calibration) -> list[str]:
+    """The rule's order with the plans predicted to fit (peak <= HBM - search.memory_margin_gib, `calibration`)
+    first, then the others, each part in the rule's order."""
+    cols = evaluate_many(truth.scenario, truth.plans, calibration)
+    usable = truth.scenario.cluster.gpu.hbm_gib - (truth.scenario.search or SearchConfig()).memory_margin_gib
+    fits = {k for k, peak in zip(truth.keys, np.asarray(cols.peak_gib), strict=True) if peak <= usable}
+    rule = rule_order(truth)
+    return [k for k in rule if k in fits] + [k for k in rule if k not in fits]
 
 
 def axis_space(plans: Sequence[Plan]) -> tuple[list[str], dict[str, list[Any]], np.ndarray]:

@@ -1,20 +1,22 @@
 """Replay every method on every instance: seeds, calibrations (in sample / out of sample), figures.
 
-Seeds: run r of method m on instance i draws from numpy's SeedSequence([r, index of m in METHODS, i]): each
-method has its own stream (TPE and NSGA-II no longer share a seeded start), the same for every calibration.
+Seeds: run r of method m on instance i draws from numpy's SeedSequence([r, crc32 of m's name, i]): each method
+has its own stream (TPE and NSGA-II no longer share a seeded start), the same for every calibration and whatever
+other methods are replayed.
 A method whose order depends on nothing random (all but random, tpe and nsga2) is replayed once on a table of
 single measurements, `repeats` times on a table whose plans have several samples (its draws differ).
-Calibrations: only stratagem, no_recalibration and analytic_order use the analytic model, so only they are
-replayed per calibration on the sweep: in sample with the shipped constants; in sample refitted (the folds'
-procedure and start on every group: the column that differs from out of sample only by what the fit saw); out
-of sample with the constants refitted without the instance's fold (folds.py); the other methods' figures are
-the same in every column. The sweep's
-software polls pipeline metadata every 0.1 s (bench/throughput_accuracy.py SWEEP_P2P_POLL_S, read from
-nanotron's code, not fitted): both calibrations carry it, as their fits did.
+Calibrations: only MODEL_METHODS (the loop with either policy, no_recalibration, analytic_order and
+rule_memory_filter) use the analytic model, so only they are replayed per calibration on the sweep: in sample
+with the shipped constants; in sample refitted (the folds' procedure and start on every group: the column that
+differs from out of sample only by what the fit saw); out of sample with the constants refitted without the
+instance's fold (folds.py); the other methods' figures are the same in every column. The sweep's software polls
+pipeline metadata every 0.1 s (bench/throughput_accuracy.py SWEEP_P2P_POLL_S, read from nanotron's code, not
+fitted): both calibrations carry it, as their fits did.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,19 +27,24 @@ from regret.folds import calibration_for, fold_of
 from regret.instances import Instance, Runner, Truth
 from regret.scoring import score, summarise
 from stratagem.evaluators.calibration import Calibration, default_calibration
+from stratagem.search.run_order import DEFAULT_RUN_ORDER
 
-__all__ = ["METHODS", "MODEL_METHODS", "RANDOMISED", "Task", "suite_tasks", "run_tasks", "summarise_suite"]
+__all__ = ["METHODS", "MODEL_METHODS", "PREVIOUS_ORDER", "RANDOMISED", "Task", "suite_tasks", "run_tasks", "summarise_suite"]
 
-METHODS = ("stratagem", "no_recalibration", "analytic_order", "rule", "decision_tree", "ds_autotuner",
-           "nemo_autoconfigurator", "random", "tpe", "nsga2")
-MODEL_METHODS = ("stratagem", "no_recalibration", "analytic_order")
+PREVIOUS_ORDER = "ranked"
+"""The previous shipped run-order policy (RUN_ORDERS key), replayed as its own method while another is the
+default."""
+METHODS = ("stratagem", *((PREVIOUS_ORDER,) if DEFAULT_RUN_ORDER != PREVIOUS_ORDER else ()), "no_recalibration",
+           "analytic_order", "rule", "decision_tree", "ds_autotuner", "nemo_autoconfigurator",
+           "random", "tpe", "nsga2")
+MODEL_METHODS = ("stratagem", PREVIOUS_ORDER, "no_recalibration", "analytic_order", "rule_memory_filter")
 """Methods that use the analytic model (replayed per calibration)."""
 RANDOMISED = ("random", "tpe", "nsga2")
 """Methods whose order depends on their seed even on a table of single measurements."""
 
 
 def _generator(method: str, repeat: int, instance: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([repeat, METHODS.index(method), instance]))
+    return np.random.default_rng(np.random.SeedSequence([repeat, zlib.crc32(method.encode()), instance]))
 
 
 def run_method(method: str, truth: Truth, budget: int, rng: np.random.Generator,
@@ -47,11 +54,15 @@ def run_method(method: str, truth: Truth, budget: int, rng: np.random.Generator,
     seed = int(rng.integers(2**31 - 1))
     table: dict[str, Callable[[], Any]] = {
         "stratagem": lambda: [runner.record(k, v) for k, v in methods.loop(truth, budget, seed, rng, calibration)],
+        PREVIOUS_ORDER: lambda: [runner.record(k, v) for k, v in
+                                 methods.loop(truth, budget, seed, rng, calibration, order=PREVIOUS_ORDER)],
         "no_recalibration": lambda: [runner.record(k, v) for k, v in
                                      methods.loop(truth, budget, seed, rng, calibration, recalibrate=False)],
         "analytic_order": lambda: methods.run_static(truth, methods.analytic_order(truth, calibration), runner,
                                                      budget),
         "rule": lambda: methods.run_static(truth, methods.rule_order(truth), runner, budget),
+        "rule_memory_filter": lambda: methods.run_static(truth, methods.rule_memory_filter(truth, calibration),
+                                                         runner, budget),
         "decision_tree": lambda: methods.decision_tree(truth, runner, budget),
         "ds_autotuner": lambda: procedures.ds_autotuner(truth, runner, budget),
         "nemo_autoconfigurator": lambda: procedures.nemo_autoconfigurator(truth, runner, budget),

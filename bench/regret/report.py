@@ -20,9 +20,15 @@ _COLUMN_TITLE = {"in_sample": "in sample (shipped)", "in_sample_refit": "in samp
                  "out_of_sample": "out of sample"}
 
 
+def _regret(s: dict[str, Any], k: int, width: int = 0) -> str:
+    """Mean regret after k runs, '-' where the budget was smaller than k."""
+    v = s["regret_at"].get(str(k))
+    return f"{v:{width}.3f}" if v is not None else f"{'-':>{width}s}"
+
+
 def _cell(s: dict[str, Any]) -> str:
     return (f"{s['runs_to_best_median']:g} / {s['runs_to_best_p90']:g} / {s['found_within_10']:.0%} / "
-            + " ".join(f"{s['regret_at'][str(k)]:.3f}" for k in AT) + f" / {s['oom_runs']}")
+            + " ".join(_regret(s, k) for k in AT) + f" / {s['oom_runs']}")
 
 
 def shortfalls(summary: dict[str, dict[str, Any]], against: tuple[str, ...] = ("rule", "ds_autotuner"),
@@ -34,7 +40,8 @@ def shortfalls(summary: dict[str, dict[str, Any]], against: tuple[str, ...] = ("
         theirs = summary.get(other)
         if mine is None or theirs is None:
             continue
-        worse = [k for k in range(1, upto + 1) if mine["curve_mean"][k - 1] > theirs["curve_mean"][k - 1] + 1e-9]
+        worse = [k for k in range(1, min(upto, len(mine["curve_mean"])) + 1)
+                 if mine["curve_mean"][k - 1] > theirs["curve_mean"][k - 1] + 1e-9]
         if worse:
             out.append(f"{other} at {', '.join(str(k) for k in worse)} run{'s' if len(worse) > 1 else ''}")
     return out
@@ -111,7 +118,7 @@ def text_table(doc: dict[str, Any]) -> list[str]:
                 s = col[m]
                 out.append(f"  {m:22s}{_COLUMN_TITLE[c]:22s}{s['runs_to_best_median']:8.1f}"
                            f"{s['runs_to_best_p90']:6.1f}{s['found_within_10']:6.0%}"
-                           + "".join(f"{s['regret_at'][str(k)]:7.3f}" for k in AT) + f"{s['oom_runs']:7d}")
+                           + "".join(_regret(s, k, 7) for k in AT) + f"{s['oom_runs']:7d}")
         out.append("")
     return out
 
