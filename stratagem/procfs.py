@@ -1,4 +1,5 @@
-"""Linux /proc read once, here: process state, parent, start time, command, environment and memory status.
+"""Linux /proc read once, here: process state, parent, start time, command, environment, PID namespace, the
+boot id and memory status.
 
 Field positions follow proc(5): /proc/PID/stat is "pid (comm) state ppid ... starttime ..."; the command
 name may contain spaces and parentheses, so fields are counted after the last ')'. Every reader returns None
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 
 __all__ = ["stat_fields", "state", "alive", "parent", "start_ticks", "comm", "cmdline", "environ", "user_pids",
-           "status_kib"]
+           "pid_namespace", "boot_id", "status_kib"]
 
 _PROC = Path("/proc")
 
@@ -93,6 +94,25 @@ def user_pids(uid: int | None = None) -> list[int]:
         except OSError:
             continue
     return sorted(out)
+
+
+def pid_namespace(pid: int | str = "self") -> str | None:
+    """The process's PID namespace as the kernel names it ("pid:[4026531836]", namespaces(7)), or None (gone, or
+    not ours to inspect: reading it needs the same rights as ptrace). Two processes share a namespace exactly
+    when the names are equal; a pid means the same process only within one namespace."""
+    try:
+        return os.readlink(_PROC / str(pid) / "ns" / "pid")
+    except OSError:
+        return None
+
+
+def boot_id() -> str | None:
+    """This boot's random id (/proc/sys/kernel/random/boot_id, random(4)): a pid and start time recorded
+    before a reboot name nothing after it. None without /proc."""
+    try:
+        return (_PROC / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    except OSError:
+        return None
 
 
 def status_kib(keys: tuple[str, ...], pid: int | str = "self") -> dict[str, int] | None:

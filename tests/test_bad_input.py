@@ -492,7 +492,7 @@ def test_disk_full_is_one_line_and_nothing_half_written(case: str, tmp_path: Pat
 
 def _session_processes(temp_dir: str) -> list[int]:
     from stratagem import procfs
-    from stratagem.launch.runners.ray_runner import SESSION_ENV
+    from stratagem.launch.runners.ray_session import SESSION_ENV
 
     want = temp_dir.encode()
     return [pid for pid in procfs.user_pids() if procfs.alive(pid)
@@ -508,7 +508,7 @@ def test_clean_reaps_a_killed_ray_session(tmp_path: Path, monkeypatch: pytest.Mo
 
     code = ("import os, sys, time; from stratagem.launch.runners.ray_runner import RayRunner; "
             f"r = RayRunner(run_dir={str(tmp_path / 'runs')!r}, num_cpus=1); "
-            "print(os.environ['STRATAGEM_RAY_SESSION'], flush=True); time.sleep(600)")
+            "print(r._temp_dir, flush=True); time.sleep(600)")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
     others = set(Path("/tmp").glob("stratagem-ray-*"))
     driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)

@@ -180,16 +180,14 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
     time.sleep(2)
     assert _harness_processes() == []
     # Ray's agents exit on their own some seconds after their raylet; the runner's reaping (at start and after
-    # shutdown) removes those whose raylet is gone. Give them that time, then nothing may be left.
-    from stratagem.launch.runners.ray_session import ray_helpers, reap_orphans
-    from stratagem.procfs import alive
+    # shutdown) removes those of our dead sessions. Give them that time, then nothing of ours may be left.
+    from stratagem.launch.runners.ray_session import leftovers, reap_dead_sessions
 
     deadline = time.monotonic() + 30
-    while _ray_processes() and time.monotonic() < deadline:
-        reap_orphans()
+    while leftovers().processes and time.monotonic() < deadline:
+        reap_dead_sessions()
         time.sleep(1)
-    left = _ray_processes()
-    assert left == [], (left, {pid: (raylet, alive(raylet)) for pid, raylet in ray_helpers().items()})
+    assert leftovers().processes == {}
 
 
 def test_local_rank_and_visible_devices_are_per_node() -> None:
@@ -251,22 +249,29 @@ def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Pat
     assert _harness_processes() == []
 
 
-def test_only_old_unnamed_session_dirs_are_removed() -> None:
+def test_only_session_dirs_proven_ours_and_dead_are_removed() -> None:
+    """A session dir is removed when its owner record is ours and its driver dead; one without a record (an older
+    stratagem's, another tool's: whatever its age), or whose driver lives, stays (ray_session)."""
     import tempfile
 
-    from stratagem.launch.runners.ray_session import remove_stale_temp_dirs
+    from stratagem.launch.runners.ray_session import OWNER_FILE, Owner, make_owned_dir, reap_dead_sessions
 
-    old = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
-    fresh = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
-    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = make_owned_dir("stratagem-ray-", "/tmp")
+    record = Owner.of_this_process().model_copy(update={"pid": gone.pid})
+    (dead / OWNER_FILE).write_text(record.model_dump_json())
+    live = make_owned_dir("stratagem-ray-", "/tmp")  # this process is its driver
+    unowned = tempfile.mkdtemp(prefix="stratagem-ray-", dir="/tmp")
+    os.utime(unowned, (time.time() - 3600, time.time() - 3600))
     try:
-        removed = remove_stale_temp_dirs()
-        assert old in removed and not os.path.exists(old)
-        assert fresh not in removed and os.path.isdir(fresh)  # maybe a session being started right now
+        removed = reap_dead_sessions().session_dirs
+        assert removed.count(str(dead)) == 1 and not dead.exists()
+        assert live.is_dir() and os.path.isdir(unowned)
+        assert str(live) not in removed and unowned not in removed
     finally:
-        for d in (old, fresh):
-            if os.path.isdir(d):
-                os.rmdir(d)
+        for d in (dead, live, Path(unowned)):
+            subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
 # -- one rank's process as the Ray actor runs it (the actor class, called in this process) ---------------------
@@ -316,19 +321,22 @@ def test_a_checkpoint_the_node_cannot_write_is_infra(tmp_path: Path, monkeypatch
 
 
 def test_rank_dirs_of_dead_actors_are_reaped(tmp_path: Path) -> None:
-    from stratagem.launch.runners.ray_runner import reap_rank_dirs
+    """Only rank dirs whose owner record is ours and whose actor is dead; not a live actor's, not one without a
+    record (whatever its age)."""
+    from stratagem.launch.runners.ray_session import OWNER_FILE, Owner, make_owned_dir, reap_rank_dirs
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dead = tmp_path / f"stratagem-rank-{gone.pid}-abc"
-    live = tmp_path / f"stratagem-rank-{os.getpid()}-def"
+    dead = make_owned_dir(f"stratagem-rank-{gone.pid}-", tmp_path)
+    (dead / OWNER_FILE).write_text(Owner.of_this_process().model_copy(update={"pid": gone.pid}).model_dump_json())
+    live = make_owned_dir(f"stratagem-rank-{os.getpid()}-", tmp_path)
     old_unnamed = tmp_path / "stratagem-rank-q1w2e3"
-    for d in (dead, live, old_unnamed):
-        d.mkdir()
-        (d / "scenario.yaml").write_text("x")
+    old_unnamed.mkdir()
     os.utime(old_unnamed, (time.time() - 3600, time.time() - 3600))
-    assert sorted(reap_rank_dirs(str(tmp_path))) == sorted([str(dead), str(old_unnamed)])
-    assert live.is_dir() and not dead.exists() and not old_unnamed.exists()
+    for d in (dead, live, old_unnamed):
+        (d / "scenario.yaml").write_text("x")
+    assert reap_rank_dirs(str(tmp_path)) == [str(dead)]
+    assert live.is_dir() and not dead.exists() and old_unnamed.is_dir()
 
 
 def test_run_folder_names_do_not_nest() -> None:

@@ -11,10 +11,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
-from stratagem.launch.runners.ray_session import RANK_PREFIX, reap_rank_dirs
+from stratagem.launch.runners.ray_session import RANK_PREFIX, make_owned_dir, reap_rank_dirs
 
 __all__ = ["RankWorker", "LOG_BYTES"]
 
@@ -39,6 +40,8 @@ class RankWorker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False
         self.log_path: Path | None = None
+        self.idle = threading.Event()  # clear while run() holds a work dir
+        self.idle.set()
 
     def where(self) -> dict[str, Any]:
         """This rank's node: IP, a free port (used by rank 0 as MASTER_PORT), Ray's GPU ids."""
@@ -57,10 +60,12 @@ class RankWorker:
             rank: int) -> dict[str, Any]:
         """Write the scenario to a temp dir here, run the harness, return code, log (its end) and result.
 
-        The dir is named after this actor's pid and is the harness's TMPDIR (its timed checkpoint included):
-        removed at the end, and by the next rank on this node when this actor died without cleaning up."""
+        The dir is named after this actor's pid, holds its owner record (ray_session) and is the harness's
+        TMPDIR (its timed checkpoint included): removed at the end, and by the next rank on this node when this
+        actor died without cleaning up."""
+        self.idle.clear()
         reap_rank_dirs()
-        work = Path(tempfile.mkdtemp(prefix=f"{RANK_PREFIX}{os.getpid()}-"))
+        work = make_owned_dir(f"{RANK_PREFIX}{os.getpid()}-", tempfile.gettempdir())
         try:
             (work / "scenario.yaml").write_text(scenario_yaml)
             cmd = [sys.executable, "-m", "stratagem.launch.harness", "--scenario", "scenario.yaml", "--plan",
@@ -84,6 +89,7 @@ class RankWorker:
         finally:
             self.log_path = None
             shutil.rmtree(work, ignore_errors=True)
+            self.idle.set()
 
     def read_log(self, offset: int) -> tuple[str, int]:
         """The log written since byte `offset` (at most LOG_BYTES) and the new offset; ('', offset) when the
@@ -97,8 +103,11 @@ class RankWorker:
             return "", offset
         return data.decode(errors="replace"), offset + len(data)
 
-    def kill(self) -> None:
-        """SIGKILL the rank's process group (the rank and its children), remembering that it was killed."""
+    def kill(self, wait_s: float = 0.0) -> bool:
+        """SIGKILL the rank's process group (the rank and its children), remembering that it was killed; then
+        wait up to `wait_s` for run() to end (its work dir removed): a caller about to kill this actor (ray.kill
+        ends it without running its `finally`) waits for that. Whether run() has ended."""
         self.killed = True
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.idle.wait(wait_s)

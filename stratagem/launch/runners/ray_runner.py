@@ -28,8 +28,9 @@ restarted or replaced) before it is `infra`.
 A runner that starts its own local cluster owns that Ray session (its temp dir /tmp/stratagem-ray-*): at
 shutdown it waits for the session's processes to exit, kills the ones that linger (Ray's per-node dashboard and
 runtime-env agents, which the raylet always starts: Ray 2.60 has no switch to skip them; the dashboard head is
-off) and removes the temp dir; at start it reaps agents of dead sessions and removes stale temp dirs. Joined to
-an external cluster (`address`) it reaps nothing and does not wait.
+off) and removes the temp dir; at start it reaps what our dead sessions left (ray_session: only processes and
+dirs proven ours by our marker and owner record, in this PID namespace, whose driver is dead). Joined to an
+external cluster (`address`) it reaps nothing and does not wait.
 
 The rank actor is ray_rank.RankWorker; the session's processes and the reaping live in ray_session.py; a run's
 folder, harness command and rank environments in ray_trial.py; its outcome's classification in ray_outcome.py.
@@ -40,9 +41,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -60,13 +59,12 @@ from stratagem.launch.runners.ray_outcome import (
 )
 from stratagem.launch.runners.ray_rank import RankWorker
 from stratagem.launch.runners.ray_session import (
+    SESSION_DIRS,
     SESSION_ENV,
     TEMP_PREFIX,
-    ray_helpers,
-    reap_orphans,
-    reap_rank_dirs,
-    reap_session_dirs,
-    remove_stale_temp_dirs,
+    kill_session,
+    make_owned_dir,
+    reap_dead_sessions,
     session_pids,
 )
 from stratagem.launch.runners.ray_trial import (
@@ -79,14 +77,16 @@ from stratagem.launch.runners.ray_trial import (
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["RunResult", "RayRunner", "harness_command", "reap_orphans", "local_layout", "exit_fault_reason",
-           "run_folder_name", "reap_rank_dirs", "reap_session_dirs", "SESSION_ENV",
+__all__ = ["RunResult", "RayRunner", "harness_command", "local_layout", "exit_fault_reason", "run_folder_name",
            "quiet_driver_errors"]
 
 START_ATTEMPTS = 2
 """Tries to start a local Ray session (Ray's raylet registration window is a fixed 30 s)."""
 LOG_STREAM_S = 3.0
 """How often the driver pulls the ranks' new log lines into the run folder while they run."""
+END_WAIT_S = 2.0
+"""How long ending a run's actors waits for their ranks' cleanup: within `ray job stop`'s 3 s between its SIGTERM
+and its SIGKILL of the driver (ray dashboard/modules/job/job_supervisor.py, DEFAULT_RAY_JOB_STOP_WAIT_TIME_S)."""
 
 
 class RayRunner:
@@ -103,20 +103,16 @@ class RayRunner:
         self._connected = not ray.is_initialized()  # we called ray.init, so we disconnect at shutdown
         quiet_driver_errors()
         self._temp_dir: str | None = None  # set when we started the Ray session: we own it
-        self._raylets: set[int] = set()
         if self._connected:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "configure_logging": False}
             if address is None:
-                reap_orphans()
-                remove_stale_temp_dirs()
+                reap_dead_sessions()  # only what provably ours and dead runs left (ray_session says how)
                 if num_cpus is not None:
                     kwargs["num_cpus"] = num_cpus
                 self._start_local(kwargs)
             else:
                 ray.init(address=address, **kwargs)
-            if self._temp_dir is not None:
-                self._raylets = {pid for pid in session_pids(self._temp_dir) if procfs.comm(pid) == "raylet"}
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
         self.use_gpus = bool(resources.get("GPU", 0)) if use_gpus is None else use_gpus
         self._stop = threading.Event()
@@ -129,25 +125,29 @@ class RayRunner:
         import ray
 
         for attempt in range(START_ATTEMPTS):
-            # Unix socket paths must stay short: a private temp dir under /tmp.
-            # the driver's pid in the name: once it is dead the dir is a killed run's (reap_session_dirs); the
-            # session's processes inherit SESSION_ENV, which tells `stratagem clean` which helpers are ours
-            self._temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir="/tmp")
+            # Unix socket paths must stay short: a private temp dir under /tmp, holding our owner record (this
+            # driver, its PID namespace and boot). The processes ray.init starts inherit SESSION_ENV (the dir),
+            # and hand it on to the workers and agents they start: the session's marker, which is what
+            # ray_session's reaping and `stratagem clean` require before touching anything. The driver's other
+            # children (started later) do not get it.
+            self._temp_dir = str(make_owned_dir(f"{TEMP_PREFIX}{os.getpid()}-", SESSION_DIRS))
+            before = os.environ.get(SESSION_ENV)
             os.environ[SESSION_ENV] = self._temp_dir
             try:
                 ray.init(_temp_dir=self._temp_dir, **kwargs)
                 return
             except Exception as e:
                 ray.shutdown()  # whatever failed, the session's processes and temp dir go
-                for pid in session_pids(self._temp_dir):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+                kill_session(self._temp_dir)
                 shutil.rmtree(self._temp_dir, ignore_errors=True)
                 self._temp_dir = None
                 if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS - 1:
                     raise
+            finally:
+                if before is None:
+                    os.environ.pop(SESSION_ENV, None)
+                else:
+                    os.environ[SESSION_ENV] = before
 
     @property
     def slots(self) -> int:
@@ -250,17 +250,12 @@ class RayRunner:
         return classify(outcomes, str(trial.log_dir), trial.command, time.perf_counter() - trial.start)
 
     def _release(self, actors: list[Any], pg: Any) -> None:
-        """The run is no longer in flight: kill its rank actors (a dead one raises: skipped), free its bundles."""
-        import ray
+        """The run is no longer in flight: end its rank actors (_end_actors), free its bundles."""
         from ray.util.placement_group import remove_placement_group
 
         with self._lock:
             self._inflight.pop(id(actors), None)
-        for a in actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - cleanup must go on for the other actors (a dead one raises)
-                pass
+        _end_actors(actors)
         remove_placement_group(pg)
 
     def _wait_for_slots(self, world: int) -> bool:
@@ -311,18 +306,10 @@ class RayRunner:
     def stop(self) -> int:
         """Kill every in-flight run's ranks now (SIGINT/SIGTERM); their runs return `infra: stopped`. Returns
         how many runs were in flight."""
-        import ray
-
         self._stop.set()
         with self._lock:
             groups = list(self._inflight.values())
-        for actors in groups:
-            for a in actors:
-                try:
-                    a.kill.remote()
-                    ray.kill(a, no_restart=True)
-                except Exception:  # noqa: BLE001 - an actor already gone: nothing to kill
-                    pass
+        _end_actors([a for actors in groups for a in actors])
         return len(groups)
 
     def run_many(self, jobs: Sequence[tuple[Scenario, Plan, str]], **kwargs: Any) -> list[RunResult]:
@@ -352,20 +339,11 @@ class RayRunner:
         if self._temp_dir is None:
             ray.shutdown()
             return
-        ours = set(session_pids(self._temp_dir)) | {p for p, r in ray_helpers().items() if r in self._raylets}
         ray.shutdown()
         deadline = time.monotonic() + 15.0  # the raylet takes a moment to exit; its agents follow or linger
-        while any(procfs.alive(pid) for pid in ours) and time.monotonic() < deadline:
-            ours |= {p for p, r in ray_helpers().items() if r in self._raylets}
-            if not any(procfs.alive(r) for r in self._raylets):
-                break
+        while time.monotonic() < deadline and any(procfs.comm(p) == "raylet" for p in session_pids(self._temp_dir)):
             time.sleep(0.3)
-        for pid in ours | {p for p, r in ray_helpers().items() if r in self._raylets}:
-            if procfs.alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_session(self._temp_dir)  # what lingers (Ray 2.60's per-node agents): only this session's processes
         shutil.rmtree(self._temp_dir, ignore_errors=True)
 
 
@@ -417,6 +395,27 @@ def _collect(refs: list[Any], log_dir: Path) -> list[dict[str, Any]]:
     if outcomes[0].get("result"):
         (log_dir / "result.json").write_text(outcomes[0]["result"])
     return outcomes
+
+
+def _end_actors(actors: list[Any]) -> None:
+    """Kill the ranks of `actors` and wait up to END_WAIT_S for their runs to end (each removes its work dir in
+    its `finally`), then kill the actors: ray.kill ends an actor at once, without that `finally` (what `ray job
+    stop` left behind: a rank dir per rank). A dead actor is skipped."""
+    import ray
+
+    refs = []
+    for a in actors:
+        try:
+            refs.append(a.kill.remote(END_WAIT_S))
+        except Exception:  # noqa: BLE001 - an actor already gone: nothing to end
+            pass
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=END_WAIT_S)
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # noqa: BLE001 - cleanup must go on for the other actors (a dead one raises)
+            pass
 
 
 def _first_line(e: BaseException) -> str:
