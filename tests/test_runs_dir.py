@@ -68,3 +68,35 @@ def test_search_from_rays_copy_without_storage_is_one_line(tmp_path: Path, monke
     err = capsys.readouterr().err
     assert done.value.code == 2 and "Ray's copy" in err and len(err.strip().splitlines()) == 1, err
     assert not (copy / "stratagem.db").exists()
+
+
+def test_a_job_on_a_fresh_head_creates_the_default_report_folder(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue 36 item 4: `ray job submit ... stratagem search ...` without --no-report on a head where
+    ~/stratagem-runs does not exist yet: the search runs from Ray's copy with a fresh HOME and writes its report
+    to ~/stratagem-runs/STUDY.html (the folder created), exit 0."""
+    copy = tmp_path / "session" / "runtime_resources" / "working_dir_files" / "_ray_pkg_4567"
+    copy.mkdir(parents=True)
+    home = tmp_path / "fresh-home"
+    home.mkdir()
+    scenario = {"model": {"name": "fresh", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                          "num_kv_heads": 2, "ffn_hidden_size": 128, "vocab_size": 256},
+                "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 2},
+                "training": {"seq_len": 32, "global_batch_size": 8, "stack": "torch"}}
+    (copy / "s.yaml").write_text(yaml.safe_dump(scenario))
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(SystemExit) as done:
+        main(["search", "s.yaml", "--storage", f"sqlite:///{tmp_path / 'st.db'}", "--study", "fresh"])
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    report = home / "stratagem-runs" / "fresh.html"
+    assert report.is_file() and f"report:   {report}" in out
+    assert not list(copy.glob("*.html")) and not (copy / "runs").exists()  # nothing into Ray's copy
+
+
+def test_a_default_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    from stratagem.cli.runs_dir import make_default_dir
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(StratagemError, match=r"^--report: its default folder .*f/stratagem-runs cannot be created"):
+        make_default_dir(tmp_path / "f" / "stratagem-runs", "--report")

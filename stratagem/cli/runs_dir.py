@@ -16,7 +16,8 @@ from pathlib import Path
 
 from stratagem.errors import StratagemError
 
-__all__ = ["in_ray_job_copy", "runs_root", "worker_folder", "absolute_storage", "check_storage_outlives"]
+__all__ = ["in_ray_job_copy", "runs_root", "worker_folder", "make_default_dir", "absolute_storage",
+           "check_storage_outlives"]
 
 _RAY_COPY = "working_dir_files"
 """The folder Ray unpacks a job's --working-dir into (ray/_private/runtime_env/working_dir.py: its URI cache)."""
@@ -49,6 +50,18 @@ def worker_folder(root: Path) -> Path:
     on one host or several, never share one)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return root / f"{stamp}-{socket.gethostname()}-{os.getpid()}"
+
+
+def make_default_dir(path: Path, option: str) -> None:
+    """Create the folder a default of `option` points into (with its parents: ~/stratagem-runs does not exist on
+    a fresh head node); one line naming the option when it cannot be created."""
+    from stratagem.files import disk_error
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StratagemError(f"{option}: its default folder {path} cannot be created: {disk_error(e)}; give "
+                             f"{option} a path in a writable folder") from None
 
 
 def absolute_storage(url: str) -> str:

@@ -125,7 +125,13 @@ def _setup(scenario: Path, storage: str | None, study: str | None, sampler: str,
            runs_dir: Path | None, report: Path | None, no_report: bool) -> _Setup:
     """Load the scenario and its calibration, check the sampler, locate the study (a storage that outlives the
     job), the runs folder and the report (.html only), refusing what is wrong before anything is written."""
-    from stratagem.cli.runs_dir import absolute_storage, check_storage_outlives, in_ray_job_copy, runs_root
+    from stratagem.cli.runs_dir import (
+        absolute_storage,
+        check_storage_outlives,
+        in_ray_job_copy,
+        make_default_dir,
+        runs_root,
+    )
     from stratagem.reports import check_output, output_format
     from stratagem.search import check_sampler
 
@@ -139,6 +145,8 @@ def _setup(scenario: Path, storage: str | None, study: str | None, sampler: str,
     check_storage_outlives(url)
     runs = runs_root(scenario, name, runs_dir)
     beside = runs.parent if in_ray_job_copy(scenario) else scenario.parent  # never into Ray's job copy
+    if report is None and not no_report:
+        make_default_dir(beside, "--report")  # ~/stratagem-runs on a fresh head: created, like the runs folder
     report_path = None if no_report else check_output((report or beside / f"{name}.html").resolve(), "--report")
     if report_path is not None and output_format(report_path, None) != "html":
         raise StratagemError(f"--report ({report_path}): the search writes an HTML report; name it .html (other "
