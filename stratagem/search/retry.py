@@ -124,11 +124,21 @@ def transient(e: BaseException, kind: str) -> bool:
 
 
 def _first_line(e: BaseException) -> str:
-    for x in reversed(_chain(e)):  # the root cause names the problem (optuna's wrapper says "during the commit")
+    """The line that names the problem: the root cause along explicit links first (`raise ... from`, SQLAlchemy's
+    `orig`: optuna's wrapper only says "during the commit"), then what was met on the way (__context__: e.g. a
+    KeyError(()) a lookup raised before the connection failed, whose text is "()"); a text without words is
+    skipped; none with words: the error's type."""
+    explicit: list[BaseException] = []
+    x: BaseException | None = e
+    while x is not None and len(explicit) < 8 and not any(x is y for y in explicit):
+        explicit.append(x)
+        orig = getattr(x, "orig", None)
+        x = orig if isinstance(orig, BaseException) else x.__cause__
+    for x in [*reversed(explicit), *reversed(_chain(e))]:
         text = str(x).strip().splitlines()
-        if text:
+        if text and any(c.isalpha() for c in text[0]):
             return text[0]
-    return type(e).__name__
+    return type(explicit[-1]).__name__
 
 
 class Outages:
