@@ -28,8 +28,10 @@ from optuna.trial import TrialState
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
+from stratagem.evaluators.posterior import Predictive
+from stratagem.search.acquisition import believer_batch
 from stratagem.search.claims import orphaned
-from stratagem.search.noise import remeasure_due
+from stratagem.search.noise import best_measured, remeasure_due
 from stratagem.search.records import DIRECTIONS, plan_key, standings, trial_evaluation
 from stratagem.search.screening import Screening, screen
 from stratagem.spaces.columns import PlanColumns
@@ -37,9 +39,10 @@ from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
 
-__all__ = ["Pick", "RunState", "RunOrder", "RankedOrder", "rank_candidates", "memory_band", "screen_candidates",
+__all__ = ["Pick", "RunState", "RunOrder", "RankedOrder", "ExpectedImprovementOrder", "Predict", "rank_candidates",
+           "memory_band", "screen_candidates",
            "check_candidates", "measured_trials", "DEFAULT_MEMORY_BAND", "INFRA_RETRIES", "RUN_ORDERS",
-           "DEFAULT_RUN_ORDER"]
+           "DEFAULT_RUN_ORDER", "order_batch", "count_infra", "admit", "screening_of"]
 
 Pick = tuple[Plan, str]
 """A plan to run and its role (records.ROLES)."""
@@ -107,32 +110,15 @@ class RankedOrder:
 
     def next_batch(self, state: RunState, want: int) -> list[Pick]:
         """Lost plans first, then new plans by the ranking up to K, then the due re-measurements (docstring)."""
-        given_up = {k for k, n in self.infra.items() if n > INFRA_RETRIES}
-        excluded = set(state.excluded) | given_up
-        picks = [(p, r) for p, r in orphaned(state.study) if plan_key(p) not in excluded][:want]
-        excluded |= {plan_key(p) for p, _ in picks}
-        busy = set(state.claimed) | given_up | {plan_key(p) for p, _ in picks}
-        due = [(p, r) for p, r in remeasure_due(state.study, want) if plan_key(p) not in busy]
-        due = due[: state.remeasures_left]
-        room = want - len(picks)
-        more = self._ranked(state, excluded, min(room, state.runs_left)) if room > 0 and state.runs_left > 0 else []
-        if not more:  # K plans measured, or nothing new left to explore: settle the ranking
-            more = due[:room]
-        return picks + more
+        return order_batch(state, want, self.infra, lambda excluded, n: self._ranked(state, excluded, n))
 
     def update(self, results: Sequence[Evaluation]) -> None:
         """Count infra failures per plan (retried at most INFRA_RETRIES times in this call)."""
-        for ev in results:
-            if ev.status == "infra":
-                key = plan_key(ev.plan)
-                self.infra[key] = self.infra.get(key, 0) + 1
+        count_infra(self.infra, results)
 
     def _ranked(self, state: RunState, excluded: set[str], want: int) -> list[Pick]:
         """Up to `want` new plans by the ranking; plans the evaluator refuses go to `skipped`."""
-        if self.candidates is not None:
-            screening = screen_candidates(state.scenario, state.space, state.calibration, self.candidates)
-        else:
-            screening = screen(state.scenario, state.calibration, space=state.space)
+        screening = screening_of(state, self.candidates)
         excluded = set(excluded) | set(self.skipped)
         band = memory_band(state.study, state.scenario, state.calibration)
         ranked: list[Pick] = []
@@ -148,17 +134,112 @@ class RankedOrder:
             if not more:
                 break
             for plan, role in more:
-                key = plan_key(plan)
-                excluded.add(key)
-                why = state.unsupported(state.scenario, plan)
-                if why:
-                    self.skipped[key] = f"{plan.short()}: {why}"
-                else:
+                excluded.add(plan_key(plan))
+                if admit(state, plan, self.skipped):
                     ranked.append((plan, role))
         return ranked
 
 
-RUN_ORDERS: dict[str, Callable[..., RunOrder]] = {"ranked": RankedOrder}
+def order_batch(state: RunState, want: int, infra: dict[str, int],
+                new_plans: Callable[[set[str], int], list[Pick]]) -> list[Pick]:
+    """The batch every policy builds the same way (the module docstring's steps 0 and 2 around step 1): lost plans
+    first; then `new_plans(excluded, n)`, the policy's own choice of up to n new plans (n within K); when it
+    has none (K plans measured, or nothing new left), the re-measurements due. `infra`: plan key -> infra
+    failures in this call (count_infra); a plan past INFRA_RETRIES is not proposed again."""
+    given_up = {k for k, n in infra.items() if n > INFRA_RETRIES}
+    excluded = set(state.excluded) | given_up
+    picks = [(p, r) for p, r in orphaned(state.study) if plan_key(p) not in excluded][:want]
+    excluded |= {plan_key(p) for p, _ in picks}
+    busy = set(state.claimed) | given_up | {plan_key(p) for p, _ in picks}
+    due = [(p, r) for p, r in remeasure_due(state.study, want) if plan_key(p) not in busy]
+    due = due[: state.remeasures_left]
+    room = want - len(picks)
+    more = new_plans(excluded, min(room, state.runs_left)) if room > 0 and state.runs_left > 0 else []
+    if not more:  # K plans measured, or nothing new left to explore: settle the ranking
+        more = due[:room]
+    return picks + more
+
+
+def count_infra(infra: dict[str, int], results: Sequence[Evaluation]) -> None:
+    """Add each infra failure in `results` to `infra` (plan key -> failures in this call)."""
+    for ev in results:
+        if ev.status == "infra":
+            key = plan_key(ev.plan)
+            infra[key] = infra.get(key, 0) + 1
+
+
+def admit(state: RunState, plan: Plan, skipped: dict[str, str]) -> bool:
+    """Whether the evaluator can run `plan`; a plan it refuses goes to `skipped` (key -> "plan: why")."""
+    why = state.unsupported(state.scenario, plan)
+    if why:
+        skipped[plan_key(plan)] = f"{plan.short()}: {why}"
+    return not why
+
+
+def screening_of(state: RunState, candidates: PlanColumns | None) -> Screening:
+    """The plans a policy chooses among, judged with the calibration in force: exactly `candidates` when given
+    (screen_candidates), else the scenario's space (screen)."""
+    if candidates is not None:
+        return screen_candidates(state.scenario, state.space, state.calibration, candidates)
+    return screen(state.scenario, state.calibration, space=state.space)
+
+
+Predict = Callable[[Scenario, PlanColumns, Calibration], Predictive]
+"""predict(scenario, plans, calibration): the plans' predictive distributions (evaluators.posterior.predictive)."""
+
+
+@dataclass
+class ExpectedImprovementOrder:
+    """New plans by expected improvement over the best measured plan times the probability of fitting, a batch
+    for several workers by the kriging believer (search/acquisition.py), from the predictive distributions the
+    calibration in force gives (evaluators/posterior.py); lost plans first and the due re-measurements after K
+    plans as every policy (order_batch)."""
+
+    candidates: PlanColumns | None = None
+    """Run only these plans (scored among themselves)."""
+    predict: Predict | None = None
+    """How the plans' predictive distributions are computed (None: evaluators.posterior.predictive)."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    infra: dict[str, int] = field(default_factory=dict)
+    """Plan key -> infra failures in this call."""
+
+    def next_batch(self, state: RunState, want: int) -> list[Pick]:
+        """Lost plans first, then new plans by acquisition up to K, then the due re-measurements."""
+        return order_batch(state, want, self.infra, lambda excluded, n: self._acquired(state, excluded, n))
+
+    def update(self, results: Sequence[Evaluation]) -> None:
+        """Count infra failures per plan (retried at most INFRA_RETRIES times in this call)."""
+        count_infra(self.infra, results)
+
+    def _acquired(self, state: RunState, excluded: set[str], want: int) -> list[Pick]:
+        """Up to `want` new plans by the kriging believer; plans the evaluator refuses go to `skipped`."""
+        screening = screening_of(state, self.candidates)
+        if self.predict is None:
+            from stratagem.evaluators.posterior import predictive as predict
+        else:
+            predict = self.predict
+        pred = predict(state.scenario, screening.plans, state.calibration)
+        best = best_measured(state.study)
+        taken = set(excluded) | set(self.skipped)
+
+        def runnable(i: int) -> bool:
+            plan = screening.plan(i)
+            key = plan_key(plan)
+            if key in taken:
+                return False
+            taken.add(key)
+            return admit(state, plan, self.skipped)
+
+        eligible = np.isfinite(pred.log_tokens.mean) & np.isfinite(pred.log_peak.mean)
+        picks = believer_batch(pred, best.tokens_per_s if best is not None else 0.0, screening.usable_gib,
+                               eligible, want, runnable)
+        front = set(screening.front.tolist())
+        return [(screening.plan(i), "front" if i in front else "candidate" if screening.feasible[i] else "boundary")
+                for i in picks]
+
+
+RUN_ORDERS: dict[str, Callable[..., RunOrder]] = {"ranked": RankedOrder,
+                                                  "expected_improvement": ExpectedImprovementOrder}
 """Run-order policies by name, each built as `RUN_ORDERS[name](candidates=...)` (None: the whole space); the
 search uses DEFAULT_RUN_ORDER and bench/search_regret.py replays each."""
 DEFAULT_RUN_ORDER = "ranked"
