@@ -184,8 +184,7 @@ def believer_batch(pred: Predictive, best: float, usable_gib: float, eligible: N
     score = log_ei + log_fit  # round one: every plan's exact score
     tie = tok.mean[ok] + log_fit  # ranks plans whose improvement is exactly 0
     bound = log_ei + np.where(peak.mean[ok] <= log_u, 0.0, log_fit)
-    by_bound = np.lexsort((-tie, -bound))  # best bound first
-    order, bound_sorted = ok[by_bound], bound[by_bound]
+    by_bound: tuple[NDArray[np.intp], Array] | None = None  # plans by bound, best first: sorted when first needed
     believe_t, believe_p = _Believer(tok), _Believer(peak)
     taken = np.zeros(len(tok.mean), dtype=bool)
     picks: list[int] = []
@@ -198,7 +197,10 @@ def believer_batch(pred: Predictive, best: float, usable_gib: float, eligible: N
             score[j] = -np.inf
             tie[j] = -np.inf
         else:
-            found = _lazy_round(pred, order, bound_sorted, taken, best, usable_gib, believe_t, believe_p)
+            if by_bound is None:
+                perm = np.lexsort((-tie, -bound))
+                by_bound = ok[perm], bound[perm]
+            found = _lazy_round(pred, *by_bound, taken, best, usable_gib, believe_t, believe_p)
             if found is None:
                 break
             i = found

@@ -30,6 +30,7 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
 from stratagem.evaluators.posterior import Predictive
 from stratagem.search.acquisition import believer_batch
+from stratagem.search.calibrate import calibration_id
 from stratagem.search.claims import orphaned
 from stratagem.search.noise import best_measured, remeasure_due
 from stratagem.search.records import DIRECTIONS, plan_key, standings, trial_evaluation
@@ -202,6 +203,7 @@ class ExpectedImprovementOrder:
     skipped: dict[str, str] = field(default_factory=dict)
     infra: dict[str, int] = field(default_factory=dict)
     """Plan key -> infra failures in this call."""
+    _cache: tuple[str, PlanColumns, Predictive] | None = field(default=None, init=False, repr=False)
 
     def next_batch(self, state: RunState, want: int) -> list[Pick]:
         """Lost plans first, then new plans by acquisition up to K, then the due re-measurements."""
@@ -212,18 +214,15 @@ class ExpectedImprovementOrder:
         count_infra(self.infra, results)
 
     def _acquired(self, state: RunState, excluded: set[str], want: int) -> list[Pick]:
-        """Up to `want` new plans by the kriging believer; plans the evaluator refuses go to `skipped`."""
-        screening = screening_of(state, self.candidates)
-        if self.predict is None:
-            from stratagem.evaluators.posterior import predictive as predict
-        else:
-            predict = self.predict
-        pred = predict(state.scenario, screening.plans, state.calibration)
+        """Up to `want` new plans by the kriging believer; plans the evaluator refuses go to `skipped`. Roles:
+        "candidate" (predicted to fit at the mean), "boundary" (predicted over the limit)."""
+        plans, pred = self._predicted(state)
+        usable = state.scenario.cluster.gpu.hbm_gib - state.space.config.memory_margin_gib
         best = best_measured(state.study)
         taken = set(excluded) | set(self.skipped)
 
         def runnable(i: int) -> bool:
-            plan = screening.plan(i)
+            plan = plans.plan(i)
             key = plan_key(plan)
             if key in taken:
                 return False
@@ -231,11 +230,31 @@ class ExpectedImprovementOrder:
             return admit(state, plan, self.skipped)
 
         eligible = np.isfinite(pred.log_tokens.mean) & np.isfinite(pred.log_peak.mean)
-        picks = believer_batch(pred, best.tokens_per_s if best is not None else 0.0, screening.usable_gib,
-                               eligible, want, runnable)
-        front = set(screening.front.tolist())
-        return [(screening.plan(i), "front" if i in front else "candidate" if screening.feasible[i] else "boundary")
-                for i in picks]
+        picks = believer_batch(pred, best.tokens_per_s if best is not None else 0.0, usable, eligible, want,
+                               runnable)
+        fits = pred.log_peak.mean <= np.log(usable)
+        return [(plans.plan(i), "candidate" if fits[i] else "boundary") for i in picks]
+
+    def _predicted(self, state: RunState) -> tuple[PlanColumns, Predictive]:
+        """The plans to choose among and their predictive distributions under the calibration in force, kept
+        while it stays in force (most refits are not adopted). The plans: the candidates; else every valid plan
+        of the space; else (over search.exhaustive_limit) those the screening judged (screen)."""
+        cid = calibration_id(state.calibration)
+        if self._cache is not None and self._cache[0] == cid:
+            return self._cache[1], self._cache[2]
+        space = state.space
+        if self.candidates is not None:
+            plans = screen_candidates(state.scenario, space, state.calibration, self.candidates).plans
+        elif space.count() <= space.config.exhaustive_limit:
+            plans = space.enumerate()
+        else:
+            plans = screen(state.scenario, state.calibration, space=space).plans
+        if self.predict is None:
+            from stratagem.evaluators.posterior import predictive as predict
+        else:
+            predict = self.predict
+        self._cache = (cid, plans, predict(state.scenario, plans, state.calibration))
+        return plans, self._cache[2]
 
 
 RUN_ORDERS: dict[str, Callable[..., RunOrder]] = {"ranked": RankedOrder,

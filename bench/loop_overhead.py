@@ -1,0 +1,107 @@
+"""The real-run loop's own cost per run, apart from the run: the calibration refit after a batch
+(search/calibrate.py refit_step on --runs measured runs of a measured table, as search/measure.py calls it) plus
+the run order's choice of the next plan among every plan of a large space (examples/mixtral-8x7b-64xh200.yaml:
+257,820 valid plans, the default; the run order screens them with the calibration in force and ranks them), for
+each run order of search.run_order.RUN_ORDERS ("ranked": before, "expected_improvement": after). Each figure is
+the best of --repeat; numpy pinned to one thread (the loop's process shares the host with the runs). Target:
+under 2 s per run. The figure is printed last.
+
+    .venv/bin/python bench/loop_overhead.py [--scenario examples/mixtral-8x7b-64xh200.yaml] [--runs 8]
+        [--batch 1] [--repeat 3] [--table bench/data/cpu-table.json]
+"""
+
+from __future__ import annotations
+
+import os
+
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = "1"
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import optuna  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from stratagem.evaluators import Evaluation  # noqa: E402
+from stratagem.evaluators.calibration import default_calibration  # noqa: E402
+from stratagem.evaluators.table import TableEvaluator, load_table  # noqa: E402
+from stratagem.search.calibrate import refit_step  # noqa: E402
+from stratagem.search.records import DIRECTIONS  # noqa: E402
+from stratagem.search.run_order import RUN_ORDERS, RunState  # noqa: E402
+from stratagem.spaces import Scenario, load_scenario  # noqa: E402
+from stratagem.spaces.space import SearchSpace  # noqa: E402
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> float:
+    """The shortest wall time of `repeat` calls of fn."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measured_runs(table_path: Path, n: int) -> tuple[Scenario, list[Evaluation]]:
+    """The table's scenario and n of its median runs, as a loop's study holds them after n runs: the first n - 1
+    plans that ran (ok) and the table's first OOM (a censored peak)."""
+    table = load_table(table_path)
+    scn = table.load_scenario()
+    ev = TableEvaluator(table)
+    runs = [ev.evaluate(scn, p) for p in table.plans()]
+    ok = [r for r in runs if r.status == "ok"][: n - 1]
+    return scn, ok + [r for r in runs if r.status == "oom"][:1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenario", default=str(ROOT / "examples" / "mixtral-8x7b-64xh200.yaml"))
+    ap.add_argument("--table", default=str(ROOT / "bench" / "data" / "cpu-table.json"))
+    ap.add_argument("--runs", type=int, default=8, help="measured runs the refit fits on")
+    ap.add_argument("--batch", type=int, default=1, help="plans asked of the run order per batch")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    table_scn, runs = measured_runs(Path(args.table), args.runs)
+    base = default_calibration(table_scn.cluster.gpu.name)
+    refit_s = best_of(args.repeat, lambda: refit_step(table_scn, runs, base, base))
+
+    scn = load_scenario(args.scenario)
+    space = SearchSpace(scn)
+    cal = default_calibration(scn.cluster.gpu.name)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=list(DIRECTIONS))  # in memory: nothing measured yet
+    state = RunState(scenario=scn, space=space, study=study, calibration=cal, excluded=frozenset(),
+                     measured_runs=0, runs_left=args.batch, unsupported=lambda s, p: None)
+    rank_s: dict[str, float] = {}  # a new calibration in force (a refit adopted): everything re-predicted
+    kept_s: dict[str, float] = {}  # the same calibration as the batch before (a refit refused)
+    first: dict[str, str] = {}
+    for name, make in RUN_ORDERS.items():
+        rank_s[name] = best_of(args.repeat, lambda m=make: m(candidates=None).next_batch(state, args.batch))
+        order = make(candidates=None)
+        first[name] = order.next_batch(state, args.batch)[0][0].short()
+        kept_s[name] = best_of(args.repeat, lambda o=order: o.next_batch(state, args.batch))
+
+    print(f"refit: search/calibrate.py refit_step on {len(runs)} measured runs of {Path(args.table).name} "
+          f"({sum(r.status == 'ok' for r in runs)} ok, {sum(r.status == 'oom' for r in runs)} OOM); best of {args.repeat}: {refit_s:.3f} s")
+    print(f"ranking: {scn.name}, {space.count():,} valid plans, {args.batch} plan(s) a batch, screened with the "
+          "calibration in force each batch (as the loop does)")
+    for name in RUN_ORDERS:
+        print(f"  {name}: {rank_s[name]:.3f} s after an adopted refit, {kept_s[name]:.3f} s with the calibration "
+              f"unchanged (first pick {first[name]})")
+    print(f"python {platform.python_version()}, numpy {np.__version__}, optuna {optuna.__version__}, "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), numpy on 1 thread")
+    figures = ", ".join(f"{name} {(refit_s + rank_s[name]) / args.batch:.2f} s" for name in RUN_ORDERS)
+    print(f"loop overhead per run (refit + ranking after an adopted refit, target < 2 s): {figures}")
+
+
+if __name__ == "__main__":
+    main()
