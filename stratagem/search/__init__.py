@@ -31,7 +31,7 @@ from stratagem.search.records import (
     trial_status,
 )
 from stratagem.search.retry import StorageUnavailable
-from stratagem.search.run_order import RankedOrder, RunOrder, RunState
+from stratagem.search.run_order import ExpectedImprovementOrder, RankedOrder, RunOrder, RunState
 from stratagem.search.runner import SearchResult, run_search, select_plans
 from stratagem.search.samplers import SAMPLERS, ProjectingSampler, make_sampler
 from stratagem.search.screening import ScreenCounts, Screening, objective_matrix, screen
@@ -54,7 +54,7 @@ __all__ = [
     "Standing", "standings", "trial_feasible", "trial_fidelity", "trial_status", "front_trials", "objective_values",
     "plan_key", "plan_params", "study_scenario", "trial_evaluation", "trial_plan",
     "SearchResult", "run_search", "select_plans", "SearchSession", "MeasureResult",
-    "RunOrder", "RunState", "RankedOrder", "BestMeasured", "best_measured",
+    "RunOrder", "RunState", "RankedOrder", "ExpectedImprovementOrder", "BestMeasured", "best_measured",
     "SAMPLERS", "ProjectingSampler", "make_sampler",
     "ScreenCounts", "Screening", "objective_matrix", "screen",
     "StorageSpec", "check_storage", "default_storage", "open_storage", "parse_storage", "storage_lock",

@@ -14,7 +14,6 @@ from stratagem.search.measure import Stopped, traced_over_limit
 from stratagem.search.run_order import (
     DEFAULT_MEMORY_BAND,
     INFRA_RETRIES,
-    RankedOrder,
     check_candidates,
     measured_trials,
     memory_band,
@@ -70,6 +69,6 @@ def run_multifidelity(
         check_candidates(session.space, candidates)  # before anything is written
     session.screen()
     session.store()
-    return session.measure(real_runs, evaluator, RankedOrder(candidates=candidates), budget_minutes=budget_minutes,
-                           n_trials=n_trials, timeout=timeout, recalibrate=recalibrate, run_timeout_s=run_timeout_s,
+    return session.measure(real_runs, evaluator, budget_minutes=budget_minutes, n_trials=n_trials, timeout=timeout,
+                           recalibrate=recalibrate, run_timeout_s=run_timeout_s, candidates=candidates,
                            remeasure=remeasure)

@@ -1,16 +1,23 @@
 """Which plans the real-run loop measures next: the `RunOrder` policy, apart from the loop that drives it
 (search/session.py), as DeepSpeed's autotuner separates its tuners from its loop. bench/search_regret.py drives
-the same policy through the same loop.
+the same policies through the same loop.
 
-`RankedOrder` (the shipped policy), re-ranked before every batch with the calibration in force:
+Every policy builds a batch the same way (order_batch), re-deciding before every batch with the calibration in
+force:
   0. plans whose run was lost (an infra failure, a dead or stopped worker: claims.orphaned) run again first;
-  1. while the study holds fewer than K measured plans: plans that may fit by predicted tokens/s, fastest first:
-     predicted to fit, or predicted over the limit by less than the memory model's error on this study's runs (a
-     boundary run only where it can pay); then what an Optuna NSGA-II sampler proposes, given the measured
-     trials so far;
+  1. while the study holds fewer than K measured plans: new plans, the policy's own choice;
   2. after K plans (or when no new plan is left), the re-measurements due (search/noise.py: the best measured
      plan once more, and those within its noise), within the call's re-measurement runs: they settle the
      ranking.
+Step 1 by policy (RUN_ORDERS):
+  "expected_improvement" (ExpectedImprovementOrder, the default): the plans whose run is expected to improve
+     most on the best measured tokens/s, times their probability of fitting, from every plan's predictive
+     distributions (evaluators/posterior.py), a batch for several workers by the kriging believer
+     (search/acquisition.py);
+  "ranked" (RankedOrder, the order before it): plans that may fit by predicted tokens/s, fastest first:
+     predicted to fit, or predicted over the limit by less than the memory model's error on this study's runs (a
+     boundary run only where it can pay); then what an Optuna NSGA-II sampler proposes, given the measured
+     trials so far.
 Plans the evaluator cannot run (`unsupported`) are skipped and remembered (`skipped`); a plan whose runs failed
 for the cluster's sake more than INFRA_RETRIES times in this call is not proposed again (`update`).
 """
@@ -28,7 +35,7 @@ from optuna.trial import TrialState
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
-from stratagem.evaluators.posterior import Predictive
+from stratagem.evaluators.posterior import Predictive, predictive
 from stratagem.search.acquisition import believer_batch
 from stratagem.search.calibrate import calibration_id
 from stratagem.search.claims import orphaned
@@ -101,7 +108,7 @@ class RunOrder(Protocol):
 
 @dataclass
 class RankedOrder:
-    """The shipped policy (see the module docstring)."""
+    """New plans by predicted tokens/s among those that may fit (see the module docstring)."""
 
     candidates: PlanColumns | None = None
     """Run only these plans (ranked among themselves, the ones predicted not to fit last; no sampler)."""
@@ -249,10 +256,7 @@ class ExpectedImprovementOrder:
             plans = space.enumerate()
         else:
             plans = screen(state.scenario, state.calibration, space=space).plans
-        if self.predict is None:
-            from stratagem.evaluators.posterior import predictive as predict
-        else:
-            predict = self.predict
+        predict = self.predict or predictive
         self._cache = (cid, plans, predict(state.scenario, plans, state.calibration))
         return plans, self._cache[2]
 
@@ -261,7 +265,7 @@ RUN_ORDERS: dict[str, Callable[..., RunOrder]] = {"ranked": RankedOrder,
                                                   "expected_improvement": ExpectedImprovementOrder}
 """Run-order policies by name, each built as `RUN_ORDERS[name](candidates=...)` (None: the whole space); the
 search uses DEFAULT_RUN_ORDER and bench/search_regret.py replays each."""
-DEFAULT_RUN_ORDER = "ranked"
+DEFAULT_RUN_ORDER = "expected_improvement"
 
 
 def rank_candidates(screening: Screening, measured: set[str], limit: int, include_infeasible: bool = False,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from standin import SCENARIO, KnownConstants
 
-from stratagem.evaluators import BLOCKS, Calibration, evaluate_many
+from stratagem.evaluators import Calibration
 from stratagem.evaluators.posterior import LogNormalColumns, Predictive
 from stratagem.search.acquisition import (
     believer_batch,
@@ -31,27 +31,6 @@ from stratagem.spaces.scenario import Scenario
 
 PLANS = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2),
          Plan(dp=4, zero_stage=3)]
-_TIME_TERMS = ("compute_s", "recompute_s", "tp_comm_s", "ep_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s",
-               "optimizer_s", "overhead_s")
-
-
-def analytic_predictive(scn: Scenario, pc: PlanColumns, cal: Calibration, width: float = 0.3,
-                        noise: float = 0.02) -> Predictive:
-    """A Predictive built by hand from the analytic model: means at its figures, shares from the step-time terms
-    (DP's exposed part the rest of exposed_comm_s) and the memory blocks, independent multipliers `width` wide."""
-    f = evaluate_many(scn, pc, cal)
-    step = np.asarray(f.step_s)
-    terms = [np.asarray(getattr(f, t)) for t in _TIME_TERMS]
-    dp = np.asarray(f.exposed_comm_s) - sum(np.asarray(getattr(f, t)) for t in ("tp_comm_s", "ep_comm_s",
-                                                                                "cp_comm_s", "pp_comm_s"))
-    time_shares = -np.stack([*terms, dp], axis=1) / step[:, None]  # log tokens = const - log step
-    blocks = np.stack([f.block_gib(b) for b in BLOCKS], axis=1)
-    peak_shares = blocks / np.asarray(f.peak_gib)[:, None]
-    tokens = LogNormalColumns(mean=np.log(f.tokens_per_s), shares=time_shares,
-                              cov=np.eye(time_shares.shape[1]) * width**2, noise_sd=noise)
-    peak = LogNormalColumns(mean=np.log(f.peak_gib), shares=peak_shares, cov=np.eye(len(BLOCKS)) * width**2,
-                            noise_sd=noise)
-    return Predictive(log_tokens=tokens, log_peak=peak)
 
 
 def _columns(mean: list[float], shares: list[list[float]], var: list[float], noise: float = 0.0) -> LogNormalColumns:
@@ -180,10 +159,11 @@ def test_a_plan_that_surely_fits_beats_a_faster_one_that_probably_does_not(tmp_p
 
 
 def test_the_order_runs_stores_and_remeasures_over_a_session(tmp_path: Path) -> None:
-    """Over the loop with the stand-in evaluator (40 % step noise): the ZeRO-3 plan the harness refuses is
-    skipped, the other three are measured, and the two runs beyond them re-measure (search/noise.py)."""
+    """Over the loop with the stand-in evaluator (40 % step noise) and the calibration's own predictive
+    distributions (evaluators.posterior.predictive): the ZeRO-3 plan the harness refuses is skipped, the other
+    three are measured, and the two runs beyond them re-measure (search/noise.py)."""
     s = _session(tmp_path)
-    order = ExpectedImprovementOrder(candidates=PlanColumns.from_plans(PLANS), predict=analytic_predictive)
+    order = ExpectedImprovementOrder(candidates=PlanColumns.from_plans(PLANS))
     mf = s.measure(5, KnownConstants(noise=0.4, seed=1), order)
     measured = [t for t in s.study.trials if t.user_attrs.get("fidelity") == "measured"]
     assert mf.measured == 5 and len({t.user_attrs["plan"] for t in measured}) == 3

@@ -1,12 +1,13 @@
-"""The run-order policy (search/run_order.py) apart from the loop: lost plans first, refused plans skipped and
-remembered, infra retries bounded, re-measurements only after the K new plans (or when none is left) and only
-when the best measured plan ran once or is within noise (search/noise.py)."""
+"""The run-order policies (search/run_order.py) apart from the loop: lost plans first, refused plans skipped and
+remembered, infra retries bounded (every policy of RUN_ORDERS), re-measurements only after the K new plans (or
+when none is left) and only when the best measured plan ran once or is within noise (search/noise.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 from standin import SCENARIO, KnownConstants
 
 from stratagem.evaluators import Evaluation
@@ -14,7 +15,7 @@ from stratagem.search.calibrate import calibration_id
 from stratagem.search.claims import claim, release
 from stratagem.search.events import Event
 from stratagem.search.records import plan_key
-from stratagem.search.run_order import INFRA_RETRIES, RankedOrder, RunState
+from stratagem.search.run_order import INFRA_RETRIES, RUN_ORDERS, RankedOrder, RunState
 from stratagem.search.session import SearchSession
 from stratagem.spaces import Plan, load_scenario
 from stratagem.spaces.columns import PlanColumns
@@ -36,9 +37,10 @@ def _state(s: SearchSession, runs_left: int = 4, excluded: frozenset[str] = froz
                     unsupported=KnownConstants().unsupported)
 
 
-def test_refused_plans_are_skipped_and_the_rest_ranked(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", list(RUN_ORDERS))
+def test_refused_plans_are_skipped_and_the_rest_ranked(tmp_path: Path, policy: str) -> None:
     s = _session(tmp_path)
-    order = RankedOrder(candidates=PlanColumns.from_plans(PLANS))
+    order = RUN_ORDERS[policy](candidates=PlanColumns.from_plans(PLANS))
     picks = order.next_batch(_state(s), 10)
     keys = [plan_key(p) for p, _ in picks]
     assert sorted(keys) == sorted(plan_key(p) for p in PLANS if p.zero_stage != 3)
@@ -48,17 +50,19 @@ def test_refused_plans_are_skipped_and_the_rest_ranked(tmp_path: Path) -> None:
     assert keys[0] not in [plan_key(p) for p, _ in fewer]  # excluded plans are never proposed
 
 
-def test_a_lost_plan_runs_first(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", list(RUN_ORDERS))
+def test_a_lost_plan_runs_first(tmp_path: Path, policy: str) -> None:
     s = _session(tmp_path)
-    order = RankedOrder(candidates=PlanColumns.from_plans(PLANS))
+    order = RUN_ORDERS[policy](candidates=PlanColumns.from_plans(PLANS))
     last = order.next_batch(_state(s), 10)[-1][0]  # the ranking's last choice
     release(s.backend, claim(s.backend, s.study, s.space, last, "candidate"), "infra: node lost")
     assert plan_key(order.next_batch(_state(s), 1)[0][0]) == plan_key(last)
 
 
-def test_infra_failures_are_retried_a_bounded_number_of_times(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", list(RUN_ORDERS))
+def test_infra_failures_are_retried_a_bounded_number_of_times(tmp_path: Path, policy: str) -> None:
     s = _session(tmp_path)
-    order = RankedOrder(candidates=PlanColumns.from_plans(PLANS))
+    order = RUN_ORDERS[policy](candidates=PlanColumns.from_plans(PLANS))
     first = order.next_batch(_state(s), 1)[0][0]
     lost = Evaluation(plan=first, status="infra", reason="ActorUnavailableError", fidelity="measured")
     for _ in range(INFRA_RETRIES):
