@@ -56,6 +56,19 @@ def test_the_check_sees_commands_and_options() -> None:
     assert "stratagem search" not in missing_from_readme("stratagem search")
 
 
+def test_the_cluster_section_names_only_options_its_commands_take() -> None:
+    """Issue 36 item 5: "Overnight on a cluster" named --checkpoint-dir and --step-budget-s, which `search`
+    rejects. Each option it names is one of `stratagem search` or `status` (the commands it documents), or
+    of `ray job submit` in its example command."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("## Overnight on a cluster")
+    section = text[start:text.index("\n## ", start + 1)]
+    names = help_names()
+    taken = {*names["search"], *names["status"], "--address", "--working-dir"}  # the last two: ray job submit's
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", section))
+    assert named and not named - taken, f"options search and status do not take: {sorted(named - taken)}"
+
+
 def reference() -> str:
     """README's command reference: each command with its arguments, summary and options, from --help."""
     group = typer.main.get_command(app)

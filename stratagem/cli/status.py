@@ -88,8 +88,9 @@ def _render(out: Console, s: StudyStatus, counts: list[str], plans: int) -> None
     lines = [
         *counts,
         f"measured plans: {of_k}; {s.claimed} claimed now",
-        f"lost runs: {s.infra} infra failure(s), {s.signal_released} released by a signal, {s.expired} expired "
-        f"claim(s); retries: {s.retries_pending} pending, {s.retries_done} done",
+        f"lost runs: {s.infra} infra failure(s), {s.signal_released} released by a signal, {s.budget_released} "
+        f"stopped at a budget window's end, {s.expired} expired claim(s); retries: {s.retries_pending} pending, "
+        f"{s.retries_done} done",
         f"workers alive: {len(s.workers)}" + (f" ({', '.join(s.workers)})" if s.workers else ""),
         f"best measured: {s.best_measured or DASH}",
         f"best predicted: {s.best_predicted or DASH}",

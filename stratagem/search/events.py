@@ -37,7 +37,8 @@ class RunDone:
     plan: str
     """The plan's label (Plan.short())."""
     status: str
-    """ok, oom, timeout, failed, infeasible, infra (infra: released for a retry, not the plan's verdict)."""
+    """ok, oom, timeout, failed, infeasible, infra or stopped (infra: the cluster's fault; stopped: the budget
+    window ended; both released for a retry, not the plan's verdict)."""
     reason: str
     """The first line of why it did not end ok ('' when ok)."""
     remeasure: bool = False

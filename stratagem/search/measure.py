@@ -48,6 +48,7 @@ from stratagem.search.records import (
     trial_plan,
 )
 from stratagem.search.run_order import Pick, RunOrder, RunState, measured_trials
+from stratagem.search.status import BUDGET_RELEASE
 from stratagem.search.study import evaluation_trial, provenance
 
 if TYPE_CHECKING:
@@ -261,11 +262,13 @@ class Measurement:
         t.results += ev.status in RESULT_STATUSES
         if ev.status != "ok" and not t.first_failure and not (self._budget_hit and first == "stopped"):
             t.first_failure = f"{c.plan.short()}: {ev.status}: {first}"
+        if ev.status == "infra" and self._budget_hit and first == "stopped":  # the budget's end, not the cluster
+            t.stopped += 1
+            release(s.backend, c, BUDGET_RELEASE)
+            return RunDone(c.plan.short(), "stopped", BUDGET_RELEASE, c.role == "remeasured")
         if ev.status == "infra":
             t.infra += 1
-            budget_end = self._budget_hit and first == "stopped"
-            t.stopped += budget_end
-            release(s.backend, c, "budget window ended" if budget_end else f"infra: {ev.reason}")
+            release(s.backend, c, f"infra: {ev.reason}")
             return RunDone(c.plan.short(), ev.status, first, c.role == "remeasured")
         t.remeasured += c.role == "remeasured"
         if c.role == "remeasured" and ev.status == "ok":

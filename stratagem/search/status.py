@@ -37,6 +37,8 @@ WORKER_STALE_S = 4 * WORKER_BEAT_S
 """A heartbeat older than this is a worker gone (killed, cut off, or its storage unreachable)."""
 SIGNAL_RELEASE = "stopped by signal"
 """How claims.release words a release by SIGINT/SIGTERM (the reason's prefix)."""
+BUDGET_RELEASE = "budget window ended"
+"""How a run stopped at its --budget-minutes window's end is released (search.measure; not an infra failure)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class StudyStatus:
     """Measured runs the search was asked for (--real-runs; None: unknown, no worker recorded it)."""
     signal_released: int = 0
     """Runs released because their worker was stopped by SIGINT/SIGTERM (their plans are retried)."""
+    budget_released: int = 0
+    """Runs stopped at their budget window's end and released (their plans are retried in a later window)."""
     retries_pending: int = 0
     """Plans whose last run was lost (infra, signal, expired) and that nobody has measured or claimed since."""
     retries_done: int = 0
@@ -93,6 +97,7 @@ def _tokens(t: FrozenTrial) -> float:
 class _Lost:
     infra: int = 0
     signal: int = 0
+    budget: int = 0
     expired: int = 0
 
 
@@ -119,6 +124,7 @@ def _measured(trials: list[FrozenTrial]) -> tuple[dict[str, int], _Lost, int, in
             released = str(t.user_attrs.get(TrialKey.RELEASED, ""))
             lost.infra += released.startswith("infra")
             lost.signal += released.startswith(SIGNAL_RELEASE)
+            lost.budget += released.startswith(BUDGET_RELEASE)
             lost.expired += TrialKey.EXPIRED in t.user_attrs
             if released or TrialKey.EXPIRED in t.user_attrs:
                 lost_plans.add(key)
@@ -175,7 +181,8 @@ def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
                        best_measured=_best_measured(study),
                        best_predicted=_describe(max(predicted, key=_tokens) if predicted else None),
                        calibration_trend=trend, elapsed_s=elapsed, budget_left_s=left, k=max(ks) if ks else None,
-                       signal_released=lost.signal, retries_pending=pending, retries_done=done, finished=finished,
+                       signal_released=lost.signal, budget_released=lost.budget, retries_pending=pending,
+                       retries_done=done, finished=finished,
                        windows=[(w.minutes, w.spent_s(end), 0.0 if finished else w.left_s(now)) for w in windows])
 
 

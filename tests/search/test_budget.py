@@ -13,10 +13,11 @@ from standin import SCENARIO, KnownConstants
 from stratagem.errors import StratagemError
 from stratagem.search.budget import RUN_TIMEOUT_FLOOR_S, budget_windows, check_run_timeout, derived_timeout
 from stratagem.search.claims import live_claims
-from stratagem.search.events import Event, WindowOpened
+from stratagem.search.events import BatchDone, Event, WindowOpened
 from stratagem.search.records import StudyKey
 from stratagem.search.run_order import RankedOrder
 from stratagem.search.session import SearchSession
+from stratagem.search.status import study_status
 from stratagem.spaces import Plan, load_scenario
 from stratagem.spaces.columns import PlanColumns
 
@@ -70,6 +71,12 @@ def test_runs_in_flight_stop_at_the_windows_end_with_claims_released(tmp_path: P
     released = [t.user_attrs.get("released") for t in s.study.trials if t.user_attrs.get("fidelity") == "measured"]
     assert released == ["budget window ended"]
     assert "budget window is spent" in mf.ended and mf.stopped == 1 and not mf.nothing_measured
+    # issue 36 item 5: the budget's end is not the cluster's failure, and status counts the run as lost to it
+    runs = [r for e in events if isinstance(e, BatchDone) for r in e.runs]
+    assert [(r.status, r.reason) for r in runs] == [("stopped", "budget window ended")]
+    assert "infra" not in mf.statuses
+    st = study_status(s.study)
+    assert (st.budget_released, st.infra, st.retries_pending) == (1, 0, 1)
 
 
 def test_run_timeout_is_derived_with_a_floor_or_given() -> None:
