@@ -175,6 +175,7 @@ def _show(session: SearchSession, result: SearchResult, measured: MeasureResult 
     if measured is not None:
         view.print_measured(out, measured)
         result = measured.search
+        _write_learnt(session, setup.runs, out)
     out.print(f"calibration: {setup.calibration_label}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         print(view.result_json(result))
@@ -189,6 +190,20 @@ def _show(session: SearchSession, result: SearchResult, measured: MeasureResult 
         Console(stderr=True).print(f"error: nothing could be measured: {measured.nothing_measured}", markup=False,
                                    soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _write_learnt(session: SearchSession, runs: Path, out: Console) -> None:
+    """The study's calibration after its runs (what they taught) as a calibration file in the runs folder, for
+    `--calibration` on explain or a later search; nothing while no refit was adopted."""
+    from stratagem.evaluators.calibration_file import write_calibration
+
+    cf = session.calibration_file()
+    if cf is None:
+        return
+    runs.mkdir(parents=True, exist_ok=True)
+    path = write_calibration(runs / "calibration.yaml", cf)
+    out.print(f"calibration learnt: {path} (--calibration on explain or a later search)", markup=False,
+              soft_wrap=True)
 
 
 def _real_runs(session: SearchSession, runs: Path, k_r: tuple[int, int], ray_address: str | None,

@@ -43,6 +43,9 @@ class LogMultipliers(BaseModel):
     per-plan misfit)."""
     runs: int = Field(ge=0)
     """Measured runs the posterior was fitted on (0: the prior)."""
+    study: str = ""
+    """The study whose runs it was fitted on ('' when none): a search of the same study that starts from it fits
+    its runs from the device's prior again instead of counting them twice."""
 
     @model_validator(mode="after")
     def _shapes(self) -> LogMultipliers:

@@ -6,10 +6,15 @@ scenario, or `--calibration`): the fitted constants with their provenance and th
     provenance: {gpu_name, driver, torch, cuda, date, ...}
     errors: {step_error_before, step_error_after, peak_error_before, peak_error_after}
     runs: [{plan, world_size, status, measured_step_s, predicted_step_s_before, ...}]
+
+A search with real runs writes one too (`study_calibration_file`): the study's calibration in force (its refitted
+constants and the per-term multipliers its runs taught, Calibration.time_multipliers / memory_multipliers) with
+the runs behind it, so a rerun or `explain --calibration` predicts with what the runs taught.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import tempfile
@@ -20,14 +25,19 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+import stratagem
 from stratagem.errors import StratagemError
+from stratagem.evaluators.analytic import evaluate
 from stratagem.evaluators.calibration import Calibration, default_label
+from stratagem.evaluators.evaluation import Evaluation
+from stratagem.evaluators.timing import TIME_TERMS
 from stratagem.files import check_dir, check_owned, disk_error, is_ours, read_yaml, stamp
+from stratagem.spaces.plan import format_plan
 from stratagem.spaces.scenario import Scenario
 
 __all__ = ["FORMAT", "CalibrationRunRecord", "CalibrationProvenance", "CalibrationFile", "load_calibration",
            "write_calibration", "resolve_calibration", "DEFAULT_LABEL", "runs_dir", "check_calibration_output",
-           "check_device"]
+           "check_device", "study_calibration_file"]
 
 FORMAT = "stratagem-calibration/1"
 CALIBRATION_MAX_BYTES = 1 << 20
@@ -139,11 +149,17 @@ def load_calibration(path: str | Path) -> CalibrationFile:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise StratagemError(f"calibration ({p}): format is not {FORMAT}; write it with `stratagem calibrate`")
     try:
-        return CalibrationFile(**data)
+        cf = CalibrationFile(**data)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
         raise StratagemError(f"calibration ({p}): {loc}: {err['msg']}") from None
+    tm = cf.calibration.time_multipliers
+    unknown = [n for n in tm.names if n not in TIME_TERMS] if tm is not None else []
+    if unknown:
+        raise StratagemError(f"calibration ({p}): calibration.time_multipliers.names: {unknown} are not step-time "
+                             f"terms ({', '.join(TIME_TERMS)}); remove them")
+    return cf
 
 
 def runs_dir(path: str | Path) -> Path:
@@ -242,3 +258,40 @@ def resolve_calibration(scenario: Scenario, override: str | Path | None = None,
     if warning and warn is not None:
         warn(warning)
     return cf.calibration, cf.label(source)
+
+
+def _run_record(ev: Evaluation, gbs: int, cal_step: float | None, cal_peak: float | None) -> CalibrationRunRecord:
+    """One measured run of a study as a calibration run: measured figures, its prediction when run (before) and
+    with the study's calibration (after)."""
+    m, before = ev.measurements or {}, ev.prediction
+    return CalibrationRunRecord(
+        plan=format_plan(ev.plan), world_size=ev.plan.world_size, global_batch_size=gbs,
+        status=ev.status, reason=ev.reason.splitlines()[0] if ev.reason else "",
+        measured_step_s=float(m["step_s"]) if ev.status == "ok" and "step_s" in m else None,
+        measured_peak_gib=ev.memory.peak_gib if ev.status == "ok" and ev.memory is not None else None,
+        predicted_step_s_before=before.time.step_s if before is not None and before.time is not None else None,
+        predicted_peak_gib_before=before.memory.peak_gib if before is not None and before.memory is not None else None,
+        predicted_step_s_after=cal_step, predicted_peak_gib_after=cal_peak)
+
+
+def study_calibration_file(scenario: Scenario, calibration: Calibration, measured: list[Evaluation], study: str,
+                           errors: dict[str, float] | None = None) -> CalibrationFile:
+    """The calibration file of a search's study: `calibration` (the study's in force after its runs) with the
+    measured runs behind it, the versions the runs recorded, and the command that made them."""
+    prov = next((e.provenance for e in reversed(measured) if e.provenance and e.provenance.get("torch")), None) or {}
+    model, tr = scenario.model, scenario.training
+    after = [evaluate(scenario, e.plan, calibration) for e in measured]
+    records = [_run_record(e, tr.global_batch_size, a.time.step_s if a.time else None, a.memory.peak_gib if a.memory else None)
+               for e, a in zip(measured, after, strict=True)]
+    provenance = CalibrationProvenance(
+        gpu_name=scenario.cluster.gpu.name, gpu_preset=scenario.cluster.gpu.name,
+        gpu_memory_gib=scenario.cluster.gpu.hbm_gib, gpus=scenario.cluster.num_gpus,
+        driver=str(prov.get("driver") or "unknown"), torch=str(prov.get("torch") or "unknown"),
+        cuda=str(prov.get("cuda") or "none"), python=str(prov.get("python") or "unknown"),
+        stratagem=str(prov.get("stratagem_version") or stratagem.__version__),
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        model=f"{model.name} ({model.num_params():,} parameters)", sizing=f"the scenario's model (study {study})",
+        seq_len=tr.seq_len, steps=int((measured[-1].measurements or {}).get("steps") or 1) if measured else 1,
+        warmup=int((measured[-1].measurements or {}).get("warmup") or 0) if measured else 0,
+        command=str(prov.get("command") or f"stratagem search (study {study})"))
+    return CalibrationFile(calibration=calibration, provenance=provenance, errors=errors or {}, runs=records)

@@ -137,29 +137,35 @@ def _judge_memory(r: _Runs, prior: LogMultipliers) -> tuple[LogMultipliers, floa
             memory_error(r.now_peak[held], r.peak[held], r.now_oom[held_oom], r.bound))
 
 
+def _prior(given: LogMultipliers | None, device: LogMultipliers, study: str) -> LogMultipliers:
+    """The prior of a fit: the start calibration's posterior over every term, unless the same study's runs made it
+    (they would count twice): then the device's."""
+    return device if given is None or (study and given.study == study) else expand(given, device)
+
+
 def refit_multipliers(scenario: Scenario, measured: Sequence[Evaluation], base: Calibration, current: Calibration,
-                      run_noise_sd: float | None = None) -> MultiplierRefit:
-    """Fit the time and memory multipliers on `measured` with the prior from `base` and the constants of `current`
-    (the calibration in force after the constants' refit); keep each group only where its leave-one-out error
-    beats `current`'s (module docstring)."""
+                      run_noise_sd: float | None = None, study: str = "") -> MultiplierRefit:
+    """Fit the time and memory multipliers on `measured` (the runs of `study`) with the prior from `base` and the
+    constants of `current` (the calibration in force after the constants' refit); keep each group only where its
+    leave-one-out error beats `current`'s (module docstring)."""
     runs, ooms = usable_runs(measured), oom_runs(measured)
     r = _Runs(scenario, runs, ooms, current)
-    gpu = scenario.cluster.gpu.name
+    prior = prior_for(scenario.cluster.gpu.name)
     update: dict[str, LogMultipliers] = {}
     parts: list[str] = []
     step_loo = memory_loo = None
     if r.n >= 2:
-        post, step_loo, now = _judge_time(r, expand(base.time_multipliers, prior_for(gpu).time()), run_noise_sd)
+        post, step_loo, now = _judge_time(r, _prior(base.time_multipliers, prior.time(), study), run_noise_sd)
         if step_loo < now:
-            update["time_multipliers"] = post
+            update["time_multipliers"] = post.model_copy(update={"study": study})
         parts.append(f"term multipliers (time) {'adopted' if step_loo < now else 'refused'} "
                      f"(held-out error {step_loo:.0%} vs {now:.0%})")
     else:
         parts.append(f"term multipliers (time): {r.n} run(s), not judged before 2")
     if r.n + len(r.oom) >= 2:
-        post, memory_loo, now = _judge_memory(r, expand(base.memory_multipliers, prior_for(gpu).memory()))
+        post, memory_loo, now = _judge_memory(r, _prior(base.memory_multipliers, prior.memory(), study))
         if memory_loo < now:
-            update["memory_multipliers"] = post
+            update["memory_multipliers"] = post.model_copy(update={"study": study})
         parts.append(f"block multipliers (memory) {'adopted' if memory_loo < now else 'refused'} "
                      f"(held-out error {memory_loo:.0%} vs {now:.0%})")
     cal = current.model_copy(update=update)

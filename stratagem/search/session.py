@@ -27,13 +27,21 @@ import optuna
 from stratagem.errors import StratagemError
 from stratagem.evaluators import AnalyticEvaluator, Calibration, Evaluation, Evaluator, MeasuringEvaluator
 from stratagem.evaluators.calibration import default_calibration
+from stratagem.evaluators.calibration_file import CalibrationFile, study_calibration_file
 from stratagem.search.budget import Deadline, check_run_timeout, close_window, open_window
 from stratagem.search.calibrate import CalibrationStep, calibration_history, calibration_id
 from stratagem.search.counts import screening_attr
 from stratagem.search.events import Event, Listener, Notice, Phase, WindowOpened
 from stratagem.search.measure import Measurement, measured_runs
 from stratagem.search.noise import best_measured
-from stratagem.search.records import OBJECTIVES, StudyKey, front_trials, plan_key, trial_status
+from stratagem.search.records import (
+    OBJECTIVES,
+    StudyKey,
+    front_trials,
+    plan_key,
+    trial_evaluation,
+    trial_status,
+)
 from stratagem.search.run_order import (
     DEFAULT_RUN_ORDER,
     RUN_ORDERS,
@@ -283,6 +291,23 @@ class SearchSession:
             m.run()
         repredicted = m.finish()
         return self._measure_result(m, k, window_index, repredicted, time.perf_counter() - t0)
+
+    def calibration_file(self) -> CalibrationFile | None:
+        """The study's calibration in force after its real runs (refitted constants, per-term multipliers) with the
+        measured runs behind it, as a calibration file (evaluators.calibration_file.study_calibration_file); None
+        while no refit was adopted. Errors: the first refit's before, the latest's after."""
+        study = self.study  # opened outside the lock (opening takes it)
+        with self.lock():
+            stored = study.user_attrs.get(StudyKey.CALIBRATION)
+            history = calibration_history(study.user_attrs.get(StudyKey.CALIBRATION_HISTORY))
+            measured = [ev for t in measured_trials(study).values() if (ev := trial_evaluation(t)) is not None]
+        if stored is None or not any(h.adopted for h in history):
+            return None
+        errors = {"step_error_before": history[0].step_error_before, "step_error_after": history[-1].step_error_after,
+                  "peak_error_before": history[0].memory_error_before,
+                  "peak_error_after": history[-1].memory_error_after}
+        return study_calibration_file(self.scenario, Calibration.model_validate(stored), measured, self.study_name,
+                                      errors)
 
     def _begin_measure(self, budget_minutes: float | None, run_timeout_s: float | None, deadline: Deadline) -> int:
         """Name the metrics, record the run timeout, open or join the budget window. Returns its index (0: none)."""

@@ -63,3 +63,22 @@ def test_one_set_of_repredicted_trials_per_calibration(tmp_path: Path) -> None:
     assert marks == {history[-1].calibration_id}
     again = SearchSession(load_scenario(SCENARIO), url, "r", listener=lambda e: None)
     assert again.measure(4, KnownConstants(), RankedOrder(candidates=plans)).repredicted == 0
+
+
+def test_the_study_calibration_is_kept_in_a_file(tmp_path: Path) -> None:
+    """After runs whose refit was adopted, the session's calibration file holds the study's calibration in force
+    (constants and multipliers) and every measured run; loaded back it is the same calibration, so a rerun or
+    `explain --calibration` predicts with it. A session with nothing adopted has none."""
+    from stratagem.evaluators import Calibration
+    from stratagem.evaluators.calibration_file import load_calibration, write_calibration
+
+    plans = PlanColumns.from_plans([Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2),
+                                    Plan(dp=2, pp=2, zero_stage=2), Plan(dp=4, micro_batch_size=2)])
+    s = SearchSession(load_scenario(SCENARIO), f"sqlite:///{tmp_path / 'c.db'}", "c", listener=lambda e: None)
+    assert s.calibration_file() is None
+    s.measure(4, KnownConstants(), RankedOrder(candidates=plans))
+    cf = s.calibration_file()
+    assert cf is not None and len(cf.runs) == 4
+    assert cf.calibration == Calibration.model_validate(s.study.user_attrs[StudyKey.CALIBRATION])
+    back = load_calibration(write_calibration(tmp_path / "calibration.yaml", cf))
+    assert back.calibration == cf.calibration
