@@ -349,3 +349,31 @@ def test_calibrate_run_table_of_the_demo_is_in_mib() -> None:
     assert q.sig(first.measured_step_s) in cells
     err = first.predicted_step_s_after / first.measured_step_s - 1
     assert ("+" if err > 0 else "") + q.percent(err) in cells
+
+
+def test_explain_says_what_a_studys_runs_taught(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    """A calibration file a search wrote (its runs taught TP comm x1.4) makes explain predict with the multiplier
+    and say so under the calibration line; its JSON carries the same lines."""
+    import math
+
+    from stratagem.evaluators.calibration import LogMultipliers, default_calibration
+    from stratagem.evaluators.calibration_file import study_calibration_file, write_calibration
+    from stratagem.evaluators.priors import prior_for
+    from stratagem.evaluators.timing import TIME_TERMS
+    from stratagem.spaces import load_scenario
+
+    prior = prior_for("cpu").time()  # the other terms unmoved, as wide as the prior: nothing to say about them
+    tp = TIME_TERMS.index("tp_comm_s")
+    post = LogMultipliers(names=TIME_TERMS, mean=tuple(math.log(1.4) if t == "tp_comm_s" else 0.0 for t in TIME_TERMS),
+                          cov=tuple(tuple(0.01 if i == j == tp else v for j, v in enumerate(row))
+                                    for i, row in enumerate(prior.cov)), noise_sd=0.1, runs=5)
+    scn = load_scenario(DEMO)
+    cal = default_calibration("cpu").model_copy(update={"time_multipliers": post})
+    path = write_calibration(tmp_path / "calibration.yaml", study_calibration_file(scn, cal, [], "demo"))
+    code, out, err = run(monkeypatch, capsys, "explain", str(DEMO), "--calibration", str(path), "--plan", "dp=2,tp=2")
+    assert code == 0, err
+    assert "on this cluster: TP comm x1.41 +- 0.14 from 5 runs" in out, out
+    code, out, err = run(monkeypatch, capsys, "explain", str(DEMO), "--calibration", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["taught"] == ["on this cluster: TP comm x1.41 +- 0.14 from 5 runs"]

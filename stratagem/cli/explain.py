@@ -13,6 +13,7 @@ from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.cli.plans import Picked, TrialOpt, pick_plan
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Calibration, Evaluation, TimeBreakdown, evaluate
+from stratagem.evaluators.taught import taught_lines
 from stratagem.evaluators.zones import bottleneck_label, placement_words
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
 
@@ -147,14 +148,17 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = N
     if ev.status == "infeasible":
         raise StratagemError(ev.reason)
     advice = advise(scn, pl, ev, cal)
+    taught = taught_lines(cal, scn.cluster.gpu.name)  # what a study's runs taught per term (evaluators.taught)
     if as_json:
-        print(json.dumps({"evaluation": ev.model_dump(mode="json"), "calibration": cal_label,
+        print(json.dumps({"evaluation": ev.model_dump(mode="json"), "calibration": cal_label, "taught": taught,
                           "advice": [a.model_dump(mode="json") for a in advice]}, indent=2))
         return
     assert ev.time is not None and ev.throughput is not None and ev.zones is not None  # set for feasible plans
     tm, tp, zones = ev.time, ev.throughput, ev.zones
     console.print(_title(picked))
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
+    for line in taught:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(memory_table(ev))
     console.print(time_table(tm))
     groups = placement_words(scn, pl)  # where each parallel group sits (evaluators.zones.group_placement)

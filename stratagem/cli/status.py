@@ -96,6 +96,7 @@ def _render(out: Console, s: StudyStatus, counts: list[str], plans: int) -> None
         f"best predicted: {s.best_predicted or DASH}",
         "calibration (measured: step-time / peak-memory median error): "
         + (", ".join(f"{n}: {percent(t)}/{percent(m)}" for n, t, m in s.calibration_trend[-6:]) or DASH),
+        *s.taught,  # what the runs taught per term and block (evaluators.taught)
         f"real runs{ended}: {_minutes(s.elapsed_s)} spent, {_minutes(s.budget_left_s)} left of the budget",
         *(f"budget window {i} of {len(s.windows)} ({m:g} min): {_minutes(spent)} spent, {_minutes(left)} left"
           for i, (m, spent, left) in enumerate(s.windows, 1)),

@@ -292,7 +292,7 @@ def render_html(info: ParetoInfo, capacity: CapacityInfo | None = None) -> str:
     body = f"""
 <h1>{_e(title)}</h1>
 <p class="note">Study <code>{_e(info.study_name)}</code>, scenario hash {_e(info.scenario_hash)}.
-Calibration: {_e(info.calibration or "published defaults")}.</p>
+Calibration: {_e(info.calibration or "published defaults")}.{"".join("<br>" + _e(t) for t in info.taught)}</p>
 <nav><a href="#pareto">Pareto plots</a><a href="#front">Front</a><a href="#cards">Plans</a><a href="#runs">Real runs</a><a href="#explore">Explorer</a><a href="#capacity">Capacity</a></nav>
 <h2 id="scenario">Scenario</h2>
 {_scenario_table(s)}

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from pydantic import ValidationError
 
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
+from stratagem.evaluators.taught import taught_lines
 from stratagem.quantities import memory
 from stratagem.reports.advice import AdviceView, advice_for, study_calibration
 from stratagem.search.calibrate import CalibrationStep, calibration_history
@@ -146,6 +147,8 @@ class ParetoInfo:
     `stratagem calibrate` file) and whether real runs refitted it."""
     history: tuple[CalibrationStep, ...] = ()
     """One entry per refit of the calibration on the real runs (study attribute "calibration_history")."""
+    taught: tuple[str, ...] = ()
+    """What the runs taught per term and block (evaluators.taught.taught_lines of the study's calibration)."""
     counts: StudyCounts | None = None
     """The study's counts by the one counting rule (`search.counts.study_counts`), as search and status print
     them (None: read from no study)."""
@@ -343,6 +346,7 @@ def pareto_info(
         calibration=_calibration_text(attrs), not_run=_not_run_lines(attrs),
         best_measured=top.note if top else "", best_measured_trial=top.trial.number if top else None,
         history=tuple(calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))), counts=study_counts(study),
+        taught=tuple(taught_lines(calibration, scn.cluster.gpu.name)),
     )
 
 

@@ -160,7 +160,10 @@ def render_markdown(info: ParetoInfo, capacity: CapacityInfo | None = None) -> s
     out = [f"# stratagem: {_md(info.scenario.name)}", "",
            f"Study `{_md(info.study_name)}`, scenario hash {_md(info.scenario_hash)}, "
            f"stratagem {_md(info.stratagem_version or 'unknown')}.", "",
-           f"Calibration: {_md(info.calibration or 'published defaults')}.", "", "## Scenario", ""]
+           f"Calibration: {_md(info.calibration or 'published defaults')}.", ""]
+    if info.taught:  # what the runs taught per term and block (evaluators.taught)
+        out += [f"- {_md(line)}" for line in info.taught] + [""]
+    out += ["## Scenario", ""]
     out += _scenario(info.scenario) + [""]
     out += ["## Counts", ""] + [f"- {_md(line)}" for line in count_lines_of(info)] + [""]
     if info.not_run:

@@ -271,6 +271,7 @@ def measured_lines(mf: MeasureResult) -> list[str]:
             + (f"; last refit: {last.note}" if last.note else "")
             + " ('pred': the calibration the search started from; 'calibrated': the one in force; the front uses "
               "measured figures where they exist and the latest calibration's predictions elsewhere)")
+    lines += mf.taught  # what the runs taught per term and block (evaluators.taught)
     if mf.best_note:
         lines.append(mf.best_note)
     return lines

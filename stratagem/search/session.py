@@ -28,6 +28,7 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators import AnalyticEvaluator, Calibration, Evaluation, Evaluator, MeasuringEvaluator
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.evaluators.calibration_file import CalibrationFile, study_calibration_file
+from stratagem.evaluators.taught import taught_lines
 from stratagem.search.budget import Deadline, check_run_timeout, close_window, open_window
 from stratagem.search.calibrate import CalibrationStep, calibration_history, calibration_id
 from stratagem.search.counts import screening_attr
@@ -115,6 +116,8 @@ class MeasureResult:
     """Re-measurement runs this call spent (at most its --remeasure)."""
     stopped: int = 0
     """Runs of this call stopped at the budget window's end (released for a later window)."""
+    taught: tuple[str, ...] = ()
+    """What the runs taught per term and block (evaluators.taught.taught_lines of `calibration`)."""
 
     @property
     def nothing_measured(self) -> str:
@@ -355,7 +358,7 @@ class SearchSession:
             ok_runs=m.tally.ok, results=m.tally.results, first_failure=m.tally.first_failure,
             traced_out=len(m.traced_out), traced_out_example=next(iter(m.traced_out.values()), ""),
             ended=m.tally.ended, best_note=note, repredicted=repredicted,
-            stopped=m.tally.stopped)
+            stopped=m.tally.stopped, taught=tuple(taught_lines(m.calibration, self.scenario.cluster.gpu.name)))
 
 
 def _check_measure(k: int, evaluator: MeasuringEvaluator, n_trials: int | None, timeout: float | None,

@@ -22,6 +22,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from stratagem.errors import StratagemError
+from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.taught import taught_lines
 from stratagem.search.budget import budget_windows
 from stratagem.search.calibrate import calibration_history
 from stratagem.search.claims import live_claims
@@ -65,6 +67,8 @@ class StudyStatus:
     """The predicted front's highest tokens/s plan ('' when none)."""
     calibration_trend: list[tuple[int, float, float]] = field(default_factory=list)
     """Per batch: (measured trials, median step-time error, median peak-memory error) after refitting."""
+    taught: list[str] = field(default_factory=list)
+    """What the runs taught per term and block (evaluators.taught.taught_lines of the study's calibration)."""
     elapsed_s: float | None = None
     """Seconds since the real-run phase started, up to its end once no worker is alive (None: not started)."""
     budget_left_s: float | None = None
@@ -180,10 +184,19 @@ def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
                        infra=lost.infra, expired=lost.expired, workers=sorted(alive),
                        best_measured=_best_measured(study),
                        best_predicted=_describe(max(predicted, key=_tokens) if predicted else None),
-                       calibration_trend=trend, elapsed_s=elapsed, budget_left_s=left, k=max(ks) if ks else None,
+                       calibration_trend=trend, taught=_taught(attrs), elapsed_s=elapsed, budget_left_s=left, k=max(ks) if ks else None,
                        signal_released=lost.signal, budget_released=lost.budget, retries_pending=pending,
                        retries_done=done, finished=finished,
                        windows=[(w.minutes, w.spent_s(end), 0.0 if finished else w.left_s(now)) for w in windows])
+
+
+def _taught(attrs: dict[str, Any]) -> list[str]:
+    """taught_lines of the study's calibration in force on its scenario's device (none before a refit)."""
+    stored = attrs.get(StudyKey.CALIBRATION)
+    if not stored:
+        return []
+    device = ((attrs.get(StudyKey.SCENARIO) or {}).get("cluster") or {}).get("gpu") or {}
+    return taught_lines(Calibration.model_validate(stored), str(device.get("name", "")))
 
 
 def _best_measured(study: optuna.Study) -> str:

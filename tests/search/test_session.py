@@ -82,3 +82,31 @@ def test_the_study_calibration_is_kept_in_a_file(tmp_path: Path) -> None:
     assert cf.calibration == Calibration.model_validate(s.study.user_attrs[StudyKey.CALIBRATION])
     back = load_calibration(write_calibration(tmp_path / "calibration.yaml", cf))
     assert back.calibration == cf.calibration
+
+
+def test_status_and_reports_say_what_the_runs_taught(tmp_path: Path) -> None:
+    """A study whose calibration in force carries multipliers that moved: `status` and both reports print the same
+    lines as `explain` (evaluators.taught.taught_lines), under the calibration line."""
+    import math
+
+    from stratagem.evaluators.calibration import default_calibration
+    from stratagem.evaluators.priors import prior_for
+    from stratagem.evaluators.taught import taught_lines
+    from stratagem.evaluators.timing import TIME_TERMS
+    from stratagem.reports import pareto_info, render_html, render_markdown
+    from stratagem.search.status import study_status
+
+    s = SearchSession(load_scenario(SCENARIO), f"sqlite:///{tmp_path / 't.db'}", "t", listener=lambda e: None)
+    s.screen()
+    s.store()
+    prior = prior_for("cpu").time()
+    post = prior.model_copy(update={"mean": tuple(math.log(2.0) if t == "tp_comm_s" else 0.0 for t in TIME_TERMS),
+                                    "runs": 5})
+    cal = default_calibration("cpu").model_copy(update={"time_multipliers": post})
+    s.study.set_user_attr(StudyKey.CALIBRATION, cal.model_dump(mode="json"))
+    lines = taught_lines(cal, "cpu")
+    assert len(lines) == 1 and lines[0].startswith("on this cluster: TP comm x")
+    assert study_status(s.study).taught == lines
+    info = pareto_info(s.study)
+    assert info.taught == tuple(lines)
+    assert f"- {lines[0]}" in render_markdown(info) and lines[0] in render_html(info)
