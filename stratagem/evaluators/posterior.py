@@ -24,15 +24,15 @@ from numpy.typing import NDArray
 from stratagem.evaluators.calibration import Calibration, LogMultipliers, default_calibration
 from stratagem.evaluators.evaluation import BLOCKS
 from stratagem.evaluators.figures import PlanFigures
-from stratagem.evaluators.memory import memory_columns
+from stratagem.evaluators.memory import memory_columns, rank_memory_columns
 from stratagem.evaluators.priors import prior_for
 from stratagem.evaluators.timing import TIME_TERMS, term_seconds, time_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
 
-__all__ = ["LogNormalColumns", "Predictive", "predictive", "predictive_from_figures", "time_posterior",
-           "memory_posterior", "expand"]
+__all__ = ["LogNormalColumns", "Predictive", "predictive", "predictive_from_figures", "PredictiveBasis",
+           "predictive_basis", "time_posterior", "memory_posterior", "expand"]
 
 Array = NDArray[np.float64]
 
@@ -82,7 +82,8 @@ def expand(given: LogMultipliers | None, prior: LogMultipliers) -> LogMultiplier
     cov = tuple(tuple(given.cov[index[a]][index[b]] if a in index and b in index else
                       (prior.cov[i][j] if a not in index and b not in index else 0.0)
                       for j, b in enumerate(prior.names)) for i, a in enumerate(prior.names))
-    return LogMultipliers(names=prior.names, mean=mean, cov=cov, noise_sd=given.noise_sd, runs=given.runs)
+    return LogMultipliers(names=prior.names, mean=mean, cov=cov, noise_sd=given.noise_sd, runs=given.runs,
+                          study=given.study)
 
 
 def time_posterior(cal: Calibration, gpu_name: str) -> LogMultipliers:
@@ -134,3 +135,62 @@ def predictive_from_figures(scn: Scenario, figs: PlanFigures, cal: Calibration |
     cal = cal or default_calibration(scn.cluster.gpu.name)
     names = (*TIME_TERMS, "exposed_comm_s", "step_s", "peak_gib", *(f"{b}_gib" for b in BLOCKS))
     return _from_columns(scn, {n: getattr(figs, n) for n in names}, cal)
+
+
+def _constants(cal: Calibration) -> Calibration:
+    """The calibration without its multipliers (what the formulas' terms depend on)."""
+    return cal.model_copy(update={"time_multipliers": None, "memory_multipliers": None})
+
+
+@dataclass(frozen=True)
+class PredictiveBasis:
+    """The formulas' part of `predictive` for a set of plans at one calibration's constants: each plan's step-time
+    terms and both end stages' memory blocks without multipliers. A new posterior of the multipliers (what the
+    loop's refit adopts) then gives the plans' Predictive by `at` in a few array operations, without the model."""
+
+    constants: Calibration
+    """The calibration (without multipliers) the terms were computed with."""
+    gpu_name: str
+    """The device (its prior where a calibration has no multipliers)."""
+    tokens_per_step: float
+    """global batch x sequence length."""
+    terms: Array
+    """(N, len(TIME_TERMS)) seconds per step by term (timing.term_seconds)."""
+    first: Array
+    """(N, len(BLOCKS)) bytes of a rank of the first pipeline stage by block."""
+    last: Array
+    """(N, len(BLOCKS)) bytes of a rank of the last pipeline stage by block."""
+
+    def at(self, cal: Calibration) -> Predictive:
+        """The Predictive under `cal`, whose constants must be the basis's (ValueError otherwise): terms and blocks
+        times the multipliers at the posterior mean, the worst stage as memory_columns picks it."""
+        if _constants(cal) != self.constants:
+            raise ValueError("the calibration's constants differ from the basis's: compute a new predictive_basis")
+        t_post, m_post = time_posterior(cal, self.gpu_name), memory_posterior(cal, self.gpu_name)
+        terms = self.terms * _factors(cal.time_multipliers, TIME_TERMS)
+        step = terms.sum(axis=1)
+        f = _factors(cal.memory_multipliers, BLOCKS)
+        first, last = self.first * f, self.last * f
+        worst = np.where((last.sum(axis=1) > first.sum(axis=1))[:, None], last, first)
+        peak = worst.sum(axis=1)
+        return Predictive(
+            log_tokens=_columns(-terms / step[:, None], np.log(self.tokens_per_step / step), t_post),
+            log_peak=_columns(worst / peak[:, None], np.log(peak / GIB), m_post),
+        )
+
+
+def _factors(post: LogMultipliers | None, names: tuple[str, ...]) -> Array:
+    """(K,) multipliers at the posterior mean in `names` order (1 where none)."""
+    f = post.factors() if post is not None else {}
+    return np.array([f.get(n, 1.0) for n in names], dtype=np.float64)
+
+
+def predictive_basis(scn: Scenario, pc: PlanColumns, cal: Calibration | None = None) -> PredictiveBasis:
+    """The formulas' terms of `predictive` for these plans at `cal`'s constants (None: the device's defaults)."""
+    constants = _constants(cal or default_calibration(scn.cluster.gpu.name))
+    stages = [rank_memory_columns(scn, pc, constants, stage) for stage in ("first", "last")]
+    first, last = (np.stack([m[b] for b in BLOCKS], axis=1) for m in stages)
+    tr = scn.training
+    return PredictiveBasis(constants=constants, gpu_name=scn.cluster.gpu.name,
+                           tokens_per_step=float(tr.global_batch_size * tr.seq_len),
+                           terms=term_seconds(time_columns(scn, pc, constants)), first=first, last=last)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from stratagem.evaluators import evaluate_many
 from stratagem.evaluators.calibration import Calibration, LogMultipliers, default_calibration
 from stratagem.evaluators.evaluation import BLOCKS
-from stratagem.evaluators.posterior import expand, predictive, predictive_from_figures
+from stratagem.evaluators.posterior import expand, predictive, predictive_basis, predictive_from_figures
 from stratagem.evaluators.posterior_fit import fit_multipliers, log_phi, mills
 from stratagem.evaluators.priors import prior_for
 from stratagem.evaluators.timing import TIME_TERMS, term_seconds, time_columns
@@ -218,3 +218,23 @@ def test_normal_tail_functions() -> None:
     lam = mills(z)
     assert lam[2] == pytest.approx(lam[3], rel=1e-3) and lam[0] == pytest.approx(40.0, rel=1e-3)
     assert mills(np.array([0.0]))[0] == pytest.approx(math.sqrt(2 / math.pi))
+
+
+@pytest.mark.parametrize("name", ["demo-cpu", "mixtral-8x7b-64xh200"])
+def test_a_basis_gives_the_predictive_of_any_posterior_without_the_model(name: str) -> None:
+    """predictive_basis keeps the formulas' terms; `at` a calibration with moved multipliers (activations x2 can
+    change which stage is the worst) it is predictive's distribution; other constants are refused."""
+    scn, pc = _space(name)
+    cal = default_calibration(scn.cluster.gpu.name)
+    basis = predictive_basis(scn, pc, cal)
+    moved = cal.model_copy(update={"time_multipliers": multipliers(TIME_TERMS, tp_comm_s=0.4, compute_s=-0.2),
+                                   "memory_multipliers": multipliers(BLOCKS, activations=np.log(2.0))})
+    for c in (cal, moved):
+        want, got = predictive(scn, pc, c), basis.at(c)
+        for a, b in ((want.log_tokens, got.log_tokens), (want.log_peak, got.log_peak)):
+            np.testing.assert_allclose(b.mean, a.mean, rtol=1e-12)
+            np.testing.assert_allclose(b.shares, a.shares, atol=1e-12)
+            np.testing.assert_array_equal(b.cov, a.cov)
+            assert b.noise_sd == a.noise_sd
+    with pytest.raises(ValueError, match="constants differ"):
+        basis.at(cal.model_copy(update={"fragmentation": 0.5}))
