@@ -47,6 +47,7 @@ from stratagem.evaluators.spread import spread_of_samples
 from stratagem.launch.harness._faults import injected_fault
 from stratagem.launch.harness.budget import StepBudget, timed_steps
 from stratagem.launch.harness.cli import cli, main
+from stratagem.launch.harness.collective_timeout import SETUP_TIMEOUT_S, set_timeout, tighten
 from stratagem.launch.harness.result import HarnessResult
 from stratagem.launch.harness.support import DEFAULT_LR, unsupported
 from stratagem.quantities import memory_in, memory_unit
@@ -65,7 +66,6 @@ __all__ = ["validate_plan", "run_plan", "run_harness", "main", "cli", "GIB", "un
 # Our model never modifies a module's output in place, which is what this FSDP2 warning is about.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
-PG_TIMEOUT_S = float(os.environ.get("STRATAGEM_PG_TIMEOUT_S", "300"))
 EXIT_FAULTS: list[str] = []
 """Faults injected at the process's exit, after the result was written (_faults): "abort" (cli reads it)."""
 
@@ -246,6 +246,9 @@ def _train(job: Job, plan: Plan, device: torch.device, steps: int | None, warmup
         if total is None and step == warmup and budget is not None:
             # the fastest warm-up step (step 0 allocates, the last is traced), slowest rank: one N for all
             total = warmup + timed_steps(budget, _max_over_ranks(min(rec.times)))
+        if step == max(warmup, 1) and world > 1:  # warmed up: a lost peer is seen within seconds
+            tighten(rec.times)
+    set_timeout(SETUP_TIMEOUT_S)
     if device.type == "cuda":
         rec.memory = {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
                       "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
@@ -363,7 +366,7 @@ def run_harness(scenario: Scenario | str | Path, plan: Plan | str, steps: int | 
     own_group = world > 1 and not dist.is_initialized()
     if own_group:
         device, backend = pick_device()
-        dist.init_process_group(backend, timeout=timedelta(seconds=PG_TIMEOUT_S),
+        dist.init_process_group(backend, timeout=timedelta(seconds=SETUP_TIMEOUT_S),
                                 device_id=device if device.type == "cuda" else None)
     finished = False
     try:

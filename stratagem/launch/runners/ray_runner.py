@@ -15,8 +15,9 @@ rank's own GPU (as under torchrun) and NCCL sees its node peers.
 Failures become statuses, never exceptions: `oom` (a rank printed "OOM:", CUDA OOM or the memory cap),
 `failed` (a rank exited non-zero: the last lines of its log; but a rank that exits non-zero after rank 0
 wrote the result is `ok` with the fault named in the reason and the result's `exit_fault`), `timeout` (no result within timeout_s of the
-ranks starting: all ranks killed), `infra` (the cluster's fault, not the plan's: an actor or node lost, a Ray
-system error, the bundles not schedulable within resource_wait_s, the runner stopped, or a rank's "INFRA:"
+ranks starting: all ranks killed), `infra` (the cluster's fault, not the plan's: an actor or node lost - the
+other ranks are killed as soon as the driver sees it, not at the timeout; on their own they leave on the harness's
+collective timeout, harness/collective_timeout.py - a Ray system error, the bundles not schedulable within resource_wait_s, the runner stopped, or a rank's "INFRA:"
 line: its timed checkpoint could not be written or read on its node). On a cluster it
 joined, a plan wider than the cluster's slots now waits up to resource_wait_s for nodes to join (a lost node
 restarted or replaced) before it is `infra`.
@@ -51,6 +52,7 @@ from typing import Any
 
 from stratagem import procfs
 from stratagem.launch.harness.budget import StepBudget
+from stratagem.launch.runners.ray_actors import collect, end_actors, first_line, lost
 from stratagem.launch.runners.ray_outcome import (
     RunResult,
     classify,
@@ -84,9 +86,6 @@ START_ATTEMPTS = 2
 """Tries to start a local Ray session (Ray's raylet registration window is a fixed 30 s)."""
 LOG_STREAM_S = 3.0
 """How often the driver pulls the ranks' new log lines into the run folder while they run."""
-END_WAIT_S = 2.0
-"""How long ending a run's actors waits for their ranks' cleanup: within `ray job stop`'s 3 s between its SIGTERM
-and its SIGKILL of the driver (ray dashboard/modules/job/job_supervisor.py, DEFAULT_RAY_JOB_STOP_WAIT_TIME_S)."""
 
 
 class RayRunner:
@@ -174,7 +173,7 @@ class RayRunner:
             return self._run_ranks(trial, pg, actors, timeout_s)
         except Exception as e:
             if type(e).__module__.startswith("ray"):  # actor died, node lost, GetTimeoutError: the cluster's
-                return trial.result("infra", _first_line(e))
+                return trial.result("infra", first_line(e))
             raise
         finally:
             self._release(actors, pg)
@@ -207,10 +206,13 @@ class RayRunner:
         refs = self._launch(actors, trial)
         ranks_started = time.perf_counter()
         finished = self._wait(refs, timeout_s, all_of=True, stream=(actors, trial.log_dir))
-        if not finished:
-            for a in actors:  # kill the ranks; each run() then returns its log
-                a.kill.remote()
-        outcomes = _collect(refs, trial.log_dir)
+        if not finished:  # timed out, stopped, or a rank's actor lost: the other ranks are killed now
+            for a in actors:  # each run() then returns its log
+                try:
+                    a.kill.remote()
+                except Exception:  # noqa: BLE001 - the lost actor itself: nothing to kill
+                    pass
+        outcomes = collect(refs, trial.log_dir)
         return self._verdict(trial, outcomes, finished, timeout_s, ranks_started)
 
     def _start_actors(self, pg: Any, world: int) -> list[Any]:
@@ -250,12 +252,12 @@ class RayRunner:
         return classify(outcomes, str(trial.log_dir), trial.command, time.perf_counter() - trial.start)
 
     def _release(self, actors: list[Any], pg: Any) -> None:
-        """The run is no longer in flight: end its rank actors (_end_actors), free its bundles."""
+        """The run is no longer in flight: end its rank actors (ray_actors.end_actors), free its bundles."""
         from ray.util.placement_group import remove_placement_group
 
         with self._lock:
             self._inflight.pop(id(actors), None)
-        _end_actors(actors)
+        end_actors(actors)
         remove_placement_group(pg)
 
     def _wait_for_slots(self, world: int) -> bool:
@@ -280,6 +282,7 @@ class RayRunner:
         deadline = time.monotonic() + timeout_s
         offsets = [0] * (len(stream[0]) if stream else 0)
         next_pull = time.monotonic() + LOG_STREAM_S
+        seen: set[Any] = set()
         while not self._stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -287,6 +290,9 @@ class RayRunner:
             ready, _ = ray.wait(refs, num_returns=len(refs) if all_of else 1, timeout=min(0.5, left))
             if len(ready) == (len(refs) if all_of else 1):
                 return True
+            if all_of and lost([r for r in ready if r not in seen]):
+                return False  # a rank's actor is gone (its node lost): its peers would wait for the timeout
+            seen.update(ready)
             if stream and time.monotonic() >= next_pull:
                 next_pull = time.monotonic() + LOG_STREAM_S
                 actors, folder = stream
@@ -309,7 +315,7 @@ class RayRunner:
         self._stop.set()
         with self._lock:
             groups = list(self._inflight.values())
-        _end_actors([a for actors in groups for a in actors])
+        end_actors([a for actors in groups for a in actors])
         return len(groups)
 
     def run_many(self, jobs: Sequence[tuple[Scenario, Plan, str]], **kwargs: Any) -> list[RunResult]:
@@ -378,47 +384,3 @@ def quiet_driver_errors() -> bool:
     one_line.stratagem_quiet = True  # type: ignore[attr-defined]
     ray_worker.print_to_stdstream = one_line
     return True
-
-
-def _collect(refs: list[Any], log_dir: Path) -> list[dict[str, Any]]:
-    """Each rank's outcome (code, log, result; a lost actor: code None and `lost`, its first line), each log
-    written to rank<i>.log (replacing the streamed one) and rank 0's result to result.json."""
-    import ray
-
-    outcomes = []
-    for rank, ref in enumerate(refs):
-        try:
-            outcomes.append(ray.get(ref, timeout=30))
-        except Exception as e:  # noqa: BLE001 - a rank's actor lost: recorded, classified by _verdict
-            outcomes.append({"code": None, "log": "", "result": None, "lost": _first_line(e)})
-        (log_dir / f"rank{rank}.log").write_text(outcomes[-1]["log"])
-    if outcomes[0].get("result"):
-        (log_dir / "result.json").write_text(outcomes[0]["result"])
-    return outcomes
-
-
-def _end_actors(actors: list[Any]) -> None:
-    """Kill the ranks of `actors` and wait up to END_WAIT_S for their runs to end (each removes its work dir in
-    its `finally`), then kill the actors: ray.kill ends an actor at once, without that `finally` (what `ray job
-    stop` left behind: a rank dir per rank). A dead actor is skipped."""
-    import ray
-
-    refs = []
-    for a in actors:
-        try:
-            refs.append(a.kill.remote(END_WAIT_S))
-        except Exception:  # noqa: BLE001 - an actor already gone: nothing to end
-            pass
-    if refs:
-        ray.wait(refs, num_returns=len(refs), timeout=END_WAIT_S)
-    for a in actors:
-        try:
-            ray.kill(a, no_restart=True)
-        except Exception:  # noqa: BLE001 - cleanup must go on for the other actors (a dead one raises)
-            pass
-
-
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}".splitlines()[0]
-
-
