@@ -1,5 +1,6 @@
 """The real-run loop's own cost per run, apart from the run: the calibration refit after a batch
-(search/calibrate.py refit_step on --runs measured runs of a measured table, as search/measure.py calls it) plus
+(search/calibrate.py refit_step, then search/multiplier_refit.py refit_multipliers, on --runs measured runs of a
+measured table, as search/measure.py calls them) plus
 the run order's choice of the next plan among every plan of a large space (examples/mixtral-8x7b-64xh200.yaml:
 257,820 valid plans, the default; the run order screens them with the calibration in force and ranks them), for
 each run order of search.run_order.RUN_ORDERS ("ranked": before, "expected_improvement": after). Each figure is
@@ -34,6 +35,7 @@ from stratagem.evaluators import Evaluation  # noqa: E402
 from stratagem.evaluators.calibration import default_calibration  # noqa: E402
 from stratagem.evaluators.table import TableEvaluator, load_table  # noqa: E402
 from stratagem.search.calibrate import refit_step  # noqa: E402
+from stratagem.search.multiplier_refit import refit_multipliers  # noqa: E402
 from stratagem.search.records import DIRECTIONS  # noqa: E402
 from stratagem.search.run_order import RUN_ORDERS, RunState  # noqa: E402
 from stratagem.spaces import Scenario, load_scenario  # noqa: E402
@@ -72,7 +74,11 @@ def main() -> None:
 
     table_scn, runs = measured_runs(Path(args.table), args.runs)
     base = default_calibration(table_scn.cluster.gpu.name)
-    refit_s = best_of(args.repeat, lambda: refit_step(table_scn, runs, base, base))
+    # as search/measure.py Measurement._refit: the constants, then the per-term multipliers at the constants in force
+    constants = refit_step(table_scn, runs, base, base).calibration
+    refit_parts = (best_of(args.repeat, lambda: refit_step(table_scn, runs, base, base)),
+                   best_of(args.repeat, lambda: refit_multipliers(table_scn, runs, base, constants)))
+    refit_s = sum(refit_parts)
 
     scn = load_scenario(args.scenario)
     space = SearchSpace(scn)
@@ -90,14 +96,15 @@ def main() -> None:
         first[name] = order.next_batch(state, args.batch)[0][0].short()
         kept_s[name] = best_of(args.repeat, lambda o=order: o.next_batch(state, args.batch))
 
-    print(f"refit: search/calibrate.py refit_step on {len(runs)} measured runs of {Path(args.table).name} "
-          f"({sum(r.status == 'ok' for r in runs)} ok, {sum(r.status == 'oom' for r in runs)} OOM); best of {args.repeat}: {refit_s:.3f} s")
+    print(f"refit: search/calibrate.py refit_step + search/multiplier_refit.py refit_multipliers on {len(runs)} measured runs of {Path(args.table).name} "
+          f"({sum(r.status == 'ok' for r in runs)} ok, {sum(r.status == 'oom' for r in runs)} OOM); best of {args.repeat}: "
+          f"{refit_s:.3f} s ({refit_parts[0]:.3f} + {refit_parts[1]:.3f} s)")
     print(f"ranking: {scn.name}, {space.count():,} valid plans, {args.batch} plan(s) a batch, screened with the "
           "calibration in force each batch (as the loop does)")
     for name in RUN_ORDERS:
         print(f"  {name}: {rank_s[name]:.3f} s after an adopted refit, {kept_s[name]:.3f} s with the calibration "
               f"unchanged (first pick {first[name]})")
-    print(f"python {platform.python_version()}, numpy {np.__version__}, optuna {optuna.__version__}, "
+    print(f"load average {os.getloadavg()[0]:.1f} (1 min); python {platform.python_version()}, numpy {np.__version__}, optuna {optuna.__version__}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), numpy on 1 thread")
     figures = ", ".join(f"{name} {(refit_s + rank_s[name]) / args.batch:.2f} s" for name in RUN_ORDERS)
     print(f"loop overhead per run (refit + ranking after an adopted refit, target < 2 s): {figures}")

@@ -46,6 +46,10 @@ def search_cmd(
                                            "best plan and those within its noise (0: never run a plan "
                                            "twice).")] = 2,  # search.session.DEFAULT_REMEASURE, not
     # imported here: the CLI imports the search package only when a command runs (tests/search/test_run_noise.py checks them equal)
+    run_order: Annotated[str | None, typer.Option("--run-order", help="Which plan a real run measures next: "
+                                                  "expected_improvement (default: the expected gain over the best "
+                                                  "measured, times the chance to fit) or ranked (the fastest "
+                                                  "predicted that may fit).")] = None,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Join a running Ray cluster "
                                                     "('auto'); default: start a local one.")] = None,
     budget_minutes: Annotated[float | None, typer.Option(
@@ -75,6 +79,7 @@ def search_cmd(
 
     # Everything a user can get wrong is checked here, before screening, Ray or any file is touched.
     _check_limits(timeout, budget_minutes, run_timeout)
+    _check_run_order(run_order)
     setup = _setup(scenario, storage, study, sampler, calibration, runs_dir, report, no_report)
     out = Console(stderr=True) if as_json else console
     with view.EventPrinter(out, progress=not as_json) as printer:
@@ -85,8 +90,16 @@ def search_cmd(
         if traced:  # the traced fidelity (stratagem/search/traced.py): refits logits_bytes, re-screens
             result = _traced(session, traced, out)
         measured = _real_runs(session, setup.runs, (real_runs, remeasure), ray_address, steps, budget_minutes,
-                              run_timeout, n_trials, timeout, out) if real_runs else None
+                              run_timeout, n_trials, timeout, out, run_order) if real_runs else None
     _show(session, result, measured, setup, out, as_json, top)
+
+
+def _check_run_order(name: str | None) -> None:
+    """--run-order names a policy of search.run_order.RUN_ORDERS."""
+    from stratagem.search.run_order import RUN_ORDERS
+
+    if name is not None and name not in RUN_ORDERS:
+        raise StratagemError(f"--run-order ({name}): not a run order; choose one of {', '.join(RUN_ORDERS)}")
 
 
 def _check_limits(timeout: float | None, budget_minutes: float | None, run_timeout: float | None) -> None:
@@ -209,12 +222,13 @@ def _write_learnt(session: SearchSession, runs: Path, out: Console) -> None:
 def _real_runs(session: SearchSession, runs: Path, k_r: tuple[int, int], ray_address: str | None,
                steps: int | None,
                budget_minutes: float | None, run_timeout: float | None, n_trials: int | None,
-               timeout: float | None, out: Console) -> MeasureResult:
+               timeout: float | None, out: Console, run_order: str | None = None) -> MeasureResult:
     """The real runs through Ray (SearchSession.measure); a signal: the runs in flight killed and released, exit
     128 + N. Run logs under `runs`/<this worker's folder> (stratagem/cli/runs_dir.py)."""
     from stratagem.cli.runs_dir import worker_folder
     from stratagem.launch.runners.real import open_ray_evaluator
     from stratagem.search.measure import Stopped
+    from stratagem.search.run_order import DEFAULT_RUN_ORDER, RUN_ORDERS
 
     scn = session.scenario
     run_dir = worker_folder(runs)
@@ -224,7 +238,8 @@ def _real_runs(session: SearchSession, runs: Path, k_r: tuple[int, int], ray_add
     try:
         with open_ray_evaluator(run_dir, ray_address, num_cpus, steps, session.start_calibration,
                                 run_timeout) as evaluator:
-            return session.measure(k_r[0], evaluator, budget_minutes=budget_minutes, n_trials=n_trials,
+            order = RUN_ORDERS[run_order or DEFAULT_RUN_ORDER](candidates=None)
+            return session.measure(k_r[0], evaluator, order, budget_minutes=budget_minutes, n_trials=n_trials,
                                    timeout=timeout, run_timeout_s=run_timeout, remeasure=k_r[1])
     except Stopped as stop:
         raise typer.Exit(128 + stop.signum) from None

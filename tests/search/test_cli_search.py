@@ -175,7 +175,7 @@ def test_table_and_default_storage_beside_the_scenario(tmp_path) -> None:
     assert json.loads(again.stdout)["stored"] == 0  # the default study name resumes
 
 
-@pytest.mark.parametrize("case", ["missing", "yaml", "field", "search", "url", "dir", "sampler", "trials"])
+@pytest.mark.parametrize("case", ["missing", "yaml", "field", "search", "url", "dir", "sampler", "trials", "order"])
 def test_bad_input_is_one_line_and_leaves_no_study(tmp_path, case) -> None:
     path = write_scenario(tmp_path)
     store = tmp_path / "out.db"
@@ -196,6 +196,8 @@ def test_bad_input_is_one_line_and_leaves_no_study(tmp_path, case) -> None:
         args += ["--sampler", "grid"]
     elif case == "trials":
         args += ["--n-trials", "-4"]
+    elif case == "order":
+        args += ["--real-runs", "1", "--run-order", "fastest"]
     r = cli(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
