@@ -593,3 +593,217 @@ def test_search_budget_nan_is_refused_before_work(tmp_path: Path, monkeypatch: p
                        "--budget-minutes", "nan", "--storage", f"sqlite:///{db}")
     one_line(code, err, "--budget-minutes (nan)")
     assert not db.exists()
+
+
+# ---- 37.2: read-only commands write nothing; a database that is not this Optuna's is never written ------------
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real study: `search` of the tiny scenario into study.db (one search for the module)."""
+    d = tmp_path_factory.mktemp("searched")
+    scn = scenario(d)
+    proc = sub("search", str(scn), "--no-report", "--storage", f"sqlite:///{d / 'study.db'}", cwd=d, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return d / "study.db"
+
+
+def _foreign(t: Path) -> Path:
+    """Another program's database whose tables happen to be named as Optuna's."""
+    import sqlite3
+
+    db = t / "other.db"
+    with sqlite3.connect(db) as con:
+        con.executescript("CREATE TABLE studies (id INTEGER, title TEXT); CREATE TABLE trials (id INTEGER, x REAL);"
+                          "CREATE TABLE version_info (v TEXT); INSERT INTO studies VALUES (1, 'mine');")
+    con.close()
+    return db
+
+
+def _older(t: Path, searched: Path) -> Path:
+    """An Optuna storage whose schema is an older Optuna's (its alembic revision set back)."""
+    import sqlite3
+
+    db = t / "older.db"
+    shutil.copy(searched, db)
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE alembic_version SET version_num = 'v3.0.0.d'")
+    con.close()
+    return db
+
+
+def _readers(url: str, out: Path) -> dict[str, list[str]]:
+    return {"status": ["status", "--storage", url], "report": ["report", "--storage", url, "-o", str(out / "r.md")],
+            "export": ["export", "--storage", url, "--to", "torchrun", "--trial", "0", "-o", str(out / "job")]}
+
+
+@pytest.mark.parametrize("kind,words", [("foreign", "is a database but not an Optuna storage"),
+                                        ("older", "older schema (v3.0.0.d")])
+def test_a_database_not_this_optunas_is_refused_untouched(kind: str, words: str, searched: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "data"
+    d.mkdir()
+    db = _foreign(d) if kind == "foreign" else _older(d, searched)
+    shutil.copy(TINY, d / "s.yaml")
+    url = f"sqlite:///{db}"
+    before = snapshot(tmp_path)
+    commands = {**_readers(url, tmp_path), "search": ["search", str(d / "s.yaml"), "--no-report", "--storage", url]}
+    for name, argv in commands.items():
+        code, _, err = run(monkeypatch, capsys, *argv)
+        one_line(code, err, str(db), words)
+        assert snapshot(tmp_path) == before, f"{name} wrote something"
+
+
+def test_read_only_commands_write_nothing(searched: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """status, report and export read a real study through a read-only connection: the database and its
+    directory stay byte-identical (Optuna's RDBStorage would create tables and stamp its version on open)."""
+    d = tmp_path / "data"
+    shutil.copytree(searched.parent, d)
+    db = d / searched.name
+    before = snapshot(d)
+    for name, argv in _readers(f"sqlite:///{db}", tmp_path).items():
+        code, _, err = run(monkeypatch, capsys, *argv)
+        assert code == 0, (name, err)
+        assert snapshot(d) == before, f"{name} changed the storage's directory"
+    empty = d / "empty.db"
+    empty.touch()
+    code, _, err = run(monkeypatch, capsys, "status", "--storage", f"sqlite:///{empty}")
+    one_line(code, err, "not an Optuna storage")
+    assert empty.stat().st_size == 0
+
+
+# ---- 37.3 / 37.4: a damaged journal is repaired keeping every trial's number ------------------------------------
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real study in a journal file: `search` of the tiny scenario (one search for the module)."""
+    d = tmp_path_factory.mktemp("journal")
+    scn = scenario(d)
+    proc = sub("search", str(scn), "--no-report", "--storage", f"journal:{d / 'study.log'}", cwd=d, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return d / "study.log"
+
+
+def _garble_first_trial(lines: list[bytes]) -> list[bytes]:
+    """The record that created trial 0, bytes in its middle overwritten (not JSON any more)."""
+    i = next(k for k, x in enumerate(lines) if x.startswith(b'{"op_code":4,'))
+    return [*lines[:i], lines[i][:300] + b"\xff}{" + lines[i][330:], *lines[i + 1:]]
+
+
+def _foreign_record(lines: list[bytes]) -> list[bytes]:
+    """A line of valid JSON that is no Optuna operation, and one with an op_code but none of its fields."""
+    return [*lines[:5], b'{"hello": "world"}', b'{"op_code": 5}', *lines[5:]]
+
+
+@pytest.mark.parametrize("damage,lost", [(_garble_first_trial, 0), (_foreign_record, None)])
+def test_a_damaged_journal_keeps_trial_numbers(damage: Callable[[list[bytes]], list[bytes]], lost: int | None,
+                                               journal: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Reading a damaged journal is one line; the search repairs it (Optuna's replay is the judge of a record);
+    afterwards every trial exports the plan it exported before, and a trial whose creating record was lost is
+    one line, not another trial's plan."""
+    d = tmp_path / "data"
+    d.mkdir()
+    log = d / "study.log"
+    shutil.copy(journal, log)
+    url = f"journal:{log}"
+
+    def export(n: int, out: str) -> tuple[int, str]:
+        code, _, err = run(monkeypatch, capsys, "export", "--storage", url, "--to", "torchrun", "--trial", str(n),
+                           "-o", str(tmp_path / out))
+        return code, err
+
+    for n in (0, 1, 7):
+        assert export(n, f"before{n}")[0] == 0
+    log.write_bytes(b"\n".join(damage(log.read_bytes().split(b"\n"))))
+    code, err = export(1, "during")
+    one_line(code, err, "damaged record", "rerun the search")
+    assert not (tmp_path / "during").exists()
+    code, _, err = run(monkeypatch, capsys, "search", str(scenario(d)), "--no-report", "--storage", url)
+    assert code == 0 and "Traceback" not in err, err
+    assert "damaged journal record" in err
+    for n in (0, 1, 7):
+        code, err = export(n, f"after{n}")
+        if n == lost:
+            one_line(code, err, f"trial #{n}", "damaged", "choose another trial")
+        else:
+            assert code == 0, err
+            assert snapshot(tmp_path / f"after{n}") == snapshot(tmp_path / f"before{n}"), f"trial {n} moved"
+
+
+def test_unexpected_trial_data_is_one_line(searched: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial whose stored evaluation is not one stratagem writes (a study another program added to), and a
+    search state with a foreign count: one line naming the trial, or a report that says what it can."""
+    import optuna
+
+    from stratagem.search.storage import open_storage, parse_storage
+
+    db = tmp_path / "study.db"
+    shutil.copy(searched, db)
+    url = f"sqlite:///{db}"
+    backend = open_storage(parse_storage(url))
+    study = optuna.load_study(study_name=backend.get_all_studies()[0].study_name, storage=backend)
+    study.set_user_attr("search_state", {"finished": False, "planned": "many"})
+    code, _, err = run(monkeypatch, capsys, "report", "--storage", url, "-o", str(tmp_path / "r.md"))
+    assert code == 0 and "of ? planned" in err, err
+    study.set_user_attr("search_state", {"finished": True})
+    t = study.trials[3]
+    study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, values=t.values,
+                                              user_attrs={"plan": 42, "evaluation": {"bogus": 1}, "fidelity": "measured",
+                                                          "status": "ok", "role": "front"}))
+    for argv in (["status", "--storage", url], ["report", "--storage", url, "-o", str(tmp_path / "r.md")],
+                 ["export", "--storage", url, "--to", "torchrun", "-o", str(tmp_path / "job")]):
+        code, _, err = run(monkeypatch, capsys, *argv)
+        assert code == 2, (argv, err)
+        one_line(code, err, f"trial #{len(study.trials) - 1}", "not one stratagem writes")
+
+
+# ---- 37.4: the rest of the tracebacks ----------------------------------------------------------------------------
+
+def _lock(d: Path) -> list[str]:
+    """Make `d` a directory nothing can be created in: immutable as root, read-only otherwise; the undo."""
+    root = os.geteuid() == 0
+    subprocess.run(["chattr", "+i", str(d)] if root else ["chmod", "555", str(d)], check=True)
+    return ["chattr", "-i", str(d)] if root else ["chmod", "755", str(d)]
+
+
+@pytest.mark.parametrize("where", ["runs-dir", "beside-scenario"])
+def test_real_runs_into_a_read_only_directory(where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    scn = scenario(locked if where == "beside-scenario" else tmp_path)
+    db = tmp_path / "s.db"
+    extra = ["--runs-dir", str(locked / "runs")] if where == "runs-dir" else []
+    before = snapshot(tmp_path)
+    undo = _lock(locked)
+    try:
+        code, _, err = run(monkeypatch, capsys, "search", str(scn), "--real-runs", "1", "--no-report", "--storage",
+                           f"sqlite:///{db}", *extra)
+    finally:
+        subprocess.run(undo, check=True)
+    one_line(code, err, "cannot write in", str(locked))
+    assert snapshot(tmp_path) == before, "refused before the search wrote its storage"
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e9"])
+def test_status_watch_interval_is_bounded(value: str, searched: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    t0 = time.monotonic()
+    code, _, err = run(monkeypatch, capsys, "status", "--watch", "--interval", value, "--storage",
+                       f"sqlite:///{searched}")
+    one_line(code, err, "--interval")
+    assert time.monotonic() - t0 < 30, "no hang"
+
+
+@pytest.mark.parametrize("argv", [["evaluate", str(TINY)], ["status", "--storage", "STUDY"],
+                                  ["report", "--storage", "STUDY", "-f", "csv"]])
+def test_stdout_to_a_full_disk_is_one_line(argv: list[str], searched: Path, tmp_path: Path) -> None:
+    args = [f"sqlite:///{searched}" if a == "STUDY" else a for a in argv]
+    with open("/dev/full", "w") as full:
+        code = f"from stratagem.cli import main; main({args!r})"
+        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    one_line(proc.returncode, proc.stderr, "standard output", "no space left")

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from stratagem.errors import StratagemError
+from stratagem.files import disk_error
 from stratagem.spaces import Plan, Scenario, load_scenario, resolve_plan
 
 try:  # typer >= 0.2x vendors its own click; older typer uses click itself
@@ -97,12 +101,68 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+class OutputFailed(StratagemError):
+    """Standard output could not be written (disk full, size limit, a closed pipe)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(f"standard output: cannot write: {disk_error(error)}; the output is incomplete")
+        self.broken_pipe = error.errno == errno.EPIPE
+        """The reader went away (`stratagem ... | head`): not an error worth a line."""
+
+
+class _GuardedStdout:
+    """sys.stdout whose write and flush failures (an OSError: stdout redirected to a full disk) become
+    OutputFailed, one line like any user-facing error, instead of a traceback from deep inside rich."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        """Write to the real stdout."""
+        try:
+            return int(self._stream.write(text))
+        except OSError as e:
+            raise OutputFailed(e) from None
+
+    def flush(self) -> None:
+        """Flush the real stdout."""
+        try:
+            self._stream.flush()
+        except OSError as e:
+            raise OutputFailed(e) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _drop_stdout() -> None:
+    """Point stdout's descriptor at /dev/null so the interpreter's final flush of what could not be written
+    does not fail a second time (Python prints that as 'Exception ignored' on stderr)."""
+    if sys.__stdout__ is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.__stdout__.fileno())
+        os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app; a StratagemError or a usage error (unknown option, bad value, missing
-    argument) becomes one line on stderr and exit status 2; help and `typer.Exit(code)` keep their code."""
+    argument) becomes one line on stderr and exit status 2; help and `typer.Exit(code)` keep their code. A
+    stdout that cannot be written (a full disk) is one line too (OutputFailed)."""
     command = typer.main.get_command(app)
+    real_stdout = sys.stdout
+    sys.stdout = _GuardedStdout(real_stdout)
     try:
         code = command.main(args=argv, prog_name="stratagem", standalone_mode=False)
+        sys.stdout.flush()  # a full disk found now, not in the interpreter's last flush
+    except OutputFailed as e:
+        sys.stdout = real_stdout
+        if real_stdout is sys.__stdout__:
+            _drop_stdout()
+        if e.broken_pipe:
+            sys.exit(128 + 13)  # as if killed by SIGPIPE, what a shell reports for `... | head`
+        _fail(str(e))
     except StratagemError as e:
         _fail(str(e))
     except _cx.NoArgsIsHelpError as e:
@@ -117,4 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         Console(stderr=True).print("aborted", markup=False)
         sys.exit(130)
+    finally:
+        if isinstance(sys.stdout, _GuardedStdout):
+            sys.stdout = real_stdout
     sys.exit(code if isinstance(code, int) else 0)

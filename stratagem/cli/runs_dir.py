@@ -16,8 +16,8 @@ from pathlib import Path
 
 from stratagem.errors import StratagemError
 
-__all__ = ["in_ray_job_copy", "runs_root", "worker_folder", "make_default_dir", "absolute_storage",
-           "check_storage_outlives"]
+__all__ = ["in_ray_job_copy", "runs_root", "check_runs_root", "worker_folder", "make_default_dir",
+           "absolute_storage", "check_storage_outlives"]
 
 _RAY_COPY = "working_dir_files"
 """The folder Ray unpacks a job's --working-dir into (ray/_private/runtime_env/working_dir.py: its URI cache)."""
@@ -43,6 +43,20 @@ def runs_root(scenario: Path, study: str, runs_dir: Path | None) -> Path:
     if in_ray_job_copy(scenario):
         return Path.home().resolve() / "stratagem-runs" / study
     return scenario.parent / "runs" / study
+
+
+def check_runs_root(root: Path, option: str) -> None:
+    """The runs folder `root` can be made and written: its nearest existing ancestor is a directory a file can
+    be created in (probed: a read-only or immutable directory is found now, before the search writes
+    anything, not when the first run starts). One line naming `option` otherwise."""
+    from stratagem.files import check_dir
+
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StratagemError(f"{option} ({root}): {existing} is not a directory; name a directory for the runs")
+    check_dir(existing, root, option)
 
 
 def worker_folder(root: Path) -> Path:

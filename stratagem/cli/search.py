@@ -81,6 +81,10 @@ def search_cmd(
     _check_limits(timeout, budget_minutes, run_timeout)
     _check_run_order(run_order)
     setup = _setup(scenario, storage, study, sampler, calibration, runs_dir, report, no_report)
+    if real_runs:
+        from stratagem.cli.runs_dir import check_runs_root
+
+        check_runs_root(setup.runs, "--runs-dir" if runs_dir is not None else "--real-runs (runs beside the scenario)")
     out = Console(stderr=True) if as_json else console
     with view.EventPrinter(out, progress=not as_json) as printer:
         session = SearchSession(setup.scenario, setup.url, setup.name, calibration=setup.calibration,

@@ -19,10 +19,15 @@ from stratagem.cli.app import (
     console,
     study_location,
 )
+from stratagem.errors import StratagemError
 from stratagem.quantities import DASH, duration_in, percent
 
 if TYPE_CHECKING:
     from stratagem.search.status import StudyStatus
+
+
+_MAX_INTERVAL_S = 86400.0
+"""Longest --interval: a day (a longer wait is a status run by cron, not a watch)."""
 
 
 @app.command("status")
@@ -44,6 +49,9 @@ def status_cmd(
     from stratagem.search.retry import STOP, set_retry_minutes
     from stratagem.search.view import StudyView
 
+    if not 1.0 <= interval <= _MAX_INTERVAL_S:  # inf or nan passes typer's min=1.0
+        raise StratagemError(f"--interval ({interval}): give seconds between refreshes, 1 to {_MAX_INTERVAL_S:g} "
+                             "(a day)")
     url, name = study_location("status", scenario, storage, study)
     view = StudyView.open(url, name)
     if watch:

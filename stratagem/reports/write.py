@@ -136,7 +136,8 @@ def unfinished_note(study: optuna.Study) -> str | None:
     state = study.user_attrs.get(StudyKey.SEARCH_STATE)
     if not isinstance(state, dict) or state.get("finished", True):
         return None
-    planned = int(state.get("planned", 0))
+    planned = state.get("planned", 0)
+    planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else "?"  # a foreign value
     what = str(state.get("what", "trials"))
     keys = set()
     for t in study.get_trials(deepcopy=False):

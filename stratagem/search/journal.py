@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._file import BaseJournalFileLock, get_lock_file
 
 from stratagem.errors import StratagemError
+from stratagem.search.records import JOURNAL_DAMAGED
 
 __all__ = ["FlockJournalLock", "SafeJournalBackend", "repair_journal", "JournalDamaged"]
 
@@ -111,22 +113,42 @@ def cut_torn_tail(path: Path, url: str, say: Callable[[str], None] = _say) -> in
 
 
 def repair_journal(path: Path, url: str, say: Callable[[str], None] = _say) -> int:
-    """Repair a journal where records were appended after a torn one (by stratagem before this fix): each line
-    that is not a JSON record keeps the last whole record it ends with (the torn prefix was never applied by
-    any reader), or is dropped when it holds none. Rewrites the file in place (call under its lock). Returns
-    how many lines were repaired (0: nothing to do)."""
+    """Repair a journal holding lines a reader cannot replay, keeping every trial's number (call under its
+    lock): a line with a whole record glued after a torn one (appended after a torn write) keeps that record
+    (the torn prefix was never applied by any reader); a damaged line that created a trial (its op_code still
+    readable, or a later record naming a trial not created yet) becomes a placeholder CREATE_TRIAL marked with
+    the system attribute records.JOURNAL_DAMAGED, so the trials after it keep their ids and numbers (Optuna
+    numbers trials by creation order: optuna/storages/journal/_storage.py _apply_create_trial); any other line,
+    damaged or valid JSON that is not an operation Optuna can apply, is dropped. Rewrites the file in place. Returns how
+    many lines were repaired (0: nothing to do)."""
+    from optuna.storages.journal._storage import JournalStorageReplayResult
+
     lines = path.read_bytes().split(b"\n")
     tail = lines.pop()  # after the last newline: b"" or a torn last record
-    fixed = 0
+    parsed = [_record(line) for line in lines]
+    replay = JournalStorageReplayResult(f"stratagem-repair-{os.getpid()}-")
+    fixed = marked = 0
     out: list[bytes] = []
-    for line in lines:
-        if _record(line) is not None:
+    for i, line in enumerate(lines):
+        rec = parsed[i]
+        if rec is not None and _applies(replay, rec):
             out.append(line)
             continue
         fixed += 1
         start = line.rfind(_RECORD_START)
-        if start > 0 and _record(line[start:]) is not None:
+        glued = _record(line[start:]) if start > 0 else None
+        if glued is not None and _applies(replay, glued):
             out.append(line[start:])
+        elif _created_a_trial(line, parsed[i + 1:], len(replay._trials)):
+            holder = {"op_code": _CREATE_TRIAL, "worker_id": "stratagem-repair", "datetime_start": None,
+                      "study_id": _study_of(line, parsed[:i], parsed[i + 1:]),
+                      "system_attrs": {JOURNAL_DAMAGED: f"line {i + 1} of the journal was damaged; its trial kept "
+                                                     "only for its number"}}
+            if not _referenced(parsed[i + 1:], len(replay._trials)):
+                holder["state"] = 4  # TrialState.FAIL: nothing later completes it
+            if _applies(replay, holder):
+                out.append(json.dumps(holder, separators=(",", ":")).encode())
+                marked += 1
     if tail:
         fixed += 1
     if fixed:
@@ -136,9 +158,62 @@ def repair_journal(path: Path, url: str, say: Callable[[str], None] = _say) -> i
             f.truncate(len(data))
             f.flush()
             os.fsync(f.fileno())
-        say(f"storage ({url}): repaired {fixed} torn journal record(s) (a write cut short, then appended to); "
-            f"{len(out)} records kept")
+        kept = f", {marked} kept as a failed placeholder trial so every trial keeps its number" if marked else ""
+        say(f"storage ({url}): repaired {fixed} damaged journal record(s){kept}; {len(out)} records kept")
     return fixed
+
+
+_CREATE_TRIAL = 4  # optuna.storages.journal._storage.JournalOperation.CREATE_TRIAL
+_OP_CODE = re.compile(rb'^\{\s*"op_code"\s*:\s*(\d+)')
+_STUDY_ID = re.compile(rb'"study_id"\s*:\s*(\d+)')
+
+
+def _applies(replay: Any, rec: dict[str, Any]) -> bool:
+    """Whether Optuna's own replay applies `rec` (valid JSON that is not a well-formed operation raises there:
+    a missing key, an unknown op_code, a bad state or distribution)."""
+    try:
+        replay.apply_logs([rec])
+    except Exception:
+        return False
+    return True
+
+
+def _created_a_trial(line: bytes, later: list[dict[str, Any] | None], created: int) -> bool:
+    """Whether a damaged line created a trial: its op_code is still readable, or a later record (before the
+    next damaged line) names a trial id not created by then (ids follow creation order)."""
+    m = _OP_CODE.match(line)
+    if m is not None:
+        return int(m.group(1)) == _CREATE_TRIAL
+    return _referenced(later, created, missing_only=True)
+
+
+def _referenced(later: list[dict[str, Any] | None], created: int, missing_only: bool = False) -> bool:
+    """Whether a later record names trial id `created` (the next id) before it is created again; with
+    `missing_only`, any id not yet created (stops at the next damaged line)."""
+    next_id = created
+    for rec in later:
+        if rec is None:
+            if missing_only:
+                return False
+            continue
+        if rec.get("op_code") == _CREATE_TRIAL:
+            next_id += 1
+            continue
+        tid = rec.get("trial_id")
+        if isinstance(tid, int) and (tid >= next_id if missing_only else tid == created):
+            return True
+    return False
+
+
+def _study_of(line: bytes, before: list[dict[str, Any] | None], after: list[dict[str, Any] | None]) -> int:
+    """The study a damaged CREATE_TRIAL was in: its readable study_id, else the nearest trial creation's."""
+    m = _STUDY_ID.search(line)
+    if m is not None:
+        return int(m.group(1))
+    for rec in [*reversed(before), *after]:
+        if rec is not None and rec.get("op_code") == _CREATE_TRIAL and isinstance(rec.get("study_id"), int):
+            return int(rec["study_id"])
+    return 0
 
 
 def _record(line: bytes) -> dict[str, Any] | None:

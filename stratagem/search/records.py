@@ -77,6 +77,7 @@ __all__ = [
     "objective_values",
     "trial_plan",
     "trial_evaluation",
+    "JOURNAL_DAMAGED",
     "study_scenario",
     "CONSTRAINT",
     "ROLES",
@@ -199,15 +200,48 @@ def objective_values(ev: Evaluation) -> list[float]:
     return [ev.throughput.tokens_per_s, ev.memory.headroom_gib, ev.checkpoint.goodput_loss]
 
 
+JOURNAL_DAMAGED = "stratagem:journal_damaged"
+"""System attribute of a placeholder trial a journal repair wrote where the record that created the trial was
+damaged (search/journal.py repair_journal): kept so that every later trial keeps its number; it has no plan."""
+
+
 def trial_plan(trial: optuna.trial.FrozenTrial) -> Plan:
-    """The Plan a stored trial evaluated."""
-    return Plan(**{k: v for k, v in trial.params.items() if k in Plan.model_fields})
+    """The Plan a stored trial evaluated; one-line StratagemError for a trial whose record was damaged or whose
+    parameters are not a plan (a study written by something else)."""
+    from pydantic import ValidationError
+
+    from stratagem.errors import StratagemError
+
+    if JOURNAL_DAMAGED in trial.system_attrs:
+        raise StratagemError(f"trial #{trial.number}: the journal record that created it was damaged (a journal "
+                             "repair kept it only so the other trials keep their numbers): its plan is unknown; "
+                             "choose another trial")
+    try:
+        return Plan(**{k: v for k, v in trial.params.items() if k in Plan.model_fields})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise StratagemError(f"trial #{trial.number}: its parameters are not a plan stratagem stores "
+                             f"({'.'.join(str(x) for x in err['loc'])}: {err['msg']}); the study was written by "
+                             "something else or damaged") from None
 
 
 def trial_evaluation(trial: optuna.trial.FrozenTrial) -> Evaluation | None:
-    """The Evaluation stored with a trial, or None when it has none (e.g. a trial still running)."""
+    """The Evaluation stored with a trial, or None when it has none (e.g. a trial still running); one-line
+    StratagemError when what is stored there is not an evaluation."""
+    from pydantic import ValidationError
+
+    from stratagem.errors import StratagemError
+
     data = trial.user_attrs.get("evaluation")
-    return Evaluation.model_validate(data) if data else None
+    if not data:
+        return None
+    try:
+        return Evaluation.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise StratagemError(f"trial #{trial.number}: its stored evaluation is not one stratagem writes "
+                             f"({'.'.join(str(x) for x in err['loc'])}: {err['msg']}); the study was written by "
+                             "something else or damaged") from None
 
 
 def study_scenario(study: optuna.Study) -> Scenario:

@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import quote
 
 from stratagem.errors import StratagemError
 from stratagem.search.journal import FlockJournalLock, JournalDamaged, SafeJournalBackend, repair_journal
 from stratagem.search.locks import db_lock, file_lock, first_line, sqlalchemy_errors
 from stratagem.search.retry import RetryingStorage, StorageUnavailable, check_minutes, outages_for
+from stratagem.search.schema import rdb_layout, schema_verdict, sqlite_layout, sqlite_readonly_url
 
 if TYPE_CHECKING:
     import optuna
@@ -161,27 +161,22 @@ def _check_journal(url: str, path: Path) -> None:
                              "journal a search wrote")
 
 
-def _check_sqlite(url: str, path: Path) -> None:
-    """An existing SQLite file is empty, or a database that is empty or holds Optuna's tables (read-only look)."""
+def _check_sqlite(url: str, path: Path) -> str:
+    """An existing SQLite file is empty, or a database that is empty or holds this Optuna's schema (read-only
+    look: search.schema); "empty" or "optuna", else one-line StratagemError."""
     if path.stat().st_size == 0:
-        return
+        return "empty"
     try:
-        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=5)
-        try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            con.close()
+        layout = sqlite_layout(path)
     except sqlite3.DatabaseError as e:
         if "not a database" in str(e) or "malformed" in str(e):
             raise StratagemError(f"storage ({url!r}): {path} is not an SQLite database; give a new file name or "
                                  "the database a search wrote") from None
+        if "locked" in str(e):
+            raise StratagemError(f"storage ({url!r}): {path} is locked by another process (a write in progress "
+                                 "or a stuck program holding it); wait for it, or stop that program") from None
         raise StratagemError(f"storage ({url!r}): cannot read {path}: {e}") from None
-    if tables and not _OPTUNA_TABLES <= tables:
-        raise StratagemError(f"storage ({url!r}): {path} is an SQLite database but not an Optuna storage; give "
-                             "a new file name or the database a search wrote")
-
-
-_OPTUNA_TABLES = {"studies", "trials", "version_info"}
+    return schema_verdict(layout, f"storage ({url!r}): {path}")
 
 
 def _check_rdb(url: str) -> None:
@@ -201,6 +196,7 @@ def _check_rdb(url: str) -> None:
     try:
         with engine.connect():
             pass
+        schema_verdict(rdb_layout(engine), f"storage ({url!r})")
     except Exception as e:
         if type(e).__module__.startswith("sqlalchemy"):
             raise StratagemError(f"storage ({url!r}): cannot connect: {first_line(e)}") from None
@@ -240,7 +236,7 @@ def open_storage(spec: StorageSpec, *, write: bool = True,
     window_s = None if retry_minutes is None else 60.0 * check_minutes(retry_minutes)
     outages = outages_for(spec.url, window_s)
     try:
-        inner = _open_journal(spec, write) if spec.kind == "journal" else _open_rdb(spec, outages)
+        inner = _open_journal(spec, write) if spec.kind == "journal" else _open_rdb(spec, outages, write)
     except StratagemError:
         raise
     except (ImportError, OSError) as e:
@@ -261,8 +257,10 @@ def _open_journal(spec: StorageSpec, write: bool) -> optuna.storages.BaseStorage
     backend = SafeJournalBackend(spec.path, spec.url)
     try:
         return JournalStorage(backend)
-    except ValueError:  # json.JSONDecodeError or Optuna's "Invalid log format.": a damaged record mid-file
-        if not write:
+    except OSError:
+        raise
+    except Exception:  # Optuna's replay: a damaged record mid-file (JSONDecodeError, "Invalid log format."), or
+        if not write:  # valid JSON that is no operation (KeyError, AssertionError on an unknown op_code, ...)
             raise backend.damaged() from None
     lock = FlockJournalLock(spec.path)
     lock.acquire()
@@ -272,26 +270,32 @@ def _open_journal(spec: StorageSpec, write: bool) -> optuna.storages.BaseStorage
         lock.release()
     try:
         return JournalStorage(SafeJournalBackend(spec.path, spec.url))
-    except ValueError:
+    except OSError:
+        raise
+    except Exception:
         raise backend.damaged() from None
 
 
-def _open_rdb(spec: StorageSpec, outages: Any) -> optuna.storages.BaseStorage:
+def _open_rdb(spec: StorageSpec, outages: Any, write: bool = True) -> optuna.storages.BaseStorage:
     """Optuna's RDBStorage (heartbeat on, stale pooled connections pre-pinged) behind its cache, as
-    `optuna.load_study(storage=URL)` builds it; the table creation race and an outage at this moment retried."""
+    `optuna.load_study(storage=URL)` builds it; the table creation race and an outage at this moment retried.
+    To read (`write=False`) it creates no table, and a SQLite file is opened `mode=ro`: nothing can be written."""
     import warnings
 
     from optuna.storages import RDBStorage
     from optuna.storages._cached_storage import _CachedStorage
+
+    url = sqlite_readonly_url(spec.path) if not write and spec.kind == "sqlite" and spec.path else spec.url
 
     def build() -> RDBStorage:
         for attempt in range(_SCHEMA_TRIES):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
-                    return RDBStorage(spec.url, engine_kwargs={"connect_args": _connect_args(spec.url),
-                                                               "pool_pre_ping": True},
-                                      heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+                    return RDBStorage(url, engine_kwargs={"connect_args": _connect_args(spec.url),
+                                                          "pool_pre_ping": True},
+                                      heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                      skip_table_creation=not write)
             except Exception as e:
                 if attempt == _SCHEMA_TRIES - 1 or not _schema_race(e):
                     raise
@@ -309,32 +313,21 @@ def _check_readable(spec: StorageSpec) -> None:
     if spec.path is not None:
         if not spec.path.is_file():
             raise StratagemError(f"--storage ({spec.url}): file {spec.path} not found; {hint}")
-        if spec.kind == "sqlite" and not _OPTUNA_TABLES <= _sqlite_tables(spec.path):
-            raise StratagemError(f"--storage ({spec.url}): {spec.path} is not an Optuna storage (no studies "
-                                 f"table); {hint}")
+        if spec.kind == "sqlite" and _check_sqlite(spec.url, spec.path) == "empty":
+            raise StratagemError(f"--storage ({spec.url}): {spec.path} is not an Optuna storage (an empty database); "
+                                 f"{hint}")
         return
-    from sqlalchemy import create_engine, inspect
+    from sqlalchemy import create_engine
 
     engine = create_engine(spec.url, connect_args=_connect_args(spec.url))
     try:
         with sqlalchemy_errors(spec.url):
-            tables = set(inspect(engine).get_table_names())
+            verdict = schema_verdict(rdb_layout(engine), f"--storage ({spec.url})")
     finally:
         engine.dispose()
-    if not _OPTUNA_TABLES <= tables:
+    if verdict == "empty":
         raise StratagemError(f"--storage ({spec.url}): the database holds no Optuna storage (no studies table); "
                              f"{hint}")
-
-
-def _sqlite_tables(path: Path) -> set[str]:
-    try:
-        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=5)
-        try:
-            return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            con.close()
-    except sqlite3.DatabaseError:
-        return set()
 
 
 def study_names(storage: optuna.storages.BaseStorage) -> list[str]:

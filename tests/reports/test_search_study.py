@@ -61,8 +61,12 @@ def test_report_uses_the_studys_refitted_calibration(tmp_path) -> None:
     scn = load_scenario(scenario)
     result = run_search(scn, f"sqlite:///{tmp_path}/stratagem.db", "cal")
     cal = Calibration(matmul_efficiency=0.2, attention_efficiency=0.1, context_gib=6.0, layer_floor_ms=20.0)
-    study = read_study(result.storage.url, "cal")
-    study.set_user_attr("calibration", cal.model_dump(mode="json"))
+    import optuna
+
+    from stratagem.search.storage import open_storage, parse_storage
+
+    study = optuna.load_study(study_name="cal", storage=open_storage(parse_storage(result.storage.url)))
+    study.set_user_attr("calibration", cal.model_dump(mode="json"))  # read_study reads only
     # `report SCENARIO` finds the storage beside the scenario (as `search` defaults it) when named by --study
     res = CliRunner().invoke(app, ["report", str(scenario), "--study", "cal", "-f", "md", "--nodes", "1,2"])
     assert res.exit_code == 0, res.output

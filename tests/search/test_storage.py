@@ -88,7 +88,7 @@ def test_an_sqlite_database_without_optuna_tables_is_never_touched(tmp_path) -> 
         con.execute("INSERT INTO people VALUES ('ada')")
     con.close()
     before = db.read_bytes()
-    with pytest.raises(StratagemError, match=f"{db} is an SQLite database but not an Optuna storage"):
+    with pytest.raises(StratagemError, match=f"{db} is a database but not an Optuna storage"):
         open_storage(parse_storage(f"sqlite:///{db}"))
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not sqlite at all" * 100)
@@ -383,7 +383,7 @@ def test_a_journal_appended_after_a_torn_record_is_repaired(tmp_path, capfd) -> 
         open_storage(parse_storage(f"journal:{log}"), write=False)
     assert "\n" not in str(e.value)
     _study_on_existing(log).set_user_attr("repaired", 1)
-    assert "repaired 1 torn journal record" in capfd.readouterr().err
+    assert "repaired 1 damaged journal record" in capfd.readouterr().err
     assert torn not in log.read_bytes() and kept in log.read_bytes()
     assert _trials(log) == 2
 
@@ -394,7 +394,7 @@ def test_a_whole_last_record_glued_to_a_torn_one_is_repaired_before_appending(tm
     lines = log.read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(lines[:-1]) + b'{"op_code":6,"wor' + lines[-1])
     _study_on_existing(log).set_user_attr("after", 1)
-    assert "repaired 1 torn journal record" in capfd.readouterr().err
+    assert "repaired 1 damaged journal record" in capfd.readouterr().err
     assert _trials(log) == 2 and _study_on_existing(log).user_attrs["after"] == 1
 
 

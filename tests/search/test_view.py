@@ -96,8 +96,13 @@ def test_the_report_says_when_no_refit_was_adopted(tmp_path: Path) -> None:
     view = StudyView.open(url, "s")
     history = view.calibration_history()
     assert history and view.calibration() is not None
+    import optuna
+
+    from stratagem.search.storage import open_storage, parse_storage
+
+    writable = optuna.load_study(study_name="s", storage=open_storage(parse_storage(url)))  # the view reads only
     for adopted, words in ((True, "then refitted on this study's"), (False, "kept: no refit")):
         steps = [h.model_copy(update={"adopted": adopted}).model_dump(mode="json") for h in history]
-        view.study.set_user_attr(StudyKey.CALIBRATION_HISTORY, steps)
-        text = pareto_info(view.study).calibration
+        writable.set_user_attr(StudyKey.CALIBRATION_HISTORY, steps)
+        text = pareto_info(StudyView.open(url, "s").study).calibration
         assert words in text and ("refitted on" in text) == adopted, text
