@@ -237,6 +237,7 @@ def test_own_output_is_recognised_by_content_and_force_replaces(tmp_path: Path, 
     ("--budget-minutes", "inf", "--budget-minutes (inf)"),
     ("--budget-minutes", "-1", "--budget-minutes (-1)"),
     ("--gpus", "0", "--gpus (0)"),
+    ("--gpus", "64", "--gpus (64): this node has"),  # 37.5: bounded by the node, not grown without bound
     ("--steps", "0", "--steps (0)"),
 ])
 def test_calibrate_options_refused_before_runs(option: str, value: str, words: str, tmp_path: Path,
@@ -807,3 +808,54 @@ def test_stdout_to_a_full_disk_is_one_line(argv: list[str], searched: Path, tmp_
         proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE,
                               text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     one_line(proc.returncode, proc.stderr, "standard output", "no space left")
+
+
+# ---- 37.5: every numeric field bounded by what a real job can hold (spaces/bounds.py), the bound in the error --
+
+BOUNDS: dict[str, tuple[dict, str]] = {
+    "layers-1e6": ({"model": {"num_layers": 10**6}}, "model.num_layers (1000000): Input should be less than or equal to 2048"),
+    "hidden-1e9": ({"model": {"hidden_size": 10**9}}, "model.hidden_size"),
+    "heads-1e6": ({"model": {"num_attention_heads": 10**6}}, "less than or equal to 4096"),
+    "vocab-1e12": ({"model": {"vocab_size": 10**12}}, "model.vocab_size"),
+    "ffn-1e12": ({"model": {"ffn_hidden_size": 10**12}}, "model.ffn_hidden_size"),
+    "nodes-1e9": ({"cluster": {"num_nodes": 10**9}}, "cluster.num_nodes"),
+    "gpus-in-job": ({"cluster": {"num_nodes": 100_000, "gpus_per_node": 4000}}, "at most 1,048,576"),
+    "peak-tiny": ({"cluster": {"gpu": {"preset": "cpu", "peak_tflops_bf16": 1e-300}}},
+                  "cluster.gpu.peak_tflops_bf16 (1e-300): Input should be greater than or equal to 0.001"),
+    "hbm-bandwidth-tiny": ({"cluster": {"gpu": {"preset": "cpu", "hbm_tbps": 1e-300}}}, "cluster.gpu.hbm_tbps"),
+    "hbm-huge": ({"cluster": {"gpu": {"preset": "cpu", "hbm_gib": 1e30}}}, "cluster.gpu.hbm_gib"),
+    "mtbf-tiny": ({"cluster": {"node_mtbf_hours": 1e-12}}, "cluster.node_mtbf_hours"),
+    "storage-tiny": ({"cluster": {"storage_write_gbps": 1e-300}}, "cluster.storage_write_gbps"),
+    "latency-huge": ({"cluster": {"inter_node_latency_us": 1e300}}, "cluster.inter_node_latency_us"),
+    "tokens-1e30": ({"training": {"training_tokens": 1e30}}, "training.training_tokens"),
+}
+
+
+@pytest.mark.parametrize("case", list(BOUNDS))
+def test_numeric_fields_are_bounded(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    changes, words = BOUNDS[case]
+    path = scenario(tmp_path, **changes)
+    before = snapshot(tmp_path)
+    t0 = time.monotonic()
+    code, _, err = run(monkeypatch, capsys, "evaluate", str(path))
+    one_line(code, err, words)
+    assert time.monotonic() - t0 < 30, "refused before the work, not after"
+    assert snapshot(tmp_path) == before
+
+
+def test_a_locked_database_says_it_is_locked(searched: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Another process holds the SQLite file in an exclusive transaction: one line that says so (37.6)."""
+    import sqlite3
+
+    db = tmp_path / "study.db"
+    shutil.copy(searched, db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        code, _, err = run(monkeypatch, capsys, "status", "--storage", f"sqlite:///{db}")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    one_line(code, err, str(db), "is locked by another process")

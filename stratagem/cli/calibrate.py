@@ -91,10 +91,12 @@ def calibrate_cmd(
     precision, then node runs across dp/zero/tp; fit the model's constants and write them with provenance.
     Prints predicted vs measured for every run before and after the fit."""
     from stratagem.evaluators.calibration_file import check_calibration_output
-    from stratagem.launch.runners.calibrate import check_options, default_gpus, run_calibration
+    from stratagem.launch.runners.calibrate import check_gpus, check_options, default_gpus, run_calibration
 
     scn = load_scenario(scenario)
     check_options(gpus if gpus is not None else 1, budget_minutes * 60.0, steps, warmup)
+    if gpus is not None:
+        check_gpus(gpus, scn)
     out = output or scenario.with_name("calibration.yaml")
     check_calibration_output(out, force)  # before the runs: a path it cannot or must not write is found now
     check_device(scn)

@@ -214,8 +214,7 @@ class Outages:
                     if isinstance(e, optuna.exceptions.StorageInternalError) or type(e).__module__.startswith(
                             "sqlalchemy"):  # disk full, a read-only file, a dropped table: one line, exit 2
                         text = _first_line(e)
-                        fix = (" Free space (or raise the file-size limit) and rerun: the search resumes" if any(
-                            w in text.lower() for w in ("disk", "full", "too large", "space")) else "")
+                        fix = _fix_for(text)
                         raise StratagemError(f"storage ({self.url}): {text}; this write was rolled back.{fix}"
                                              ) from None
                     raise
@@ -230,6 +229,20 @@ class Outages:
                 continue
             self.recovered()
             return out
+
+
+def _fix_for(text: str) -> str:
+    """What to do after a storage write failed with `text`: free space only when the disk is full (SQLite's
+    SQLITE_FULL "database or disk is full", ENOSPC, EFBIG, quota), never for a damaged file ("database disk
+    image is malformed" names a disk too) or a locked one."""
+    low = text.lower()
+    if "malformed" in low or "not a database" in low:
+        return " The database file is damaged: restore it from a copy, or give the search another file"
+    if "locked" in low:
+        return " Another process holds the database locked: wait for it, or stop it, and rerun"
+    if any(w in low for w in ("is full", "disk full", "no space", "too large", "quota")):
+        return " Free space (or raise the file-size limit) and rerun: the search resumes"
+    return ""
 
 
 _REGISTRY: dict[str, Outages] = {}

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stratagem.errors import StratagemError
+from stratagem.spaces import bounds as B
 
 __all__ = ["GPUSpec", "ClusterSpec", "GPU_PRESETS", "gpu_preset", "cluster_preset"]
 
@@ -22,21 +23,21 @@ class GPUSpec(BaseModel):
 
     name: str
     """Display name."""
-    hbm_gib: float = Field(gt=0)
+    hbm_gib: float = Field(gt=0, le=B.MAX_HBM_GIB)
     """Device memory usable by the framework, GiB."""
-    peak_tflops_fp32: float = Field(gt=0)
+    peak_tflops_fp32: float = Field(ge=B.MIN_TFLOPS, le=B.MAX_TFLOPS)
     """Dense FP32 (non-tensor-core) peak, TFLOP/s."""
-    peak_tflops_tf32: float = Field(gt=0)
+    peak_tflops_tf32: float = Field(ge=B.MIN_TFLOPS, le=B.MAX_TFLOPS)
     """Dense TF32 tensor-core peak, TFLOP/s."""
-    peak_tflops_bf16: float = Field(gt=0)
+    peak_tflops_bf16: float = Field(ge=B.MIN_TFLOPS, le=B.MAX_TFLOPS)
     """Dense BF16 tensor-core peak, TFLOP/s."""
-    peak_tflops_fp8: float | None = Field(default=None, gt=0)
+    peak_tflops_fp8: float | None = Field(default=None, ge=B.MIN_TFLOPS, le=B.MAX_TFLOPS)
     """Dense FP8 tensor-core peak, TFLOP/s; None where the hardware has no FP8."""
-    hbm_tbps: float = Field(gt=0)
+    hbm_tbps: float = Field(ge=B.MIN_TBPS, le=B.MAX_TBPS)
     """Memory bandwidth, TB/s."""
     kind: Literal["gpu", "cpu"] = "gpu"
     """gpu for accelerators; cpu for this machine's gloo workers (real CPU runs)."""
-    tdp_w: float | None = Field(default=None, gt=0)
+    tdp_w: float | None = Field(default=None, gt=0, le=B.MAX_WATTS)
     """Datasheet board power (TDP), W: the power at which the peaks above are reached; None = not stated."""
 
     def peak_tflops(self, dtype: Dtype) -> float:
@@ -119,30 +120,30 @@ class ClusterSpec(BaseModel):
 
     gpu: GPUSpec
     """The accelerator (a preset name in YAML, or the fields)."""
-    num_nodes: int = Field(default=1, ge=1)
+    num_nodes: int = Field(default=1, ge=1, le=B.MAX_NODES)
     """Nodes in the job."""
-    gpus_per_node: int = Field(default=8, ge=1)
+    gpus_per_node: int = Field(default=8, ge=1, le=B.MAX_GPUS_PER_NODE)
     """GPUs per node (one NVLink/xGMI domain)."""
-    intra_node_gbps: float = Field(default=0.0, ge=0)
+    intra_node_gbps: float = Field(default=0.0, ge=0, le=B.MAX_LINK_GBPS)
     """Per-GPU intra-node bandwidth, GB/s one direction (0 = the GPU preset's default)."""
-    inter_node_gbps: float = Field(default=0.0, ge=0)
+    inter_node_gbps: float = Field(default=0.0, ge=0, le=B.MAX_LINK_GBPS)
     """Per-GPU network bandwidth, GB/s one direction (0 = the GPU preset's default)."""
-    intra_node_latency_us: float = Field(default=3.0, ge=0)
+    intra_node_latency_us: float = Field(default=3.0, ge=0, le=B.MAX_LATENCY_US)
     """Per-hop latency inside a node, microseconds (alpha of the alpha-beta model)."""
-    inter_node_latency_us: float = Field(default=15.0, ge=0)
+    inter_node_latency_us: float = Field(default=15.0, ge=0, le=B.MAX_LATENCY_US)
     """Per-hop latency across nodes, microseconds."""
-    storage_write_gbps: float = Field(default=100.0, gt=0)
+    storage_write_gbps: float = Field(default=100.0, ge=B.MIN_STORAGE_GBPS, le=B.MAX_STORAGE_GBPS)
     """Aggregate checkpoint storage write bandwidth, GB/s."""
-    storage_read_gbps: float = Field(default=200.0, gt=0)
+    storage_read_gbps: float = Field(default=200.0, ge=B.MIN_STORAGE_GBPS, le=B.MAX_STORAGE_GBPS)
     """Aggregate checkpoint storage read bandwidth, GB/s."""
-    node_storage_gbps: float = Field(default=5.0, gt=0)
+    node_storage_gbps: float = Field(default=5.0, ge=B.MIN_STORAGE_GBPS, le=B.MAX_STORAGE_GBPS)
     """Per-node bandwidth to the checkpoint store, GB/s."""
-    node_mtbf_hours: float = Field(default=_NODE_MTBF_H, gt=0)
+    node_mtbf_hours: float = Field(default=_NODE_MTBF_H, ge=B.MIN_MTBF_HOURS, le=B.MAX_MTBF_HOURS)
     """Mean time between failures of one node, hours (default from Llama 3's 54-day run)."""
-    power_cap_w: float = Field(default=0.0, ge=0)
+    power_cap_w: float = Field(default=0.0, ge=0, le=B.MAX_WATTS)
     """Power limit each GPU runs under, W (nvidia-smi -pl); 0 = the GPU's datasheet TDP. A cap below the TDP
     lowers the sustained clock and with it every compute term (evaluators.timing.clock_factor)."""
-    price_per_gpu_hour: float = Field(default=0.0, ge=0)
+    price_per_gpu_hour: float = Field(default=0.0, ge=0, le=B.MAX_PRICE)
     """USD per GPU-hour (left out or null: the GPU preset's illustrative default; a negative price is refused)."""
     calibration: str | None = None
     """Calibration file written by `stratagem calibrate` on this hardware (relative to the scenario file);
@@ -183,6 +184,9 @@ class ClusterSpec(BaseModel):
                 f"cluster ({self.gpu.name}): intra_node_gbps and inter_node_gbps must be set (> 0) "
                 "for a GPU that is not a preset"
             )
+        if self.num_gpus > B.MAX_GPUS:
+            raise StratagemError(f"num_nodes x gpus_per_node ({self.num_nodes} x {self.gpus_per_node} = "
+                                 f"{self.num_gpus:,} GPUs): at most {B.MAX_GPUS:,} in one job (spaces/bounds.py)")
         return self
 
     @property

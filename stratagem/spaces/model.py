@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stratagem.errors import StratagemError
+from stratagem.spaces import bounds as B
 
 __all__ = ["MoESpec", "MLASpec", "ModelSpec", "MODEL_PRESETS", "model_preset"]
 
@@ -25,28 +26,28 @@ class MoESpec(BaseModel):
 
     model_config = _FROZEN
 
-    num_experts: int = Field(ge=1)
+    num_experts: int = Field(ge=1, le=B.MAX_EXPERTS)
     """Routed experts per MoE layer."""
-    top_k: int = Field(ge=1)
+    top_k: int = Field(ge=1, le=B.MAX_EXPERTS)
     """Routed experts each token is sent to."""
-    expert_ffn_hidden_size: int = Field(ge=1)
+    expert_ffn_hidden_size: int = Field(ge=1, le=B.MAX_FFN)
     """Inner size of one routed expert's MLP."""
-    shared_experts: int = Field(default=0, ge=0)
+    shared_experts: int = Field(default=0, ge=0, le=B.MAX_EXPERTS)
     """Experts every token passes through besides the routed ones (DeepSeek n_shared_experts, Llama 4's
     shared expert); they are dense weights: split by tp, not by ep."""
-    shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1)
+    shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1, le=B.MAX_FFN)
     """Inner size of one shared expert; defaults to expert_ffn_hidden_size."""
-    first_dense_layers: int = Field(default=0, ge=0)
+    first_dense_layers: int = Field(default=0, ge=0, le=B.MAX_LAYERS)
     """Leading layers with a dense MLP of ffn_hidden_size instead of experts (DeepSeek first_k_dense_replace)."""
-    moe_layer_step: int = Field(default=1, ge=1)
+    moe_layer_step: int = Field(default=1, ge=1, le=B.MAX_LAYERS)
     """After the dense layers, every n-th layer is an MoE layer (Llama 4 interleave_moe_layer_step); others dense."""
     router_bias: bool = False
     """Whether the router has a bias of one value per expert (gpt-oss; DeepSeek-V3's e_score_correction_bias)."""
-    capacity_factor: float | None = Field(default=None, gt=0)
+    capacity_factor: float | None = Field(default=None, gt=0, le=B.MAX_EXPERTS)
     """Tokens an expert may take, as a multiple of its even share (Switch/GShard); None: dropless."""
-    route_groups: int | None = Field(default=None, ge=1)
+    route_groups: int | None = Field(default=None, ge=1, le=B.MAX_EXPERTS)
     """Group-limited routing (DeepSeek-V3 n_group): the experts fall into this many equal groups."""
-    route_groups_per_token: int | None = Field(default=None, ge=1)
+    route_groups_per_token: int | None = Field(default=None, ge=1, le=B.MAX_EXPERTS)
     """Groups one token may route into (DeepSeek-V3 topk_group = 4: with one group per node, a token reaches at
     most 4 nodes, DeepSeek-V3 report sec. 3.2.2); None: no limit."""
 
@@ -62,15 +63,15 @@ class MLASpec(BaseModel):
 
     model_config = _FROZEN
 
-    q_lora_rank: int | None = Field(default=None, ge=1)
+    q_lora_rank: int | None = Field(default=None, ge=1, le=B.MAX_FFN)
     """Rank of the query latent (None: a full query projection, as DeepSeek-V2-Lite)."""
-    kv_lora_rank: int = Field(ge=1)
+    kv_lora_rank: int = Field(ge=1, le=B.MAX_FFN)
     """Rank of the compressed key/value latent c_kv."""
-    qk_nope_head_dim: int = Field(ge=1)
+    qk_nope_head_dim: int = Field(ge=1, le=B.MAX_HEAD_DIM)
     """Per-head query/key width without rotary embedding."""
-    qk_rope_head_dim: int = Field(ge=0)
+    qk_rope_head_dim: int = Field(ge=0, le=B.MAX_HEAD_DIM)
     """Per-head query/key width with rotary embedding (the key part is shared across heads)."""
-    v_head_dim: int = Field(ge=1)
+    v_head_dim: int = Field(ge=1, le=B.MAX_HEAD_DIM)
     """Per-head value width."""
 
 
@@ -81,19 +82,19 @@ class ModelSpec(BaseModel):
 
     name: str = "custom"
     """Display name (free text; escaped wherever it is rendered)."""
-    num_layers: int = Field(ge=1)
+    num_layers: int = Field(ge=1, le=B.MAX_LAYERS)
     """Transformer blocks."""
-    hidden_size: int = Field(ge=1)
+    hidden_size: int = Field(ge=1, le=B.MAX_HIDDEN)
     """Residual stream width h."""
-    num_attention_heads: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1, le=B.MAX_HEADS)
     """Query heads a."""
-    num_kv_heads: int | None = Field(default=None, ge=1)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=B.MAX_HEADS)
     """Key/value heads (GQA); defaults to num_attention_heads (MHA)."""
-    head_dim: int | None = Field(default=None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1, le=B.MAX_HEAD_DIM)
     """Per-head width; defaults to hidden_size / num_attention_heads."""
-    ffn_hidden_size: int = Field(ge=1)
+    ffn_hidden_size: int = Field(ge=1, le=B.MAX_FFN)
     """Dense MLP inner size f (the dense layers of an MoE model)."""
-    vocab_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1, le=B.MAX_VOCAB)
     """Vocabulary size V."""
     mlp: Literal["swiglu", "gelu"] = "swiglu"
     """MLP kind: swiglu (3 matrices, Llama) or gelu (2 matrices, GPT)."""
@@ -105,7 +106,7 @@ class ModelSpec(BaseModel):
     """Linear biases: none (Llama), qkv (Qwen2) or all (GPT-2/3, NeoX, gpt-oss)."""
     position_embedding: Literal["rope", "learned"] = "rope"
     """Rotary (no parameters) or a learned absolute table of max_position_embeddings rows."""
-    max_position_embeddings: int = Field(default=2048, ge=1)
+    max_position_embeddings: int = Field(default=2048, ge=1, le=B.MAX_POSITIONS)
     """Rows of the learned position table (ignored for rope)."""
     moe: MoESpec | None = None
     """Mixture-of-experts MLP, or None for a dense model."""
@@ -113,17 +114,17 @@ class ModelSpec(BaseModel):
     """Multi-head Latent Attention instead of grouped-query attention (DeepSeek-V2/V3)."""
     qk_norm: bool = False
     """Per-head RMSNorm of queries and keys, head_dim weights each (Qwen3)."""
-    attention_window: int | None = Field(default=None, ge=1)
+    attention_window: int | None = Field(default=None, ge=1, le=B.MAX_POSITIONS)
     """Tokens a local-attention layer sees (gpt-oss sliding_window, Llama 4 attention_chunk_size); None: all."""
     window_kind: Literal["sliding", "chunked"] = "sliding"
     """sliding: each token sees the previous attention_window tokens; chunked: the sequence is cut into chunks of
     attention_window tokens attending only within themselves (Llama 4)."""
-    global_attention_every: int = Field(default=0, ge=0)
+    global_attention_every: int = Field(default=0, ge=0, le=B.MAX_LAYERS)
     """With a window: every n-th layer (the last of each group of n) attends to the whole sequence (gpt-oss 2,
     Llama 4 4); 0: every layer is local."""
     attention_sinks: bool = False
     """Learned per-head sink logits in the softmax (gpt-oss): one parameter per head and layer."""
-    encoder_params: int = Field(default=0, ge=0)
+    encoder_params: int = Field(default=0, ge=0, le=B.MAX_PARAMS)
     """Parameters outside the decoder trained with it (Llama 4's vision encoder and projector); held with the
     embedding on the first pipeline stage; no work per text token."""
 

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stratagem.errors import StratagemError
+from stratagem.spaces import bounds as B
 from stratagem.spaces.plan import Precision
 from stratagem.spaces.stacks import (
     FP8_RECIPES,
@@ -33,9 +34,9 @@ class CheckpointPolicy(BaseModel):
 
     mode: Literal["blocking", "async"] = "async"
     """blocking: training waits for the whole write; async: it waits only for a staging copy to host memory."""
-    interval_minutes: float | None = Field(default=None, gt=0)
+    interval_minutes: float | None = Field(default=None, gt=0, le=B.MAX_MINUTES)
     """Minutes between checkpoints; None = the Young/Daly optimum for this job's MTBF."""
-    restart_minutes: float = Field(default=10.0, ge=0)
+    restart_minutes: float = Field(default=10.0, ge=0, le=B.MAX_MINUTES)
     """Time to reschedule and warm up after a failure, minutes; the model adds the checkpoint load time."""
 
 
@@ -65,7 +66,7 @@ class TrainingSpec(BaseModel):
     """adamw (2 fp32 states), sgd (momentum, 1 state), adafactor (factored second moment), adamw8bit."""
     stack: Stack = "torch"
     """Whose memory conventions apply (see the class docstring)."""
-    training_tokens: float = Field(default=1e12, gt=0)
+    training_tokens: float = Field(default=1e12, gt=0, le=B.MAX_TOKENS)
     """Tokens in the whole training run (capacity planning)."""
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     """Checkpoint policy."""

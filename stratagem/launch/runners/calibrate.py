@@ -59,7 +59,7 @@ from stratagem.spaces.training import TrainingSpec
 
 __all__ = ["LADDER", "TINY", "SizedModel", "Runner", "CalibrationOutcome", "size_model", "calibration_plans",
            "node_scenario", "local_runner", "run_calibration", "run_table", "device_facts",
-           "check_options", "HARNESS_KERNELS", "measured_path_base"]
+           "check_options", "check_gpus", "node_devices", "HARNESS_KERNELS", "measured_path_base"]
 
 HARNESS_KERNELS: KernelPath = "eager"
 """The kernel path the harness runs (launch/harness: eager torch.nn ops, no torch.compile): the calibration's compute
@@ -351,6 +351,25 @@ def run_calibration(scenario: Scenario, gpus: int, budget_s: float, out: str | P
     if path is not None:
         write_calibration(path, cf, texts, force)
     return CalibrationOutcome(runs=tuple(runs), fit=fit, file=cf, path=path, table=run_table(records))
+
+
+def node_devices(scenario: Scenario) -> int:
+    """The most devices one calibration can run on this node: its CUDA devices, or for CPU ranks the scenario's
+    gpus_per_node capped by this machine's cores (each gloo rank needs a core; more only queue)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return max(1, min(scenario.cluster.gpus_per_node, os.cpu_count() or 1))
+
+
+def check_gpus(gpus: int, scenario: Scenario) -> None:
+    """--gpus fits this node (`node_devices`): a calibration measures one node, and ranks beyond its devices
+    would only share them (the node runs' work grows with their number)."""
+    most = node_devices(scenario)
+    if gpus > most:
+        raise StratagemError(f"--gpus ({gpus}): this node has {most} device(s) for the runs (CUDA devices, or "
+                             "CPU cores capped by the scenario's gpus_per_node); give at most that")
 
 
 def default_gpus(scenario: Scenario) -> int:
