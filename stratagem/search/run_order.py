@@ -35,7 +35,7 @@ from optuna.trial import TrialState
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
-from stratagem.evaluators.posterior import Predictive, predictive
+from stratagem.evaluators.posterior import Predictive, PredictiveBasis, predictive_basis
 from stratagem.search.acquisition import believer_batch
 from stratagem.search.calibrate import calibration_id
 from stratagem.search.claims import orphaned
@@ -206,11 +206,13 @@ class ExpectedImprovementOrder:
     candidates: PlanColumns | None = None
     """Run only these plans (scored among themselves)."""
     predict: Predict | None = None
-    """How the plans' predictive distributions are computed (None: evaluators.posterior.predictive)."""
+    """How the plans' predictive distributions are computed (None: the calibration's own, through
+    evaluators.posterior.predictive_basis)."""
     skipped: dict[str, str] = field(default_factory=dict)
     infra: dict[str, int] = field(default_factory=dict)
     """Plan key -> infra failures in this call."""
     _cache: tuple[str, PlanColumns, Predictive] | None = field(default=None, init=False, repr=False)
+    _basis: tuple[PlanColumns, PredictiveBasis] | None = field(default=None, init=False, repr=False)
 
     def next_batch(self, state: RunState, want: int) -> list[Pick]:
         """Lost plans first, then new plans by acquisition up to K, then the due re-measurements."""
@@ -243,22 +245,32 @@ class ExpectedImprovementOrder:
         return [(plans.plan(i), "candidate" if fits[i] else "boundary") for i in picks]
 
     def _predicted(self, state: RunState) -> tuple[PlanColumns, Predictive]:
-        """The plans to choose among and their predictive distributions under the calibration in force, kept
-        while it stays in force (most refits are not adopted). The plans: the candidates; else every valid plan
-        of the space; else (over search.exhaustive_limit) those the screening judged (screen)."""
-        cid = calibration_id(state.calibration)
-        if self._cache is not None and self._cache[0] == cid:
-            return self._cache[1], self._cache[2]
-        space = state.space
+        """The plans to choose among (the candidates; else every valid plan of the space; over
+        search.exhaustive_limit, those the screening judged) and their predictive distributions under the
+        calibration in force: kept while it stays in force (most refits are not adopted), and from the formulas'
+        terms kept while its constants stay (evaluators.posterior.PredictiveBasis: a new posterior of the
+        multipliers costs no model evaluation)."""
+        cal = state.calibration
+        cid = calibration_id(cal)
+        if self._cache is None or self._cache[0] != cid:
+            if self.predict is not None:
+                plans = self._plans(state)
+                pred = self.predict(state.scenario, plans, cal)
+            else:
+                constants = cal.model_copy(update={"time_multipliers": None, "memory_multipliers": None})
+                if self._basis is None or self._basis[1].constants != constants:
+                    plans = self._plans(state)
+                    self._basis = (plans, predictive_basis(state.scenario, plans, cal))
+                plans, pred = self._basis[0], self._basis[1].at(cal)
+            self._cache = (cid, plans, pred)
+        return self._cache[1], self._cache[2]
+
+    def _plans(self, state: RunState) -> PlanColumns:
         if self.candidates is not None:
-            plans = screen_candidates(state.scenario, space, state.calibration, self.candidates).plans
-        elif space.count() <= space.config.exhaustive_limit:
-            plans = space.enumerate()
-        else:
-            plans = screen(state.scenario, state.calibration, space=space).plans
-        predict = self.predict or predictive
-        self._cache = (cid, plans, predict(state.scenario, plans, state.calibration))
-        return plans, self._cache[2]
+            return screen_candidates(state.scenario, state.space, state.calibration, self.candidates).plans
+        if state.space.count() <= state.space.config.exhaustive_limit:
+            return state.space.enumerate()
+        return screen(state.scenario, state.calibration, space=state.space).plans
 
 
 RUN_ORDERS: dict[str, Callable[..., RunOrder]] = {"ranked": RankedOrder,

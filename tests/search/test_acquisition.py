@@ -5,6 +5,7 @@ real SearchSession."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -169,3 +170,27 @@ def test_the_order_runs_stores_and_remeasures_over_a_session(tmp_path: Path) -> 
     assert mf.measured == 5 and len({t.user_attrs["plan"] for t in measured}) == 3
     assert sum(t.user_attrs.get("role") == "remeasured" for t in measured) == 2
     assert list(order.skipped) == [plan_key(PLANS[3])]
+
+
+def test_a_new_posterior_of_the_multipliers_reorders_without_the_model(tmp_path: Path) -> None:
+    """The order keeps the formulas' terms (evaluators.posterior.PredictiveBasis) while the constants stay: after a
+    refit that adopts time multipliers (the pipeline bubble x4, sure) the pipelined plan is no longer first, and
+    the order picks what the full predictive picks."""
+    from stratagem.evaluators.calibration import LogMultipliers
+    from stratagem.evaluators.posterior import predictive
+    from stratagem.evaluators.timing import TIME_TERMS
+
+    s = _session(tmp_path)
+    cands = PlanColumns.from_plans(PLANS[:3])
+    k = len(TIME_TERMS)
+    taught = LogMultipliers(names=TIME_TERMS, mean=tuple(math.log(4.0) if t == "bubble_s" else 0.0 for t in TIME_TERMS),
+                            cov=tuple(tuple(1e-4 if i == j else 0.0 for j in range(k)) for i in range(k)),
+                            noise_sd=0.01, runs=3)
+    after = dataclasses.replace(_state(s), calibration=s.start_calibration.model_copy(
+        update={"time_multipliers": taught}))
+    kept = ExpectedImprovementOrder(candidates=cands)
+    before = [plan_key(p) for p, _ in kept.next_batch(_state(s), 3)]  # the basis at the start's constants
+    now = [plan_key(p) for p, _ in kept.next_batch(after, 3)]
+    fresh = ExpectedImprovementOrder(candidates=cands, predict=predictive)
+    assert before[0] == plan_key(PLANS[2]) and now[0] != before[0]
+    assert now == [plan_key(p) for p, _ in fresh.next_batch(after, 3)]
