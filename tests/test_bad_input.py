@@ -637,7 +637,7 @@ def _readers(url: str, out: Path) -> dict[str, list[str]]:
             "export": ["export", "--storage", url, "--to", "torchrun", "--trial", "0", "-o", str(out / "job")]}
 
 
-@pytest.mark.parametrize("kind,words", [("foreign", "is a database but not an Optuna storage"),
+@pytest.mark.parametrize("kind,words", [("foreign", "is an SQLite database but not an Optuna storage"),
                                         ("older", "older schema (v3.0.0.d")])
 def test_a_database_not_this_optunas_is_refused_untouched(kind: str, words: str, searched: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,

@@ -99,17 +99,17 @@ def _revisions() -> tuple[str, list[str]]:
     return str(scripts.get_current_head()), [str(r.revision) for r in scripts.walk_revisions()]
 
 
-def schema_verdict(layout: Layout, where: str) -> Literal["empty", "optuna"]:
+def schema_verdict(layout: Layout, where: str, what: str = "a database") -> Literal["empty", "optuna"]:
     """"empty" (no table: Optuna may create its own), "optuna" (this Optuna's schema), else one-line
     StratagemError: another program's database, or an Optuna storage of another schema version (with the
-    command that upgrades it). `where` names the storage in the message."""
+    command that upgrades it). `where` names the storage in the message, `what` the kind of database."""
     if not layout.columns:
         return "empty"
     import optuna
 
     is_optuna = layout.revision is not None and _VERSION_COLUMNS <= layout.columns.get("version_info", set())
     if not is_optuna:
-        raise StratagemError(f"{where} is a database but not an Optuna storage (its tables: "
+        raise StratagemError(f"{where} is {what} but not an Optuna storage (its tables: "
                              f"{', '.join(sorted(layout.columns)[:6])}); stratagem leaves it untouched: give a new "
                              "file name or the storage a search wrote")
     head, known = _revisions()

@@ -176,7 +176,7 @@ def _check_sqlite(url: str, path: Path) -> str:
             raise StratagemError(f"storage ({url!r}): {path} is locked by another process (a write in progress "
                                  "or a stuck program holding it); wait for it, or stop that program") from None
         raise StratagemError(f"storage ({url!r}): cannot read {path}: {e}") from None
-    return schema_verdict(layout, f"storage ({url!r}): {path}")
+    return schema_verdict(layout, f"storage ({url!r}): {path}", "an SQLite database")
 
 
 def _check_rdb(url: str) -> None:

@@ -88,7 +88,7 @@ def test_an_sqlite_database_without_optuna_tables_is_never_touched(tmp_path) -> 
         con.execute("INSERT INTO people VALUES ('ada')")
     con.close()
     before = db.read_bytes()
-    with pytest.raises(StratagemError, match=f"{db} is a database but not an Optuna storage"):
+    with pytest.raises(StratagemError, match=f"{db} is an SQLite database but not an Optuna storage"):
         open_storage(parse_storage(f"sqlite:///{db}"))
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not sqlite at all" * 100)
