@@ -129,6 +129,11 @@ class CalibrationFit:
     """Leave-one-out mean peak-memory error, OOMs included (refit_step)."""
     ooms: int = 0
     """OOM runs used as lower bounds on the memory fit."""
+    took: tuple[str, ...] = ()
+    """The groups of constants this refit adopted: "time" and/or "memory" (refit_step)."""
+    folds: tuple[Calibration, ...] = ()
+    """The leave-one-out refits (refit_step): one per held-out ok run (the latest HELD_OUT), then one per held-out
+    OOM run; a later fit judged on the same runs starts each fold from these constants."""
 
     def step(self, measured: int) -> CalibrationStep:
         """This fit as the study's calibration-history entry."""
@@ -269,7 +274,7 @@ def fit_calibration(scenario: Scenario, measured: Sequence[Evaluation],
     )
 
 
-def _held_out(data: _Data, candidate: Calibration) -> tuple[Array, Array, Array]:
+def _held_out(data: _Data, candidate: Calibration) -> tuple[Array, Array, Array, list[Calibration]]:
     """Leave-one-out predictions (step, peak) of the latest HELD_OUT ok runs and (peak) of the latest HELD_OUT OOM
     runs: each refitted without it, warm-started at the full fit `candidate` (which the held-out run helped
     make) with LOO_SWEEPS sweeps of the full grid (1/16..16): the descent can move anywhere the other runs pull,
@@ -277,15 +282,23 @@ def _held_out(data: _Data, candidate: Calibration) -> tuple[Array, Array, Array]
     n = len(data.runs)
     held = list(range(max(0, n - HELD_OUT), n))
     step, peak = np.empty(len(held)), np.empty(len(held))
+    folds = []
     for j, i in enumerate(held):
         fitted = _fit(data.subset([k for k in range(n) if k != i]), candidate, sweeps=LOO_SWEEPS)
         s, p = data.subset([i]).predict(fitted)
         step[j], peak[j] = s[0], p[0]
+        folds.append(fitted)
     oom = np.empty(len(_held_ooms(data)))
     for j, i in enumerate(_held_ooms(data)):
         fitted = _fit(data.without_oom(i), candidate, sweeps=LOO_SWEEPS)
         oom[j] = data.predict_ooms(fitted)[i]
-    return step, peak, oom
+        folds.append(fitted)
+    return step, peak, oom, folds
+
+
+def _kept_fields(take_time: bool, take_memory: bool) -> list[str]:
+    """The constants a fold keeps from the calibration in force: those of the groups the refit did not adopt."""
+    return ([] if take_time else [*TIME_FIELDS, "attention_efficiency"]) + ([] if take_memory else [*MEMORY_FIELDS])
 
 
 def _held_ooms(data: _Data) -> list[int]:
@@ -307,16 +320,15 @@ def refit_step(scenario: Scenario, measured: Sequence[Evaluation], base: Calibra
     now_t, now_m = data.predict(current)
     now_oom = data.predict_ooms(current)
     before = (median_error(now_t, data.step), data.memory_error(now_m, now_oom))
-    kept = {"time_error_before": before[0], "time_error_after": before[0], "memory_error_before": before[1],
-            "memory_error_after": before[1]}
     if not refit:
-        return CalibrationFit(current, len(runs), **kept, adopted=False, note="refit off", ooms=len(ooms))
+        return CalibrationFit(current, len(runs), before[0], before[0], before[1], before[1], adopted=False,
+                              note="refit off", ooms=len(ooms))
     if len(runs) < 3:
-        return CalibrationFit(current, len(runs), **kept, adopted=False, ooms=len(ooms),
-                              note=f"{len(runs)} run(s): a refit cannot be judged on held-out runs before 3; "
-                                   "constants unchanged")
+        return CalibrationFit(current, len(runs), before[0], before[0], before[1], before[1], adopted=False,
+                              ooms=len(ooms), note=f"{len(runs)} run(s): a refit cannot be judged on held-out runs "
+                                                   "before 3; constants unchanged")
     candidate = _fit(data, base)
-    loo_t, loo_m, loo_oom = _held_out(data, candidate)
+    loo_t, loo_m, loo_oom, folds = _held_out(data, candidate)
     held = slice(max(0, len(runs) - HELD_OUT), len(runs))
     held_oom = _held_ooms(data)
     loo = (median_error(loo_t, data.step[held]), data.memory_error(loo_m, loo_oom, held))
@@ -338,4 +350,7 @@ def refit_step(scenario: Scenario, measured: Sequence[Evaluation], base: Calibra
         calibration=cal, runs=len(runs), time_error_before=before[0], memory_error_before=before[1],
         time_error_after=median_error(after_t, data.step), memory_error_after=data.memory_error(after_m, after_oom),
         adopted=take_time or take_memory, note="; ".join(parts), time_error_held_out=loo[0],
-        memory_error_held_out=loo[1], ooms=len(ooms))
+        memory_error_held_out=loo[1], ooms=len(ooms),
+        took=tuple(g for g, took in (("time", take_time), ("memory", take_memory)) if took),
+        folds=tuple(f.model_copy(update={k: getattr(current, k) for k in _kept_fields(take_time, take_memory)})
+                    for f in folds))

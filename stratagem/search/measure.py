@@ -296,7 +296,7 @@ class Measurement:
         step = fit.step(measured_runs(s.study))
         if self.recalibrate:  # then the per-term multipliers, at the constants in force (search/multiplier_refit.py)
             terms = refit_multipliers(s.scenario, evaluations, s.start_calibration, fit.calibration,
-                                      run_noise(s.study).sd, s.study_name)
+                                      run_noise(s.study).sd, s.study_name, fit)
             fit = dataclasses.replace(fit, calibration=terms.calibration)
             step = with_multipliers(step, terms)
         self.calibration = fit.calibration

@@ -14,7 +14,7 @@ included) is below the calibration in force's on the same runs, as refit_step ju
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +32,7 @@ from stratagem.evaluators.priors import prior_for
 from stratagem.evaluators.timing import TIME_TERMS, term_seconds, time_columns
 from stratagem.search.calibrate import (
     HELD_OUT,
+    CalibrationFit,
     CalibrationStep,
     calibration_id,
     memory_error,
@@ -77,20 +78,25 @@ class _Runs:
 
     def __init__(self, scn: Scenario, runs: Sequence[Evaluation], ooms: Sequence[Evaluation],
                  current: Calibration) -> None:
-        plain = current.model_copy(update={"time_multipliers": None, "memory_multipliers": None})
-        self.n = len(runs)
+        self.scn, self.n = scn, len(runs)
         self.pc = PlanColumns.from_plans([e.plan for e in runs]) if runs else None
         self.oom_pc = PlanColumns.from_plans([e.plan for e in ooms]) if ooms else None
-        k_t, k_m = len(TIME_TERMS), len(BLOCKS)
-        self.time = term_seconds(time_columns(scn, self.pc, plain)) if self.pc else np.zeros((0, k_t))
-        self.mem = _blocks(scn, self.pc, plain) if self.pc else np.zeros((0, k_m))
-        self.oom = _blocks(scn, self.oom_pc, plain) if self.oom_pc else np.zeros((0, k_m))
+        self.time, self.mem, self.oom = self.terms_at(current)
         self.step = np.array([float((e.measurements or {})["step_s"]) for e in runs])
         self.peak = np.array([e.memory.peak_gib for e in runs if e.memory is not None])
         self.bound = scn.cluster.gpu.hbm_gib  # the harness's cap: an OOM run's peak was above it
         self.now_step = time_columns(scn, self.pc, current)["step_s"] if self.pc else np.zeros(0)
         self.now_peak = memory_columns(scn, self.pc, current)["peak"] / GIB if self.pc else np.zeros(0)
         self.now_oom = memory_columns(scn, self.oom_pc, current)["peak"] / GIB if self.oom_pc else np.zeros(0)
+
+    def terms_at(self, cal: Calibration) -> tuple[Array, Array, Array]:
+        """(ok runs' time terms, their blocks, OOM runs' blocks) by the formulas at `cal`'s constants."""
+        plain = cal.model_copy(update={"time_multipliers": None, "memory_multipliers": None})
+        k_t, k_m = len(TIME_TERMS), len(BLOCKS)
+        time = term_seconds(time_columns(self.scn, self.pc, plain)) if self.pc else np.zeros((0, k_t))
+        mem = _blocks(self.scn, self.pc, plain) if self.pc else np.zeros((0, k_m))
+        oom = _blocks(self.scn, self.oom_pc, plain) if self.oom_pc else np.zeros((0, k_m))
+        return time, mem, oom
 
 
 def _held(n: int) -> list[int]:
@@ -103,38 +109,49 @@ def _without(n: int, i: int) -> NDArray[np.bool_]:
     return keep
 
 
-def _time_fit(r: _Runs, prior: LogMultipliers, floor: float | None) -> Callable[[NDArray[np.bool_]],
-                                                                              LogMultipliers]:
-    return lambda keep: fit_multipliers(r.time[keep], np.log(r.step[keep]), prior, noise_floor=floor)
+def _at(r: _Runs, fold: Calibration | None) -> tuple[Array, Array, Array]:
+    """The runs' terms at a fold's constants (None: the constants in force)."""
+    return (r.time, r.mem, r.oom) if fold is None else r.terms_at(fold)
 
 
-def _memory_fit(r: _Runs, prior: LogMultipliers) -> Callable[[NDArray[np.bool_], NDArray[np.bool_]],
-                                                            LogMultipliers]:
-    return lambda keep, keep_oom: fit_multipliers(r.mem[keep], np.log(r.peak[keep]), prior, r.oom[keep_oom],
-                                                  math.log(r.bound))
-
-
-def _judge_time(r: _Runs, prior: LogMultipliers, floor: float | None) -> tuple[LogMultipliers, float, float]:
-    """(fit on every ok run, leave-one-out error, the calibration in force's error on the same runs)."""
-    fit = _time_fit(r, prior, floor)
+def _judge_time(r: _Runs, prior: LogMultipliers, floor: float | None, folds: Sequence[Calibration] | None,
+                incumbent: float | None) -> tuple[LogMultipliers, float, float]:
+    """(fit on every ok run, leave-one-out error, the incumbent's error on the same runs: `incumbent` when the
+    constants were refitted at this step (their own leave-one-out error; each fold then predicts from the
+    constants refitted without its run, `folds`), else the calibration in force's)."""
     held = _held(r.n)
-    pred = np.array([math.exp(log_sum(r.time[i:i + 1], np.array(fit(_without(r.n, i)).mean))[0]) for i in held])
-    return (fit(np.ones(r.n, dtype=bool)), median_error(pred, r.step[held]),
-            median_error(r.now_step[held], r.step[held]))
+    pred = np.empty(len(held))
+    for j, i in enumerate(held):
+        a = _at(r, folds[j] if folds else None)[0]
+        keep = _without(r.n, i)
+        post = fit_multipliers(a[keep], np.log(r.step[keep]), prior, noise_floor=floor)
+        pred[j] = math.exp(log_sum(a[i:i + 1], np.array(post.mean))[0])
+    now = incumbent if incumbent is not None else median_error(r.now_step[held], r.step[held])
+    return (fit_multipliers(r.time, np.log(r.step), prior, noise_floor=floor), median_error(pred, r.step[held]),
+            now)
 
 
-def _judge_memory(r: _Runs, prior: LogMultipliers) -> tuple[LogMultipliers, float, float]:
-    """(fit on every run, leave-one-out memory_error, the calibration in force's on the same runs)."""
-    fit = _memory_fit(r, prior)
+def _judge_memory(r: _Runs, prior: LogMultipliers, folds: Sequence[Calibration] | None,
+                  incumbent: float | None) -> tuple[LogMultipliers, float, float]:
+    """(fit on every run, leave-one-out memory_error, the incumbent's on the same runs; as _judge_time, `folds`
+    one per held-out ok run then one per held-out OOM run)."""
     m = len(r.oom)
-    all_ok, all_oom = np.ones(r.n, dtype=bool), np.ones(m, dtype=bool)
     held, held_oom = _held(r.n), _held(m)
-    peak = np.array([math.exp(log_sum(r.mem[i:i + 1], np.array(fit(_without(r.n, i), all_oom).mean))[0])
-                     for i in held])
-    oom = np.array([math.exp(log_sum(r.oom[j:j + 1], np.array(fit(all_ok, _without(m, j)).mean))[0])
-                    for j in held_oom])
-    return (fit(all_ok, all_oom), memory_error(peak, r.peak[held], oom, r.bound),
-            memory_error(r.now_peak[held], r.peak[held], r.now_oom[held_oom], r.bound))
+    log_cap = math.log(r.bound)
+
+    def predict(fold: Calibration | None, keep: NDArray[np.bool_], keep_oom: NDArray[np.bool_]) -> Array:
+        _, mem, oom = _at(r, fold)
+        post = fit_multipliers(mem[keep], np.log(r.peak[keep]), prior, oom[keep_oom], log_cap)
+        return np.exp(log_sum(np.vstack([mem, oom]), np.array(post.mean)))
+
+    all_ok, all_oom = np.ones(r.n, dtype=bool), np.ones(m, dtype=bool)
+    peak = np.array([predict(folds[j] if folds else None, _without(r.n, i), all_oom)[i] for j, i in enumerate(held)])
+    oom = np.array([predict(folds[len(held) + j] if folds else None, all_ok, _without(m, k))[r.n + k]
+                    for j, k in enumerate(held_oom)])
+    now = incumbent if incumbent is not None else memory_error(r.now_peak[held], r.peak[held], r.now_oom[held_oom],
+                                                               r.bound)
+    return (fit_multipliers(r.mem, np.log(r.peak), prior, r.oom, log_cap),
+            memory_error(peak, r.peak[held], oom, r.bound), now)
 
 
 def _prior(given: LogMultipliers | None, device: LogMultipliers, study: str) -> LogMultipliers:
@@ -144,10 +161,13 @@ def _prior(given: LogMultipliers | None, device: LogMultipliers, study: str) -> 
 
 
 def refit_multipliers(scenario: Scenario, measured: Sequence[Evaluation], base: Calibration, current: Calibration,
-                      run_noise_sd: float | None = None, study: str = "") -> MultiplierRefit:
+                      run_noise_sd: float | None = None, study: str = "",
+                      constants: CalibrationFit | None = None) -> MultiplierRefit:
     """Fit the time and memory multipliers on `measured` (the runs of `study`) with the prior from `base` and the
-    constants of `current` (the calibration in force after the constants' refit); keep each group only where its
-    leave-one-out error beats `current`'s (module docstring)."""
+    constants of `current` (the calibration in force after the constants' refit `constants`); keep each group only
+    where its leave-one-out error beats the incumbent's (module docstring): where `constants` adopted that group's
+    constants at this step, their own leave-one-out error, each fold predicting from the constants refitted without
+    its run (a fair race: neither saw the held-out run); else `current`'s error on the held-out runs."""
     runs, ooms = usable_runs(measured), oom_runs(measured)
     r = _Runs(scenario, runs, ooms, current)
     prior = prior_for(scenario.cluster.gpu.name)
@@ -155,7 +175,10 @@ def refit_multipliers(scenario: Scenario, measured: Sequence[Evaluation], base: 
     parts: list[str] = []
     step_loo = memory_loo = None
     if r.n >= 2:
-        post, step_loo, now = _judge_time(r, _prior(base.time_multipliers, prior.time(), study), run_noise_sd)
+        took = constants is not None and "time" in constants.took
+        post, step_loo, now = _judge_time(r, _prior(base.time_multipliers, prior.time(), study), run_noise_sd,
+                                          constants.folds if took and constants else None,
+                                          constants.time_error_held_out if took and constants else None)
         if step_loo < now:
             update["time_multipliers"] = post.model_copy(update={"study": study})
         parts.append(f"term multipliers (time) {'adopted' if step_loo < now else 'refused'} "
@@ -163,7 +186,10 @@ def refit_multipliers(scenario: Scenario, measured: Sequence[Evaluation], base: 
     else:
         parts.append(f"term multipliers (time): {r.n} run(s), not judged before 2")
     if r.n + len(r.oom) >= 2:
-        post, memory_loo, now = _judge_memory(r, _prior(base.memory_multipliers, prior.memory(), study))
+        took = constants is not None and "memory" in constants.took
+        post, memory_loo, now = _judge_memory(r, _prior(base.memory_multipliers, prior.memory(), study),
+                                              constants.folds if took and constants else None,
+                                              constants.memory_error_held_out if took and constants else None)
         if memory_loo < now:
             update["memory_multipliers"] = post.model_copy(update={"study": study})
         parts.append(f"block multipliers (memory) {'adopted' if memory_loo < now else 'refused'} "

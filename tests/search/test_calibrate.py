@@ -206,3 +206,21 @@ def test_term_multipliers_that_do_not_beat_the_calibration_in_force_are_refused(
     assert "time" not in terms.adopted
     one = refit_multipliers(scn, runs[:1], base, base)
     assert one.calibration == base and "not judged before 2" in one.note
+
+
+def test_after_a_constants_refit_the_multipliers_race_its_own_held_out_error() -> None:
+    """When the constants' refit was adopted at this step, the multipliers are judged against that refit's own
+    leave-one-out error (not against its error on runs it was fitted on), each fold predicting from the constants
+    refitted without its run."""
+    from stratagem.search.calibrate import refit_step
+    from stratagem.search.multiplier_refit import refit_multipliers
+
+    scn = load_scenario("examples/tiny-cpu.yaml")
+    base = default_calibration(scn.cluster.gpu.name)
+    truth = _with_terms(base.model_copy(update=dict(matmul_efficiency=base.matmul_efficiency / 3)),
+                        {"tp_comm_s": 1.5})
+    runs = _term_runs(scn, truth)
+    fit = refit_step(scn, runs, base, base)
+    assert "time" in fit.took and len(fit.folds) == 6 and fit.time_error_held_out is not None
+    terms = refit_multipliers(scn, runs, base, fit.calibration, constants=fit)
+    assert f"vs {fit.time_error_held_out:.0%})" in terms.note.split(";")[0], terms.note
