@@ -36,12 +36,13 @@ from pydantic import BaseModel, ConfigDict
 
 from stratagem.evaluators import Calibration, Evaluation
 from stratagem.evaluators.calibration import default_calibration
+from stratagem.evaluators.evaluation import BLOCKS
 from stratagem.evaluators.fitting import (
     descend,
     lower_bound_loss,
     median_error,
 )
-from stratagem.evaluators.memory import memory_columns
+from stratagem.evaluators.memory import rank_memory_columns
 from stratagem.evaluators.timing import time_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
@@ -208,6 +209,7 @@ class _Data:
         self.step = np.array([float(e.measurements["step_s"]) for e in self.runs if e.measurements])
         self.peak = np.array([e.memory.peak_gib for e in self.runs if e.memory])
         self.bound = scenario.cluster.gpu.hbm_gib  # the harness's cap: an OOM run's peak was above it
+        self._blocks: dict[tuple[bool, str], tuple[Array, Array]] = {}
 
     def subset(self, keep: Sequence[int]) -> _Data:
         return _Data(self.scenario, [self.runs[i] for i in keep], self.ooms)
@@ -220,13 +222,26 @@ class _Data:
         zone columns a time fit does not read (time_columns is independent of them)."""
         return time_columns(self.scenario, self.pc, cal)["step_s"]
 
-    def predict_peak(self, cal: Calibration, pc: PlanColumns | None = None) -> Array:
-        """Predicted peak GiB of the ok runs' plans (or of `pc`'s): evaluate_many's peak_gib alone."""
-        return memory_columns(self.scenario, self.pc if pc is None else pc, cal)["peak"] / GIB
+    def predict_peak(self, cal: Calibration, ooms: bool = False) -> Array:
+        """Predicted peak GiB of the ok runs' plans (or of the OOM runs' plans): evaluate_many's peak_gib alone,
+        from the plans' cached blocks (`_stage_blocks`)."""
+        return _peak_gib(self._stage_blocks(cal, ooms), cal)
+
+    def _stage_blocks(self, cal: Calibration, ooms: bool) -> tuple[Array, Array]:
+        """Both end stages' blocks without the overhead block, at `cal`'s constants other than the fitted memory
+        ones, computed once per plan set and constants: a memory fit varies only fragmentation and context."""
+        raw = cal.model_copy(update=_OVERHEAD_FREE)
+        key = (ooms, raw.model_dump_json())
+        pc = self.oom_pc if ooms and self.oom_pc is not None else self.pc
+        if key not in self._blocks:
+            stages = (rank_memory_columns(self.scenario, pc, raw, s) for s in ("first", "last"))
+            first, last = (np.stack([m[b] for b in BLOCKS[:-1]]) for m in stages)
+            self._blocks[key] = (first, last)
+        return self._blocks[key]
 
     def predict_ooms(self, cal: Calibration) -> Array:
         """Predicted peaks of the OOM runs' plans (empty without OOM runs)."""
-        return np.empty(0) if self.oom_pc is None else self.predict_peak(cal, self.oom_pc)
+        return np.empty(0) if self.oom_pc is None else self.predict_peak(cal, ooms=True)
 
     def without_oom(self, i: int) -> _Data:
         return _Data(self.scenario, self.runs, [e for k, e in enumerate(self.ooms) if k != i])
@@ -244,6 +259,29 @@ class _Data:
         if self.oom_pc is not None:
             loss += lower_bound_loss(self.predict_ooms(cal), self.bound)
         return loss / (len(self.runs) + len(self.ooms))
+
+
+_OVERHEAD_FREE: dict[str, Any] = {"fragmentation": 0.0, "context_gib": 0.0, "memory_multipliers": None}
+"""The calibration fields that enter only the overhead block (memory.rank_memory_columns): zeroed for the cache."""
+
+
+def _peak_gib(stages: tuple[Array, Array], cal: Calibration) -> Array:
+    """The worst stage's peak GiB under `cal` from both end stages' other blocks, as memory.rank_memory_columns
+    adds them: overhead = fragmentation x allocated + context (before the multipliers), each block times its
+    multiplier, the last stage where its peak is larger (memory_columns)."""
+    f = cal.memory_multipliers.factors() if cal.memory_multipliers is not None else None
+    peaks = []
+    for blocks in stages:
+        allocated = blocks[0] + blocks[1] + blocks[2] + blocks[3] + blocks[4]  # BLOCKS order, as the model sums
+        overhead = cal.fragmentation * allocated + cal.context_gib * GIB
+        if f is None:
+            peaks.append(allocated + overhead)
+            continue
+        parts = [*(blocks[i] * f.get(b, 1.0) for i, b in enumerate(BLOCKS[:-1])), overhead * f.get("overhead", 1.0)]
+        peaks.append(sum(parts, np.zeros(blocks.shape[1])))
+    first, last = peaks
+    worst: Array = np.where(last > first, last, first) / GIB
+    return worst
 
 
 def _fit(data: _Data, start: Calibration, sweeps: int = 8) -> Calibration:

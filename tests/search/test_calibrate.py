@@ -224,3 +224,23 @@ def test_after_a_constants_refit_the_multipliers_race_its_own_held_out_error() -
     assert "time" in fit.took and len(fit.folds) == 6 and fit.time_error_held_out is not None
     terms = refit_multipliers(scn, runs, base, fit.calibration, constants=fit)
     assert f"vs {fit.time_error_held_out:.0%})" in terms.note.split(";")[0], terms.note
+
+
+def test_the_fits_cached_peaks_are_the_models_peaks() -> None:
+    """A memory fit reads each plan's blocks once and varies only fragmentation and context (search.calibrate
+    _peak_gib): its figures equal memory_columns' at any constants, with and without block multipliers."""
+    from stratagem.evaluators.memory import memory_columns
+    from stratagem.search.calibrate import memory_error
+    from stratagem.units import GIB
+
+    scn = load_scenario("examples/tiny-cpu.yaml")
+    plans = [*PLANS, Plan(dp=2, pp=2, micro_batch_size=2)]
+    runs = synthetic_measurements(scn, default_calibration("cpu"), plans)
+    oom = runs[-1].model_copy(update={"status": "oom", "measurements": {}})
+    for cal in (Calibration(fragmentation=0.31, context_gib=0.002),
+                _with_terms(Calibration(fragmentation=0.07), memory={"activations": 1.4, "overhead": 0.8})):
+        fit = fit_calibration(scn, [*runs[:-1], oom], base=cal, refit=False)
+        pred = memory_columns(scn, PlanColumns.from_plans(plans[:-1]), cal)["peak"] / GIB
+        oom_pred = memory_columns(scn, PlanColumns.from_plans(plans[-1:]), cal)["peak"] / GIB
+        measured = np.array([e.memory.peak_gib for e in runs[:-1] if e.memory is not None])
+        assert fit.memory_error_before == memory_error(pred, measured, oom_pred, scn.cluster.gpu.hbm_gib)
