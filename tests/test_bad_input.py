@@ -536,6 +536,50 @@ def test_clean_reaps_a_killed_ray_session(tmp_path: Path, monkeypatch: pytest.Mo
         assert d.exists() or not any(_session_processes(str(d)))
 
 
+def _dead_rank_dir(parent: Path) -> Path:
+    """A rank work dir whose maker (a process that made it and exited) is dead: what `clean` reaps."""
+    code = ("import os, sys; from stratagem.launch.runners.ray_session import RANK_PREFIX, make_owned_dir; "
+            "print(make_owned_dir(f'{RANK_PREFIX}{os.getpid()}-', sys.argv[1]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(parent)], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return Path(proc.stdout.strip())
+
+
+def test_clean_reports_only_what_it_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """37.6: a dead rank dir holding a file that cannot be removed (immutable as root, in a read-only dir
+    otherwise) is reported left with the reason, never removed; a link named like a rank dir (to a dead rank
+    dir elsewhere) is neither followed nor reported, even when it replaces a listed dir before the removal."""
+    import tempfile
+
+    from stratagem.launch.runners.ray_session import RANK_PREFIX, Leftovers, reap
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where clean looks for rank dirs
+    gone, stuck = _dead_rank_dir(temp), _dead_rank_dir(temp)
+    (stuck / "sub").mkdir()
+    (stuck / "sub" / "ckpt").write_text("x")
+    undo = _lock(stuck / "sub")
+    elsewhere = _dead_rank_dir(tmp_path)
+    link = temp / f"{RANK_PREFIX}1-link"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    try:
+        code, out, err = run(monkeypatch, capsys, "clean")
+        assert code == 0 and "Traceback" not in err, err
+        assert f"removed {gone}" in out and not gone.exists(), out
+        assert f"removed {stuck}" not in out and f"left {stuck}: " in out and stuck.is_dir(), out
+        assert str(link) not in out and link.is_symlink() and elsewhere.is_dir(), "a link is never followed"
+        swapped = _dead_rank_dir(temp)  # listed as a dead rank dir, then replaced by a link before the removal
+        found = Leftovers(processes={}, session_dirs=[], rank_dirs=[str(swapped)])
+        shutil.rmtree(swapped)
+        swapped.symlink_to(tmp_path / "missing", target_is_directory=True)  # dangling: os.path.exists is False
+        done = reap(found)
+        assert done.rank_dirs == [] and str(swapped) in done.left and swapped.is_symlink()
+    finally:
+        subprocess.run(undo, check=True)
+
+
 @pytest.mark.parametrize("case", ["dev-zero", "fifo", "not-utf8", "huge"])
 def test_result_json_reads_are_bounded(case: str, tmp_path: Path) -> None:
     """`reproduce --result FILE` reads the harness result through the same bounded reader."""

@@ -39,13 +39,16 @@ def clean_cmd(
         out.print(f"{verb} process {pid} of dead session {session}", markup=False, soft_wrap=True)
     for d in [*done.session_dirs, *done.rank_dirs]:
         out.print(f"{'would remove' if dry_run else 'removed'} {d}", markup=False, soft_wrap=True)
+    for d, why in done.left.items():  # only what was removed is reported removed
+        out.print(f"left {d}: {why}", markup=False, soft_wrap=True)
     n_proc, n_sess, n_rank = len(done.processes), len(done.session_dirs), len(done.rank_dirs)
-    if not (n_proc or n_sess or n_rank):
+    if not (n_proc or n_sess or n_rank or done.left):
         out.print("clean: nothing left by earlier runs", markup=False)
         return
     if dry_run:
         out.print(f"clean (dry run): would kill {n_proc} process(es), would remove {n_sess} Ray session dir(s) and "
                   f"{n_rank} rank dir(s)", markup=False, soft_wrap=True)
     else:
-        out.print(f"clean: {n_proc} process(es) killed, {n_sess} Ray session dir(s) and {n_rank} rank dir(s) removed",
-                  markup=False, soft_wrap=True)
+        left = f", {len(done.left)} dir(s) left (above)" if done.left else ""
+        out.print(f"clean: {n_proc} process(es) killed, {n_sess} Ray session dir(s) and {n_rank} rank dir(s) removed"
+                  f"{left}", markup=False, soft_wrap=True)

@@ -88,6 +88,8 @@ class Leftovers(BaseModel):
     """Temp dirs of dead sessions (removed once their processes are gone)."""
     rank_dirs: list[str]
     """Work dirs of dead rank actors."""
+    left: dict[str, str] = {}
+    """Dirs reap() found but did not remove: dir -> why (reap's answer only)."""
 
 
 def make_owned_dir(prefix: str, parent: str | Path | None = None) -> Path:
@@ -172,9 +174,11 @@ def reap(found: Leftovers) -> Leftovers:
     while any(procfs.alive(pid) for pid in killed) and time.monotonic() < deadline:
         time.sleep(0.1)
     marked = set(_markers().values())
-    sessions = [d for d in found.session_dirs if d not in marked and _remove_if_dead(d)]
-    ranks = [d for d in found.rank_dirs if _remove_if_dead(d)]
-    return Leftovers(processes=killed, session_dirs=sessions, rank_dirs=ranks)
+    left = {d: "a live process still carries its marker" for d in found.session_dirs if d in marked}
+    left |= {d: why for d in [*found.session_dirs, *found.rank_dirs] if d not in left
+             and (why := _remove_if_dead(d)) is not None}
+    return Leftovers(processes=killed, session_dirs=[d for d in found.session_dirs if d not in left],
+                     rank_dirs=[d for d in found.rank_dirs if d not in left], left=left)
 
 
 def _kill(pid: int, session: str, here: str | None) -> bool:
@@ -202,13 +206,19 @@ def kill_session(temp_dir: str) -> list[int]:
     return [pid for pid in session_pids(temp_dir) if _kill(pid, temp_dir, here)]
 
 
-def _remove_if_dead(d: str) -> bool:
-    """Remove dir `d` when its record is still ours and its maker dead; whether it was removed."""
+def _remove_if_dead(d: str) -> str | None:
+    """Remove dir `d` when its record is still ours and its maker dead: None once nothing is left at `d` (a
+    link included: os.path.lexists), else why it stays (the first error of the removal)."""
     owner = read_owner(d)
-    if owner is None or owner.running():
-        return False
-    shutil.rmtree(d, ignore_errors=True)
-    return not os.path.exists(d)
+    if owner is None:
+        return "no longer a dir holding our owner record"
+    if owner.running():
+        return "its maker runs again"
+    errors: list[str] = []
+    shutil.rmtree(d, onerror=lambda _f, path, exc: errors.append(f"{path}: {getattr(exc[1], 'strerror', None) or exc[1]}"))
+    if not os.path.lexists(d):
+        return None
+    return errors[0] if errors else "still present after removal"
 
 
 def reap_dead_sessions() -> Leftovers:
@@ -220,4 +230,4 @@ def reap_dead_sessions() -> Leftovers:
 def reap_rank_dirs(temp_dir: str | None = None) -> list[str]:
     """Remove our dead actors' rank dirs in `temp_dir` (default: this node's temp dir); what was removed. A rank
     calls it at its start: an actor killed with its driver or its node never ran its `finally`."""
-    return [d for d in _dead_rank_dirs(temp_dir) if _remove_if_dead(d)]
+    return [d for d in _dead_rank_dirs(temp_dir) if _remove_if_dead(d) is None]
