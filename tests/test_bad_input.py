@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -487,6 +487,43 @@ def test_disk_full_is_one_line_and_nothing_half_written(case: str, tmp_path: Pat
     assert proc.returncode == 2 and len(err) == 1, proc.stderr[-2000:]
     assert "file too large" in err[0] and "Traceback" not in proc.stderr
     assert snapshot(tmp_path) == before, "nothing half-written, no temporary file left"
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a 64 KiB tmpfs filled to the last byte (root: a mounted filesystem gives ENOSPC)."""
+    d = tmp_path / "full"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
+                                           capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs root and mount: a small filesystem to fill (ulimit -f covers EFBIG)")
+    try:
+        fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            with pytest.raises(OSError, match="No space left"):
+                while True:
+                    os.write(fd, b"\0" * 4096)
+        finally:
+            os.close(fd)
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], check=True)
+
+
+@pytest.mark.parametrize("case", ["efbig", "enospc"])
+def test_calibrate_on_a_full_disk_fails_before_any_run(case: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """37.6: the output directory is probed with a run record's bytes before the runs: one line, exit 2, no
+    run started, nothing left (the probe removed)."""
+    scn = scenario(tmp_path)
+    out = (request.getfixturevalue("full_disk") if case == "enospc" else tmp_path) / "cal.yaml"
+    before = snapshot(tmp_path)
+    t0 = time.monotonic()
+    proc = sub("calibrate", str(scn), "-o", str(out), "--gpus", "1", cwd=tmp_path,
+               limit_kib=1 if case == "efbig" else None)
+    words = "file too large" if case == "efbig" else "no space left"
+    one_line(proc.returncode, proc.stderr, str(out), words, "no run started")
+    assert "run(s)" not in proc.stdout and time.monotonic() - t0 < 60, proc.stdout
+    assert snapshot(tmp_path) == before
 
 
 # ---- 28.8: nothing of ours left after a kill -------------------------------------------------------------------

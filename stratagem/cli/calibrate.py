@@ -5,6 +5,9 @@ Imports neither Ray nor Optuna (an offline GPU box may have neither); torch is n
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -14,10 +17,10 @@ from stratagem import quantities as q
 from stratagem.cli.app import ScenarioArg, app, console
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration
-from stratagem.evaluators.calibration_file import resolve_calibration
+from stratagem.evaluators.calibration_file import resolve_calibration, runs_dir
 from stratagem.spaces import Scenario, load_scenario
 
-__all__ = ["calibrate_cmd", "check_device", "CalibrationOpt", "scenario_calibration", "errors_line",
+__all__ = ["calibrate_cmd", "check_device", "check_room", "CalibrationOpt", "scenario_calibration", "errors_line",
            "moved_constants"]
 
 CalibrationOpt = Annotated[Path | None, typer.Option(
@@ -72,6 +75,36 @@ def check_device(scn: Scenario) -> None:
                              f"{torch.__version__}); calibrate runs on the hardware it measures, or use gpu: cpu")
 
 
+def check_room(out: Path, scn: Scenario, option: str = "-o") -> None:
+    """Before the runs: `out`'s directory and its runs folder (or the folder it will be made in) take a file of
+    one run record's size, tried by writing a probe of that many bytes and removing it. A full disk (ENOSPC),
+    a file size limit (EFBIG, `ulimit -f`) or a read-only directory is one line now, not after every run. A run
+    record embeds the run's scenario (launch/runners/calibrate._run_files), so the scenario's JSON is its
+    lower bound."""
+    from stratagem.files import disk_error
+
+    need = len(json.dumps(scn.model_dump(mode="json"), indent=1).encode())
+    runs = runs_dir(out)
+    while not runs.exists() and runs != runs.parent:
+        runs = runs.parent
+    for d in dict.fromkeys([out.parent if str(out.parent) else Path("."), runs]):
+        try:
+            fd, probe = tempfile.mkstemp(dir=d, prefix=".stratagem-probe.", suffix=".tmp")
+        except OSError as e:
+            raise StratagemError(f"{option} ({out}): cannot write in {d}: {disk_error(e)}; choose another "
+                                 "path") from None
+        try:
+            data = b"\0" * need
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError as e:
+            raise StratagemError(f"{option} ({out}): cannot write a {need}-byte run record in {d}: "
+                                 f"{disk_error(e)}; free space or choose another path (no run started)") from None
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+
+
 @app.command("calibrate")
 def calibrate_cmd(
     scenario: ScenarioArg,
@@ -99,6 +132,7 @@ def calibrate_cmd(
         check_gpus(gpus, scn)
     out = output or scenario.with_name("calibration.yaml")
     check_calibration_output(out, force)  # before the runs: a path it cannot or must not write is found now
+    check_room(out, scn)
     check_device(scn)
     n = gpus if gpus is not None else default_gpus(scn)
     outcome = run_calibration(scn, n, budget_minutes * 60.0, out, steps=steps, warmup=warmup, force=force,
