@@ -43,6 +43,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -67,6 +68,7 @@ from stratagem.launch.runners.ray_session import (
     kill_session,
     make_owned_dir,
     reap_dead_sessions,
+    reap_rank_dirs,
     session_pids,
 )
 from stratagem.launch.runners.ray_trial import (
@@ -102,6 +104,8 @@ class RayRunner:
         self._connected = not ray.is_initialized()  # we called ray.init, so we disconnect at shutdown
         quiet_driver_errors()
         self._temp_dir: str | None = None  # set when we started the Ray session: we own it
+        # where a local session's ranks make their work dirs: the TMPDIR Ray's processes inherit from here
+        self._rank_tmp = os.environ.get("TMPDIR") or tempfile.gettempdir()
         if self._connected:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "configure_logging": False}
@@ -349,7 +353,14 @@ class RayRunner:
         deadline = time.monotonic() + 15.0  # the raylet takes a moment to exit; its agents follow or linger
         while time.monotonic() < deadline and any(procfs.comm(p) == "raylet" for p in session_pids(self._temp_dir)):
             time.sleep(0.3)
-        kill_session(self._temp_dir)  # what lingers (Ray 2.60's per-node agents): only this session's processes
+        killed = kill_session(self._temp_dir)  # what lingers (Ray 2.60's per-node agents): this session's only
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(procfs.alive(p) for p in killed):
+            time.sleep(0.1)
+        # every rank of a local session ran on this node, in the temp dir its processes inherited: a rank whose
+        # actor was killed before its run's `finally` (end_actors' wait ran out on a loaded host, a signal stop)
+        # left its work dir, removed now that its actor is dead (ray_session proves each ours and dead)
+        reap_rank_dirs(self._rank_tmp)
         shutil.rmtree(self._temp_dir, ignore_errors=True)
 
 
