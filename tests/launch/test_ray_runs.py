@@ -17,7 +17,6 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from sqlalchemy.exc import SQLAlchemyError
 from typer.testing import CliRunner
 
 from stratagem.cli import app
@@ -201,10 +200,28 @@ def test_local_rank_and_visible_devices_are_per_node() -> None:
     assert "CUDA_VISIBLE_DEVICES" not in local_layout(["a", "a"])[0]
 
 
+def _running_trials(db: Path) -> int:
+    """RUNNING trials in SQLite file `db`, read through a read-only connection: a poll through Optuna's
+    RDBStorage would create its tables while the driver creates them, and the driver then (rightly) refuses the
+    file as not its storage. 0 while the driver has not made them yet."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return int(con.execute("SELECT count(*) FROM trials WHERE state = 'RUNNING'").fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
 @pytest.mark.slow
-def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Path) -> None:
-    """Started from another directory (a relative scenario path): ranks get content, not paths. Ctrl-C while
-    a run hangs: "stopping: ...", ranks killed, the claim released, exit 130 within 10 s, nothing left."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(signum: int, tmp_path: Path) -> None:
+    """Started from another directory (a relative scenario path): ranks get content, not paths. Ctrl-C (or
+    SIGTERM) while a run hangs: "stopping: ...", ranks killed, the claim released, exit 128 + N within 10 s,
+    nothing left: no rank work dir on the node (issue 37 item 6: left after 3 of 6 stops)."""
     scn = scenario_from_dict({**SCENARIO, "model": {**SCENARIO["model"], "name": "stop-test"}})
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump({**SCENARIO, "model": {**SCENARIO["model"],
                                                                                   "name": "stop-test"}}))
@@ -212,7 +229,10 @@ def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Pat
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     url = f"sqlite:///{tmp_path / 'stop.db'}"
-    env = {**os.environ, "STRATAGEM_FAULTS": json.dumps({plan_key(p): "hang" for p in first})}
+    node_tmp = tmp_path / "node-tmp"  # where the ranks make their work dirs (Ray's processes inherit TMPDIR)
+    node_tmp.mkdir()
+    env = {**os.environ, "STRATAGEM_FAULTS": json.dumps({plan_key(p): "hang" for p in first}),
+           "TMPDIR": str(node_tmp)}
     cmd = [sys.executable, "-m", "stratagem.cli", "search", "../scenario.yaml", "--storage", url, "--study",
            "stop", "--real-runs", "2", "--remeasure", "0", "--steps", "2", "--no-report"]
     driver = subprocess.Popen(cmd, cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -222,31 +242,29 @@ def test_sigint_kills_in_flight_runs_releases_claims_and_exits_130(tmp_path: Pat
     claimed = False
     while time.monotonic() < deadline and not claimed and driver.poll() is None:
         time.sleep(1.0)
-        try:
-            st = optuna.load_study(study_name="stop", storage=url)
-            claimed = bool(st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
-        except (KeyError, SQLAlchemyError):  # no study yet, or this poll raced the driver creating the tables
-            pass
+        claimed = _running_trials(tmp_path / "stop.db") > 0
     assert claimed, driver.communicate(timeout=30)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_harness_processes()) < 4:
         time.sleep(0.5)  # the ranks start and hang
     assert len(_harness_processes()) == 4  # a 4-rank plan in flight
+    assert list(node_tmp.glob("stratagem-rank-*")), "the control: the ranks work in dirs there"
     sent = time.monotonic()
-    driver.send_signal(signal.SIGINT)
+    driver.send_signal(signum)
     out, err = driver.communicate(timeout=60)
     took = time.monotonic() - sent
-    assert driver.returncode == 130, (out[-1500:], err[-1500:])
+    assert driver.returncode == 128 + signum, (out[-1500:], err[-1500:])
     assert "stopping: killing 1 in-flight run" in out + err
     assert took < 10, took
     st = optuna.load_study(study_name="stop", storage=url)
     assert not st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     released = [t for t in st.trials if "released" in t.user_attrs]
-    assert len(released) == 1 and released[0].user_attrs["released"] == "stopped by signal 2"
+    assert len(released) == 1 and released[0].user_attrs["released"] == f"stopped by signal {signum}"
     assert not measured_trials(st)  # a stopped run is not the plan's verdict
     assert (runs / "").is_dir() and not (elsewhere / "runs").exists()  # logs beside the scenario, not the cwd
     time.sleep(2)
     assert _harness_processes() == []
+    assert list(node_tmp.glob("stratagem-rank-*")) == [], "a rank work dir left after the stop"
 
 
 def test_only_session_dirs_proven_ours_and_dead_are_removed() -> None:
