@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 from regret.folds import DEFAULT_FOLDS_FILE, FOLDINGS, fit_folds, load_folds  # noqa: E402
 from regret.instances import Instance, Truth, sweep_instances, table_instance  # noqa: E402
-from regret.replay import METHODS, run_tasks, suite_tasks, summarise_suite  # noqa: E402
+from regret.replay import METHODS, cpu_by_method, run_tasks, suite_tasks, summarise_suite  # noqa: E402
 from regret.report import plot, rewrite_readme, text_table  # noqa: E402
 
 from stratagem.errors import StratagemError  # noqa: E402
@@ -168,7 +168,8 @@ def replay(suites: list[Suite], methods: list[str], budget: int, repeats: int, j
     for (name, inst, folds, head), (columns, tasks) in zip(suites, planned, strict=True):
         mine = results[start:start + len(tasks)]
         start += len(tasks)
-        out[name] = {**head, "command": command, "config": config,
+        cpu = {m: round(v, 1) for m, v in cpu_by_method(tasks, mine).items()}
+        out[name] = {**head, "command": command, "config": {**config, "cpu_s_by_method": cpu},
                      **summarise_suite(inst, methods, columns, tasks, mine, folds, folding)}
     return {"suites": out, "traced": TRACED}
 
@@ -209,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     for suite in doc["suites"].values():
         suite["config"]["seconds"] = round(time.perf_counter() - t0)
     print("\n".join(text_table(doc)))
+    for name, suite in doc["suites"].items():  # where the time goes (also in each suite's config)
+        cpu = suite["config"]["cpu_s_by_method"]
+        print(f"{name}: CPU s by method: " + ", ".join(f"{m} {v:g}" for m, v in cpu.items()), file=sys.stderr)
     if args.json == "-":
         print(json.dumps(doc, indent=1))
     elif args.json:

@@ -16,6 +16,7 @@ fitted): both calibrations carry it, as their fits did.
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,8 @@ from regret.scoring import score, summarise
 from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.search.run_order import DEFAULT_RUN_ORDER
 
-__all__ = ["METHODS", "MODEL_METHODS", "PREVIOUS_ORDER", "RANDOMISED", "Task", "suite_tasks", "run_tasks", "summarise_suite"]
+__all__ = ["METHODS", "MODEL_METHODS", "PREVIOUS_ORDER", "RANDOMISED", "Task", "suite_tasks", "run_tasks",
+           "summarise_suite", "cpu_by_method"]
 
 PREVIOUS_ORDER = "ranked"
 """The previous shipped run-order policy (RUN_ORDERS key), replayed as its own method while another is the
@@ -90,8 +92,10 @@ def _replay(task: Task) -> dict[str, Any]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    t0 = time.process_time()
     truth = Truth(inst)
-    return score(truth, run_method(m, truth, budget, _generator(m, r, i), cal), budget)
+    return {**score(truth, run_method(m, truth, budget, _generator(m, r, i), cal), budget),
+            "cpu_s": time.process_time() - t0}
 
 
 def suite_tasks(instances: list[Instance], methods_: list[str], budget: int, repeats: int,
@@ -132,6 +136,14 @@ def run_tasks(tasks: list[Task], jobs: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{} for _ in tasks]
     for j, result in zip(order, done, strict=True):
         out[j] = result
+    return out
+
+
+def cpu_by_method(tasks: list[Task], results: list[dict[str, Any]]) -> dict[str, float]:
+    """CPU seconds the replays of each method took (process time of the worker running each replay)."""
+    out: dict[str, float] = {}
+    for (_, _, m, _, _, _, _), s in zip(tasks, results, strict=True):
+        out[m] = out.get(m, 0.0) + s.get("cpu_s", 0.0)
     return out
 
 
