@@ -17,7 +17,16 @@ the shipped loop, through the table evaluator with the same kind of seeded draws
   random            a seeded random order;
   tpe, nsga2        Optuna's TPESampler / NSGAIISampler as black boxes over the candidates' axes (no analytic
                     model), each with its own seed: a suggestion is projected onto the nearest untried candidate;
-                    objective the measured tokens/s/GPU (nsga2: and memory headroom); a failed run scores 0;
+                    objective the measured tokens/s/GPU (nsga2: and memory headroom); a failed run scores 0.
+                    Their random start-up is half the budget (`startup`): TPESampler samples at random until
+                    n_startup_trials trials have finished, NSGAIISampler's first generation of population_size
+                    trials is random and each later generation is bred from the previous one (Optuna docs,
+                    optuna.samplers.TPESampler `n_startup_trials`, optuna.samplers.NSGAIISampler
+                    `population_size`, "must be greater than or equal to crossover.n_parents", 2 for the
+                    UniformCrossover it applies to categorical parameters). Their defaults (10 and 50) would spend
+                    a budget of 10 on random runs only; half leaves as many runs to the model (TPE) or to a bred
+                    generation (NSGA-II) as to the start-up. A projected run is told as what ran, carrying the
+                    suggested trial's generation (NSGA-II counts only completed trials of a generation);
   rule              the one-line rule: smallest tp x pp, then largest micro-batch, then lowest ZeRO stage (ties:
                     smaller tp, then least recomputation, then the table's order), a fixed order, no model;
   decision_tree     the seed's decision tree (evaluators/advice.py) as a fixed walk with no model: from the rule's
@@ -47,7 +56,7 @@ from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.search_config import SearchConfig
 
 __all__ = ["loop", "analytic_order", "random_order", "blackbox", "rule_order", "rule_memory_filter", "decision_tree",
-           "run_static", "AXES", "axis_space"]
+           "run_static", "startup", "AXES", "axis_space"]
 
 AXES = ("dp", "tp", "pp", "cp", "ep", "etp", "dp_replicate", "zero_stage", "sequence_parallel", "micro_batch_size",
         "precision", "activation_checkpointing", "recompute_layers", "pp_schedule", "virtual_stages",
@@ -57,7 +66,25 @@ _PRECISION_BYTES = {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
 
 
 class _Enough(Exception):
-    """Raised from the loop's per-batch callback once more runs cannot change any figure."""
+    """Raised from the loop's evaluator once more runs cannot change any figure."""
+
+
+class _Replayed(TableEvaluator):
+    """The table evaluator of one replay: raises _Enough right after the run that ends it (the budget's last, or
+    on a table of single measurements the best plan's: later runs change no figure there), so the loop's refit
+    after that run, which could only reorder runs that never happen, is not computed."""
+
+    def __init__(self, truth: Truth, budget: int, **kwargs: Any) -> None:
+        super().__init__(truth.table, **kwargs)
+        self._truth = truth
+        self._budget = budget
+
+    def evaluate_batch(self, scenario: Any, plans: Sequence[Plan]) -> Any:
+        """The table's runs of `plans`; then _Enough when the replay is over."""
+        out = super().evaluate_batch(scenario, plans)
+        if len(self.runs) >= self._budget or (not self._truth.noisy and any(map(self._truth.is_best, self.runs))):
+            raise _Enough
+        return out
 
 
 def loop(truth: Truth, budget: int, seed: int, rng: np.random.Generator, calibration: Calibration,
@@ -65,29 +92,21 @@ def loop(truth: Truth, budget: int, seed: int, rng: np.random.Generator, calibra
     """The shipped loop with run-order policy `order` (search.run_order.RUN_ORDERS; None: DEFAULT_RUN_ORDER, the
     shipped one) against the table: SearchSession with journal storage in a temp dir, the policy restricted to
     the candidates, one run per batch, the session's space holding the candidates (regret/space.py), each run one
-    drawn sample. Stops once the budget is spent, or (tables of single measurements) once the best plan has run:
-    later runs change no figure. Returns (plan key, value the run showed) per run."""
+    drawn sample. Stops right after the run that spends the budget, or (tables of single measurements) after the
+    best plan's run: later runs change no figure (_Replayed). Returns (plan key, value the run showed) per run."""
     from regret.space import CandidateSpace
-    from stratagem.search.events import BatchDone, Event
     from stratagem.search.run_order import DEFAULT_RUN_ORDER, RUN_ORDERS
     from stratagem.search.session import SearchSession
 
     scn = truth.scenario
     if scn.search is not None:  # the loop is seeded by the scenario's search.seed
         scn = scn.model_copy(update={"search": scn.search.model_copy(update={"seed": seed})})
-    evaluator = TableEvaluator(truth.table, calibration=calibration, slots=scn.cluster.num_gpus,
-                               rng=rng if truth.noisy else None)
-
-    def enough(event: Event) -> None:
-        if not isinstance(event, BatchDone):
-            return
-        # on a table of single measurements a plan's every run shows the same value: once the best has run it stays
-        # the recommendation, so no later run changes a figure
-        if len(evaluator.runs) >= budget or (not truth.noisy and any(truth.is_best(k) for k in evaluator.runs)):
-            raise _Enough
+    evaluator = _Replayed(truth, budget, calibration=calibration, slots=scn.cluster.num_gpus,
+                          rng=rng if truth.noisy else None)
 
     with tempfile.TemporaryDirectory() as tmp:
-        session = SearchSession(scn, f"journal:{tmp}/study.log", "regret", calibration=calibration, listener=enough)
+        session = SearchSession(scn, f"journal:{tmp}/study.log", "regret", calibration=calibration,
+                                listener=lambda event: None)
         session.space = CandidateSpace(scn, truth.plans)  # before anything is stored: every trial's choices
         policy = RUN_ORDERS[order or DEFAULT_RUN_ORDER](candidates=PlanColumns.from_plans(truth.plans))
         try:
@@ -150,17 +169,24 @@ def axis_space(plans: Sequence[Plan]) -> tuple[list[str], dict[str, list[Any]], 
     return axes, choices, index
 
 
-def blackbox(truth: Truth, runner: Runner, budget: int, seed: int, kind: str) -> None:
-    """Optuna's TPE or NSGA-II as a black box (module docstring), seeded with `seed`."""
+def startup(budget: int) -> int:
+    """Random start-up trials of TPE (n_startup_trials) and NSGA-II (population_size) for a budget: half of it, at
+    least 2 (NSGA-II's crossover needs 2 parents; module docstring)."""
+    return max(2, budget // 2)
+
+
+def blackbox(truth: Truth, runner: Runner, budget: int, seed: int, kind: str) -> optuna.Study:
+    """Optuna's TPE or NSGA-II as a black box (module docstring), seeded with `seed`; returns its study."""
     axes, choices, index = axis_space(truth.plans)
     dumps = [p.model_dump() for p in truth.plans]
     scale = np.array([max(1, len(choices[a]) - 1) for a in axes], dtype=float)
     dists = {a: optuna.distributions.CategoricalDistribution(choices[a]) for a in axes}
     if kind == "tpe":
-        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=startup(budget)))
     else:
-        study = optuna.create_study(directions=["maximize", "maximize"],
-                                    sampler=optuna.samplers.NSGAIISampler(seed=seed, population_size=8))
+        study = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.NSGAIISampler(
+            seed=seed, population_size=startup(budget)))
     hbm = truth.scenario.cluster.gpu.hbm_gib
     tried: set[int] = set()
     while len(runner.order) < min(budget, len(truth.keys)):
@@ -177,10 +203,13 @@ def blackbox(truth: Truth, runner: Runner, budget: int, seed: int, kind: str) ->
         params = {a: dumps[i][a] for a in axes}
         if params == trial.params:
             study.tell(trial, values)
-        else:  # told what actually ran: the projected candidate
+        else:  # told what actually ran: the projected candidate, in the suggestion's generation (NSGA-II)
+            asked = study.get_trials(deepcopy=False)[trial.number]
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
-                                                      values=[values] if kind == "tpe" else values))
+                                                      values=[values] if kind == "tpe" else values,
+                                                      system_attrs=dict(asked.system_attrs)))
+    return study
 
 
 # The decision tree's groups, in its order, each axis with its values in the tree's preference order.

@@ -31,7 +31,12 @@ docs "Use Auto Configurator to Find the Optimal Configuration"): its heuristic g
 micro-batch for the model size, sequence length and GPU memory (GPT3GridSearch's tables; its class defaults
 where no table row applies), filtered as it filters (heads % tp, layers % pp, global batch % (mbs x data
 parallel), min <= tp x pp x cp x ep <= max model parallel), run in its order (tp, then pp, cp, ep, then
-micro-batch), the best kept. NeMo's defaults fix the rest: the distributed optimizer (ZeRO-1), no
+micro-batch), the best kept. The model size is the nominal one the user names, not a parameter count: NeMo's
+runner.py AutoConfigurator._get_model_size reads `model_size_in_b` from the model config's name (the number
+before its B or M: Llama3Config8B is 8) and its base configs are per named size; a sweep group is named by its
+size ("8B", whose 8.86e9 parameters would select the "<= 13B" row), so the row is that of the named size. A
+model whose name carries no size (the CPU tables') falls back to its parameter count; no 80 GB row applies to
+those devices anyway. NeMo's defaults fix the rest: the distributed optimizer (ZeRO-1), no
 recomputation, sequence parallel with tp > 1, 16-bit precision; each config runs on the table's plan with those
 (else the nearest stage, recomputation, precision); a config the table lacks cannot run and is counted.
 """
@@ -39,6 +44,7 @@ recomputation, sequence parallel with tp > 1, 16-bit precision; each config runs
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -46,7 +52,7 @@ from regret.instances import Runner, Truth
 from regret.methods import rule_order
 from stratagem.spaces import Plan
 
-__all__ = ["ds_autotuner", "nemo_autoconfigurator", "nemo_grid"]
+__all__ = ["ds_autotuner", "nemo_autoconfigurator", "nemo_grid", "nominal_size_b"]
 
 METRIC_PERCENT_DIFF = 0.05
 """deepspeed/autotuning/constants.py METRIC_PERCENT_DIFF_CONST: a larger micro-batch must gain 5 %."""
@@ -180,11 +186,26 @@ _GRID_80G_4096: tuple[tuple[float, tuple[int, ...], tuple[int, int] | None, tupl
 _DEFAULT_GRID = ((1, 2, 4, 8), None, (1, 2, 4, 8), 1, 8)
 
 
+_NAMED_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([BbMm])\b")
+"""A size in a model's name: a number followed by B (billions) or M (millions), e.g. 8B, 1.5b, 126M."""
+
+
+def nominal_size_b(truth: Truth) -> float:
+    """The model size AutoConfigurator is given, in billions (module docstring): the sweep group's named size,
+    else the size in the scenario's model name, else the parameter count."""
+    for name in (truth.instance.model, truth.scenario.model.name):
+        found = _NAMED_SIZE.findall(name)
+        if found:
+            number, unit = found[-1]
+            return float(number) / (1000.0 if unit in "Mm" else 1.0)
+    return truth.scenario.model.num_params() / 1e9
+
+
 def nemo_grid(truth: Truth) -> list[tuple[int, int, int]]:
     """AutoConfigurator's (tp, pp, mbs) configs for this scenario, in its order (module docstring)."""
     scn = truth.scenario
     m = scn.model
-    size_b = m.num_params() / 1e9
+    size_b = nominal_size_b(truth)
     row: tuple[Any, ...] = _DEFAULT_GRID
     if round(scn.cluster.gpu.hbm_gib * 2**30 / 1e9) == 80 or round(scn.cluster.gpu.hbm_gib) == 80:
         if scn.training.seq_len == 4096:

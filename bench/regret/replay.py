@@ -26,7 +26,7 @@ import numpy as np
 from regret import methods, procedures
 from regret.folds import calibration_for, fold_of
 from regret.instances import Instance, Runner, Truth
-from regret.scoring import score, summarise
+from regret.scoring import score, summarise, wins_losses
 from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.search.run_order import DEFAULT_RUN_ORDER
 
@@ -37,7 +37,7 @@ PREVIOUS_ORDER = "ranked"
 """The previous shipped run-order policy (RUN_ORDERS key), replayed as its own method while another is the
 default."""
 METHODS = ("stratagem", *((PREVIOUS_ORDER,) if DEFAULT_RUN_ORDER != PREVIOUS_ORDER else ()), "no_recalibration",
-           "analytic_order", "rule", "decision_tree", "ds_autotuner", "nemo_autoconfigurator",
+           "analytic_order", "rule", "rule_memory_filter", "decision_tree", "ds_autotuner", "nemo_autoconfigurator",
            "random", "tpe", "nsga2")
 MODEL_METHODS = ("stratagem", PREVIOUS_ORDER, "no_recalibration", "analytic_order", "rule_memory_filter")
 """Methods that use the analytic model (replayed per calibration)."""
@@ -150,12 +150,14 @@ def cpu_by_method(tasks: list[Task], results: list[dict[str, Any]]) -> dict[str,
 def summarise_suite(instances: list[Instance], methods_: list[str], columns: list[str], tasks: list[Task],
                     results: list[dict[str, Any]], folds_doc: dict[str, Any] | None,
                     folding: str) -> dict[str, Any]:
-    """{"columns": {column: {method: summary}}, "per_instance": [...]}; a model-free method's runs stand in
+    """{"columns": {column: {method: summary}}, "sign_tests": {column: {baseline: stratagem's wins and losses
+    against it per budget (scoring.wins_losses)}}, "per_instance": [...]}; a model-free method's runs stand in
     every column."""
     got: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
     for (i, _, m, _, c, _, _), s in zip(tasks, results, strict=True):
         got.setdefault((i, m, c), []).append(s)
     merged: dict[str, dict[str, list[dict[str, Any]]]] = {c: {m: [] for m in methods_} for c in columns}
+    per: dict[str, dict[str, list[list[dict[str, Any]]]]] = {c: {m: [] for m in methods_} for c in columns}
     rows = []
     for i, inst in enumerate(instances):
         row: dict[str, Any] = {"instance": inst.name, "candidates": len(inst.table.runs)}
@@ -165,6 +167,10 @@ def summarise_suite(instances: list[Instance], methods_: list[str], columns: lis
             for c in columns:
                 scores = got.get((i, m, c)) or got[(i, m, columns[-1])]
                 merged[c][m] += scores
+                per[c][m].append(scores)
                 row[f"{m}:{c}"] = float(np.median([s["runs_to_best"] for s in scores]))
         rows.append(row)
-    return {"columns": {c: {m: summarise(merged[c][m]) for m in methods_} for c in columns}, "per_instance": rows}
+    signs = {c: {m: wins_losses(per[c]["stratagem"], per[c][m]) for m in methods_ if m != "stratagem"}
+             for c in columns} if "stratagem" in methods_ else {}
+    return {"columns": {c: {m: summarise(merged[c][m]) for m in methods_} for c in columns},
+            "sign_tests": signs, "per_instance": rows}

@@ -66,7 +66,19 @@ def _suite_lines(name: str, suite: dict[str, Any]) -> list[str]:
         lines.append("")
         lines.append(f"{_COLUMN_TITLE[c].capitalize()}, budgets 1-10 where stratagem's mean regret is above the "
                      f"rule's or the DeepSpeed autotuner's: {where}.")
+    for c, table in suite.get("sign_tests", {}).items():
+        budgets = list(next(iter(table.values()), {}))
+        lines += ["", f"{_COLUMN_TITLE[c].capitalize()}: stratagem's wins-losses-ties against each method after k "
+                      "runs, exact two-sided sign-test p (regret/scoring.py)", "",
+                  "| against | " + " | ".join(f"{k} run{'s' if k != '1' else ''}" for k in budgets) + " |",
+                  "|---|" + "---|" * len(budgets)]
+        lines += [f"| {m} | " + " | ".join(_signs(t[k]) for k in budgets) + " |" for m, t in table.items()]
     return lines
+
+
+def _signs(t: dict[str, Any]) -> str:
+    """'W-L-T p' of one sign test."""
+    return f"{t['wins']}-{t['losses']}-{t['ties']} p={t['p']:.2g}"
 
 
 def render_readme(doc: dict[str, Any]) -> str:
@@ -119,6 +131,10 @@ def text_table(doc: dict[str, Any]) -> list[str]:
                 out.append(f"  {m:22s}{_COLUMN_TITLE[c]:22s}{s['runs_to_best_median']:8.1f}"
                            f"{s['runs_to_best_p90']:6.1f}{s['found_within_10']:6.0%}"
                            + "".join(_regret(s, k, 7) for k in AT) + f"{s['oom_runs']:7d}")
+        for c, table in suite.get("sign_tests", {}).items():
+            out.append(f"  stratagem against each method, {_COLUMN_TITLE[c]}: wins-losses-ties and sign-test p "
+                       "after " + ", ".join(next(iter(table.values()), {})) + " runs")
+            out += [f"    {m:22s}" + "  ".join(f"{_signs(t[k]):>16s}" for k in t) for m, t in table.items()]
         out.append("")
     return out
 
