@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -154,6 +155,18 @@ def _suites(args: argparse.Namespace) -> list[Suite]:
     return out
 
 
+def _commit() -> str:
+    """The checkout's commit (what code produced the figures), with '+' when files differ from it; '' outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+" if dirty else "")
+
+
 def replay(suites: list[Suite], methods: list[str], budget: int, repeats: int, jobs: int, folding: str = "model",
            command: str = "") -> dict[str, Any]:
     """Every method on every suite's instances (one pool over all replays); the results document."""
@@ -162,7 +175,7 @@ def replay(suites: list[Suite], methods: list[str], budget: int, repeats: int, j
     results = run_tasks(every, jobs)  # one pool over every suite's replays
     out: dict[str, Any] = {}
     start = 0
-    config = {"budget": budget, "repeats": repeats, "folding": folding,
+    config = {"budget": budget, "repeats": repeats, "folding": folding, "commit": _commit(),
               "date": time.strftime("%Y-%m-%d", time.gmtime()), "python": platform.python_version(),
               "optuna": optuna.__version__, "numpy": np.__version__}
     for (name, inst, folds, head), (columns, tasks) in zip(suites, planned, strict=True):
