@@ -62,8 +62,8 @@ TABLE_GLOB = "*table*.json"
 DEFAULT_JSON = DATA / "regret.json"
 DEFAULT_PLOT = DATA / "regret.png"
 README = ROOT / "README.md"
-TRACED = ("not replayed: neither table has a traced figure per plan. The sweep's runs are nanotron's on H100, "
-          "which a trace of this project's harness does not describe; the CPU table records measured samples "
+TRACED = ("not replayed: no table has a traced figure per plan. The sweep's runs are nanotron's on H100, "
+          "which a trace of this project's harness does not describe; the CPU tables record measured samples "
           "only (bench/measure_table.py traces nothing), so `--trace` on or off would replay the same runs.")
 
 

@@ -54,7 +54,8 @@ def _suite_lines(name: str, suite: dict[str, Any]) -> list[str]:
     lines = [f"**{suite['title']}** ({suite['instances']} instance{'s' if suite['instances'] != 1 else ''}, "
              f"{suite['candidates']} candidate plans, {suite['failed_share']:.0%} of them failing at their median "
              f"run; success = within {suite['epsilon_text']} of the best; {suite['calibration_text']}). "
-             f"`{suite['command']}` ({cfg['date']}; budget {cfg['budget']} runs, {cfg['repeats']} seeds per "
+             f"`{suite['command']}` ({cfg['date']}{'; commit ' + cfg['commit'] if cfg.get('commit') else ''}; "
+             f"budget {cfg['budget']} runs, {cfg['repeats']} seeds per "
              f"randomised method or noisy table; runs to the best {cfg['budget'] + 1} = not within the budget).", "",
              "| method | " + " | ".join(_COLUMN_TITLE[c] for c in cols) + " |",
              "|---|" + "---|" * len(cols)]

@@ -20,7 +20,7 @@ from stratagem.evaluators.calibration import default_calibration  # noqa: E402
 
 BUDGET = 4
 """Runs per method and instance: enough for the loop to refit and to re-rank after a refit."""
-SWEEP_GROUPS = 3
+SWEEP_GROUPS = 2
 """The sweep's groups with the fewest candidates (every column: in sample, refitted, out of sample)."""
 
 
