@@ -24,6 +24,7 @@ from stratagem.search import screen
 from stratagem.search.multifidelity import measured_trials, rank_candidates, run_multifidelity
 from stratagem.search.records import plan_key, trial_evaluation
 from stratagem.spaces import scenario_from_dict
+from stratagem.spaces.columns import PlanColumns
 
 SCENARIO = {
     "model": {"name": "ray-test", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
@@ -65,7 +66,9 @@ def _faulted_search(tmp: Path, faults: list[str], timeout_s: float) -> dict:
     url = f"sqlite:///{tmp / 'study.db'}"
     evaluator = RayRunEvaluator(tmp / "runs", num_cpus=4, steps=3, warmup=1, timeout_s=timeout_s)
     try:  # one run per plan, no repeat
-        mf = run_multifidelity(scn, url, "ray-test", evaluator, real_runs=len(faults), remeasure=0)
+        # the faulted plans are the candidates: every one of them runs whichever order the run-order policy picks
+        mf = run_multifidelity(scn, url, "ray-test", evaluator, real_runs=len(faults), remeasure=0,
+                               candidates=PlanColumns.from_plans(first))
     finally:
         evaluator.close()
         del os.environ["STRATAGEM_FAULTS"]
