@@ -99,6 +99,13 @@ def _revisions() -> tuple[str, list[str]]:
     return str(scripts.get_current_head()), [str(r.revision) for r in scripts.walk_revisions()]
 
 
+def _being_created(layout: Layout) -> bool:
+    """Whether every table present is one of Optuna's with exactly its columns (and no revision stamped yet): the
+    schema another process's RDBStorage is creating this moment, not another program's database."""
+    optuna_tables = _optuna_tables()
+    return all(optuna_tables.get(t) == cols for t, cols in layout.columns.items())
+
+
 def schema_verdict(layout: Layout, where: str, what: str = "a database") -> Literal["empty", "optuna"]:
     """"empty" (no table: Optuna may create its own), "optuna" (this Optuna's schema), else one-line
     StratagemError: another program's database, or an Optuna storage of another schema version (with the
@@ -108,6 +115,8 @@ def schema_verdict(layout: Layout, where: str, what: str = "a database") -> Lite
     import optuna
 
     is_optuna = layout.revision is not None and _VERSION_COLUMNS <= layout.columns.get("version_info", set())
+    if not is_optuna and _being_created(layout):
+        return "empty"  # another worker's Optuna is creating its tables now (RDBStorage: create_all, then alembic)
     if not is_optuna:
         raise StratagemError(f"{where} is {what} but not an Optuna storage (its tables: "
                              f"{', '.join(sorted(layout.columns)[:6])}); stratagem leaves it untouched: give a new "
