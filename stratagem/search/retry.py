@@ -242,6 +242,8 @@ def _fix_for(text: str) -> str:
         return " Another process holds the database locked: wait for it, or stop it, and rerun"
     if any(w in low for w in ("is full", "disk full", "no space", "too large", "quota")):
         return " Free space (or raise the file-size limit) and rerun: the search resumes"
+    if "disk i/o error" in low:  # SQLITE_IOERR: a write the disk refused (full, a size limit) or a failing device
+        return (" Free space (or raise the file-size limit), or check the device, and rerun: the search resumes")
     return ""
 
 
