@@ -154,6 +154,17 @@ def _judge_memory(r: _Runs, prior: LogMultipliers, folds: Sequence[Calibration] 
             memory_error(peak, r.peak[held], oom, r.bound), now)
 
 
+_LABELS = {"time": "term multipliers (time)", "memory": "block multipliers (memory)"}
+
+
+def _verdict(group: Literal["time", "memory"], post: LogMultipliers, loo: float, now: float,
+             update: dict[str, LogMultipliers], parts: list[str]) -> None:
+    """Adopt `post` for `group` into `update` when its leave-one-out error beats the incumbent's, and say so."""
+    if loo < now:
+        update[f"{group}_multipliers"] = post
+    parts.append(f"{_LABELS[group]} {'adopted' if loo < now else 'refused'} (held-out error {loo:.0%} vs {now:.0%})")
+
+
 def _prior(given: LogMultipliers | None, device: LogMultipliers, study: str) -> LogMultipliers:
     """The prior of a fit: the start calibration's posterior over every term, unless the same study's runs made it
     (they would count twice): then the device's."""
@@ -179,10 +190,7 @@ def refit_multipliers(scenario: Scenario, measured: Sequence[Evaluation], base: 
         post, step_loo, now = _judge_time(r, _prior(base.time_multipliers, prior.time(), study), run_noise_sd,
                                           constants.folds if took and constants else None,
                                           constants.time_error_held_out if took and constants else None)
-        if step_loo < now:
-            update["time_multipliers"] = post.model_copy(update={"study": study})
-        parts.append(f"term multipliers (time) {'adopted' if step_loo < now else 'refused'} "
-                     f"(held-out error {step_loo:.0%} vs {now:.0%})")
+        _verdict("time", post.model_copy(update={"study": study}), step_loo, now, update, parts)
     else:
         parts.append(f"term multipliers (time): {r.n} run(s), not judged before 2")
     if r.n + len(r.oom) >= 2:
@@ -190,10 +198,7 @@ def refit_multipliers(scenario: Scenario, measured: Sequence[Evaluation], base: 
         post, memory_loo, now = _judge_memory(r, _prior(base.memory_multipliers, prior.memory(), study),
                                               constants.folds if took and constants else None,
                                               constants.memory_error_held_out if took and constants else None)
-        if memory_loo < now:
-            update["memory_multipliers"] = post.model_copy(update={"study": study})
-        parts.append(f"block multipliers (memory) {'adopted' if memory_loo < now else 'refused'} "
-                     f"(held-out error {memory_loo:.0%} vs {now:.0%})")
+        _verdict("memory", post.model_copy(update={"study": study}), memory_loo, now, update, parts)
     cal = current.model_copy(update=update)
     after = _Runs(scenario, runs, ooms, cal) if update else r
     groups: tuple[Literal["time", "memory"], ...] = ("time", "memory")
