@@ -279,6 +279,10 @@ def test_torchtitan(name: str) -> None:
     text = bundle.files["torchtitan.toml"]
     assert f"the full run is {layout(scn, plan).train_steps} steps" in text
     assert tr["dataset"] == "c4_test" and "PLACEHOLDER" in text and "REPLACE-ME" in doc["model"]["hf_assets_path"]
+    assert "tests/assets/c4_test, relative to the working directory" in text  # only from a torchtitan checkout
+    # a throughput check logs every step and saves nothing inside it (issue 34 item 5)
+    assert doc["metrics"] == {"log_freq": 1} and doc["checkpoint"] == {"enable": False}
+    assert "the full run sets enable = true" in text
 
 
 def test_torchtitan_flavors_match_published_llama3() -> None:
@@ -454,8 +458,14 @@ def test_megatron(name: str) -> None:
     overlap = m.moe is not None and scn.training.ep_overlap
     assert bool(ns.overlap_moe_expert_parallel_comm) == bool(ns.delay_wgrad_compute) == (overlap and not refused)
     assert any(n.field == "training.ep_comm_overlap" for n in bundle.unexpressed) == (overlap and refused)
+    # what validate_args wants: 1 for TP/CP (asserted before Blackwell), unset under Megatron-FSDP (asserted != 1)
     env = "export CUDA_DEVICE_MAX_CONNECTIONS=1" in bundle.files["megatron.sh"]
     assert env == ((plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2)
+    assert ("unset CUDA_DEVICE_MAX_CONNECTIONS" in bundle.files["megatron.sh"]) == (plan.zero_stage >= 2)
+    # a throughput check: every iteration logged with its throughput, no validation pass, no checkpoint
+    assert (ns.log_interval, ns.log_throughput, ns.eval_iters) == (1, True, 0)
+    assert ns.save is None and ns.save_interval is None and "The full run adds to TRAINING_ARGS: --save" in \
+        bundle.files["megatron.sh"]
 
 
 def test_megatron_option_table_rejects_unknown_options() -> None:
@@ -590,11 +600,17 @@ def test_checkpoint_interval_from_the_evaluation() -> None:
     ev = evaluate(scn, plan)
     assert ev.checkpoint is not None and ev.time is not None
     steps = max(1, round(ev.checkpoint.interval_s / ev.time.step_s))
-    titan = tomllib.loads(export_plan(scn, plan, "torchtitan", evaluation=ev).files["torchtitan.toml"])
+    full = layout(scn, plan).train_steps  # the full run saves; a throughput check only says how it would
+    titan = tomllib.loads(export_plan(scn, plan, "torchtitan", evaluation=ev, steps=full).files["torchtitan.toml"])
     assert titan["checkpoint"] == {"enable": True, "async_mode": "async", "interval": steps}
-    ns = megatron_namespace(export_plan(scn, plan, "megatron", evaluation=ev))
-    assert ns.save_interval == steps
-    without = export_plan(scn, plan, "megatron")
+    assert "metrics" not in titan
+    check = export_plan(scn, plan, "torchtitan", evaluation=ev).files["torchtitan.toml"]
+    assert f'the full run sets enable = true, async_mode = "async", interval = {steps}' in check
+    ns = megatron_namespace(export_plan(scn, plan, "megatron", evaluation=ev, steps=full))
+    assert (ns.save, ns.save_interval, ns.log_throughput, ns.eval_iters) == ("$CHECKPOINT_DIR", steps, True, None)
+    check = export_plan(scn, plan, "megatron", evaluation=ev).files["megatron.sh"]
+    assert f'adds to TRAINING_ARGS: --save "$CHECKPOINT_DIR" --save-interval {steps}' in check
+    without = export_plan(scn, plan, "megatron", steps=full)
     assert megatron_namespace(without).save_interval is None
     assert any(n.field == "training.checkpoint.interval_minutes" for n in without.unexpressed)
 

@@ -106,6 +106,13 @@ class Layout:
                 f"{tr.training_tokens:g} / {tr.tokens_per_step} tokens per step)")
 
     @property
+    def throughput_check(self) -> bool:
+        """Whether the exported run is a throughput check (fewer steps than the full run): it logs every step with
+        its throughput and writes no checkpoint inside the timed steps; the full run's checkpoint settings go in a
+        comment."""
+        return self.run_steps < self.train_steps
+
+    @property
     def world(self) -> int:
         """Ranks the plan needs (dp*tp*pp*cp)."""
         return self.plan.world_size

@@ -28,9 +28,11 @@ from stratagem.launch.export.bundle import (
     note_lines,
 )
 from stratagem.launch.export.megatron_model import MEGATRON_COMMIT, MEGATRON_VERSION, Notes, model_args
+from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP
 from stratagem.spaces.plan import Plan
 
-__all__ = ["MEGATRON_VERSION", "MEGATRON_COMMIT", "export_megatron", "megatron_args", "pipeline_layout"]
+__all__ = ["MEGATRON_VERSION", "MEGATRON_COMMIT", "export_megatron", "megatron_args", "full_run_save_args",
+           "pipeline_layout"]
 
 SCRIPT_FILE = "megatron.sh"
 
@@ -233,10 +235,9 @@ def _optimizer_args(lay: Layout, notes: Notes) -> list[str]:
     return train
 
 
-def _checkpoint_args(lay: Layout, notes: Notes, checkpoint_interval: int | None) -> list[str]:
-    """Checkpoint format, directory, interval in iterations and async save (torch_dist only)."""
-    ckpt_format = _ckpt_format(lay.plan)
-    train = ["--ckpt-format", ckpt_format, "--save", "$CHECKPOINT_DIR"]
+def _save_args(lay: Layout, notes: Notes, checkpoint_interval: int | None) -> list[str]:
+    """Checkpoint directory, interval in iterations and async save (torch_dist only): the full run's saving."""
+    train = ["--save", "$CHECKPOINT_DIR"]
     if checkpoint_interval is not None:
         train += ["--save-interval", str(checkpoint_interval)]
     else:
@@ -246,7 +247,7 @@ def _checkpoint_args(lay: Layout, notes: Notes, checkpoint_interval: int | None)
             "a study, or pass an evaluation): add --save-interval",
         ))
     if lay.scenario.training.checkpoint.mode == "async":
-        if ckpt_format == "torch_dist":
+        if _ckpt_format(lay.plan) == "torch_dist":
             train += ["--async-save", "--use-persistent-ckpt-worker"]
         else:
             notes.un.append(FieldNote(
@@ -257,13 +258,24 @@ def _checkpoint_args(lay: Layout, notes: Notes, checkpoint_interval: int | None)
     return train
 
 
-def _training_args(lay: Layout, notes: Notes, checkpoint_interval: int | None) -> list[str]:
-    """TRAINING_ARGS: batch sizes and iterations, precision, overlaps, recompute, optimizer, checkpoints."""
+def _logging_args(lay: Layout) -> list[str]:
+    """A throughput check logs every iteration with its throughput (megatron/training/config/training_config.py
+    LoggerConfig: log_interval defaults to 100, log_throughput to False) and runs no validation pass after the
+    timed iterations (ValidationConfig.eval_iters 100 by default; training.py: do_valid needs eval_iters > 0)."""
+    if lay.throughput_check:
+        return ["--log-interval", "1", "--log-throughput", "--eval-iters", "0"]
+    return ["--log-throughput"]
+
+
+def _training_args(lay: Layout, notes: Notes, save: list[str]) -> list[str]:
+    """TRAINING_ARGS: batch sizes and iterations, logging, precision, overlaps, recompute, optimizer, checkpoint
+    format (validate_args checks it even when nothing is saved) and, for the full run, `save`."""
     p, tr = lay.plan, lay.scenario.training
     train = ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(tr.global_batch_size),
              "--train-iters", str(lay.run_steps)]
-    return (train + _precision_args(lay) + _comm_overlap_args(lay, notes) + _recompute_args(lay, notes)
-            + _optimizer_args(lay, notes) + _checkpoint_args(lay, notes, checkpoint_interval))
+    return (train + _logging_args(lay) + _precision_args(lay) + _comm_overlap_args(lay, notes)
+            + _recompute_args(lay, notes) + _optimizer_args(lay, notes) + ["--ckpt-format", _ckpt_format(p)]
+            + ([] if lay.throughput_check else save))
 
 
 def _data_args(lay: Layout) -> list[str]:
@@ -272,24 +284,44 @@ def _data_args(lay: Layout) -> list[str]:
             "--lr", "0.0001"]
 
 
-def _environment(p: Plan) -> dict[str, str]:
-    """Environment variables Megatron's validate_args requires for this plan."""
-    env: dict[str, str] = {}
-    if (p.tp > 1 or p.cp > 1) and p.zero_stage < 2:
-        # validate_args: TP or CP before Blackwell asserts CUDA_DEVICE_MAX_CONNECTIONS == 1 (Megatron-FSDP
-        # asserts the opposite and only warns about TP/CP).
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    return env
+def _environment(p: Plan) -> dict[str, str | None]:
+    """Environment variables Megatron wants for this plan (None: unset)."""
+    if p.zero_stage >= 2:
+        # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS != "1" under Megatron-FSDP, and
+        # docs/user-guide/features/megatron_fsdp.md recommends unsetting it (FSDP's streams run in parallel)
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+    if p.tp > 1 or p.cp > 1:
+        # validate_args: TP or CP before Blackwell asserts CUDA_DEVICE_MAX_CONNECTIONS == 1
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def _environment_lines(p: Plan) -> list[str]:
+    """The shell lines that set (or unset) what _environment gives, with Megatron's own caveat."""
+    lines = []
+    if p.zero_stage >= 2 and (p.tp > 1 or p.cp > 1):
+        lines.append("# Megatron-LM warns (validate_args, before Blackwell): TP/CP kernels are ordered best with "
+                     "CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron-FSDP refuses; FSDP's setting wins here")
+    for k, v in _environment(p).items():
+        lines.append(f"unset {k}" if v is None else f"export {k}={v}")
+    return lines
 
 
 def megatron_args(lay: Layout, checkpoint_interval: int | None = None
-                  ) -> tuple[dict[str, list[str]], dict[str, str], list[FieldNote], list[FieldNote]]:
-    """Argument groups (name -> args), environment variables Megatron requires, and the unexpressed /
-    approximated fields."""
+                  ) -> tuple[dict[str, list[str]], dict[str, str | None], list[FieldNote], list[FieldNote]]:
+    """Argument groups (name -> args), environment variables Megatron wants (None: unset), and the unexpressed /
+    approximated fields. A throughput check (Layout.throughput_check) saves no checkpoint: `full_run_save_args`
+    gives what the full run adds."""
     notes = Notes()
+    save = _save_args(lay, notes, checkpoint_interval)
     groups = {"MODEL_ARGS": model_args(lay, notes), "PARALLEL_ARGS": _parallel_args(lay, notes),
-              "TRAINING_ARGS": _training_args(lay, notes, checkpoint_interval), "DATA_ARGS": _data_args(lay)}
+              "TRAINING_ARGS": _training_args(lay, notes, save), "DATA_ARGS": _data_args(lay)}
     return groups, _environment(lay.plan), notes.un, notes.ap
+
+
+def full_run_save_args(lay: Layout, checkpoint_interval: int | None = None) -> list[str]:
+    """The checkpoint arguments of the full run (those a throughput check leaves out)."""
+    return _save_args(lay, Notes(), checkpoint_interval)
 
 
 def _array(name: str, args: list[str]) -> list[str]:
@@ -311,9 +343,18 @@ def _quote(arg: str) -> str:
     return '"$CHECKPOINT_DIR"' if arg == "$CHECKPOINT_DIR" else shlex.quote(arg)
 
 
+def _save_comment(lay: Layout, checkpoint_interval: int | None) -> list[str]:
+    """Comment lines: no checkpoint inside a throughput check, and the arguments the full run adds."""
+    if not lay.throughput_check:
+        return []
+    full = " ".join(_quote(a) for a in full_run_save_args(lay, checkpoint_interval))
+    return ["# No checkpoint is written inside this throughput check (no --save: Megatron saves at every "
+            "--save-interval and after the", f"# last iteration). The full run adds to TRAINING_ARGS: {full}"]
+
+
 def export_megatron(lay: Layout, checkpoint_interval: int | None = None) -> ExportBundle:
     """megatron.sh: the arguments in four bash arrays and the torchrun line that passes them."""
-    groups, env, un, ap = megatron_args(lay, checkpoint_interval)
+    groups, _, un, ap = megatron_args(lay, checkpoint_interval)
     head = header_lines(lay, f"Megatron-LM {MEGATRON_VERSION} (NVIDIA/Megatron-LM@{MEGATRON_COMMIT[:12]}), "
                              "pretrain_gpt.py arguments (megatron/training/arguments.py)")
     notes = note_lines(un, ap, f"Megatron-LM {MEGATRON_VERSION}")
@@ -327,8 +368,8 @@ def export_megatron(lay: Layout, checkpoint_interval: int | None = None) -> Expo
         "set -euo pipefail",
         ': "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"',
         rdzv,
-        'CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"',
-        *[f"export {k}={v}" for k, v in env.items()],
+        *([] if lay.throughput_check else ['CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"']),
+        *_environment_lines(lay.plan),
         "",
     ]
     for name, args in groups.items():
@@ -339,6 +380,10 @@ def export_megatron(lay: Layout, checkpoint_interval: int | None = None) -> Expo
             lines.append("# --tokenizer-model <your tokenizer>, and set your learning-rate schedule.")
         if name == "TRAINING_ARGS":
             lines.append(f"# --train-iters {lay.run_steps}: {comment_safe(lay.steps_comment())}")
+            if lay.throughput_check:
+                lines.append("# --log-interval 1 --log-throughput: every iteration's time (ms) and TFLOP/s per GPU; "
+                             f"leave out the first {THROUGHPUT_WARMUP} (warm-up)")
+            lines += _save_comment(lay, checkpoint_interval)
         lines += _array(name, args)
     lines += [
         "",

@@ -74,7 +74,7 @@ LLAMA3_FLAVORS: dict[str, dict[str, int]] = {
 
 _SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zero_bubble": "ZBVZeroBubble"}
 # the TOML tables in the order they are written (torchtitan/config/job_config.py JobConfig sections)
-_TABLE_ORDER = ("job", "model", "optimizer", "lr_scheduler", "training", "parallelism", "activation_checkpoint",
+_TABLE_ORDER = ("job", "metrics", "model", "optimizer", "lr_scheduler", "training", "parallelism", "activation_checkpoint",
                 "checkpoint", "compile", "quantize.linear.float8")
 
 
@@ -218,8 +218,11 @@ def _training_table(d: _Draft, lay: Layout) -> None:
     training["steps"] = lay.run_steps
     d.comments["training.steps"] = [lay.steps_comment()]
     training["dataset"] = "c4_test"
-    d.comments["training.dataset"] = ["PLACEHOLDER: torchtitan's bundled test slice of C4, for a throughput check; "
-                                      "set your dataset (and dataset_path) to train"]
+    d.comments["training.dataset"] = [
+        "PLACEHOLDER: torchtitan's test slice of C4, for a throughput check; set your dataset (and dataset_path) to "
+        "train. It resolves only from the root of a torchtitan checkout: its path is tests/assets/c4_test, relative "
+        "to the working directory, and the pip package does not ship it (torchtitan/hf_datasets/text_datasets.py "
+        "DATASETS)"]
     # the scheduler's warm-up must fit in the run (torchtitan's default is 200 steps)
     d.tables["lr_scheduler"]["warmup_steps"] = min(THROUGHPUT_WARMUP, lay.run_steps)
     training["mixed_precision_param"] = "float32" if p.precision == "fp32" else "bfloat16"
@@ -487,19 +490,38 @@ def _float8_tables(d: _Draft, lay: Layout) -> None:
     d.comments["compile.enable"] = ["docs/float8.md: float8 training is meant to run under torch.compile"]
 
 
+def _metrics_table(d: _Draft, lay: Layout) -> None:
+    """[metrics]: a throughput check logs every step (torchtitan/components/metrics.py MetricsProcessor.log: tps,
+    tflops and mfu per log step; job_config.py Metrics.log_freq defaults to 10)."""
+    if lay.throughput_check:
+        d.tables["metrics"] = {"log_freq": 1}
+        d.comments["metrics.log_freq"] = [
+            f"every step's tokens/s per GPU (tps), TFLOP/s and MFU; leave out the first {THROUGHPUT_WARMUP} (warm-up)"]
+
+
 def _checkpoint_table(d: _Draft, lay: Layout, checkpoint_interval: int | None) -> None:
-    """[checkpoint]: enabled, async or blocking, and the interval in steps when a step time is known."""
+    """[checkpoint]: enabled, async or blocking, and the interval in steps when a step time is known; a throughput
+    check writes none (torchtitan saves at every interval and at the last step: components/checkpoint.py
+    CheckpointManager._should_save), the full run's settings in a comment."""
     ck = lay.scenario.training.checkpoint
-    d.tables["checkpoint"] = {"enable": True, "async_mode": "async" if ck.mode == "async" else "disabled"}
+    full: dict[str, Any] = {"enable": True, "async_mode": "async" if ck.mode == "async" else "disabled"}
     if checkpoint_interval is not None:
-        d.tables["checkpoint"]["interval"] = checkpoint_interval
-        d.comments["checkpoint.interval"] = ["steps between checkpoints, from the evaluation's interval and step time"]
+        full["interval"] = checkpoint_interval
     else:
         d.un.append(FieldNote(
             "training.checkpoint.interval_minutes",
             "torchtitan counts the checkpoint interval in steps; no step time was given to convert it "
             "(export from a study, or pass an evaluation), so torchtitan's default interval stays",
         ))
+    if lay.throughput_check:
+        d.tables["checkpoint"] = {"enable": False}
+        d.comments["checkpoint.enable"] = [
+            "no checkpoint inside this throughput check; the full run sets "
+            + ", ".join(f"{k} = {_toml_value(v)}" for k, v in full.items())]
+        return
+    d.tables["checkpoint"] = full
+    if checkpoint_interval is not None:
+        d.comments["checkpoint.interval"] = ["steps between checkpoints, from the evaluation's interval and step time"]
 
 
 def _render(d: _Draft, lay: Layout) -> ExportBundle:
@@ -521,6 +543,7 @@ def export_torchtitan(lay: Layout, checkpoint_interval: int | None = None) -> Ex
     batch sizes, mixed precision, float8; what torchtitan v0.2.2 cannot express is listed in the file."""
     d = _Draft(tables={name: {} for name in _TABLE_ORDER})
     _job_table(d, lay)
+    _metrics_table(d, lay)
     _model_table(d, lay)
     _optimizer_table(d, lay)
     _training_table(d, lay)

@@ -87,12 +87,18 @@ def megatron(tree: Path) -> int:
     actions = {s: a for a in parser()._actions for s in a.option_strings}
     used: set[str] = set()
     failures = 0
-    for name, (scn, plan) in _cases().items():
-        groups, env, _, _ = megatron_args(layout(scn, plan), checkpoint_interval=100)
+    # each case as the throughput check (no checkpoint, every step logged) and as the full run (saving)
+    runs = [(f"{name}{'' if full is None else ' (full run)'}", scn, plan, full)
+            for name, (scn, plan) in _cases().items() for full in (None, True)]
+    for name, scn, plan, full in runs:
+        lay = layout(scn, plan)
+        if full:
+            lay = layout(scn, plan, steps=lay.train_steps)
+        groups, env, _, _ = megatron_args(lay, checkpoint_interval=100)
         argv = [a.replace("$CHECKPOINT_DIR", "/tmp/checkpoints") for g in groups.values() for a in g]
         used |= {a for a in argv if a.startswith("--")}
         os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-        os.environ.update(env)
+        os.environ.update({k: v for k, v in env.items() if v is not None})  # None: unset
         try:
             args = parser().parse_args([*argv, "--no-rope-fusion"])
             args._is_global_batch_size_explicitly_specified = True

@@ -5,15 +5,14 @@
 # launch: 32 node(s) x 8 processes = world 256; 128 micro-batch(es) of 1 per step per data-parallel rank
 # source: golden case deepseek-v3-deepep-pp16
 # Not expressible in Megatron-LM core_v0.19.0 (left out):
+#   - training.checkpoint.interval_minutes: Megatron counts --save-interval in iterations; no step time was given to convert it (export from a study, or pass an evaluation): add --save-interval
 #   - training.ep_comm_overlap: true: not written: Megatron refuses --overlap-moe-expert-parallel-comm for this plan (evaluators/ep_overlap.py a2a_overlap_refused, transformer_config.py __post_init__)
 #   - training.activation_func_fp8_input_store: true: TransformerConfig.activation_func_fp8_input_store has no command-line flag in Megatron-LM core_v0.19.0 (arguments.py leaves it out of the generated options); set it in the model provider's TransformerConfig
-#   - training.checkpoint.interval_minutes: Megatron counts --save-interval in iterations; no step time was given to convert it (export from a study, or pass an evaluation): add --save-interval
 # Run on each of the 32 node(s) with MEGATRON_LM pointing at a Megatron-LM core_v0.19.0 checkout.
 set -euo pipefail
 : "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
 MODEL_ARGS=(
@@ -65,10 +64,16 @@ PARALLEL_ARGS=(
   --overlap-param-gather
 )
 # --train-iters 50: 50 steps, a throughput check (10 warm-up + 40 timed steps; --steps N to change); the full run is 238419 steps (training_tokens 1e+12 / 4194304 tokens per step)
+# --log-interval 1 --log-throughput: every iteration's time (ms) and TFLOP/s per GPU; leave out the first 10 (warm-up)
+# No checkpoint is written inside this throughput check (no --save: Megatron saves at every --save-interval and after the
+# last iteration). The full run adds to TRAINING_ARGS: --save "$CHECKPOINT_DIR" --async-save --use-persistent-ckpt-worker
 TRAINING_ARGS=(
   --micro-batch-size 1
   --global-batch-size 1024
   --train-iters 50
+  --log-interval 1
+  --log-throughput
+  --eval-iters 0
   --bf16
   --fp8-format e4m3
   --fp8-recipe blockwise
@@ -79,9 +84,6 @@ TRAINING_ARGS=(
   --recompute-modules moe_act
   --optimizer adam
   --ckpt-format torch_dist
-  --save "$CHECKPOINT_DIR"
-  --async-save
-  --use-persistent-ckpt-worker
 )
 # PLACEHOLDERS: synthetic data (--mock-data), no tokenizer (NullTokenizer) and a fixed learning
 # rate, for a throughput check of this layout. To train, replace --mock-data with --data-path

@@ -11,7 +11,6 @@ set -euo pipefail
 : "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
 MODEL_ARGS=(
@@ -63,10 +62,16 @@ PARALLEL_ARGS=(
   --overlap-param-gather
 )
 # --train-iters 50: 50 steps, a throughput check (10 warm-up + 40 timed steps; --steps N to change); the full run is 238419 steps (training_tokens 1e+12 / 4194304 tokens per step)
+# --log-interval 1 --log-throughput: every iteration's time (ms) and TFLOP/s per GPU; leave out the first 10 (warm-up)
+# No checkpoint is written inside this throughput check (no --save: Megatron saves at every --save-interval and after the
+# last iteration). The full run adds to TRAINING_ARGS: --save "$CHECKPOINT_DIR" --async-save --use-persistent-ckpt-worker
 TRAINING_ARGS=(
   --micro-batch-size 1
   --global-batch-size 1024
   --train-iters 50
+  --log-interval 1
+  --log-throughput
+  --eval-iters 0
   --bf16
   --tp-comm-overlap
   --moe-token-dispatcher-type alltoall
@@ -75,9 +80,6 @@ TRAINING_ARGS=(
   --recompute-num-layers 1
   --optimizer adam
   --ckpt-format torch_dist
-  --save "$CHECKPOINT_DIR"
-  --async-save
-  --use-persistent-ckpt-worker
 )
 # PLACEHOLDERS: synthetic data (--mock-data), no tokenizer (NullTokenizer) and a fixed learning
 # rate, for a throughput check of this layout. To train, replace --mock-data with --data-path

@@ -11,7 +11,8 @@ set -euo pipefail
 : "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-CHECKPOINT_DIR="${CHECKPOINT_DIR:-./checkpoints}"
+# Megatron-LM warns (validate_args, before Blackwell): TP/CP kernels are ordered best with CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron-FSDP refuses; FSDP's setting wins here
+unset CUDA_DEVICE_MAX_CONNECTIONS
 
 MODEL_ARGS=(
   --num-layers 32
@@ -50,10 +51,16 @@ PARALLEL_ARGS=(
   --overlap-param-gather
 )
 # --train-iters 50: 50 steps, a throughput check (10 warm-up + 40 timed steps; --steps N to change); the full run is 3814698 steps (training_tokens 1e+12 / 262144 tokens per step)
+# --log-interval 1 --log-throughput: every iteration's time (ms) and TFLOP/s per GPU; leave out the first 10 (warm-up)
+# No checkpoint is written inside this throughput check (no --save: Megatron saves at every --save-interval and after the
+# last iteration). The full run adds to TRAINING_ARGS: --save "$CHECKPOINT_DIR"
 TRAINING_ARGS=(
   --micro-batch-size 1
   --global-batch-size 64
   --train-iters 50
+  --log-interval 1
+  --log-throughput
+  --eval-iters 0
   --bf16
   --fp8-format hybrid
   --fp8-recipe tensorwise
@@ -62,7 +69,6 @@ TRAINING_ARGS=(
   --recompute-modules moe_act
   --optimizer adam
   --ckpt-format fsdp_dtensor
-  --save "$CHECKPOINT_DIR"
 )
 # PLACEHOLDERS: synthetic data (--mock-data), no tokenizer (NullTokenizer) and a fixed learning
 # rate, for a throughput check of this layout. To train, replace --mock-data with --data-path
