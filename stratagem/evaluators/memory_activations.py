@@ -21,7 +21,10 @@ Per layer per micro-batch, s = sequence (/ cp), b = micro-batch, h = hidden, f =
     act_mid     [s, b, f/t]  silu(g), kept by eager silu(g) * u for the product's backward (not when fused)
     act_output  [s, b, f/t]  the activation's output, fc2's input
   dispatch_input  [k s b h / t x etp]  tokens dispatched to the experts (grouped fc1's input)
-  dispatch_output [k s b h / t x etp]  the experts' outputs kept for the combine
+  dispatch_output [k s b h / t x etp]  the experts' outputs, kept by the product with the gate weights after the
+                  experts (StackRecord.moe_probs_applied "combine") [TT-C]; in the compute dtype (the harness's)
+  expert_probs    [k s b / t x etp]    fp32 permuted probs the weighted activation keeps instead (Megatron,
+                  moe_probs_applied "activation"), 2 bf16-element widths [MLM-P]
   router          [s, b, E/t] fp32 logits and probabilities (2 tensors, 2 bf16-element widths each)
 
 Sources:
@@ -36,6 +39,16 @@ Sources:
           torchao's fp8 linears keep the high-precision input.
   [SWI]   megatron/core/fusions/fused_bias_swiglu.py SwiGLUFunction.forward: save_for_backward(input) only
           (fp8_input_store: the input cast to float8_e4m3fn).
+  [MLM-P] Megatron-Core (core_v0.19.0) weights the routed experts inside their activation: megatron/core/
+          transformer/moe/experts.py TEGroupedMLP.forward bias_act_func -> weighted_bias_swiglu_impl
+          (fused_bias_swiglu.py WeightedSwiGLUFunction.forward: save_for_backward(input, weights), the fc1 output
+          and the permuted probs); moe/token_dispatcher.py combine_postprocess unpermutes without probs
+          (moe/moe_utils.py unpermute: a scatter, indices only) and the combine saves no tokens (all_to_all;
+          DeepEP: moe/fused_a2a.py FusedCombine.forward keeps ctx.handle only). No expert output is kept.
+  [TT-C]  torchtitan v0.2.2 torchtitan/models/moe/moe.py MoE.forward, score_before_experts=False (its DeepSeek-V3
+          and Qwen3 configs): torch.bmm(top_scores, routed_output_unsorted.float()) keeps the experts' outputs
+          (in fp32 there, twice the harness's compute-dtype `routed * weights`); DeepSpeed's MOELayer einsum
+          over expert_output likewise (deepspeed/moe/sharded_moe.py).
 """
 
 from __future__ import annotations
@@ -125,13 +138,14 @@ def saved_tensors(scn: Scenario, pc: PlanColumns, s: Array | float, b: Array | f
         out += [Saved(x.name, x.elements, "shared_experts" if x.module == "moe" else x.module, x.linear_input,
                       x.selective, x.act_input)
                 for x in _mlp_group("shared_", shared, glu, rec.fused_glu, "moe", None)]
-    dispatched = e.top_k * imb * sbh / t * pc.etp
+    copies = e.top_k * imb * s * b / t * pc.etp  # routed token copies on the busiest expert rank
     out += [
-        Saved("dispatch_input", dispatched, "moe", linear_input=True),
-        Saved("dispatch_output", dispatched, "moe"),
+        Saved("dispatch_input", copies * m.hidden_size, "moe", linear_input=True),
         Saved("router", 2 * 2 * s * b * e.num_experts / t, "moe"),
     ]
-    return out
+    if rec.moe_probs_applied == "activation":  # [MLM-P]: the probs, not the experts' outputs
+        return out + [Saved("expert_probs", 2 * copies, "moe")]
+    return out + [Saved("dispatch_output", copies * m.hidden_size, "moe")]  # [TT-C]
 
 
 def _kept_by_modules(pc: PlanColumns, x: Saved) -> NDArray[np.bool_]:

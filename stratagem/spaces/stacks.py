@@ -165,6 +165,18 @@ class StackRecord(BaseModel):
     (refused_by harness) and the exporters (refused_by export)."""
     moe_dispatchers: tuple[Dispatcher, ...] = ("alltoall",)
     """MoE token dispatchers the stack ships (TrainingSpec.moe_dispatcher); the first is the default."""
+    moe_probs_applied: Literal["activation", "combine"] = "combine"
+    """Where the routing probabilities weight the routed experts, which decides what an MoE layer keeps for their
+    gradient. activation: inside the experts' activation, which saves only its input and the permuted probs
+    (megatron/core/transformer/moe/experts.py TEGroupedMLP.forward bias_act_func -> megatron/core/fusions/
+    fused_bias_swiglu.py WeightedSwiGLUFunction.forward save_for_backward(input, weights)); the tokens are then
+    unpermuted without probs (moe/token_dispatcher.py combine_postprocess -> moe/moe_utils.py unpermute) and the
+    combine keeps no token tensor (all_to_all; DeepEP's moe/fused_a2a.py FusedCombine keeps only its handle).
+    combine: the experts' outputs are multiplied by the gate weights after the experts, and that product keeps
+    the outputs, k s b h per rank (the harness's MoE.forward `routed * weights`; torchtitan models/moe/moe.py
+    MoE.forward with score_before_experts=False, its DeepSeek-V3 and Qwen3 setting, bmm over
+    routed_output_unsorted.float(); DeepSpeed deepspeed/moe/sharded_moe.py MOELayer.forward einsum over
+    expert_output)."""
     ep_comm_overlap: bool = False
     """Whether the stack can overlap the expert all-to-all with another micro-batch's compute (Megatron
     --overlap-moe-expert-parallel-comm)."""
@@ -373,6 +385,7 @@ _MEGATRON = StackRecord(
     p2p_overlap=True,
     kernel_paths=("fused",),
     moe_dispatchers=("alltoall", "deepep"),
+    moe_probs_applied="activation",
     ep_comm_overlap=True,
     grouped_gemm=True,
     schedules=("1f1b", "interleaved"),

@@ -1,0 +1,70 @@
+"""What an MoE layer keeps for backward, as each engine's code keeps it: Megatron weights the experts inside
+their activation and keeps no expert output for the combine; the harness (and torchtitan) weight the experts'
+outputs after the experts, which keeps them (memory_activations [MLM-P], [TT-C])."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from stratagem.evaluators.experts import load_imbalance
+from stratagem.evaluators.memory_activations import layer_elements, saved_tensors
+from stratagem.launch.harness.moe import MoE
+from stratagem.spaces import ClusterSpec, Plan, Scenario, gpu_preset
+from stratagem.spaces.columns import PlanColumns
+
+
+def _scn(stack: str) -> Scenario:
+    return Scenario(model="tiny-moe", cluster=ClusterSpec(gpu=gpu_preset("h100-sxm-80g"), gpus_per_node=8),
+                    training={"global_batch_size": 64, "stack": stack})
+
+
+def _names(stack: str) -> dict[str, float]:
+    pc = PlanColumns.from_plans([Plan(dp=8)])
+    return {x.name: float((x.elements + np.zeros(1))[0]) for x in saved_tensors(_scn(stack), pc, 8.0, 2.0)}
+
+
+def test_megatron_moe_layer_keeps_the_engine_tensors_only() -> None:
+    """tiny-moe (h 64, 4 heads of 16, 2 kv heads, 4 experts of f 64, top 2), s 8, b 2, tp 1, Megatron, no
+    recompute, T = s b = 16 tokens. The engine's saved tensors (core_v0.19.0): the attention half as in a dense
+    layer (norm1 in, QKV in, norm2 in, MLP norm out: 4 T h; q 64 + k 32 + v 32; attention output 64), the router's
+    fp32 logits and probs (2 x 2 T E bf16 widths), TEGroupedMLP's fc1 input (k T h), WeightedSwiGLUFunction's input
+    (2 k T f) and probs (k T fp32: 2 k T), fc2's input (k T f); unpermute and the combine keep no tokens."""
+    scn = _scn("megatron")
+    pc = PlanColumns.from_plans([Plan(dp=8)])
+    t, h, f, k, e = 16.0, 64.0, 64.0, 2.0, 4.0  # T = s b tokens
+    copies = k * t * float(load_imbalance(scn, pc)[0])
+    attention = 4 * t * h + t * (64 + 32 + 32) + t * 64  # norm1, qkv_input, norm2, mlp_input; q k v; attn_out
+    engine = attention + 2 * 2 * t * e + copies * (h + 2 * f + 2 + f)
+    none = float(layer_elements(scn, pc, 8.0, 2.0)[0][0])
+    assert none == engine
+    names = _names("megatron")
+    assert "dispatch_output" not in names and names["expert_probs"] == 2 * copies
+
+
+def test_the_harness_keeps_the_expert_outputs_it_weights() -> None:
+    """The torch record's MoE layer is the harness's: run it on the CPU and list what autograd saves. The
+    experts' outputs [k T, h] (the product `routed * weights`) are saved whole, as the record counts them
+    (dispatch_output, k T h elements); Megatron's record leaves them out."""
+    torch.manual_seed(0)
+    scn = _scn("torch")
+    layer = MoE(scn.model)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    shapes: list[tuple[int, ...]] = []
+
+    def pack(x: torch.Tensor) -> Any:
+        shapes.append(tuple(x.shape))
+        return x
+
+    x = torch.randn(2, 8, 64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        layer(x).sum().backward()
+    k, tokens, h = scn.model.moe.top_k, 16, 64  # type: ignore[union-attr]
+    assert (k * tokens, h) in shapes
+    torch_names, megatron_names = _names("torch"), _names("megatron")
+    assert torch_names["dispatch_output"] == torch_names["dispatch_input"]
+    assert torch_names["dispatch_output"] >= k * tokens * h
+    assert "dispatch_output" not in megatron_names
