@@ -360,7 +360,7 @@ def test_explain_says_what_a_studys_runs_taught(monkeypatch: pytest.MonkeyPatch,
     from stratagem.evaluators.calibration import LogMultipliers, default_calibration
     from stratagem.evaluators.calibration_file import study_calibration_file, write_calibration
     from stratagem.evaluators.priors import prior_for
-    from stratagem.evaluators.timing import TIME_TERMS
+    from stratagem.evaluators.step_parts import TIME_TERMS
     from stratagem.spaces import load_scenario
 
     prior = prior_for("cpu").time()  # the other terms unmoved, as wide as the prior: nothing to say about them

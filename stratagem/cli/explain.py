@@ -13,6 +13,7 @@ from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.cli.plans import Picked, TrialOpt, pick_plan
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Calibration, Evaluation, TimeBreakdown, evaluate
+from stratagem.evaluators.step_parts import STEP_PARTS, before_overlap
 from stratagem.evaluators.taught import taught_lines
 from stratagem.evaluators.zones import bottleneck_label, placement_words
 from stratagem.spaces import GPU_PRESETS, MODEL_PRESETS
@@ -59,24 +60,24 @@ def memory_table(ev: Evaluation) -> Table:
 
 
 def time_table(tm: TimeBreakdown) -> Table:
-    """The step time by part in one duration unit for the column and the title (stratagem.quantities: ms for
-    the CPU demo's 0.3 s steps), shares of the step as percentages."""
-    parts = {"compute": tm.compute_s, "recompute": tm.recompute_s, "TP comm (exposed)": tm.tp_comm_s,
-             "EP comm (exposed)": tm.ep_comm_s,
-             "DP comm (exposed)": tm.exposed_comm_s - tm.tp_comm_s - tm.ep_comm_s - tm.pp_comm_s - tm.cp_comm_s,
-             "PP comm": tm.pp_comm_s, "CP comm": tm.cp_comm_s, "pipeline bubble": tm.bubble_s,
-             "optimizer": tm.optimizer_s}
-    parts["overhead"] = tm.step_s - sum(parts.values())
-    unit = q.duration_unit(tm.step_s, tm.dp_comm_s)
+    """The step time by term (evaluators.step_parts: every term, the exposed communication of each group) in one
+    duration unit for the column and the title (stratagem.quantities: ms for the CPU demo's 0.3 s steps), shares
+    of the step as percentages; below, each group's traffic before overlap where overlap hid some of it."""
+    terms = {p.label: float(getattr(tm, p.name)) for p in STEP_PARTS if p.term}
+    traffic = {f"{p.group} traffic before overlap": float(before_overlap(tm.model_dump(), p.name))
+               for p in STEP_PARTS if p.meaning == "exposed" and p.hidden and getattr(tm, p.hidden) > 0}
+    unit = q.duration_unit(tm.step_s, *traffic.values())
     times = Table(title=f"Step time: {q.duration_in(tm.step_s, unit)}", title_justify="left")
     times.add_column("part")
     times.add_column(unit[0], justify="right")
     times.add_column("share", justify="right")
-    for name, sec in parts.items():
+    for name, sec in terms.items():
         if sec > 0.0005 * tm.step_s:
             times.add_row(name, q.duration_in(sec, unit, with_unit=False), q.percent(sec / tm.step_s))
-    times.add_section()
-    times.add_row("DP traffic before overlap", q.duration_in(tm.dp_comm_s, unit, with_unit=False), "")
+    if traffic:
+        times.add_section()
+    for name, sec in traffic.items():
+        times.add_row(name, q.duration_in(sec, unit, with_unit=False), "")
     return times
 
 

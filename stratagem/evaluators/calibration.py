@@ -8,7 +8,7 @@ Defaults are fitted on `bench/reference/` only (bench/memory_accuracy.py, bench/
 a search may refit them on its own measured trials (real runs) and pass the result to the evaluator.
 
 Beside the constants, a calibration may carry what a study's runs taught about each mechanism: a multiplier per
-step-time term (evaluators.timing.TIME_TERMS) and per memory block (evaluation.BLOCKS), as the Gaussian posterior
+step-time term (evaluators.step_parts.TIME_TERMS) and per memory block (evaluation.BLOCKS), as the Gaussian posterior
 of their logs (`LogMultipliers`, fitted by evaluators.posterior_fit). None (the default): every multiplier is 1 and
 the model is exactly the formulas.
 """
@@ -33,7 +33,7 @@ class LogMultipliers(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     names: tuple[str, ...]
-    """The terms (evaluators.timing.TIME_TERMS) or blocks (evaluation.BLOCKS), one per multiplier."""
+    """The terms (evaluators.step_parts.TIME_TERMS) or blocks (evaluation.BLOCKS), one per multiplier."""
     mean: tuple[float, ...]
     """Posterior mean of each log multiplier (0: the formula as it is)."""
     cov: tuple[tuple[float, ...], ...]
@@ -129,7 +129,7 @@ class Calibration(BaseModel):
     metadata tensors before every activation or gradient and waits for each with
     `while not work.is_completed(): time.sleep(0.1)`, i.e. 0.1 (evaluators.timing: pipeline polling)."""
     time_multipliers: LogMultipliers | None = None
-    """What measured step times taught about each step-time term (evaluators.timing.TIME_TERMS); None: all 1."""
+    """What measured step times taught about each step-time term (evaluators.step_parts.TIME_TERMS); None: all 1."""
     memory_multipliers: LogMultipliers | None = None
     """What measured peaks (and OOMs) taught about each memory block (evaluation.BLOCKS); None: all 1."""
 

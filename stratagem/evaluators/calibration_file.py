@@ -30,7 +30,7 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators.analytic import evaluate
 from stratagem.evaluators.calibration import Calibration, default_label
 from stratagem.evaluators.evaluation import Evaluation
-from stratagem.evaluators.timing import TIME_TERMS
+from stratagem.evaluators.step_parts import TIME_TERMS
 from stratagem.files import check_dir, check_owned, disk_error, is_ours, read_yaml, stamp
 from stratagem.spaces.plan import format_plan
 from stratagem.spaces.scenario import Scenario

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from stratagem.spaces.plan import Plan
 
@@ -81,7 +81,9 @@ class MemoryBreakdown(BaseModel):
 
 
 class TimeBreakdown(BaseModel):
-    """Seconds per optimizer step, by part (filled by the analytic time model)."""
+    """Seconds per optimizer step, by part (filled by the analytic time model; the parts and their meanings:
+    evaluators.step_parts.STEP_PARTS, whose names these fields are). step_s = compute + recompute +
+    exposed_comm + bubble + optimizer + overhead; each `*_comm_s` is exposed, its `*_hidden_s` what overlap hid."""
 
     model_config = _FROZEN
 
@@ -90,26 +92,43 @@ class TimeBreakdown(BaseModel):
     recompute_s: float
     """Extra forward compute for activation recomputation."""
     tp_comm_s: float
-    """Tensor-parallel collectives (exposed)."""
+    """Tensor-parallel collectives the step waits for (exposed)."""
     ep_comm_s: float = 0.0
     """MoE expert dispatch / combine over the expert-parallel group, and the etp gathers (exposed)."""
-    dp_comm_s: float
-    """Data-parallel gradient all-reduce or ZeRO/FSDP reduce-scatter + all-gather (total, before overlap)."""
-    pp_comm_s: float
-    """Pipeline point-to-point transfers."""
     cp_comm_s: float
-    """Context-parallel KV exchange."""
+    """Context-parallel KV exchange (exposed)."""
+    pp_comm_s: float
+    """Pipeline point-to-point transfers on the critical path (exposed)."""
+    dp_comm_s: float
+    """Data-parallel gradient all-reduce or ZeRO/FSDP reduce-scatter + all-gather the step waits for (exposed)."""
     bubble_s: float
     """Pipeline bubble."""
     optimizer_s: float
     """Optimizer step (state read/write over HBM bandwidth)."""
-    exposed_comm_s: float
-    """Communication not hidden behind compute."""
     overhead_s: float = 0.0
-    """Fixed per-step cost plus time the GPU waits on kernel launches;
-    step_s = compute + recompute + exposed_comm + bubble + optimizer + overhead."""
+    """Fixed per-step cost plus time the GPU waits on kernel launches."""
+    tp_hidden_s: float = 0.0
+    """Tensor-parallel traffic pipelined with its GEMMs (not in the step)."""
+    ep_hidden_s: float = 0.0
+    """Expert traffic hidden behind another micro-batch's compute (not in the step)."""
+    dp_hidden_s: float = 0.0
+    """Data-parallel traffic hidden behind compute (not in the step)."""
+    exposed_comm_s: float
+    """Communication not hidden behind compute: the sum of the exposed parts."""
     step_s: float
     """Wall time of one optimizer step."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dp_traffic_of_older_studies(cls, data: Any) -> Any:
+        """Evaluations stored before the parts had one meaning each kept the DP traffic before overlap in
+        dp_comm_s and no hidden parts: split it into exposed (exposed_comm_s less the other exposed parts) and
+        hidden, so a study written then reads with today's meanings."""
+        if isinstance(data, dict) and "dp_comm_s" in data and "dp_hidden_s" not in data and "exposed_comm_s" in data:
+            others = sum(float(data.get(k, 0.0)) for k in ("tp_comm_s", "ep_comm_s", "cp_comm_s", "pp_comm_s"))
+            exposed = max(0.0, float(data["exposed_comm_s"]) - others)
+            data = {**data, "dp_comm_s": exposed, "dp_hidden_s": float(data["dp_comm_s"]) - exposed}
+        return data
 
 
 class Throughput(BaseModel):

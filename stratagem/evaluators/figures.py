@@ -47,31 +47,33 @@ class PlanFigures:
     """Pipeline stage of the worst rank (0 = first)."""
     first_block_to_break: Array
     """Index into BLOCKS of the block whose addition first crosses HBM, -1 when the plan fits (`broken_block`)."""
-    # seconds per optimizer step (TimeBreakdown)
+    # seconds per optimizer step (TimeBreakdown; the parts' meanings: step_parts.STEP_PARTS)
     compute_s: Array
     """Forward + backward compute."""
     recompute_s: Array
     """Extra forward compute for activation recomputation."""
     tp_comm_s: Array
     """Exposed tensor-parallel communication."""
-    tp_hidden_s: Array
-    """Tensor-parallel communication pipelined with its GEMMs (TE userbuffers, async TP)."""
     ep_comm_s: Array
     """Exposed expert dispatch / combine communication."""
-    ep_hidden_s: Array
-    """Expert communication hidden behind another micro-batch's compute."""
-    dp_comm_s: Array
-    """Data-parallel traffic before overlap."""
-    pp_comm_s: Array
-    """Pipeline point-to-point transfers."""
     cp_comm_s: Array
-    """Context-parallel KV exchange."""
+    """Exposed context-parallel KV exchange."""
+    pp_comm_s: Array
+    """Exposed pipeline point-to-point transfers."""
+    dp_comm_s: Array
+    """Exposed data-parallel communication."""
     bubble_s: Array
     """Pipeline bubble."""
     optimizer_s: Array
     """Optimizer step."""
     overhead_s: Array
     """Fixed per-step cost and launch-bound waiting."""
+    tp_hidden_s: Array
+    """Tensor-parallel communication pipelined with its GEMMs (TE userbuffers, async TP)."""
+    ep_hidden_s: Array
+    """Expert communication hidden behind another micro-batch's compute."""
+    dp_hidden_s: Array
+    """Data-parallel communication hidden behind compute."""
     exposed_comm_s: Array
     """Communication not hidden behind compute."""
     step_s: Array

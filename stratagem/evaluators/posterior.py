@@ -26,7 +26,8 @@ from stratagem.evaluators.evaluation import BLOCKS
 from stratagem.evaluators.figures import PlanFigures
 from stratagem.evaluators.memory import memory_columns, rank_memory_columns
 from stratagem.evaluators.priors import prior_for
-from stratagem.evaluators.timing import TIME_TERMS, term_seconds, time_columns
+from stratagem.evaluators.step_parts import TIME_TERMS, term_seconds
+from stratagem.evaluators.timing import time_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
@@ -103,7 +104,7 @@ def _columns(shares: Array, mean: Array, post: LogMultipliers) -> LogNormalColum
 
 
 def _from_columns(scn: Scenario, cols: Mapping[str, Array], cal: Calibration) -> Predictive:
-    """The Predictive from columns computed with `cal`: step-time terms (TIME_TERMS, timing.term_seconds), the worst
+    """The Predictive from columns computed with `cal`: step-time terms (TIME_TERMS, step_parts.term_seconds), the worst
     rank's blocks `<block>_gib` and `peak_gib`. Shares are each term's fraction of the step, negated for tokens/s
     (tokens/s = tokens per step / step), and each block's fraction of the peak."""
     tr = scn.training
@@ -155,7 +156,7 @@ class PredictiveBasis:
     tokens_per_step: float
     """global batch x sequence length."""
     terms: Array
-    """(N, len(TIME_TERMS)) seconds per step by term (timing.term_seconds)."""
+    """(N, len(TIME_TERMS)) seconds per step by term (step_parts.term_seconds)."""
     first: Array
     """(N, len(BLOCKS)) bytes of a rank of the first pipeline stage by block."""
     last: Array

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from stratagem.evaluators.calibration import LogMultipliers
 from stratagem.evaluators.evaluation import BLOCKS
-from stratagem.evaluators.timing import TIME_TERMS
+from stratagem.evaluators.step_parts import TIME_TERMS
 
 __all__ = ["Prior", "PRIORS", "prior_for", "width_from_median", "width_from_p90", "FACTOR_TWO"]
 

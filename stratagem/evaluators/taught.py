@@ -14,13 +14,13 @@ import math
 
 from stratagem.evaluators.calibration import Calibration, LogMultipliers
 from stratagem.evaluators.priors import prior_for
+from stratagem.evaluators.step_parts import STEP_PARTS
 
 __all__ = ["LABELS", "taught_lines", "moved_terms"]
 
 LABELS: dict[str, str] = {
-    "compute_s": "compute", "recompute_s": "recompute", "tp_comm_s": "TP comm", "ep_comm_s": "EP comm",
-    "cp_comm_s": "CP comm", "pp_comm_s": "PP comm", "dp_comm_s": "DP comm (exposed)", "bubble_s": "pipeline bubble",
-    "optimizer_s": "optimizer step", "overhead_s": "step overhead",
+    # a communication term's multiplier scales its traffic before overlap: named by its group alone
+    **{p.name: f"{p.group} comm" if p.group else p.label for p in STEP_PARTS if p.term},
     "weights": "weights memory", "gradients": "gradients memory", "optimizer": "optimizer-state memory",
     "activations": "activations memory", "transient": "transient memory", "overhead": "memory overhead",
 }

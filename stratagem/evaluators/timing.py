@@ -16,8 +16,6 @@ Sources:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -35,6 +33,7 @@ from stratagem.evaluators.speed import (
     speed_terms,
 )
 from stratagem.evaluators.stages import stage_columns
+from stratagem.evaluators.step_parts import COMM_TERMS, STEP_PARTS, TIME_TERMS
 from stratagem.evaluators.step_terms import (
     StepContext,
     cp_layer_s,
@@ -52,10 +51,7 @@ from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
 __all__ = [
-    "TIME_KEYS",
-    "TIME_TERMS",
     "time_factors",
-    "term_seconds",
     "FP8_LINEAR_SPEEDUP",
     "SpeedTerm",
     "clock_factor",
@@ -78,17 +74,6 @@ __all__ = [
 
 Array = NDArray[np.float64]
 
-TIME_KEYS: tuple[str, ...] = (
-    "compute_s", "recompute_s", "tp_comm_s", "ep_comm_s", "dp_comm_s", "pp_comm_s", "cp_comm_s", "bubble_s",
-    "optimizer_s", "overhead_s", "exposed_comm_s", "step_s",
-)
-TIME_TERMS: tuple[str, ...] = (
-    "compute_s", "recompute_s", "tp_comm_s", "ep_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
-    "optimizer_s", "overhead_s",
-)
-"""The terms whose sum is step_s, each with its own multiplier (Calibration.time_multipliers). dp_comm_s enters
-the step as its exposed part (exposed_comm_s less TP, EP, CP and PP; the column itself is the traffic before
-overlap); its multiplier scales both."""
 # Device <-> host copy bandwidth per GPU for optimizer offload: PCIe Gen4 x16 achieves ~25 GB/s one way.
 PCIE_BYTES_S = 25e9
 # Host memory bandwidth per GPU for the CPU optimizer step (ZeRO-Offload): ~200 GB/s per 2-socket node / 8.
@@ -313,20 +298,12 @@ def time_factors(cal: Calibration) -> dict[str, float]:
     return out | cal.time_multipliers.factors()
 
 
-def term_seconds(cols: Mapping[str, Array]) -> Array:
-    """(N, len(TIME_TERMS)) seconds each term adds to step_s, from time_columns' (or evaluate_many's) columns: the
-    columns themselves, DP as its exposed part (exposed_comm_s less TP, EP, CP and PP); the rows sum to step_s."""
-    dp_exposed = np.maximum(0.0, cols["exposed_comm_s"] - cols["tp_comm_s"] - cols["ep_comm_s"] - cols["cp_comm_s"]
-                            - cols["pp_comm_s"])
-    return np.stack([dp_exposed if k == "dp_comm_s" else np.asarray(cols[k], dtype=np.float64) for k in TIME_TERMS],
-                    axis=1)
-
-
 def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, Array]:
-    """Seconds per optimizer step by part (TIME_KEYS) for every plan, plus `micro_batches`, `model_flops` (model
-    FLOPs per token) and the hidden TP / EP traffic. step_s = compute + recompute + exposed_comm + bubble +
-    optimizer + overhead; exposed_comm = TP + EP + CP + PP + exposed DP. Each term is multiplied by its
-    multiplier from the calibration (time_factors; hidden traffic with its term's) before the sums."""
+    """Seconds per optimizer step by part (step_parts.STEP_PARTS: the terms, their hidden companions, the sums) for
+    every plan, plus `micro_batches` and `model_flops` (model FLOPs per token). step_s = compute + recompute +
+    exposed_comm + bubble + optimizer + overhead; exposed_comm = the exposed TP + EP + CP + PP + DP. Each term is
+    multiplied by its multiplier from the calibration (time_factors; hidden traffic with its term's) before the
+    sums."""
     ctx = step_context(scn, pc, cal)
     micro, layers = ctx.micro, ctx.layers
     rec_mb = recompute_mb(ctx)
@@ -347,22 +324,20 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     overhead = cal.step_overhead_s + micro * idle_mb
     opt = optimizer_s(ctx)
     tp_hidden, ep_hidden = micro * layers * (tp_total - tp_exposed), micro * layers * (ep_total - ep_exposed)
+    parts = {"compute_s": compute, "recompute_s": recompute, "tp_comm_s": tp_s, "ep_comm_s": ep_s, "cp_comm_s": cp_s,
+             "pp_comm_s": pp_s, "dp_comm_s": dp_exposed, "bubble_s": bubble, "optimizer_s": opt,
+             "overhead_s": overhead, "tp_hidden_s": tp_hidden, "ep_hidden_s": ep_hidden, "dp_hidden_s": dp_traffic}
     if cal.time_multipliers is not None:  # None: the formulas exactly (not even a multiplication by 1)
         f = time_factors(cal)
-        compute, recompute, bubble, opt, overhead = (compute * f["compute_s"], recompute * f["recompute_s"],
-                                                     bubble * f["bubble_s"], opt * f["optimizer_s"],
-                                                     overhead * f["overhead_s"])
-        tp_s, tp_hidden, ep_s, ep_hidden = (tp_s * f["tp_comm_s"], tp_hidden * f["tp_comm_s"], ep_s * f["ep_comm_s"],
-                                            ep_hidden * f["ep_comm_s"])
-        cp_s, pp_s = cp_s * f["cp_comm_s"], pp_s * f["pp_comm_s"]
-        dp_traffic, dp_exposed = dp_traffic * f["dp_comm_s"], dp_exposed * f["dp_comm_s"]
-    exposed = tp_s + ep_s + cp_s + pp_s + dp_exposed
-    step = compute + recompute + exposed + bubble + opt + overhead
-    return {
-        "compute_s": compute, "recompute_s": recompute, "tp_comm_s": tp_s, "ep_comm_s": ep_s,
-        "dp_comm_s": dp_traffic, "pp_comm_s": pp_s, "cp_comm_s": cp_s, "bubble_s": bubble, "optimizer_s": opt,
-        "overhead_s": overhead, "exposed_comm_s": exposed, "step_s": step, "micro_batches": micro,
-        "model_flops": np.full(len(pc), model_flops_per_token(scn.model, scn.training.seq_len)),
-        "tp_hidden_s": tp_hidden,  # TP traffic pipelined with its GEMMs
-        "ep_hidden_s": ep_hidden,  # EP traffic under another micro-batch
-    }
+        for p in STEP_PARTS:
+            if p.term:
+                parts[p.name] = parts[p.name] * f[p.name]
+            if p.hidden:  # a term's multiplier scales its hidden traffic too
+                parts[p.hidden] = parts[p.hidden] * f[p.name]
+    # dp_hidden_s: the traffic less what the step waits for (both scaled by the DP multiplier first)
+    parts["dp_hidden_s"] = parts["dp_hidden_s"] - parts["dp_comm_s"]
+    exposed = sum((parts[k] for k in COMM_TERMS), np.zeros(len(pc)))
+    step = (parts["compute_s"] + parts["recompute_s"] + exposed + parts["bubble_s"] + parts["optimizer_s"]
+            + parts["overhead_s"])
+    return parts | {"exposed_comm_s": exposed, "step_s": step, "micro_batches": micro,
+                    "model_flops": np.full(len(pc), model_flops_per_token(scn.model, scn.training.seq_len))}

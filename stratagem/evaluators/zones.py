@@ -34,6 +34,7 @@ from stratagem.evaluators.evaluation import (
     Zones,
 )
 from stratagem.evaluators.figures import PlanFigures
+from stratagem.evaluators.step_parts import STEP_PARTS, before_overlap
 from stratagem.quantities import duration, memory, memory_in, memory_unit, percent
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
@@ -149,14 +150,13 @@ def placement_words(scn: Scenario, plan: Plan) -> list[str]:
 
 
 def _comm_sentence(scn: Scenario, plan: Plan, tm: TimeBreakdown, value: float) -> str:
-    exposed_dp = max(0.0, tm.exposed_comm_s - tm.tp_comm_s - tm.ep_comm_s - tm.pp_comm_s - tm.cp_comm_s)
-    parts = {"TP": tm.tp_comm_s, "EP": tm.ep_comm_s, "DP": exposed_dp, "PP": tm.pp_comm_s, "CP": tm.cp_comm_s}
+    parts = {p.group: float(getattr(tm, p.name)) for p in STEP_PARTS if p.meaning == "exposed"}
     shown = ", ".join(f"{k} {_pct(v / tm.step_s)}" for k, v in parts.items() if v / tm.step_s >= 0.005)
     where = [w for w in placement_words(scn, plan) if not w.startswith(("DP", "PP"))]
     dp_group = plan.dp * plan.cp
     if dp_group > 1:
-        hidden = tm.dp_comm_s - exposed_dp
-        where.append(f"DP traffic {_duration(tm.dp_comm_s)} per step, {_duration(hidden)} of it hidden "
+        traffic = float(before_overlap(tm.model_dump(), "dp_comm_s"))
+        where.append(f"DP traffic {_duration(traffic)} per step, {_duration(tm.dp_hidden_s)} of it hidden "
                      "behind backward")
     head = f"Exposed communication is {_pct(value)} of the step"
     if shown:

@@ -2,7 +2,7 @@
 parts, throughput, the four zones, and one sentence per plan on why the fastest beats it ("why not plan X?").
 
 Every figure is the evaluation's (`evaluators.evaluate`, the same calibration for every plan); the sentence
-names the step-time part whose difference is largest (`TimeBreakdown` fields) or, for a plan that does not fit,
+names the step-time term whose difference is largest (evaluators.step_parts) or, for a plan that does not fit,
 the block that breaks first. Numbers follow `stratagem.quantities` (one memory unit and one time unit per table).
 """
 
@@ -13,15 +13,9 @@ from typing import Any
 
 from stratagem import quantities as q
 from stratagem.evaluators.evaluation import BLOCKS, ZONE_NAMES, Evaluation
+from stratagem.evaluators.step_parts import STEP_PARTS
 
-__all__ = ["Compared", "Comparison", "compare", "STEP_PARTS"]
-
-STEP_PARTS: tuple[tuple[str, str], ...] = (
-    ("compute_s", "compute"), ("recompute_s", "recompute"), ("exposed_comm_s", "exposed communication"),
-    ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer step"), ("overhead_s", "overhead"))
-"""Step-time parts compared (TimeBreakdown fields; exposed communication is TP + EP + DP + PP + CP after
-overlap)."""
-
+__all__ = ["Compared", "Comparison", "compare"]
 
 @dataclass(frozen=True)
 class Compared:
@@ -74,8 +68,8 @@ class Comparison:
         rows.append([f"headroom ({m_unit[0]})", *(q.memory_in(m.headroom_gib, m_unit) if m else q.DASH
                                                   for m in mems)])
         rows.append(["first block to break", *((m.first_block_to_break or "none") if m else q.DASH for m in mems)])
-        for field, name in STEP_PARTS:
-            rows.append([f"{name} ({t_unit[0]})", *(q.duration_in(getattr(e.time, field), t_unit, False)
+        for p in (p for p in STEP_PARTS if p.term):  # each group's exposed communication its own row
+            rows.append([f"{p.label} ({t_unit[0]})", *(q.duration_in(getattr(e.time, p.name), t_unit, False)
                                                     if e.time else q.DASH for e in evs)])
         rows.append([f"step ({t_unit[0]})", *(q.duration_in(e.time.step_s, t_unit, False) if e.time else q.DASH
                                               for e in evs)])
@@ -114,7 +108,8 @@ def _why_not(win: Compared, other: Compared) -> str:
         return f"why not {name}? {o.status}: {o.reason or 'no throughput figures'}."
     assert w.time is not None and o.time is not None
     gap = win.tokens_per_s / other.tokens_per_s - 1.0 if other.tokens_per_s > 0 else float("inf")
-    _, field, part = max((getattr(o.time, f) - getattr(w.time, f), f, label) for f, label in STEP_PARTS)
+    _, field, part = max((getattr(o.time, p.name) - getattr(w.time, p.name), p.name, p.label) for p in STEP_PARTS
+                         if p.term)
     unit = q.duration_unit(o.time.step_s, w.time.step_s)
     if gap <= 0:
         return f"{name} is as fast as {win.label} ({q.sig(other.tokens_per_s)} tokens/s)."

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from stratagem.evaluators.evaluation import BLOCKS, ZONE_NAMES
+from stratagem.evaluators.step_parts import TIME_KEYS
 from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.info import ParetoInfo, TrialRecord
 from stratagem.spaces.plan import Plan
@@ -19,7 +20,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "tokens_per_s", "headroom_gib", "goodput_loss", "constraint",
     *Plan.model_fields,
     *(f"{b}_gib" for b in BLOCKS), "peak_gib", "hbm_gib", "first_block_to_break",
-    "step_s", "compute_s", "recompute_s", "exposed_comm_s", "bubble_s", "optimizer_s",
+    *TIME_KEYS,
     "tokens_per_s_per_gpu", "mfu",
     "checkpoint_state_gib", "checkpoint_save_s", "checkpoint_stall_s", "checkpoint_interval_s", "job_mtbf_h",
     *(f"zone_{z}" for z in ZONE_NAMES), "bottleneck", "reason",
@@ -48,8 +49,7 @@ def _flat(info: ParetoInfo, t: TrialRecord) -> dict[str, Any]:
         row.update({f"{b}_gib": m.block_gib(b) for b in BLOCKS})
         row.update(peak_gib=m.peak_gib, hbm_gib=m.hbm_gib, first_block_to_break=m.first_block_to_break)
     if ev is not None and ev.time is not None:
-        row.update({k: getattr(ev.time, k) for k in
-                    ("step_s", "compute_s", "recompute_s", "exposed_comm_s", "bubble_s", "optimizer_s")})
+        row.update({k: getattr(ev.time, k) for k in TIME_KEYS})
     if ev is not None and ev.throughput is not None:
         row.update(tokens_per_s_per_gpu=ev.throughput.tokens_per_s_per_gpu, mfu=ev.throughput.mfu)
     if ev is not None and ev.checkpoint is not None:

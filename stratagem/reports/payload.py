@@ -20,6 +20,7 @@ from stratagem.evaluators.evaluation import (
     TimeBreakdown,
     Zones,
 )
+from stratagem.evaluators.step_parts import STEP_PARTS
 from stratagem.evaluators.zones import bottleneck_label
 from stratagem.reports.capacity import CapacityInfo
 from stratagem.reports.info import ParetoInfo, PlanResult
@@ -140,6 +141,8 @@ def report_payload(info: ParetoInfo, capacity: CapacityInfo | None = None) -> di
         "objectives": list(info.objectives),
         "directions": list(info.directions),
         "blocks": list(BLOCKS),
+        "step_parts": [{"name": p.name, "meaning": p.meaning, "label": p.label, "group": p.group,
+                        "hidden": p.hidden, "unit": p.unit} for p in STEP_PARTS],
         "fields": {
             "plan": list(Plan.model_fields), "mem": [*MEMORY_FIELDS, "first_block_to_break", "worst_stage"],
             "time": list(TIME_FIELDS), "tput": list(THROUGHPUT_FIELDS), "ckpt": list(CHECKPOINT_FIELDS),

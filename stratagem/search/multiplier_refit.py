@@ -29,7 +29,8 @@ from stratagem.evaluators.memory import memory_columns
 from stratagem.evaluators.posterior import expand
 from stratagem.evaluators.posterior_fit import fit_multipliers, log_sum
 from stratagem.evaluators.priors import prior_for
-from stratagem.evaluators.timing import TIME_TERMS, term_seconds, time_columns
+from stratagem.evaluators.step_parts import TIME_TERMS, term_seconds
+from stratagem.evaluators.timing import time_columns
 from stratagem.search.calibrate import (
     HELD_OUT,
     CalibrationFit,

@@ -11,7 +11,7 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators.calibration import LogMultipliers, default_calibration
 from stratagem.evaluators.calibration_file import load_calibration, study_calibration_file, write_calibration
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation
-from stratagem.evaluators.timing import TIME_TERMS
+from stratagem.evaluators.step_parts import TIME_TERMS
 from stratagem.spaces import Plan, load_scenario
 
 SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"

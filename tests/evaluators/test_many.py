@@ -91,7 +91,7 @@ def test_physical_sanity_on_random_plans() -> None:
     scn = SCENARIOS["llama3-70b-64"]
     cols = evaluate_many(scn, PlanColumns.from_plans(random_valid_plans(scn, 200, seed=3)))
     assert np.all(cols.step_s > 0) and np.all(cols.mfu > 0) and np.all(cols.mfu < 1)
-    assert np.all(cols.exposed_comm_s <= cols.tp_comm_s + cols.pp_comm_s + cols.cp_comm_s
+    assert np.all(cols.exposed_comm_s <= cols.tp_comm_s + cols.ep_comm_s + cols.pp_comm_s + cols.cp_comm_s
                   + cols.dp_comm_s + 1e-12)
     assert np.all((cols.goodput_loss > 0) & (cols.goodput_loss <= 1))
     assert set(np.unique(cols.bottleneck)) <= {0.0, 1.0, 2.0, 3.0}

@@ -15,7 +15,8 @@ from stratagem.evaluators.evaluation import BLOCKS
 from stratagem.evaluators.posterior import expand, predictive, predictive_basis, predictive_from_figures
 from stratagem.evaluators.posterior_fit import fit_multipliers, log_phi, mills
 from stratagem.evaluators.priors import prior_for
-from stratagem.evaluators.timing import TIME_TERMS, term_seconds, time_columns
+from stratagem.evaluators.step_parts import TIME_TERMS, term_seconds
+from stratagem.evaluators.timing import time_columns
 from stratagem.spaces import load_scenario
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace

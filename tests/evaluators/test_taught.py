@@ -6,8 +6,8 @@ import math
 
 from stratagem.evaluators.calibration import LogMultipliers, default_calibration
 from stratagem.evaluators.priors import prior_for
+from stratagem.evaluators.step_parts import TIME_TERMS
 from stratagem.evaluators.taught import moved_terms, taught_lines
-from stratagem.evaluators.timing import TIME_TERMS
 
 
 def _post(changes: dict[str, tuple[float, float]], runs: int = 5) -> LogMultipliers:

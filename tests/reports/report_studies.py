@@ -78,7 +78,8 @@ def full_evaluation(
         plan=p, status=status, reason=reason, fidelity=fidelity,  # type: ignore[arg-type]
         memory=MemoryBreakdown(**{f"{b}_gib": v for b, v in blocks.items()}, peak_gib=peak, hbm_gib=hbm,
                                headroom_gib=headroom, first_block_to_break=broken, worst_stage=0),
-        time=TimeBreakdown(compute_s=0.7 * step, recompute_s=0.05 * step, tp_comm_s=0.0, dp_comm_s=0.2 * step,
+        time=TimeBreakdown(compute_s=0.7 * step, recompute_s=0.05 * step, tp_comm_s=0.0, dp_comm_s=0.1 * step,
+                           dp_hidden_s=0.1 * step,
                            pp_comm_s=0.0, cp_comm_s=0.0, bubble_s=0.05 * step, optimizer_s=0.1 * step,
                            exposed_comm_s=0.1 * step, step_s=step),
         throughput=Throughput(tokens_per_s=tps, tokens_per_s_per_gpu=tps / gpus, mfu=0.4),

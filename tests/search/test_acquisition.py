@@ -178,7 +178,7 @@ def test_a_new_posterior_of_the_multipliers_reorders_without_the_model(tmp_path:
     the order picks what the full predictive picks."""
     from stratagem.evaluators.calibration import LogMultipliers
     from stratagem.evaluators.posterior import predictive
-    from stratagem.evaluators.timing import TIME_TERMS
+    from stratagem.evaluators.step_parts import TIME_TERMS
 
     s = _session(tmp_path)
     cands = PlanColumns.from_plans(PLANS[:3])

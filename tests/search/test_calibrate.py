@@ -154,7 +154,7 @@ def _with_terms(cal: Calibration, time: dict[str, float] | None = None,
                 memory: dict[str, float] | None = None) -> Calibration:
     from stratagem.evaluators.calibration import LogMultipliers
     from stratagem.evaluators.evaluation import BLOCKS
-    from stratagem.evaluators.timing import TIME_TERMS
+    from stratagem.evaluators.step_parts import TIME_TERMS
 
     def post(names: tuple[str, ...], factors: dict[str, float] | None) -> LogMultipliers | None:
         if factors is None:

@@ -91,8 +91,8 @@ def test_status_and_reports_say_what_the_runs_taught(tmp_path: Path) -> None:
 
     from stratagem.evaluators.calibration import default_calibration
     from stratagem.evaluators.priors import prior_for
+    from stratagem.evaluators.step_parts import TIME_TERMS
     from stratagem.evaluators.taught import taught_lines
-    from stratagem.evaluators.timing import TIME_TERMS
     from stratagem.reports import pareto_info, render_html, render_markdown
     from stratagem.search.status import study_status
 

@@ -203,8 +203,10 @@
     return h("div", null, h("h4", { text: "Memory per GPU (worst rank, stage " + mem.worst_stage + ")" }), bar,
       h("table", { class: "mini" }, h("thead", null, h("tr", null, h("th", { text: "block" }), h("th", { text: u[0] }), h("th", { text: "of HBM" }))), h("tbody", null, rows)));
   }
-  var STEP_PARTS = [["compute_s", "compute", "#2e86c1"], ["recompute_s", "recompute", "#85c1e9"], ["exposed_comm_s", "exposed communication", "#e67e22"], ["bubble_s", "pipeline bubble", "#c0392b"], ["optimizer_s", "optimizer step", "#27ae60"]];
-  var COMM_PARTS = [["tp_comm_s", "TP"], ["dp_comm_s", "DP/FSDP"], ["pp_comm_s", "PP"], ["cp_comm_s", "CP"]];
+  // the step-time parts come from the evaluators' table (D.step_parts: name, meaning, label, group, hidden, unit)
+  var PART_COLORS = { compute_s: "#2e86c1", recompute_s: "#85c1e9", tp_comm_s: "#e67e22", ep_comm_s: "#d35400", cp_comm_s: "#f5b041", pp_comm_s: "#a04000", dp_comm_s: "#f0b27a", bubble_s: "#c0392b", optimizer_s: "#27ae60", overhead_s: "#95a5a6" };
+  function stepTerms() { return D.step_parts.filter(function (p) { return p.meaning === "in_step" || p.meaning === "exposed"; }); }
+  function beforeOverlap(t, p) { return (t[p.name] || 0) + (p.hidden ? (t[p.hidden] || 0) : 0); }
   function latestRun(i) {  // the latest real run of plan i with a measured step (D.runs), or null
     var R = D.runs, best = null;
     if (!R) return null;
@@ -222,19 +224,26 @@
     }
     if (!time && pr && pr.time && P.measured[i]) time = pr.time;
     if (!time) return h("div", null, h("h4", { text: "Step time" }), measuredLine || h("p", { class: "note", text: "No step-time figures for this plan." }), throughputLine(tput));
-    var t = rec(time, F.time), sum = 0, bar = h("div", { class: "stack" }), su = durUnit([t.step_s]);
-    var rows = STEP_PARTS.map(function (p) {
-      var v = t[p[0]] || 0; sum += v;
-      if (v > 0) bar.appendChild(h("div", { class: "seg", style: "width:" + (100 * v / t.step_s) + "%;background:" + p[2], title: p[1] + " " + durIn(v, su) + " " + su[0] }));
-      return h("tr", null, h("td", null, h("span", { class: "swatch", style: "background:" + p[2] }), p[1]), h("td", { class: "num", text: durIn(v, su) }), h("td", { class: "num", text: percent(v / t.step_s) }));
+    var t = rec(time, F.time), sum = 0, bar = h("div", { class: "stack" });
+    var comms = D.step_parts.filter(function (p) { return p.meaning === "exposed"; });
+    var su = durUnit([t.step_s].concat(comms.map(function (p) { return beforeOverlap(t, p); })));
+    var rows = [];
+    stepTerms().forEach(function (p) {  // as explain: the terms above 0.05 % of the step
+      var v = t[p.name] || 0, color = PART_COLORS[p.name] || "#7f8c8d"; sum += v;
+      if (!(v > 5e-4 * t.step_s)) return;
+      bar.appendChild(h("div", { class: "seg", style: "width:" + (100 * v / t.step_s) + "%;background:" + color, title: p.label + " " + durIn(v, su) + " " + su[0] }));
+      rows.push(h("tr", { "data-part": p.name }, h("td", null, h("span", { class: "swatch", style: "background:" + color }), p.label), h("td", { class: "num", text: durIn(v, su) }), h("td", { class: "num", text: percent(v / t.step_s) })));
     });
     var other = t.step_s - sum;
-    if (Math.abs(other) > 1e-6 * t.step_s) rows.push(h("tr", null, h("td", { text: "other (step minus the parts above)" }), h("td", { class: "num", text: durIn(other, su) }), h("td", { class: "num", text: percent(other / t.step_s) })));
+    if (Math.abs(other) > 1e-3 * t.step_s) rows.push(h("tr", null, h("td", { text: "other (step minus the parts above)" }), h("td", { class: "num", text: durIn(other, su) }), h("td", { class: "num", text: percent(other / t.step_s) })));
     rows.push(h("tr", { class: "total" }, h("td", { text: P.measured[i] && !P.time[i] ? "predicted step" : "step" }), h("td", { class: "num step-s", text: durIn(t.step_s, su) }), h("td", { class: "num", text: "100%" })));
-    var comm = COMM_PARTS.map(function (p) { return p[1] + " " + durIn(t[p[0]], su) + " " + su[0]; }).join(", ");
+    var comm = comms.map(function (p) { return h("span", { "data-part": p.name, text: p.group + " " + durIn(beforeOverlap(t, p), su) + " " + su[0] }); });
+    var line = h("p", { class: "note comm-before-overlap" }, "Communication before overlap: ");
+    comm.forEach(function (c, k) { if (k) line.appendChild(document.createTextNode(", ")); line.appendChild(c); });
+    line.appendChild(document.createTextNode("."));
     return h("div", null, h("h4", { text: "Step time" }), measuredLine, bar,
-      h("table", { class: "mini" }, h("thead", null, h("tr", null, h("th", { text: "part" }), h("th", { text: su[0] }), h("th", { text: "of step" }))), h("tbody", null, rows)),
-      h("p", { class: "note", text: "Communication before overlap: " + comm + "." }), throughputLine(tput));
+      h("table", { class: "mini step-parts" }, h("thead", null, h("tr", null, h("th", { text: "part" }), h("th", { text: su[0] }), h("th", { text: "of step" }))), h("tbody", null, rows)),
+      line, throughputLine(tput));
   }
   function throughputLine(tput) {
     var u = rec(tput, F.tput);
