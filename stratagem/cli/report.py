@@ -99,12 +99,14 @@ def capacity_cmd(
             raise StratagemError(f"{name} ({value}): give a finite number > 0")
     if days is not None and budget is not None:
         raise StratagemError("--days and --budget: ask one question at a time")
-    from stratagem.reports.capacity import answer_line, reverse_nodes
+    from stratagem.reports.capacity import answer_line, pick_lines, reverse_nodes
 
     sizes = reverse_nodes() if days is not None or budget is not None else reports.default_nodes(scn)
     cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else sizes, cal)
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     console.print(_capacity_table(cap))
+    for line in pick_lines(cap):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if days is not None or budget is not None:
         console.print(answer_line(cap, days, budget), markup=False, highlight=False, soft_wrap=True)
     if output is not None:

@@ -2,7 +2,8 @@
 
 For each node count the scenario's cluster is resized, every plan is screened analytically
 (`stratagem.search.screen`), and the feasible plan with the highest effective throughput,
-tokens/s x (1 - expected goodput loss), is chosen. Then:
+tokens/s x (1 - expected goodput loss), is chosen by the risk-aware rule (evaluators.risk_pick.RISK_RULE: a plan
+with a zone at bad loses to one without within the model's noise of it). Then:
   time to train  = training_tokens / (tokens/s x (1 - goodput_loss))     (wall clock, losses included)
   GPU-hours      = time x GPUs;  cost = GPU-hours x price per GPU-hour
   checkpoint overhead = stall / interval (time blocked saving); failure loss = goodput_loss - overhead
@@ -20,6 +21,8 @@ import numpy as np
 from stratagem.errors import StratagemError
 from stratagem.evaluators.analytic import evaluate
 from stratagem.evaluators.evaluation import Evaluation
+from stratagem.evaluators.posterior import predictive_from_figures
+from stratagem.evaluators.risk_pick import RISK_RULE, bad_zones, risk_aware_best
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -27,11 +30,12 @@ if TYPE_CHECKING:
     from stratagem.evaluators.calibration import Calibration
 
 __all__ = ["CapacityRow", "CapacityInfo", "capacity_plan", "parse_nodes", "default_nodes", "REVERSE_MAX_NODES",
-           "reverse_nodes", "answer_line", "risk_cells", "risk_text", "RISK_NOTE"]
+           "reverse_nodes", "answer_line", "risk_cells", "risk_text", "RISK_NOTE", "pick_lines"]
 
 RISK_NOTE = ("headroom: HBM left over the chosen plan's predicted peak (its share of HBM; warn under 10%, bad under "
              "5%); checkpoint loss: the checkpoint zone's expected goodput loss, stalls saving plus rework and "
-             "restarts after failures (warn from 3%, bad from 10%); levels from stratagem.evaluators.zones")
+             "restarts after failures (warn from 3%, bad from 10%); levels from stratagem.evaluators.zones; "
+             f"{RISK_RULE}")
 """What the risk columns beside the chosen plan mean (every capacity table's note)."""
 
 REVERSE_MAX_NODES = 1024
@@ -72,6 +76,9 @@ class CapacityRow:
     """Expected hours of the run lost to failures."""
     note: str = ""
     """Why there is no plan at this size."""
+    pick_note: str = ""
+    """What the risk-aware rule did at this size (RiskPick.note: the faster plan with a bad zone it replaced), ''
+    when the fastest plan has no zone at bad."""
 
     @property
     def days(self) -> float | None:
@@ -179,6 +186,12 @@ def risk_text(row: CapacityRow) -> str:
                                                                  if level("checkpoint") else ""))
 
 
+def pick_lines(cap: CapacityInfo) -> list[str]:
+    """One line per size where the risk-aware rule acted ('32 nodes: chosen over ... (hbm bad), 3.6% faster,
+    within the model's noise ...'), empty when no size's fastest plan has a zone at bad."""
+    return [f"{r.num_nodes} nodes: {r.pick_note}" for r in cap.rows if r.pick_note]
+
+
 def answer_line(cap: CapacityInfo, days: float | None = None, budget_usd: float | None = None) -> str:
     """The answer to `capacity --days D` (the fewest GPUs that train in D days) or `--budget USD` (the fastest
     size within the budget), one line with the chosen plan's risk (headroom, checkpoint and failure losses)."""
@@ -231,8 +244,12 @@ def _row(scenario: Scenario, num_nodes: int, calibration: Calibration | None) ->
                         "no valid plan" if n_plans == 0 else f"none of {n_plans:,} plans fits in HBM")
     tps = np.asarray(scr.columns.tokens_per_s, dtype=np.float64)
     loss = np.asarray(scr.columns.goodput_loss, dtype=np.float64)
-    effective = np.where(feasible, tps * (1.0 - loss), -np.inf)
-    plan = scr.plans.plan(int(np.argmax(effective)))
+    pred = predictive_from_figures(scn, scr.columns, calibration).log_tokens
+    pick = risk_aware_best(tps * (1.0 - loss), feasible, bad_zones(scr.columns), pred.shares, pred.cov)
+    if pick is None:
+        return _no_plan(num_nodes, gpus, n_plans, n_fit, "zero throughput")
+    plan = scr.plans.plan(pick.index)
+    pick_note = pick.note(scr.plans.plan(pick.fastest).short())
     ev = evaluate(scn, plan, calibration)
     if ev.throughput is None or ev.checkpoint is None:
         return _no_plan(num_nodes, gpus, n_plans, n_fit, "the evaluator gave no throughput or checkpoint figures")
@@ -250,7 +267,7 @@ def _row(scenario: Scenario, num_nodes: int, calibration: Calibration | None) ->
         tokens_per_s=t, goodput_loss=ck.goodput_loss, checkpoint_overhead=overhead,
         failure_loss=ck.goodput_loss - overhead, hours=hours, gpu_hours=gpu_hours,
         cost_usd=gpu_hours * scenario.cluster.price_per_gpu_hour,
-        failure_hours=hours * (ck.goodput_loss - overhead),
+        failure_hours=hours * (ck.goodput_loss - overhead), pick_note=pick_note,
     )
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
-from stratagem.reports.capacity import RISK_NOTE, CapacityInfo, CapacityRow, risk_cells
+from stratagem.reports.capacity import RISK_NOTE, CapacityInfo, CapacityRow, pick_lines, risk_cells
 from stratagem.reports.counts import count_lines_of
-from stratagem.reports.info import ParetoInfo, PlanResult
+from stratagem.reports.info import ParetoInfo, PlanResult, best_measured_line
 from stratagem.reports.payload import PAYLOAD_VERSION, capacity_payload, report_payload, scenario_summary
 from stratagem.reports.runs import RealRun, history_table, real_runs, runs_summary, runs_table
 
@@ -181,7 +181,8 @@ def _best(info: ParetoInfo) -> str:
                  "goodput_loss": pct(v)}[name]
         items.append(f'<li>{_e(_OBJECTIVE_TITLE.get(name, name))}: <span class="plan-label">{_e(p.label)}</span>'
                      f" ({_e(shown)})</li>")
-    return "<ul>" + "".join(items) + "</ul>"
+    note = f'<p class="note headline">Highest tokens/s: {_e(info.headline_note)}.</p>' if info.headline_note else ""
+    return "<ul>" + "".join(items) + "</ul>" + note
 
 
 def _cards(info: ParetoInfo, open_first: int = 3) -> str:
@@ -208,8 +209,7 @@ def _real_runs_section(info: ParetoInfo, runs: list[RealRun]) -> str:
     plans the runs left out."""
     out = [f"<p>{_e(runs_summary(runs))}</p>"]
     if info.best_measured:
-        out += [f"<p>{_e(info.best_measured[:1].upper() + info.best_measured[1:])} (trial "
-                f"{info.best_measured_trial}).</p>"]
+        out += [f"<p>{_e(best_measured_line(info))}.</p>"]
     if runs:
         head, rows = runs_table(runs)
         out += ['<p class="note">Predicted: the prediction each run was chosen on (the calibration in force then); '
@@ -270,7 +270,8 @@ def capacity_table(cap: CapacityInfo) -> str:
                 + _td(r.failure_hours) + f'<td class="num">{r.n_feasible:,} / {r.n_plans:,}</td></tr>')
 
     return (f'<table class="data sortable capacity" id="capacity-table"><thead><tr>{th}</tr></thead><tbody>'
-            + "".join(row(r) for r in cap.rows) + f'</tbody></table><p class="note">{_e(RISK_NOTE)}.</p>')
+            + "".join(row(r) for r in cap.rows) + f'</tbody></table><p class="note">{_e(RISK_NOTE)}.</p>'
+            + "".join(f'<p class="note pick">{_e(line)}</p>' for line in pick_lines(cap)))
 
 
 def _capacity_section(cap: CapacityInfo | None) -> str:

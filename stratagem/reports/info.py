@@ -22,6 +22,7 @@ from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
 from stratagem.evaluators.taught import taught_lines
 from stratagem.quantities import memory
 from stratagem.reports.advice import AdviceView, advice_for, study_calibration
+from stratagem.reports.headline import headline_tokens
 from stratagem.search.calibrate import CalibrationStep, calibration_history
 from stratagem.search.counts import StudyCounts, study_counts
 from stratagem.search.noise import best_measured
@@ -47,7 +48,7 @@ from stratagem.spaces.scenario import Scenario
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["PlanResult", "ParetoInfo", "TrialRecord", "pareto_info", "pareto_front", "DEFAULT_ADVICE_LIMIT"]
+__all__ = ["best_measured_line", "PlanResult", "ParetoInfo", "TrialRecord", "pareto_info", "pareto_front", "DEFAULT_ADVICE_LIMIT"]
 
 DEFAULT_ADVICE_LIMIT = 200
 """Plans given advice in a report (the front first, then feasible plans by tokens/s); advice evaluates
@@ -139,6 +140,8 @@ class ParetoInfo:
     95 % interval, runs, and whether other plans are within its noise ('' when no measured plan fits)."""
     best_measured_trial: int | None = None
     """The trial that stands for it (None: no measured plan fits)."""
+    headline_note: str = ""
+    """What the risk-aware headline rules did to best["tokens_per_s"] (reports.headline), '' when nothing."""
     not_run: tuple[str, ...] = ()
     """Why the real runs left plans out, one line each (the harness cannot run them; their traced memory does
     not fit), from the study attribute "not_run"."""
@@ -334,12 +337,16 @@ def pareto_info(
 
     attrs: dict[str, Any] = study.user_attrs
     top = best_measured(study)
+    best = _best(rows, OBJECTIVES, directions)
+    headline, headline_note = headline_tokens(rows, scn, calibration)
+    if headline is not None:
+        best["tokens_per_s"] = headline
     return ParetoInfo(
         study_name=study.study_name, scenario=scn,
         scenario_hash=str(attrs.get(StudyKey.SCENARIO_HASH) or scn.problem_hash()),
         stratagem_version=str(attrs.get(StudyKey.STRATAGEM_VERSION) or ""),
         objectives=OBJECTIVES, directions=directions, plans=tuple(rows), front=tuple(front),
-        best=_best(rows, OBJECTIVES, directions), n_trials=len(all_trials), n_unfinished=n_unfinished,
+        best=best, headline_note=headline_note, n_trials=len(all_trials), n_unfinished=n_unfinished,
         n_superseded=sum(len(v) - 1 for v in by_key.values()),
         trials=tuple(sorted((t for ts in by_key.values() for t in ts), key=lambda t: t.number)),
         plan_of_trial={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
@@ -348,6 +355,15 @@ def pareto_info(
         history=tuple(calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))), counts=study_counts(study),
         taught=tuple(taught_lines(calibration, scn.cluster.gpu.name)),
     )
+
+
+def best_measured_line(info: ParetoInfo) -> str:
+    """The best measured note with its trial number on its own plan: 'Best measured (trial 65): LABEL: figure;
+    within noise of ...' (the number after the note would read as the last plan's)."""
+    note = info.best_measured
+    head = "best measured: "
+    rest = note[len(head):] if note.startswith(head) else note
+    return f"Best measured (trial {info.best_measured_trial}): {rest}"
 
 
 _NOT_RUN_WHY = {"harness": "not runnable by the harness", "traced": "not run: traced memory does not fit"}

@@ -8,10 +8,10 @@ from html import escape
 
 from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
-from stratagem.reports.capacity import RISK_NOTE, CapacityInfo, risk_cells, risk_text
+from stratagem.reports.capacity import RISK_NOTE, CapacityInfo, pick_lines, risk_cells, risk_text
 from stratagem.reports.counts import count_lines_of
 from stratagem.reports.html import fmt, pct
-from stratagem.reports.info import ParetoInfo, PlanResult
+from stratagem.reports.info import ParetoInfo, PlanResult, best_measured_line
 from stratagem.reports.payload import scenario_summary
 from stratagem.reports.runs import history_table, measured_step_s, real_runs, runs_summary, runs_table
 
@@ -108,8 +108,7 @@ def _real_runs(info: ParetoInfo) -> list[str]:
     runs = real_runs(info)
     out = ["## Real runs", "", runs_summary(runs), ""]
     if info.best_measured:
-        line = info.best_measured[:1].upper() + info.best_measured[1:]
-        out += [f"{_md(line)} (trial {info.best_measured_trial}).", ""]
+        out += [f"{_md(best_measured_line(info))}.", ""]
     if runs:
         head, rows = runs_table(runs)
         out += ["Predicted: the prediction each run was chosen on; re-predicted: the same plan with a later, "
@@ -148,6 +147,8 @@ def capacity_markdown(cap: CapacityInfo, heading: str = "##") -> str:
                    "checkpoint stall*",
                    "failure loss*", "failure hours*", "fit / screened*"], rows)
     out += ["", f"{RISK_NOTE}."]
+    picked = pick_lines(cap)
+    out += ["", *(f"- {_md(line)}" for line in picked)] if picked else []
     for name, row in (("Fastest", cap.fastest), ("Cheapest", cap.cheapest)):
         if row is not None and row.best is not None:
             out += ["", f"{name}: {row.num_nodes} nodes, `{_md(row.best.label)}`, {fmt(row.days)} days, "
@@ -177,6 +178,8 @@ def render_markdown(info: ParetoInfo, capacity: CapacityInfo | None = None) -> s
                  q.memory_in(info.plans[i].value("headroom_gib"), _unit(info)), pct(info.plans[i].value("goodput_loss"))]
                 for k, i in info.best.items()]
         out += _table(["objective", "plan", "tokens/s*", f"headroom {_unit(info)[0]}*", "goodput loss*"], rows) + [""]
+        if info.headline_note:
+            out += [f"Highest tokens/s: {_md(info.headline_note)}.", ""]
     else:
         out += ["No feasible plan.", ""]
     out += ["## Pareto front", ""]
