@@ -404,10 +404,10 @@ def _backward_transient(r: Rank, engine: EngineTerms, none: Array, per_layer: Ar
 
 
 def _optimizer_step(r: Rank, blocks: dict[str, Array]) -> Array:
-    """The optimizer step's own allocations (memory_copies.optimizer_step_bytes: foreach AdamW's exp_avg_sq_sqrt),
-    once activations and compute copies are freed; the moments are the optimizer block less the master copies.
-    Traced (stratagem trace, foreach on a GPU scenario): llama3-8b dp2 z0 full-ac, rest 29.92 GiB = half of the
-    59.83 GiB Adam states, peak 149.58 GiB = fp32 weights + gradients + states + that transient."""
+    """The optimizer step's own allocations (memory_copies.optimizer_step_bytes: foreach AdamW's exp_avg_sq_sqrt,
+    the for-loop's temporaries, nothing when fused), once activations and compute copies are freed; the moments
+    are the optimizer block less the master copies. Traced with foreach (llama3-8b dp2 z0 full-ac): rest 29.92 GiB
+    = half of the 59.83 GiB Adam states, peak 149.58 GiB = fp32 weights + gradients + states + that transient."""
     m, pc = r.scn.model, r.pc
     master = sum(t.bytes_per_param for t in r.rec.states if t.master)
     moments = np.where(r.fp32, blocks["optimizer"], blocks["optimizer"] * r.opt_bytes / (r.opt_bytes + master))

@@ -289,7 +289,9 @@ _TORCH = StackRecord(
     mha_packed_qkv=False,
     sp_saves_gathered_inputs=True,
     reshard_after_forward_with_pp=False,
-    optimizer_step="foreach",  # the harness builds torch.optim.AdamW with defaults (launch/harness/parallelize.py)
+    # AdamW's fused kernel on CUDA: torchtitan's default (job_config.py Optimizer.implementation = "fused"; the
+    # exporter leaves it) and the harness's (launch/harness/parallelize.py build_optimizer)
+    optimizer_step="fused",
     kernels="eager",
     kernel_efficiency=0.70,
     compile_default=False,

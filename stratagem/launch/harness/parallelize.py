@@ -358,9 +358,12 @@ def _drop_dtensors(names: list[str], owner: nn.Module, _args: Any, _output: Any)
 
 def build_optimizer(params: list[nn.Parameter], plan: Plan, optimizer: str, mesh: Any,
                     lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:
-    """The scenario's optimizer; ZeroRedundancyOptimizer over the dp group for zero 1."""
+    """The scenario's optimizer; ZeroRedundancyOptimizer over the dp group for zero 1. AdamW on CUDA runs its
+    fused kernel, as torchtitan builds it (torchtitan/config/job_config.py Optimizer.implementation = "fused",
+    components/optimizer.py build_optimizers: fused=True); on the CPU torch's default (the for-loop)."""
+    fused: dict[str, Any] = {"fused": True} if params and params[0].device.type == "cuda" else {}
     kinds: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
-        "adamw": (torch.optim.AdamW, {"lr": lr, "weight_decay": 0.1, "eps": eps}),
+        "adamw": (torch.optim.AdamW, {"lr": lr, "weight_decay": 0.1, "eps": eps, **fused}),
         "sgd": (torch.optim.SGD, {"lr": lr, "momentum": 0.9}),
         "adafactor": (torch.optim.Adafactor, {"lr": lr}),
     }

@@ -244,7 +244,7 @@ def _fake_step(scenario: Scenario, plan: Plan, rank: _RankParts, micro: int, tra
     with FakeTensorMode(allow_non_fake_inputs=True), tracker:
         job, params, saved_outputs = _fake_job(scenario, plan, rank, micro, traced, tracker)
         states = _model_states(job.optimizer, params, tracker,
-                               foreach=kernels == "cuda" and scenario.cluster.gpu.kind != "cpu")
+                               on_cuda=kernels == "cuda" and scenario.cluster.gpu.kind != "cpu")
         produced = watch_outputs([m for m, _, _ in saved_outputs])
         states["grad_bytes"] = _one_step(job, params, tracker, traced, kernels)
     check_outputs(saved_outputs, produced)
@@ -284,11 +284,11 @@ def _fake_job(scenario: Scenario, plan: Plan, rank: _RankParts, micro: int, trac
 
 
 def _model_states(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], tracker: BlockBytes,
-                  foreach: bool) -> dict[str, int]:
-    """Allocate the optimizer's states (with its foreach implementation when `foreach`: a GPU scenario with
-    the cuda kernels) and label them; the parameter and optimizer-state bytes at rest."""
-    if foreach:
-        _foreach(optimizer)
+                  on_cuda: bool) -> dict[str, int]:
+    """Allocate the optimizer's states (with the implementation the harness runs on CUDA when `on_cuda`: a GPU
+    scenario with the cuda kernels) and label them; the parameter and optimizer-state bytes at rest."""
+    if on_cuda:
+        _cuda_implementation(optimizer)
     _warm_up_optimizer(params, optimizer)
     tracker.label(_optimizer_states(optimizer), "optimizer")
     return {"param_bytes": sum(_nbytes(p) for p in params),
@@ -341,13 +341,17 @@ def _classifier(tracker: BlockBytes, plan: Plan) -> Callable[[int], str]:
     return classify
 
 
-def _foreach(optimizer: torch.optim.Optimizer) -> None:
-    """The optimizer's multi-tensor (foreach) implementation, the one torch picks for CUDA tensors
-    (torch/optim/optimizer.py _default_to_fused_or_foreach; on CPU tensors it picks the for-loop): its step
-    holds a transient copy of the states (torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt)."""
+def _cuda_implementation(optimizer: torch.optim.Optimizer) -> None:
+    """The implementation the harness's optimizer runs on CUDA tensors (the fake tensors here are on the CPU):
+    AdamW's fused kernel (harness.parallelize.build_optimizer, as torchtitan), in place, no step transient;
+    other optimizers torch's default there, the multi-tensor (foreach) path (torch/optim/optimizer.py
+    _default_to_fused_or_foreach)."""
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: this rank's partition
+    fused = isinstance(inner, torch.optim.AdamW)
     for group in inner.param_groups:
-        if "foreach" in group:
+        if fused and "fused" in group:
+            group["fused"], group["foreach"] = True, False
+        elif "foreach" in group:
             group["foreach"] = True
 
 
