@@ -7,6 +7,16 @@ Sources:
   [Ring]   Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication operations in MPICH",
            sec. 3: ring all-gather t = (n-1) alpha + (n-1)/n S beta; all-reduce = reduce-scatter + all-gather.
   [Hockney] Hockney 1994: point-to-point t = alpha + S beta.
+  [NCCL-tune] nccl src/graph/tuning.cc ncclTopoTuneModel: NCCL predicts each algorithm's time (latency + bytes /
+           bus bandwidth) and runs the fastest (enqueue.cc topoGetAlgoInfo). All-reduce: Ring (2(n-1) steps);
+           Tree (latency 2 ((n/nodes - 1) intraLat + log2(nodes) interLat), the ring's bandwidth); NVLS on one node
+           (NVSwitch in-switch reduction, latency intraLat, bus bandwidth 2 x nvlsEfficiency x NVLink: "AllReduce
+           pipelines two operations"); NVLS-tree across nodes (latency intraLat + 2 log2(nodes) interLat, bus
+           bandwidth min(2 x nvlsEfficiency x NVLink, network, twice the network on 2 nodes)).
+  [DeepEP-bw] deepseek-ai/DeepEP README (commit 567632d, normal kernels after Tencent's #130): H800 with one CX7
+           400 Gb/s NIC (~50 GB/s) per GPU, DeepSeek-V3 routing, internode dispatch / combine "bottleneck bandwidth"
+           EP16 43 / 43, EP32 58 / 57, EP64 51 / 50 GB/s (RDMA); the bytes are tests/test_internode.py's: tokens x
+           distinct destination nodes (the own node included) x hidden bytes.
 
 Topology. Every stack places ranks with tensor parallel innermost, then context, data (experts inside it),
 pipeline outermost (Megatron parallel_state, torchtitan's device mesh, nanotron ParallelContext). A group
@@ -24,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
-from stratagem.spaces.hardware import ClusterSpec
+from stratagem.spaces.hardware import NVLS_EFFICIENCY, ClusterSpec
 
 __all__ = [
     "Link",
@@ -35,6 +45,8 @@ __all__ = [
     "p2p_s",
     "all_to_all_s",
     "bus_bandwidth_gbps",
+    "DEEPEP_INTERNODE_GBPS",
+    "deepep_rdma_bandwidth",
 ]
 
 Array = NDArray[np.float64]
@@ -57,6 +69,8 @@ class Link:
     """Network bandwidth per rank (bytes/s), for the inter-node share of all-to-all."""
     per_node: Array
     """Group members per node (k)."""
+    nvls: Array
+    """NCCL's NVLS efficiency of the GPU's NVSwitch (spaces.hardware.NVLS_EFFICIENCY; 0: no NVLS)."""
 
 
 def group_link(cluster: ClusterSpec, cal: Calibration, n: Array | float, stride: Array | float) -> Link:
@@ -72,7 +86,8 @@ def group_link(cluster: ClusterSpec, cal: Calibration, n: Array | float, stride:
     alpha = np.where(inside, cluster.intra_node_latency_us * 1e-6, cluster.inter_node_latency_us * 1e-6) + step
     full = np.ones_like(n_arr)
     return Link(n=n_arr, bandwidth=bandwidth, alpha=alpha, intra_bandwidth=intra * full,
-                inter_bandwidth=np.where(inside, intra, inter) * full, per_node=k)
+                inter_bandwidth=np.where(inside, intra, inter) * full, per_node=k,
+                nvls=NVLS_EFFICIENCY.get(cluster.gpu.name, 0.0) * full)
 
 
 def all_gather_s(link: Link, size: Array | float) -> Array:
@@ -87,8 +102,26 @@ def reduce_scatter_s(link: Link, size: Array | float) -> Array:
 
 
 def all_reduce_s(link: Link, size: Array | float) -> Array:
-    """Ring all-reduce = reduce-scatter + all-gather: 2(n-1) alpha + 2(n-1)/n size / B [Ring sec. 3]."""
-    return 2.0 * all_gather_s(link, size)
+    """All-reduce of `size` bytes as NCCL runs it: the fastest of its algorithms [NCCL-tune], each priced as
+    latency + 2(n-1)/n size / bus bandwidth (nccl-tests' bus bandwidth convention [NCCL-T]).
+
+    ring       reduce-scatter + all-gather: 2(n-1) alpha, the ring's bandwidth B [Ring sec. 3];
+    NVLS       one node of an NVLS GPU: one alpha, 2 x nvls x B (the switch reduces; reduce and broadcast
+               pipelined);
+    NVLS-tree  several nodes of an NVLS GPU: (1 + 2 log2 nodes) alpha, min(2 x nvls x NVLink, k NICs, doubled on
+               2 nodes);
+    tree       several nodes otherwise: 2 (k - 1 + log2 nodes) alpha, the ring's bandwidth."""
+    n, k = link.n, link.per_node
+    nodes = np.maximum(1.0, n / k)
+    bus = 2.0 * (n - 1) / np.maximum(n, 1.0) * size
+    ring = 2.0 * all_gather_s(link, size)
+    nvls_bw = 2.0 * link.nvls * link.intra_bandwidth
+    one_node = link.alpha + bus / np.maximum(nvls_bw, 1e-30)
+    network = k * link.inter_bandwidth * np.where(nodes <= 2.0, 2.0, 1.0)
+    nvls_tree = (1.0 + 2.0 * np.log2(nodes)) * link.alpha + bus / np.maximum(np.minimum(nvls_bw, network), 1e-30)
+    tree = 2.0 * (k - 1.0 + np.log2(nodes)) * link.alpha + bus / link.bandwidth
+    other = np.where(nodes > 1.0, np.where(link.nvls > 0, nvls_tree, tree), np.where(link.nvls > 0, one_node, ring))
+    return np.where(n > 1, np.minimum(ring, other), 0.0)
 
 
 def p2p_s(link: Link, size: Array | float, active: NDArray[np.bool_] | bool = True) -> Array:
@@ -117,3 +150,19 @@ def bus_bandwidth_gbps(
         t = float(all_gather_s(link, size_bytes))
         return size_bytes / t * (n - 1) / n / GB
     raise ValueError(f"unknown collective {collective!r}")
+
+
+# DeepEP's published internode rate per EP size, dispatch and combine averaged, GB/s on 50 GB/s NICs [DeepEP-bw].
+DEEPEP_INTERNODE_GBPS: dict[int, float] = {16: 43.0, 32: 57.5, 64: 50.5}
+DEEPEP_LINE_GBPS = 50.0  # the CX7 400 Gb/s NIC those figures were measured on
+
+
+def deepep_rdma_bandwidth(cluster: ClusterSpec, ep: Array) -> Array:
+    """Bytes/s of DeepEP's internode dispatch or combine per GPU in its own convention (tokens x distinct nodes, its
+    own included, x hidden bytes per second) [DeepEP-bw]: the published rate at the EP size (interpolated in log2
+    ep, the nearest beyond the table) as a fraction of the line rate it was measured at, times this cluster's NIC."""
+    sizes = np.log2(np.array(sorted(DEEPEP_INTERNODE_GBPS), dtype=np.float64))
+    rates = np.array([DEEPEP_INTERNODE_GBPS[k] for k in sorted(DEEPEP_INTERNODE_GBPS)]) / DEEPEP_LINE_GBPS
+    share = np.interp(np.log2(np.maximum(np.asarray(ep, dtype=np.float64), 1.0)), sizes, rates)
+    out: Array = share * cluster.inter_node_gbps * GB
+    return out

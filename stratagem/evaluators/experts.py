@@ -39,7 +39,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.comm import Link, all_gather_s, group_link
+from stratagem.evaluators.comm import Link, all_gather_s, deepep_rdma_bandwidth, group_link
+from stratagem.evaluators.routing import expected_token_nodes
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
@@ -54,6 +55,7 @@ __all__ = [
     "dispatch_s",
     "exchange_s",
     "ep_nodes",
+    "token_nodes",
     "remote_nodes_per_token",
     "dispatch_bytes_per_token",
     "permute_s",
@@ -273,28 +275,26 @@ def ep_nodes(scn: Scenario, cal: Calibration, pc: PlanColumns) -> Array:
     return np.maximum(1.0, link.n / link.per_node)
 
 
-def remote_nodes_per_token(scn: Scenario, cal: Calibration, pc: PlanColumns) -> Array:
-    """Expected number of other nodes a token's top_k experts sit on, when the router spreads tokens evenly.
-
-    The E experts lie E/N to a node over the N nodes of the EP group; a token picks top_k distinct experts, so a
-    given node holds none of them with probability C(E - E/N, k) / C(E, k) (hypergeometric), and the token reaches
-    (N - 1)(1 - that) other nodes on average. Group-limited routing (DeepSeek-V3 sec. 3.2.2, n_group / topk_group:
-    each token into at most `route_groups_per_token` groups, a group being E / route_groups experts) caps the nodes
-    at groups_per_token x (nodes a group spans, at least 1), its own node included."""
+def token_nodes(scn: Scenario, cal: Calibration, pc: PlanColumns) -> Array:
+    """Expected distinct nodes of the EP group (its own included) a token's top_k experts sit on, as the router
+    picks them (evaluators.routing.expected_token_nodes: hypergeometric for a free router, the engine's
+    group-limited top-k for DeepSeek-V3's node-limited routing, n_group / topk_group)."""
     moe = scn.model.moe
     if moe is None:
         return np.zeros(len(pc))
     n_nodes = ep_nodes(scn, cal, pc)
-    e, k = float(moe.num_experts), moe.top_k
-    per_node = e / n_nodes
-    miss = np.ones(len(pc))
-    for i in range(k):  # C(E - E/N, k) / C(E, k) as a product of k ratios
-        miss = miss * np.maximum(0.0, e - per_node - i) / (e - i)
-    remote = (n_nodes - 1.0) * (1.0 - miss)
-    if moe.route_groups and moe.route_groups_per_token:
-        group_nodes = np.maximum(1.0, n_nodes / moe.route_groups)
-        remote = np.minimum(remote, np.maximum(0.0, moe.route_groups_per_token * group_nodes - 1.0))
-    return remote
+    cache: dict[float, float] = {}
+    for n in np.unique(n_nodes):
+        cache[float(n)] = expected_token_nodes(moe.num_experts, moe.top_k, float(n), moe.route_groups,
+                                               moe.route_groups_per_token)
+    return np.array([cache[float(n)] for n in n_nodes])
+
+
+def remote_nodes_per_token(scn: Scenario, cal: Calibration, pc: PlanColumns) -> Array:
+    """Expected number of other nodes a token's top_k experts sit on: token_nodes x (N - 1) / N, each of the N nodes
+    being the token's own with the same probability under an even router."""
+    n_nodes = ep_nodes(scn, cal, pc)
+    return token_nodes(scn, cal, pc) * (n_nodes - 1.0) / n_nodes
 
 
 def dispatch_bytes_per_token(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
@@ -319,8 +319,10 @@ def exchange_s(scn: Scenario, pc: PlanColumns, cal: Calibration, token_bytes: Ar
     ncclGroupEnd), so the peers proceed together: one latency, then the copies for peers in the node over NVLink
     and those for other nodes over the rank's NIC at the same time: max of the two.
     deepep [DeepEP]: internode dispatch sends each token once per destination node over RDMA (to the GPU of the
-    same local index there), which forwards it over NVLink to the experts' GPUs: the NIC carries tokens x remote
-    nodes per token, NVLink the copies for other GPUs of each node; both run at once. Combine mirrors it."""
+    same local index there), which forwards it over NVLink to the experts' GPUs: the RDMA side moves tokens x
+    token_nodes at DeepEP's published rate in its own convention (comm.deepep_rdma_bandwidth: the own node
+    counted, as its test counts it), NVLink the copies for other GPUs of each node; both run at once. Combine
+    mirrors it."""
     moe = scn.model.moe
     if moe is None:
         return np.zeros(len(pc))
@@ -330,12 +332,15 @@ def exchange_s(scn: Scenario, pc: PlanColumns, cal: Calibration, token_bytes: Ar
     copies = tokens * moe.top_k
     nvl_a2a = copies * (k_node - 1.0) / n * token_bytes
     nic_a2a = copies * (n - k_node) / n * token_bytes
+    nic_s = nic_a2a / link.inter_bandwidth
+    nvl = nvl_a2a
     if scn.training.dispatcher == "deepep":
-        nic = tokens * remote_nodes_per_token(scn, cal, pc) * token_bytes
+        # DeepEP's own byte count (distinct nodes, the own one included) at its published rate [DeepEP]
+        across = n > k_node
+        deepep_nic = tokens * token_nodes(scn, cal, pc) * token_bytes / deepep_rdma_bandwidth(scn.cluster, n)
+        nic_s = np.where(across, deepep_nic, nic_s)
         nvl = copies * (k_node - 1.0) / k_node * token_bytes
-    else:
-        nic, nvl = nic_a2a, nvl_a2a
-    seconds = np.maximum(nvl / link.intra_bandwidth, nic / link.inter_bandwidth)
+    seconds = np.maximum(nvl / link.intra_bandwidth, nic_s)
     return np.where(n > 1, link.alpha + seconds, 0.0)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
-from stratagem.evaluators.comm import Link, all_gather_s, group_link, p2p_s, reduce_scatter_s
+from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, p2p_s, reduce_scatter_s
 from stratagem.evaluators.ep_overlap import ep_overlap_exposed
 from stratagem.evaluators.experts import (
     dispatch_s,
@@ -266,12 +266,17 @@ def fp8_gather_width(ctx: StepContext, backward: bool = False) -> Array:
 
 
 def tp_traffic_s(ctx: StepContext, link: Link) -> Array:
-    """Seconds of one layer's TP collectives per micro-batch over `link`: forward 2 all-gathers + 2
-    reduce-scatters, backward 2 + 2, a recomputed forward's again [MLM-TP]; all-gathers at fp8_gather_width."""
+    """Seconds of one layer's TP collectives per micro-batch over `link`: with sequence parallelism forward 2
+    all-gathers + 2 reduce-scatters, backward 2 + 2, a recomputed forward's again [MLM-TP], all-gathers at
+    fp8_gather_width; without it 2 all-reduces forward and 2 backward [MLM-TP], each as NCCL runs it
+    (comm.all_reduce_s: NVLS inside an NVSwitch node)."""
     s = ctx.activation
     forward = 2.0 * all_gather_s(link, s * fp8_gather_width(ctx)) + 2.0 * reduce_scatter_s(link, s)
     backward = 2.0 * all_gather_s(link, s * fp8_gather_width(ctx, backward=True)) + 2.0 * reduce_scatter_s(link, s)
-    return forward * (1.0 + forward_repeats(ctx)) + backward
+    sp = forward * (1.0 + forward_repeats(ctx)) + backward
+    ar = 2.0 * all_reduce_s(link, s) * (2.0 + forward_repeats(ctx))
+    out: Array = np.where(ctx.pc.sequence_parallel > 0, sp, ar)
+    return out
 
 
 def _te_pipelined(ctx: StepContext, direct: Link, nccl: Link) -> Array:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from stratagem.errors import StratagemError
 from stratagem.spaces import bounds as B
 
-__all__ = ["GPUSpec", "ClusterSpec", "GPU_PRESETS", "gpu_preset", "cluster_preset"]
+__all__ = ["GPUSpec", "ClusterSpec", "GPU_PRESETS", "NVLS_EFFICIENCY", "gpu_preset", "cluster_preset"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # NaN/inf: one line, not a result
 
@@ -93,6 +93,12 @@ _LINKS: dict[str, tuple[float, float]] = {
     "a100-40g": (300, 25), "a100-80g": (300, 25), "h100-sxm-80g": (450, 50), "h100-96g": (450, 50),
     "h200": (450, 50), "b200": (900, 50), "mi300x": (448, 50), "l40s": (32, 25), "cpu": (5, 1),
 }
+# NVLink SHARP (NVLS): the NVSwitch of these parts reduces in the switch, and NCCL runs all-reduce with its NVLS
+# (one node) or NVLS-tree (several nodes) algorithm at nvlsEfficiency of the NVLink bandwidth per direction, twice
+# over because the all-reduce pipelines its reduce and its broadcast (nccl src/graph/tuning.cc: nvlsEfficiency
+# Hopper 0.85, Blackwell 0.74; "AllReduce pipelines two operations": intraBw *= 2). Ampere's NVSwitch has no NVLS
+# (efficiency 0): NCCL picks a ring or a tree there.
+NVLS_EFFICIENCY: dict[str, float] = {"h100-sxm-80g": 0.85, "h100-96g": 0.85, "h200": 0.85, "b200": 0.74}
 # Illustrative on-demand prices, USD per GPU-hour; set your own in the scenario.
 _PRICE: dict[str, float] = {
     "a100-40g": 1.3, "a100-80g": 1.8, "h100-sxm-80g": 2.5, "h100-96g": 2.7, "h200": 3.2,

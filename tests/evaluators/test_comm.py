@@ -36,7 +36,10 @@ def test_ring_formulas_by_hand() -> None:
     # [Ring] all-gather: (n-1) alpha + (n-1)/n S / B; reduce-scatter the same; all-reduce twice that.
     assert float(all_gather_s(link, size)) == pytest.approx(7 * alpha + 7 / 8 * size / bw)
     assert float(reduce_scatter_s(link, size)) == float(all_gather_s(link, size))
-    assert float(all_reduce_s(link, size)) == pytest.approx(2 * float(all_gather_s(link, size)))
+    # all-reduce on one node without NVLink SHARP (A100's NVSwitch): NCCL's ring, reduce-scatter + all-gather
+    a100 = ClusterSpec(gpu=gpu_preset("a100-80g"), num_nodes=1, gpus_per_node=8)
+    ring = group_link(a100, cal, 8.0, 1.0)
+    assert float(all_reduce_s(ring, size)) == pytest.approx(2 * float(all_gather_s(ring, size)))
     # [Hockney] point-to-point: alpha + S / B; inactive sends cost nothing.
     assert float(p2p_s(link, size)) == pytest.approx(alpha + size / bw)
     assert float(p2p_s(link, size, False)) == 0.0
@@ -85,12 +88,43 @@ def test_busbw_trend_matches_nccl_tests(kind: str) -> None:
     measured = [c["measured"]["busbw_GBps"] for c in cases]
     predicted = [bus_bandwidth_gbps(cluster(c["parallel"]["nodes"]), DEFAULT_CALIBRATION, kind,
                                     c["parallel"]["gpus"], c["training"]["message_bytes"]) for c in cases]
-    # Bus bandwidth falls as the ring grows across nodes, as measured.
+    # Bus bandwidth falls as the group grows across nodes, as measured (the ring's much faster than the tree's).
     assert all(b < a for a, b in zip(predicted, predicted[1:], strict=False))
-    assert predicted[-1] < predicted[0] / 10
     ratio = np.array(predicted) / np.array(measured)
     if kind == "all_reduce":
-        # NCCL runs all-reduce with NVLS/tree algorithms that beat a ring; the ring model is conservative.
-        assert np.all((ratio > 0.35) & (ratio < 1.2))
-    else:
-        assert np.all(np.abs(ratio - 1) < 0.25), ratio
+        # NCCL runs all-reduce with NVLS on one node and NVLS-tree across nodes: on 1-2 nodes (where the ring's
+        # fitted step cost is small) the predicted bus bandwidth is within 35% of measured; beyond, the tree's log
+        # latency keeps it above the measured, which falls with the EFA network (not modelled: the ring's fitted
+        # step cost absorbs that fall for all-gather and reduce-scatter)
+        assert np.all(np.abs(ratio[:2] - 1) < 0.35), ratio
+        assert np.all(ratio[2:] > 1.0), ratio
+        return
+    assert all(b < a for a, b in zip(predicted, predicted[1:], strict=False))
+    assert predicted[-1] < predicted[0] / 10
+    assert np.all(np.abs(ratio - 1) < 0.25), ratio
+
+
+def test_all_reduce_takes_the_fastest_of_nccls_algorithms() -> None:
+    """nccl src/graph/tuning.cc: NCCL prices Ring, Tree, NVLS and NVLS-tree for each all-reduce and runs the
+    fastest (enqueue.cc topoGetAlgoInfo)."""
+    cal = Calibration(link_efficiency=1.0, collective_step_us=0.0)
+    big = 4e9
+    node = group_link(cluster(1), cal, 8.0, 1.0)
+    bus = 2 * 7 / 8 * big
+    # one H100 node: NVLS, the switch reduces; bus bandwidth 2 x nvlsEfficiency (0.85 on Hopper) x NVLink
+    assert float(all_reduce_s(node, big)) == pytest.approx(3e-6 + bus / (2 * 0.85 * 450e9))
+    assert float(all_reduce_s(node, big)) < 0.6 * 2 * float(all_gather_s(node, big))
+    # across nodes NVLS-tree: (1 + 2 log2 nodes) latencies, not the ring's 2 (n - 1)
+    tiny = 8.0
+    wide = group_link(cluster(64), cal, 512.0, 1.0)
+    assert float(all_reduce_s(wide, tiny)) == pytest.approx((1 + 2 * 6) * 15e-6, rel=1e-3)
+    assert float(2 * all_gather_s(wide, tiny)) == pytest.approx(2 * 511 * 15e-6, rel=1e-3)
+    # on 2 nodes NVLS-tree runs at twice the network's ring bandwidth (the "2 node case" of tuning.cc), capped by
+    # the NVLS bandwidth: min(2 x 0.85 x 450, 2 x 8 x 50) = 765 GB/s of bus bandwidth
+    two = group_link(cluster(2), cal, 16.0, 1.0)
+    bw = 2 * 15 / 16 * big / (float(all_reduce_s(two, big)) - 3 * 15e-6)
+    assert bw == pytest.approx(765e9, rel=1e-6)
+    # beyond 2 nodes the network alone: 8 NICs of 50 GB/s
+    four = group_link(cluster(4), cal, 32.0, 1.0)
+    bw4 = 2 * 31 / 32 * big / (float(all_reduce_s(four, big)) - 5 * 15e-6)
+    assert bw4 == pytest.approx(400e9, rel=1e-6)
