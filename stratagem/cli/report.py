@@ -76,7 +76,8 @@ def capacity_cmd(
     price: Annotated[float | None, typer.Option("--price", min=0.0, help="USD per GPU-hour (default: the "
                                                 "scenario's cluster.price_per_gpu_hour, else the GPU preset's).")] = None,
     days: Annotated[float | None, typer.Option("--days", help="The reverse question: the fewest GPUs that train "
-                                               "in D days (sizes: --nodes, else powers of two up to 1024 nodes).")] = None,
+                                               "in D days (sizes: --nodes, else 1, 2, 3, 4, 6, 8, 12, ... up to 1024 nodes, then the sizes "
+                                               "between bisected).")] = None,
     budget: Annotated[float | None, typer.Option("--budget", help="The reverse question: the fastest size whose cost "
                                                  "stays within USD (sizes as for --days).")] = None,
 ) -> None:
@@ -99,16 +100,20 @@ def capacity_cmd(
             raise StratagemError(f"{name} ({value}): give a finite number > 0")
     if days is not None and budget is not None:
         raise StratagemError("--days and --budget: ask one question at a time")
-    from stratagem.reports.capacity import answer_line, pick_lines, reverse_nodes
+    from stratagem.reports.capacity import pick_lines
 
-    sizes = reverse_nodes() if days is not None or budget is not None else reports.default_nodes(scn)
-    cap = reports.capacity_plan(scn, reports.parse_nodes(nodes) if nodes else sizes, cal)
+    given = reports.parse_nodes(nodes) if nodes else None
+    answer = ""
+    if days is not None or budget is not None:
+        cap, answer = reports.reverse_answer(scn, given, cal, days, budget)
+    else:
+        cap = reports.capacity_plan(scn, given or reports.default_nodes(scn), cal)
     console.print(f"calibration: {cal_label}", markup=False, highlight=False, soft_wrap=True)
     console.print(_capacity_table(cap))
     for line in pick_lines(cap):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    if days is not None or budget is not None:
-        console.print(answer_line(cap, days, budget), markup=False, highlight=False, soft_wrap=True)
+    if answer:
+        console.print(answer, markup=False, highlight=False, soft_wrap=True)
     if output is not None:
         text = reports.capacity_markdown(cap, heading="#") if kind == "md" else reports.render_capacity_html(cap)
         reports.write_text_atomic(output, text, force, kind)

@@ -15,6 +15,7 @@ from stratagem.reports.info import (
 )
 from stratagem.reports.markdown import capacity_markdown, render_markdown
 from stratagem.reports.payload import EXPLORER_AXES, report_payload
+from stratagem.reports.reverse import reverse_answer
 from stratagem.reports.terminal import (
     front_table,
     print_measured,
@@ -43,7 +44,7 @@ __all__ = [
     "CSV_COLUMNS", "render_csv", "render_json", "trial_rows",
     "decode_payload", "render_capacity_html", "render_html",
     "DEFAULT_ADVICE_LIMIT", "ParetoInfo", "PlanResult", "TrialRecord", "pareto_front", "pareto_info",
-    "capacity_markdown", "render_markdown",
+    "capacity_markdown", "render_markdown", "reverse_answer",
     "EXPLORER_AXES", "report_payload",
     "front_table", "print_measured", "print_result", "progress_bar", "result_json", "summary_lines", "trial_kinds",
     "FORMATS", "Report", "build_report", "unfinished_note", "check_output", "read_study", "output_format", "render_report", "write_report", "write_text_atomic",

@@ -29,18 +29,14 @@ from stratagem.spaces.scenario import Scenario
 if TYPE_CHECKING:
     from stratagem.evaluators.calibration import Calibration
 
-__all__ = ["CapacityRow", "CapacityInfo", "capacity_plan", "parse_nodes", "default_nodes", "REVERSE_MAX_NODES",
-           "reverse_nodes", "answer_line", "risk_cells", "risk_text", "RISK_NOTE", "pick_lines"]
+__all__ = ["CapacityRow", "CapacityInfo", "capacity_plan", "capacity_row", "resized", "parse_nodes", "default_nodes",
+           "risk_cells", "risk_text", "RISK_NOTE", "pick_lines"]
 
 RISK_NOTE = ("headroom: HBM left over the chosen plan's predicted peak (its share of HBM; warn under 10%, bad under "
              "5%); checkpoint loss: the checkpoint zone's expected goodput loss, stalls saving plus rework and "
              "restarts after failures (warn from 3%, bad from 10%); levels from stratagem.evaluators.zones; "
              f"{RISK_RULE}")
 """What the risk columns beside the chosen plan mean (every capacity table's note)."""
-
-REVERSE_MAX_NODES = 1024
-"""The largest cluster the reverse questions (--days, --budget) try without --nodes."""
-
 
 @dataclass(frozen=True)
 class BestPlan:
@@ -154,11 +150,6 @@ def default_nodes(scenario: Scenario) -> list[int]:
     return sorted({max(1, n // 2), n, 2 * n})
 
 
-def reverse_nodes(max_nodes: int = REVERSE_MAX_NODES) -> list[int]:
-    """The node counts the reverse questions try without --nodes: powers of two up to max_nodes."""
-    return [2**k for k in range(max_nodes.bit_length()) if 2**k <= max_nodes]
-
-
 def risk_cells(row: CapacityRow, unit: tuple[str, float]) -> tuple[str, str]:
     """The chosen plan's risk, shown beside it: headroom in `unit` with its share of HBM, and the checkpoint
     zone's goodput loss as a percentage, each followed by its zone level when it is not ok ('5.10 (6.41%) warn',
@@ -192,30 +183,8 @@ def pick_lines(cap: CapacityInfo) -> list[str]:
     return [f"{r.num_nodes} nodes: {r.pick_note}" for r in cap.rows if r.pick_note]
 
 
-def answer_line(cap: CapacityInfo, days: float | None = None, budget_usd: float | None = None) -> str:
-    """The answer to `capacity --days D` (the fewest GPUs that train in D days) or `--budget USD` (the fastest
-    size within the budget), one line with the chosen plan's risk (headroom, checkpoint and failure losses)."""
-    from stratagem import quantities as q
-
-    if days is not None:
-        row, ask = cap.fewest_within(days), f"in {q.sig(days)} days"
-    elif budget_usd is not None:
-        if cap.price_per_gpu_hour <= 0:
-            raise StratagemError("--budget: the scenario has no price per GPU-hour; give --price USD or "
-                                 "cluster.price_per_gpu_hour")
-        row, ask = cap.fastest_within(budget_usd), f"within {q.money(budget_usd)}"
-    else:
-        raise StratagemError("answer_line: give days or budget_usd")
-    sizes = f"{cap.rows[0].num_nodes}-{cap.rows[-1].num_nodes} nodes" if cap.rows else "no sizes"
-    if row is None or row.best is None:
-        return f"no size of {sizes} tried trains {ask}; try more nodes (--nodes) or a longer time / larger budget"
-    verb = "fewest GPUs to train" if days is not None else "fastest training"
-    return (f"{verb} {ask}: {row.num_nodes} nodes ({row.num_gpus} GPUs), {row.best.label}, {q.sig(row.days)} days, "
-            f"{q.money(row.cost_usd)}; risk: {risk_text(row)} (checkpoint stall {q.percent(row.checkpoint_overhead)}, "
-            f"failure loss {q.percent(row.failure_loss)})")
-
-
-def _resized(scenario: Scenario, num_nodes: int) -> Scenario:
+def resized(scenario: Scenario, num_nodes: int) -> Scenario:
+    """The scenario on `num_nodes` nodes, its plan: section dropped (every plan is screened)."""
     cluster = scenario.cluster.model_copy(update={"num_nodes": num_nodes})
     return scenario.model_copy(update={"cluster": cluster, "plan": None})
 
@@ -227,10 +196,11 @@ def _no_plan(num_nodes: int, gpus: int, n_plans: int, n_feasible: int, note: str
                        hours=None, gpu_hours=None, cost_usd=None, failure_hours=None, note=note)
 
 
-def _row(scenario: Scenario, num_nodes: int, calibration: Calibration | None) -> CapacityRow:
+def capacity_row(scenario: Scenario, num_nodes: int, calibration: Calibration | None) -> CapacityRow:
+    """One cluster size: its plans screened, the risk-aware best (module docstring) and what training costs."""
     from stratagem.search.screening import screen  # every valid plan of the resized cluster, vectorised
 
-    scn = _resized(scenario, num_nodes)
+    scn = resized(scenario, num_nodes)
     gpus = scn.cluster.num_gpus
     try:
         scr = screen(scn, calibration=calibration)
@@ -277,6 +247,6 @@ def capacity_plan(
     """The best plan and the cost of training `training.training_tokens` at each node count."""
     if not nodes:
         raise StratagemError("--nodes: give at least one node count, e.g. 8,16,32")
-    rows = tuple(_row(scenario, n, calibration) for n in sorted(set(nodes)))
+    rows = tuple(capacity_row(scenario, n, calibration) for n in sorted(set(nodes)))
     return CapacityInfo(scenario=scenario, training_tokens=scenario.training.training_tokens,
                         price_per_gpu_hour=scenario.cluster.price_per_gpu_hour, rows=rows)

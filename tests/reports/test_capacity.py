@@ -21,7 +21,7 @@ from stratagem.reports import (
     parse_nodes,
     render_capacity_html,
 )
-from stratagem.reports.capacity import answer_line
+from stratagem.reports.reverse import answer_line
 from stratagem.search.screening import screen
 from stratagem.spaces import Scenario, cluster_preset, model_preset
 
@@ -188,3 +188,55 @@ def test_capacity_picks_no_plan_in_a_bad_zone_within_noise_of_one_that_is_not() 
         for k in np.flatnonzero(others):  # every faster plan without a bad zone is outside the noise
             dk = pred.shares[k] - pred.shares[top]
             assert np.log(eff[top] / eff[k]) > GAP_Z * np.sqrt(dk @ pred.cov @ dk)
+
+
+def test_reverse_query_searches_sizes_between_powers_of_two(tmp_path) -> None:
+    """Issue 34 item 2: without --nodes the sizes are 1, 2, 3, 4, 6, 8, ... and the bracket around the answer is
+    bisected: the fewest nodes that train in the time is the brute-force answer over every size up to it."""
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 2}\n"
+                    "training: {seq_len: 8192, global_batch_size: 64, training_tokens: 1.0e+12}\n")
+    scn = Scenario.model_validate({"model": "llama3-8b", "cluster": {"gpu": "h100-sxm-80g", "num_nodes": 2},
+                                   "training": {"seq_len": 8192, "global_batch_size": 64,
+                                                "training_tokens": 1.0e12}})
+    every = capacity_plan(scn, list(range(1, 9)))
+    d8 = every.rows[7].days
+    assert d8 is not None
+    # a deadline that 8 nodes meets and 6 does not, met by a size between (found by brute force)
+    between = [r for r in every.rows if 6 < r.num_nodes < 8 and r.days is not None and r.days < every.rows[5].days]
+    assert between, "no size between 6 and 8 nodes beats 6; the test needs another deadline"
+    days = (between[0].days + every.rows[5].days) / 2
+    fewest = every.fewest_within(days)
+    assert fewest is not None and fewest.num_nodes == 7
+    res = CliRunner().invoke(app, ["capacity", str(path), "--days", f"{days:.6f}"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "fewest GPUs to train in" in res.output and ": 7 nodes (56 GPUs)" in res.output, res.output
+
+
+def test_reverse_query_names_the_global_batch_when_it_binds() -> None:
+    """Issue 34 item 2: the 70B example in 60 days: no size up to 1,024 nodes trains in time, and what binds is the
+    scenario's fixed 2M-token global batch, not the sizes tried; the larger batches that do reach it are named
+    with figures that capacity reproduces."""
+    from stratagem.spaces import load_scenario
+
+    res = CliRunner().invoke(app, ["capacity", "examples/llama3-70b-64xh100.yaml", "--days", "60"],
+                             env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    line = " ".join(res.output.split()).split("no size of 1-1024 nodes tried trains in 60.0 days; ")[1]
+    assert line.startswith("the limit is the scenario's fixed global batch of 256 sequences (2.10M tokens)"), line
+    assert "try more nodes" not in line
+    m = re.search(r"2048 \(8x\): (\d+) nodes in ([\d.]+) days", line)
+    assert m, line
+    base = load_scenario("examples/llama3-70b-64xh100.yaml")
+    bigger = base.model_copy(update={"training": base.training.model_copy(update={"global_batch_size": 2048})})
+    row = capacity_plan(bigger, [int(m.group(1))]).rows[0]
+    assert row.days is not None and row.days <= 60 and sig(row.days) == m.group(2)
+    assert capacity_plan(base, [1024]).rows[0].days > 60
+
+
+def test_reverse_query_names_memory_when_nothing_fits() -> None:
+    res = CliRunner().invoke(app, ["capacity", "examples/llama3-405b-1024xh100.yaml", "--nodes", "1", "--days", "30"],
+                             env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "no size of 1-1 nodes tried trains in 30.0 days; the limit is memory: no plan fits in HBM" in " ".join(
+        res.output.split())
