@@ -20,6 +20,9 @@ Step 1 by policy (RUN_ORDERS):
      trials so far.
 Plans the evaluator cannot run (`unsupported`) are skipped and remembered (`skipped`); a plan whose runs failed
 for the cluster's sake more than INFRA_RETRIES times in this call is not proposed again (`update`).
+Every comparison of a plan with the study's plans is by its job (`job_key`: the scenario's canonical form, the key
+its trial is stored under), so a candidate written in another form of a measured job (torch `dp2 pp2 z3` runs
+ZeRO-2's job) is not run again.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from stratagem.spaces.space import SearchSpace
 __all__ = ["Pick", "RunState", "RunOrder", "RankedOrder", "ExpectedImprovementOrder", "Predict", "rank_candidates",
            "memory_band", "screen_candidates",
            "check_candidates", "measured_trials", "DEFAULT_MEMORY_BAND", "INFRA_RETRIES", "RUN_ORDERS",
-           "DEFAULT_RUN_ORDER", "order_batch", "count_infra", "admit", "screening_of"]
+           "DEFAULT_RUN_ORDER", "order_batch", "count_infra", "admit", "screening_of", "job_key"]
 
 Pick = tuple[Plan, str]
 """A plan to run and its role (records.ROLES)."""
@@ -60,6 +63,12 @@ DEFAULT_MEMORY_BAND = 0.05
 """Relative memory error assumed before a study has measured peaks to fit on: a plan predicted within 5 % over
 the limit may still fit (bench/memory_accuracy.py: median error 6.6 % on published runs)."""
 _MAX_RANK_ROUNDS = 50  # rounds of ranking per batch when the harness keeps refusing plans
+
+
+def job_key(scenario: Scenario, plan: Plan) -> str:
+    """The key the study stores `plan`'s trial under (records.plan_key with the scenario: its canonical job), to
+    compare a plan as given (a user's candidate, a table's row) with the plans measured, claimed or refused."""
+    return plan_key(plan, scenario)
 
 
 def measured_trials(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
@@ -113,8 +122,8 @@ class RankedOrder:
     candidates: PlanColumns | None = None
     """Run only these plans (ranked among themselves, the ones predicted not to fit last; no sampler)."""
     skipped: dict[str, str] = field(default_factory=dict)
-    infra: dict[str, int] = field(default_factory=dict)
-    """Plan key -> infra failures in this call."""
+    infra: dict[Plan, int] = field(default_factory=dict)
+    """Plan as run -> infra failures in this call."""
 
     def next_batch(self, state: RunState, want: int) -> list[Pick]:
         """Lost plans first, then new plans by the ranking up to K, then the due re-measurements (docstring)."""
@@ -128,6 +137,7 @@ class RankedOrder:
         """Up to `want` new plans by the ranking; plans the evaluator refuses go to `skipped`."""
         screening = screening_of(state, self.candidates)
         excluded = set(excluded) | set(self.skipped)
+        scenario = state.scenario
         band = memory_band(state.study, state.scenario, state.calibration)
         ranked: list[Pick] = []
         for _ in range(_MAX_RANK_ROUNDS):
@@ -136,30 +146,32 @@ class RankedOrder:
             more = rank_candidates(screening, excluded, want - len(ranked),
                                    include_infeasible=self.candidates is not None, memory_band=band)
             if len(more) < want - len(ranked) and self.candidates is None:
-                more += _sampler_proposals(screening, state.study, excluded | {plan_key(p) for p, _ in more},
+                more += _sampler_proposals(screening, state.study, excluded | {job_key(scenario, p) for p, _ in more},
                                            want - len(ranked) - len(more),
                                            state.space.config.seed + state.measured_runs)
             if not more:
                 break
             for plan, role in more:
-                excluded.add(plan_key(plan))
+                excluded.add(job_key(scenario, plan))
                 if admit(state, plan, self.skipped):
                     ranked.append((plan, role))
         return ranked
 
 
-def order_batch(state: RunState, want: int, infra: dict[str, int],
+def order_batch(state: RunState, want: int, infra: dict[Plan, int],
                 new_plans: Callable[[set[str], int], list[Pick]]) -> list[Pick]:
     """The batch every policy builds the same way (the module docstring's steps 0 and 2 around step 1): lost plans
     first; then `new_plans(excluded, n)`, the policy's own choice of up to n new plans (n within K); when it
-    has none (K plans measured, or nothing new left), the re-measurements due. `infra`: plan key -> infra
-    failures in this call (count_infra); a plan past INFRA_RETRIES is not proposed again."""
-    given_up = {k for k, n in infra.items() if n > INFRA_RETRIES}
+    has none (K plans measured, or nothing new left), the re-measurements due. `infra`: plan -> infra
+    failures in this call (count_infra); a plan past INFRA_RETRIES is not proposed again. Plans are compared by
+    job (job_key); `new_plans` gets the excluded jobs' keys."""
+    scenario = state.scenario
+    given_up = {job_key(scenario, p) for p, n in infra.items() if n > INFRA_RETRIES}
     excluded = set(state.excluded) | given_up
-    picks = [(p, r) for p, r in orphaned(state.study) if plan_key(p) not in excluded][:want]
-    excluded |= {plan_key(p) for p, _ in picks}
-    busy = set(state.claimed) | given_up | {plan_key(p) for p, _ in picks}
-    due = [(p, r) for p, r in remeasure_due(state.study, want) if plan_key(p) not in busy]
+    picks = [(p, r) for p, r in orphaned(state.study) if job_key(scenario, p) not in excluded][:want]
+    excluded |= {job_key(scenario, p) for p, _ in picks}
+    busy = set(state.claimed) | given_up | {job_key(scenario, p) for p, _ in picks}
+    due = [(p, r) for p, r in remeasure_due(state.study, want) if job_key(scenario, p) not in busy]
     due = due[: state.remeasures_left]
     room = want - len(picks)
     more = new_plans(excluded, min(room, state.runs_left)) if room > 0 and state.runs_left > 0 else []
@@ -168,19 +180,19 @@ def order_batch(state: RunState, want: int, infra: dict[str, int],
     return picks + more
 
 
-def count_infra(infra: dict[str, int], results: Sequence[Evaluation]) -> None:
-    """Add each infra failure in `results` to `infra` (plan key -> failures in this call)."""
+def count_infra(infra: dict[Plan, int], results: Sequence[Evaluation]) -> None:
+    """Add each infra failure in `results` to `infra` (plan as run -> failures in this call; order_batch compares
+    them by job, which needs the scenario)."""
     for ev in results:
         if ev.status == "infra":
-            key = plan_key(ev.plan)
-            infra[key] = infra.get(key, 0) + 1
+            infra[ev.plan] = infra.get(ev.plan, 0) + 1
 
 
 def admit(state: RunState, plan: Plan, skipped: dict[str, str]) -> bool:
-    """Whether the evaluator can run `plan`; a plan it refuses goes to `skipped` (key -> "plan: why")."""
+    """Whether the evaluator can run `plan`; a plan it refuses goes to `skipped` (job_key -> "plan: why")."""
     why = state.unsupported(state.scenario, plan)
     if why:
-        skipped[plan_key(plan)] = f"{plan.short()}: {why}"
+        skipped[job_key(state.scenario, plan)] = f"{plan.short()}: {why}"
     return not why
 
 
@@ -209,8 +221,8 @@ class ExpectedImprovementOrder:
     """How the plans' predictive distributions are computed (None: the calibration's own, through
     evaluators.posterior.predictive_basis)."""
     skipped: dict[str, str] = field(default_factory=dict)
-    infra: dict[str, int] = field(default_factory=dict)
-    """Plan key -> infra failures in this call."""
+    infra: dict[Plan, int] = field(default_factory=dict)
+    """Plan as run -> infra failures in this call."""
     _cache: tuple[str, PlanColumns, Predictive] | None = field(default=None, init=False, repr=False)
     _basis: tuple[PlanColumns, PredictiveBasis] | None = field(default=None, init=False, repr=False)
 
@@ -232,7 +244,7 @@ class ExpectedImprovementOrder:
 
         def runnable(i: int) -> bool:
             plan = plans.plan(i)
-            key = plan_key(plan)
+            key = job_key(state.scenario, plan)
             if key in taken:
                 return False
             taken.add(key)
@@ -282,7 +294,8 @@ DEFAULT_RUN_ORDER = "expected_improvement"
 
 def rank_candidates(screening: Screening, measured: set[str], limit: int, include_infeasible: bool = False,
                     memory_band: float = DEFAULT_MEMORY_BAND) -> list[Pick]:
-    """Up to `limit` unmeasured plans in run order, for finding the fastest plan that fits in few runs.
+    """Up to `limit` plans in run order whose job (job_key) is not in `measured`, for finding the fastest plan
+    that fits in few runs.
 
     1. Plans that may fit, by predicted tokens/s (fastest first): those predicted to fit, and those predicted
        over the usable memory by less than `memory_band` (the memory model's relative error on this study's
@@ -311,7 +324,7 @@ def rank_candidates(screening: Screening, measured: set[str], limit: int, includ
     for indices, labels in groups:
         for i, role in zip(indices, labels, strict=True):
             plan = screening.plan(int(i))
-            key = plan_key(plan)
+            key = job_key(screening.space.scenario, plan)
             if key in seen:
                 continue
             seen.add(key)
@@ -353,7 +366,7 @@ def _sampler_proposals(screening: Screening, study: optuna.Study, measured: set[
         trial = scratch.ask()
         plan = space.suggest(trial)
         scratch.tell(trial, state=TrialState.PRUNED)
-        key = plan_key(plan)
+        key = job_key(space.scenario, plan)
         if key not in seen:
             seen.add(key)
             out.append((plan, "sampler"))

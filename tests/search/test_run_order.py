@@ -120,3 +120,38 @@ def test_the_memory_band_is_how_far_the_model_over_predicts(tmp_path: Path) -> N
     true = evaluate_many(s.scenario, PlanColumns.from_plans(PLANS[:2]), TRUTH).peak_gib
     expected = max(0.02, float(np.median(over / true - 1.0)))
     assert abs(memory_band(s.study, s.scenario, high) - expected) < 1e-9 and expected > 0.02
+
+
+class _EveryStage(KnownConstants):
+    """The stand-in with ZeRO-3 in its harness (torch runs `dp2 pp2 z3` as ZeRO-2's job: spaces/canonical.py)."""
+
+    def unsupported(self, scenario: object, plan: Plan) -> str | None:
+        return None
+
+
+@pytest.mark.parametrize("policy", list(RUN_ORDERS))
+def test_a_candidate_in_another_form_of_a_measured_job_is_not_run_again(tmp_path: Path, policy: str) -> None:
+    """A user's candidate not in canonical form (torch with pp > 1: ZeRO-3 keeps parameters gathered, ZeRO-2's job)
+    is stored under its job's key; the run order compares by job, so the job runs once and K beyond the distinct
+    jobs runs nothing new."""
+    from stratagem.search.run_order import job_key
+
+    s = _session(tmp_path)
+    z3 = Plan(dp=2, pp=2, zero_stage=3)
+    assert job_key(s.scenario, z3) == plan_key(Plan(dp=2, pp=2, zero_stage=2)) != plan_key(z3)
+    runs = _EveryStage()
+    mf = s.measure(3, runs, RUN_ORDERS[policy](candidates=PlanColumns.from_plans([z3, Plan(dp=4)])),
+                   recalibrate=False, remeasure=0)
+    jobs = [job_key(s.scenario, p) for p in runs.ran]
+    assert sorted(jobs) == sorted({job_key(s.scenario, z3), plan_key(Plan(dp=4))}) and mf.measured == 2
+
+
+@pytest.mark.parametrize("policy", list(RUN_ORDERS))
+def test_two_candidates_of_one_job_run_once(tmp_path: Path, policy: str) -> None:
+    """Candidates naming one job in two forms are one plan to the run order: one of them runs, in one batch."""
+    s = _session(tmp_path)
+    order = RUN_ORDERS[policy](candidates=PlanColumns.from_plans([Plan(dp=2, pp=2, zero_stage=3),
+                                                                  Plan(dp=2, pp=2, zero_stage=2)]))
+    state = RunState(scenario=s.scenario, space=s.space, study=s.study, calibration=s.start_calibration,
+                     excluded=frozenset(), measured_runs=0, runs_left=4, unsupported=_EveryStage().unsupported)
+    assert len(order.next_batch(state, 4)) == 1
