@@ -59,9 +59,10 @@ import numpy as np
 
 from stratagem import __version__
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
-from stratagem.evaluators.memory import GIB, memory_columns, rank_memory_columns
+from stratagem.evaluators.memory import memory_columns, rank_memory_columns
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, TrainingSpec, gpu_preset, violations
 from stratagem.spaces.columns import PlanColumns
+from stratagem.units import GIB
 
 BLOCKS = ("weights", "gradients", "optimizer", "activations", "transient", "overhead")
 

@@ -47,7 +47,8 @@ from overlap_pairs import pairs_report  # noqa: E402
 
 from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, evaluate_many  # noqa: E402
 from stratagem.evaluators.comm import bus_bandwidth_gbps  # noqa: E402
-from stratagem.evaluators.timing import FP8_LINEAR_SPEEDUP, megatron_flops_per_token  # noqa: E402
+from stratagem.evaluators.speed import FP8_LINEAR_SPEEDUP  # noqa: E402
+from stratagem.evaluators.timing import megatron_flops_per_token  # noqa: E402
 from stratagem.spaces import (  # noqa: E402
     MODEL_PRESETS,
     ClusterSpec,

@@ -137,3 +137,63 @@ def test_the_walk_sees_an_upward_edge(tmp_path: Path) -> None:
     assert all(LAYER[_part(t)] > LAYER["spaces"] for t, _, _ in found)
     rel = _imports("stratagem.search.runner", tmp_path / "runner.py", ast.parse("from ..launch import x\n"))
     assert rel[0][0] == "stratagem.launch"
+
+
+# ---- one address per name -------------------------------------------------------------------------------------
+ROOT = PACKAGE.parent
+
+
+def _names(tree: ast.Module) -> tuple[set[str], list[str], dict[str, str]]:
+    """(names the module defines at module level, its __all__, name -> module it imports the name from)."""
+    defined: set[str] = set()
+    exported: list[str] = []
+    imported: dict[str, str] = {}
+    for node in _module_level(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
+                exported = [e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {a.asname or a.name: node.module for a in node.names}
+    return defined, exported, imported
+
+
+TREES = {name: (path, ast.parse(path.read_text(), str(path))) for name, path in MODULES}
+NAMES = {name: _names(tree) for name, (_, tree) in TREES.items()}
+
+
+def test_implementation_modules_export_only_what_they_define() -> None:
+    """A module's __all__ names its own definitions; a package's __init__ (its public face) names those of the
+    modules under it, never another package's."""
+    wrong = []
+    for name, (path, _) in TREES.items():
+        defined, exported, imported = NAMES[name]
+        for x in exported:
+            if x in defined:
+                continue
+            source = imported.get(x, "")
+            if path.name == "__init__.py" and source.startswith(name + "."):
+                continue
+            wrong.append(f"{path.relative_to(ROOT)}: __all__ lists {x} (from {source or '?'})")
+    assert not wrong, "names exported from a second address:\n" + "\n".join(wrong)
+
+
+def test_every_import_uses_the_names_own_address() -> None:
+    """`from stratagem.X import n` (product, tests, benches) finds n defined in X, or X is a package that lists
+    it: no name reached through a module that merely imports it."""
+    wrong = []
+    files = [p for _, p in MODULES] + sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py"))
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in NAMES):
+                continue
+            defined, exported, _ = NAMES[node.module]
+            package = TREES[node.module][0].name == "__init__.py"
+            for a in node.names:
+                if a.name in defined or f"{node.module}.{a.name}" in NAMES or (package and a.name in exported):
+                    continue
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {a.name} from {node.module}")
+    assert not wrong, "names imported through a second address:\n" + "\n".join(wrong)

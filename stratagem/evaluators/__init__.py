@@ -7,6 +7,7 @@ from stratagem.evaluators.base import BatchEvaluator, Evaluator, MeasuringEvalua
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
 from stratagem.evaluators.evaluation import (
     BLOCKS,
+    ZONE_NAMES,
     CheckpointRisk,
     Evaluation,
     MemoryBreakdown,
@@ -17,7 +18,7 @@ from stratagem.evaluators.evaluation import (
 )
 from stratagem.evaluators.figures import PlanFigures
 from stratagem.evaluators.spread import StepSpread, distinct, spread_of, spread_of_samples
-from stratagem.evaluators.zones import THRESHOLDS, ZONE_NAMES
+from stratagem.evaluators.zones import THRESHOLDS
 
 __all__ = [
     "Advice", "NeighbourSummary", "advise", "THRESHOLDS", "ZONE_NAMES",

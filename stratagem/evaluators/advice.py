@@ -22,13 +22,14 @@ from pydantic import BaseModel, ConfigDict
 
 from stratagem.evaluators.analytic import evaluate, evaluate_many
 from stratagem.evaluators.calibration import Calibration, default_calibration
-from stratagem.evaluators.evaluation import Evaluation, Status, ZoneName
+from stratagem.evaluators.evaluation import LEVELS, ZONE_NAMES, Evaluation, Status, ZoneName
 from stratagem.evaluators.figures import PlanFigures
-from stratagem.evaluators.zones import LEVELS, THRESHOLDS, ZONE_NAMES
+from stratagem.evaluators.zones import THRESHOLDS
 from stratagem.quantities import memory_in, memory_unit
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.factors import divisors
 from stratagem.spaces.plan import Plan
-from stratagem.spaces.rules import divisors, violations
+from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.training import CheckpointPolicy
 

@@ -25,13 +25,14 @@ from stratagem.evaluators.evaluation import (
     TimeBreakdown,
 )
 from stratagem.evaluators.figures import PlanFigures
-from stratagem.evaluators.memory import GIB, memory_columns
+from stratagem.evaluators.memory import memory_columns
 from stratagem.evaluators.timing import time_columns
 from stratagem.evaluators.zones import build_zones, zone_columns
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario
+from stratagem.units import GIB
 
 __all__ = ["evaluate", "evaluate_many", "AnalyticEvaluator"]
 

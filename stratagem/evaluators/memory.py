@@ -35,7 +35,7 @@ from stratagem.evaluators.evaluation import BLOCKS
 from stratagem.evaluators.experts import expert_data_parallel
 from stratagem.evaluators.memory_activations import layer_bytes, layer_elements
 from stratagem.evaluators.memory_copies import fp8_weight_cache_bytes, optimizer_step_bytes
-from stratagem.evaluators.memory_pipeline import cost_split_layers, in_flight, pipeline_layers, stage_layers
+from stratagem.evaluators.memory_pipeline import in_flight, pipeline_layers
 from stratagem.evaluators.memory_rank import Rank
 from stratagem.evaluators.stages import stage_columns
 from stratagem.spaces.columns import PlanColumns
@@ -45,9 +45,7 @@ from stratagem.spaces.stacks import OPTIMIZER, STACKS, StateTerm, stack_record
 from stratagem.units import GIB
 
 __all__ = [
-    "GIB",
     "DEEPSPEED_ZERO3_LAYER_BYTES",
-    "StateTerm",
     "STACK_STATES",
     "FP32_STATES",
     "ZERO_PAPER_STATES",
@@ -57,9 +55,6 @@ __all__ = [
     "korthikanti_layer_bytes",
     "op_layer_elements",
     "recomputed_layers",
-    "stage_layers",
-    "cost_split_layers",
-    "pipeline_layers",
     "rank_memory_columns",
     "memory_columns",
 ]

@@ -25,11 +25,6 @@ from stratagem.evaluators.experts import expert_data_parallel, expert_dp_link, l
 from stratagem.evaluators.memory import training_optimizer_bytes
 from stratagem.evaluators.schedules import critical_hops, idle_slots, phases, rank_actions
 from stratagem.evaluators.speed import (
-    FP8_LINEAR_SPEEDUP,
-    SpeedTerm,
-    clock_factor,
-    compute_factors,
-    fp8_linear_speedup,
     speed_terms,
 )
 from stratagem.evaluators.stages import stage_columns
@@ -39,7 +34,6 @@ from stratagem.evaluators.step_terms import (
     cp_layer_s,
     ep_layer_s,
     matmul_params_per_layer,
-    pipeline_poll_s,
     pp_step_s,
     recompute_mb,
     step_context,
@@ -52,19 +46,11 @@ from stratagem.spaces.scenario import Scenario
 
 __all__ = [
     "time_factors",
-    "FP8_LINEAR_SPEEDUP",
-    "SpeedTerm",
-    "clock_factor",
-    "fp8_linear_speedup",
-    "compute_factors",
-    "speed_terms",
     "speed_rows",
     "pipeline_row",
-    "matmul_params_per_layer",
     "model_flops_per_token",
     "megatron_flops_per_token",
     "bubble_fraction",
-    "pipeline_poll_s",
     "schedule_idle_slots",
     "rank_params",
     "dp_terms",

@@ -39,7 +39,7 @@ from stratagem.quantities import duration, memory, memory_in, memory_unit, perce
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["ZONE_NAMES", "LEVELS", "Threshold", "THRESHOLDS", "zone_columns", "build_zones", "measured_zones",
+__all__ = ["Threshold", "THRESHOLDS", "zone_columns", "build_zones", "measured_zones",
            "bottleneck_label", "ALL_OK", "group_placement", "placement_words"]
 
 Array = NDArray[np.float64]

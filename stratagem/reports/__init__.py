@@ -23,7 +23,6 @@ from stratagem.reports.terminal import (
     progress_bar,
     result_json,
     summary_lines,
-    trial_kinds,
 )
 from stratagem.reports.write import (
     FORMATS,
@@ -46,6 +45,6 @@ __all__ = [
     "DEFAULT_ADVICE_LIMIT", "ParetoInfo", "PlanResult", "TrialRecord", "pareto_front", "pareto_info",
     "capacity_markdown", "render_markdown", "reverse_answer",
     "EXPLORER_AXES", "report_payload",
-    "front_table", "print_measured", "print_result", "progress_bar", "result_json", "summary_lines", "trial_kinds",
+    "front_table", "print_measured", "print_result", "progress_bar", "result_json", "summary_lines",
     "FORMATS", "Report", "build_report", "unfinished_note", "check_output", "read_study", "output_format", "render_report", "write_report", "write_text_atomic",
 ]

@@ -24,7 +24,7 @@ from stratagem.search.runner import SearchResult
 from stratagem.search.session import MeasureResult
 
 __all__ = ["progress_bar", "front_table", "print_result", "summary_lines", "result_json", "print_measured",
-           "measured_lines", "trial_kinds", "EventPrinter", "batch_line", "window_line", "traced_line"]
+           "measured_lines", "EventPrinter", "batch_line", "window_line", "traced_line"]
 
 _PHASES = {"screen": "screening plans", "explore": "sampler exploring", "store": "storing trials",
            "evaluate": "measured runs", "real runs": "measured runs"}

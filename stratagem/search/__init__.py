@@ -5,6 +5,7 @@ the budget loop and batch lifecycle in search/measure.py, the `RunOrder` policy 
 noise-aware ranking in search/noise.py; `run_multifidelity` does it all; several workers may share one study).
 Never imports ray or torch: it receives an evaluator."""
 
+from stratagem.search.counts import StudyCounts
 from stratagem.search.naming import check_sampler, default_study_name
 from stratagem.search.noise import BestMeasured, best_measured
 from stratagem.search.pareto import dominates, nondominated
@@ -45,7 +46,7 @@ from stratagem.search.storage import (
     parse_storage,
     storage_lock,
 )
-from stratagem.search.view import StudyCounts, StudyView
+from stratagem.search.view import StudyView
 
 __all__ = [
     "check_sampler", "default_study_name",

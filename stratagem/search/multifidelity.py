@@ -10,23 +10,15 @@ from collections.abc import Callable
 
 from stratagem.evaluators import Calibration, MeasuringEvaluator
 from stratagem.search.events import BatchDone, Event, Notice, Phase
-from stratagem.search.measure import Stopped, traced_over_limit
 from stratagem.search.run_order import (
-    DEFAULT_MEMORY_BAND,
-    INFRA_RETRIES,
     check_candidates,
-    measured_trials,
-    memory_band,
-    rank_candidates,
-    screen_candidates,
 )
 from stratagem.search.screening import Mode, Progress
 from stratagem.search.session import DEFAULT_REMEASURE, MeasureResult, SearchSession
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["run_multifidelity", "rank_candidates", "measured_trials", "screen_candidates",
-           "check_candidates", "Stopped", "INFRA_RETRIES", "traced_over_limit", "memory_band", "DEFAULT_MEMORY_BAND"]
+__all__ = ["run_multifidelity"]
 
 
 def run_multifidelity(

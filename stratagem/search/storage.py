@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from stratagem.errors import StratagemError
-from stratagem.search.journal import FlockJournalLock, JournalDamaged, SafeJournalBackend, repair_journal
+from stratagem.search.journal import FlockJournalLock, SafeJournalBackend, repair_journal
 from stratagem.search.locks import db_lock, file_lock, first_line, sqlalchemy_errors
-from stratagem.search.retry import RetryingStorage, StorageUnavailable, check_minutes, outages_for
+from stratagem.search.retry import RetryingStorage, check_minutes, outages_for
 from stratagem.search.schema import rdb_layout, schema_verdict, sqlite_layout, sqlite_readonly_url
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["FlockJournalLock", "StorageSpec", "parse_storage", "check_storage", "open_storage", "storage_lock",
-           "default_storage", "load_study", "study_names", "LOCK_TIMEOUT_S", "StorageUnavailable", "JournalDamaged"]
+__all__ = ["StorageSpec", "parse_storage", "check_storage", "open_storage", "storage_lock",
+           "default_storage", "load_study", "study_names", "LOCK_TIMEOUT_S"]
 
 LOCK_TIMEOUT_S = 600.0
 HEARTBEAT_S = 30  # RDB heartbeat of running (measured) trials; stale after GRACE_S without one

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from stratagem.search.status import StudyStatus
 
-__all__ = ["StudyView", "StudyCounts"]
+__all__ = ["StudyView"]
 
 
 @dataclass(frozen=True)

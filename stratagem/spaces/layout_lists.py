@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stratagem.spaces.canonical import canonical_split
+from stratagem.spaces.exclusions import PlanFacts
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_problem
 from stratagem.spaces.plan import PIPELINE_SPLITS, SCHEDULES, Plan, Recompute
 from stratagem.spaces.search_config import IntRange, SearchConfig, axis_values
-from stratagem.spaces.stacks import PlanFacts
 
 if TYPE_CHECKING:
     from stratagem.spaces.scenario import Scenario

@@ -32,7 +32,7 @@ from stratagem.spaces.search_config import IntRange, SearchConfig, axis_values
 if TYPE_CHECKING:
     from stratagem.spaces.scenario import Scenario
 
-__all__ = ["Layout", "LayoutBuilder", "module_sets", "OFFLOAD", "MIN_CP_SHARD_TOKENS"]
+__all__ = ["LayoutBuilder", "module_sets", "MIN_CP_SHARD_TOKENS"]
 
 # Default heuristics (bypassed by axes the scenario lists explicitly).
 MIN_CP_SHARD_TOKENS = 1024  # cp: each rank keeps >= 1k tokens, or ring attention's KV exchange is exposed

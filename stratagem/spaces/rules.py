@@ -7,18 +7,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stratagem.errors import StratagemError
+from stratagem.spaces.exclusions import PlanExclusion, PlanFacts
 from stratagem.spaces.expert_grid import expert_grid_problem, grid_layout_problem
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import split_problem
 from stratagem.spaces.plan import RECOMPUTES, SCHEDULES, Plan
 from stratagem.spaces.recompute import modules_problem
 from stratagem.spaces.scenario import Scenario
-from stratagem.spaces.stacks import PlanExclusion, PlanFacts, StackRecord, stack_record
+from stratagem.spaces.stacks import StackRecord, stack_record
 
 if TYPE_CHECKING:
     from stratagem.spaces.columns import PlanColumns
 
-__all__ = ["Rule", "RULES", "violations", "check_plan", "divisors", "capability_violations",
+__all__ = ["Rule", "RULES", "violations", "check_plan", "capability_violations",
            "recompute_modules_problem", "plan_facts", "column_facts", "exclusion_problem"]
 
 

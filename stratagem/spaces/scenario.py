@@ -14,13 +14,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from stratagem.errors import StratagemError
 from stratagem.files import read_yaml
 from stratagem.spaces.hardware import ClusterSpec
-from stratagem.spaces.hf_config import HF_CONFIG_MAX_BYTES, check_hf_config, read_hf_config
+from stratagem.spaces.hf_config import read_hf_config
 from stratagem.spaces.model import ModelSpec, model_preset
 from stratagem.spaces.plan import Plan, is_label, parse_plan
-from stratagem.spaces.space import SearchConfig
+from stratagem.spaces.search_config import SearchConfig
 from stratagem.spaces.training import TrainingSpec
 
-__all__ = ["Scenario", "load_scenario", "scenario_from_dict", "resolve_plan", "check_hf_config", "HF_CONFIG_MAX_BYTES"]
+__all__ = ["Scenario", "load_scenario", "scenario_from_dict", "resolve_plan"]
 
 
 class Scenario(BaseModel):

@@ -42,7 +42,7 @@ from stratagem.spaces.plan import (
     Precision,
     Recompute,
 )
-from stratagem.spaces.search_config import IntRange, SearchConfig
+from stratagem.spaces.search_config import SearchConfig
 
 if TYPE_CHECKING:
     import optuna
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from stratagem.spaces.columns import PlanColumns
     from stratagem.spaces.scenario import Scenario
 
-__all__ = ["IntRange", "SearchConfig", "SearchSpace", "AXES"]
+__all__ = ["SearchSpace", "AXES"]
 
 IntArray = NDArray[np.int64]
 

@@ -46,9 +46,6 @@ __all__ = [
     "KernelPath",
     "KERNEL_PATHS",
     "Dispatcher",
-    "ScheduleExclusion",
-    "PlanExclusion",
-    "PlanFacts",
 ]
 
 Fp8Recipe = Literal["tensorwise", "rowwise", "blockwise", "mxfp8"]

@@ -11,8 +11,8 @@ import pytest
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate_many
+from stratagem.evaluators.speed import clock_factor, fp8_linear_speedup, speed_terms
 from stratagem.evaluators.step_parts import before_overlap
-from stratagem.evaluators.timing import clock_factor, fp8_linear_speedup, speed_terms
 from stratagem.spaces import GPU_PRESETS, Plan, Scenario, SearchConfig, SearchSpace, scenario_from_dict
 from stratagem.spaces.columns import PlanColumns
 

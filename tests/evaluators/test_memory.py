@@ -14,20 +14,19 @@ import pytest
 from stratagem.evaluators.calibration import DEFAULT_CALIBRATION, Calibration
 from stratagem.evaluators.memory import (
     DEEPSPEED_ZERO3_LAYER_BYTES,
-    GIB,
     STACK_STATES,
     ZERO_PAPER_STATES,
     _layer_elements,
-    cost_split_layers,
     korthikanti_layer_bytes,
     memory_columns,
     model_state_bytes,
     optimizer_state_bytes,
-    pipeline_layers,
     rank_memory_columns,
 )
+from stratagem.evaluators.memory_pipeline import cost_split_layers, pipeline_layers
 from stratagem.spaces import ClusterSpec, ModelSpec, Plan, Scenario, gpu_preset, model_preset
 from stratagem.spaces.columns import PlanColumns
+from stratagem.units import GIB
 
 ADAM = optimizer_state_bytes("adamw", 4096, 16384)
 

@@ -5,14 +5,13 @@ import pytest
 
 from stratagem.evaluators import Calibration, evaluate, evaluate_many
 from stratagem.evaluators.comm import all_reduce_s, group_link
+from stratagem.evaluators.speed import FP8_LINEAR_SPEEDUP, fp8_linear_speedup
 from stratagem.evaluators.step_parts import TIME_KEYS
+from stratagem.evaluators.step_terms import pipeline_poll_s
 from stratagem.evaluators.timing import (
-    FP8_LINEAR_SPEEDUP,
     bubble_fraction,
-    fp8_linear_speedup,
     megatron_flops_per_token,
     model_flops_per_token,
-    pipeline_poll_s,
     rank_params,
     time_columns,
 )

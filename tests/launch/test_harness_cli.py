@@ -201,7 +201,9 @@ def test_plan_for_another_world_size_is_one_line_error(tmp_path: Path) -> None:
 
 
 def test_package_import_does_not_load_torch() -> None:
-    code = ("import sys, stratagem.launch, stratagem.launch.export; assert 'torch' not in sys.modules; "
-            "from stratagem.launch import run_harness, unsupported; assert 'torch' not in sys.modules; "
-            "from stratagem.launch.harness import build_job; assert 'torch' in sys.modules")
+    code = ("import sys, stratagem.launch, stratagem.launch.export, stratagem.launch.harness, stratagem.launch.runners, "
+            "stratagem.launch.trace; assert 'torch' not in sys.modules; "
+            "from stratagem.launch.harness.run import run_harness; from stratagem.launch.harness.support import "
+            "unsupported; assert 'torch' not in sys.modules; "
+            "from stratagem.launch.harness.train import build_job; assert 'torch' in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, check=False).returncode == 0

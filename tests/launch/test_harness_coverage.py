@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from stratagem import evaluate
-from stratagem.evaluators.memory import GIB
 from stratagem.launch.harness.verify import compare, reference, run_plans_local
 from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan
+from stratagem.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 # The first test's setup runs every launch (2 min idle; 11 min on a machine shared by eight test runs): more than

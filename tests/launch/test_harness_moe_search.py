@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_tiny_moe_search_measures_expert_parallel_plans(tmp_path: Path) -> None:
     import optuna
 
-    from stratagem.search.multifidelity import measured_trials
+    from stratagem.search.run_order import measured_trials
     from stratagem.spaces import parse_plan
 
     url = f"sqlite:///{tmp_path / 's.db'}"

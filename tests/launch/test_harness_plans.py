@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from stratagem import evaluate
-from stratagem.evaluators.memory import GIB
 from stratagem.launch.harness.verify import compare, reference, run_plans_local
 from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan
+from stratagem.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 5

@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 
 from stratagem.cli import app
 from stratagem.search import screen
-from stratagem.search.multifidelity import measured_trials, rank_candidates, run_multifidelity
+from stratagem.search.multifidelity import run_multifidelity
 from stratagem.search.records import plan_key, trial_evaluation
+from stratagem.search.run_order import measured_trials, rank_candidates
 from stratagem.spaces import scenario_from_dict
 from stratagem.spaces.columns import PlanColumns
 
@@ -193,7 +194,7 @@ def test_killed_driver_resumes_without_loss_or_repeat(tmp_path: Path) -> None:
 
 
 def test_local_rank_and_visible_devices_are_per_node() -> None:
-    from stratagem.launch.runners.ray_runner import local_layout
+    from stratagem.launch.runners.ray_trial import local_layout
 
     # ranks 0, 2 on node a; 1, 3 on node b; Ray gave each rank one GPU id on its node
     env = local_layout(["a", "b", "a", "b"], [["3"], ["0"], ["5"], ["1"]])
@@ -361,7 +362,7 @@ def test_rank_dirs_of_dead_actors_are_reaped(tmp_path: Path) -> None:
 
 
 def test_run_folder_names_do_not_nest() -> None:
-    from stratagem.launch.runners.ray_runner import run_folder_name
+    from stratagem.launch.runners.ray_trial import run_folder_name
 
     assert run_folder_name("dp2 pp2 split2/- mb2-1a2b3c") == "dp2_pp2_split2_-_mb2-1a2b3c"
     assert run_folder_name("../../etc") == "_.._etc" and run_folder_name("/") == "_"

@@ -14,10 +14,11 @@ import pytest
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
-from stratagem.launch.harness.result import GIB, parse_result, read_result
+from stratagem.launch.harness.result import parse_result, read_result
 from stratagem.launch.reproduce import compare_results, environment_differences
 from stratagem.launch.runners.real import measured_evaluation
 from stratagem.spaces import load_scenario, parse_plan
+from stratagem.units import GIB
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"
 

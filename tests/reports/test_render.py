@@ -10,7 +10,7 @@ import re
 import pytest
 from report_studies import EVIL, small_study
 
-from stratagem.evaluators.zones import ZONE_NAMES
+from stratagem.evaluators.evaluation import ZONE_NAMES
 from stratagem.reports import (
     CSV_COLUMNS,
     decode_payload,

@@ -63,7 +63,8 @@ def test_a_lost_plan_runs_again_before_the_ranking_moves_on(tmp_path: Path) -> N
     ranking now puts another plan ahead, so a budget of K runs never leaves a chosen plan unmeasured."""
     from standin import KnownConstants
 
-    from stratagem.search.multifidelity import measured_trials, run_multifidelity
+    from stratagem.search.multifidelity import run_multifidelity
+    from stratagem.search.run_order import measured_trials
     from stratagem.spaces.columns import PlanColumns
 
     scn = load_scenario(SCENARIO)

@@ -313,7 +313,7 @@ def test_printed_commands_are_shell_quoted_and_counts_add_up(tmp_path) -> None:
     total = len(study.trials)
     assert f"{total} in all: {total} screened plans" in counts, counts
     # a study holding other kinds of trials: each is named and the parts add up to the whole
-    from stratagem.reports.terminal import trial_kinds
+    from stratagem.search.counts import trial_kinds
 
     t = study.trials[0]
     study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, values=t.values,
@@ -348,7 +348,7 @@ def test_the_demo_shows_the_mission() -> None:
     import numpy as np
 
     from stratagem.evaluators.calibration_file import resolve_calibration
-    from stratagem.search.multifidelity import rank_candidates
+    from stratagem.search.run_order import rank_candidates
 
     scn = load_scenario(ROOT / "examples" / "demo-cpu.yaml")
     cal, label = resolve_calibration(scn, None)

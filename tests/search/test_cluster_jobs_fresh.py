@@ -19,7 +19,7 @@ from test_cluster_jobs import JobCluster
 
 from stratagem.launch.runners.ray_session import RANK_PREFIX
 from stratagem.search import screen
-from stratagem.search.multifidelity import rank_candidates
+from stratagem.search.run_order import rank_candidates
 from stratagem.spaces import format_plan, scenario_from_dict
 
 pytest.importorskip("aiohttp", reason="`ray job submit` needs stratagem[cluster] (ray[default])")

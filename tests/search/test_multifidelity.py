@@ -21,8 +21,9 @@ from standin import SCENARIO, TRUTH, KnownConstants
 from stratagem.errors import StratagemError
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.search.claims import live_claims
-from stratagem.search.multifidelity import measured_trials, run_multifidelity
+from stratagem.search.multifidelity import run_multifidelity
 from stratagem.search.records import plan_key
+from stratagem.search.run_order import measured_trials
 from stratagem.search.storage import open_storage, parse_storage
 from stratagem.spaces import Plan, load_scenario
 from stratagem.spaces.columns import PlanColumns

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from stratagem.search.multifidelity import rank_candidates
+from stratagem.search.run_order import rank_candidates
 from stratagem.search.screening import ScreenCounts, Screening
 from stratagem.spaces import Plan, SearchSpace, load_scenario
 from stratagem.spaces.columns import PlanColumns

@@ -15,7 +15,6 @@ from stratagem.evaluators import Evaluation, evaluate
 from stratagem.evaluators.evaluation import Fidelity, Status
 from stratagem.launch.export import choose_trial
 from stratagem.reports import pareto_info
-from stratagem.search.multifidelity import measured_trials
 from stratagem.search.records import (
     DIRECTIONS,
     FIDELITIES,
@@ -29,6 +28,7 @@ from stratagem.search.records import (
     trial_fidelity,
     trial_status,
 )
+from stratagem.search.run_order import measured_trials
 from stratagem.search.study import evaluation_trial, provenance
 from stratagem.spaces import Scenario, SearchSpace, parse_plan
 

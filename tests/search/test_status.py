@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 
 from stratagem.cli import app
 from stratagem.search.claims import claim, release
-from stratagem.search.multifidelity import measured_trials, run_multifidelity
+from stratagem.search.multifidelity import run_multifidelity
 from stratagem.search.records import plan_key
+from stratagem.search.run_order import measured_trials
 from stratagem.search.status import beating, study_status
 from stratagem.search.storage import open_storage, parse_storage
 from stratagem.spaces import Plan, SearchSpace, load_scenario

@@ -174,7 +174,7 @@ def test_journal_lock_of_a_killed_writer_is_released_at_once(tmp_path) -> None:
     finally:
         if p.poll() is None:
             p.kill()
-    from stratagem.search.storage import FlockJournalLock
+    from stratagem.search.journal import FlockJournalLock
 
     t0 = time.monotonic()
     lock = FlockJournalLock(tmp_path / "j.log")

@@ -14,9 +14,10 @@ from typing import Literal
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
 from stratagem.files import check_inside, check_owned, disk_error, stamped
+from stratagem.spaces.factors import divisors
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.plan import Plan, format_plan
-from stratagem.spaces.rules import capability_violations, check_plan, divisors
+from stratagem.spaces.rules import capability_violations, check_plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import stack_record
 

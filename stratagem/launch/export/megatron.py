@@ -31,7 +31,7 @@ from stratagem.launch.export.megatron_model import MEGATRON_COMMIT, MEGATRON_VER
 from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP
 from stratagem.spaces.plan import Plan
 
-__all__ = ["MEGATRON_VERSION", "MEGATRON_COMMIT", "export_megatron", "megatron_args", "full_run_save_args",
+__all__ = ["export_megatron", "megatron_args", "full_run_save_args",
            "pipeline_layout"]
 
 SCRIPT_FILE = "megatron.sh"

@@ -24,14 +24,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratagem.errors import StratagemError
-from stratagem.launch.harness.mlp import DownProjection, FeedForward
+from stratagem.launch.harness.mlp import FeedForward
 from stratagem.launch.harness.moe import MoE
 from stratagem.launch.harness.support import model_refusal
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.training import TrainingSpec
 
 __all__ = [
-    "RMSNorm", "Attention", "FeedForward", "DownProjection", "Block", "Transformer",
+    "RMSNorm", "Attention", "Block", "Transformer",
     "check_supported", "build_model", "materialize", "canonical_fqn", "named_parameters",
     "synthetic_batch", "INIT_STD", "ROPE_THETA",
 ]

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from stratagem.errors import StratagemError
-from stratagem.launch.harness.expert_grid import expert_mesh, uses_expert_mesh
+from stratagem.launch.harness.expert_grid import uses_expert_mesh
 from stratagem.launch.harness.model import Transformer
 from stratagem.launch.harness.moe import MoE
 from stratagem.launch.harness.support import optimizer_refusal, plan_refusals
@@ -46,9 +46,8 @@ from stratagem.spaces.plan import Plan
 # versions may ask for the flattened mesh to be kept instead: a warning only.
 warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
-__all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_tp", "apply_ac", "apply_fsdp",
-           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "expert_mesh",
-           "uses_expert_mesh", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh",
+__all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_ac", "apply_fsdp",
+           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh",
            "grad_mesh"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")

@@ -46,10 +46,10 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators.spread import spread_of_samples
 from stratagem.launch.harness._faults import injected_fault
 from stratagem.launch.harness.budget import StepBudget, timed_steps
-from stratagem.launch.harness.cli import cli, main
+from stratagem.launch.harness.cli import cli
 from stratagem.launch.harness.collective_timeout import SETUP_TIMEOUT_S, set_timeout, tighten
 from stratagem.launch.harness.result import HarnessResult
-from stratagem.launch.harness.support import DEFAULT_LR, unsupported
+from stratagem.launch.harness.support import DEFAULT_LR
 from stratagem.quantities import memory_in, memory_unit
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.rules import violations
@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that run: `unsupported` 
 
     from stratagem.launch.harness.train import Job
 
-__all__ = ["validate_plan", "run_plan", "run_harness", "main", "cli", "GIB", "unsupported"]
+__all__ = ["validate_plan", "run_plan", "run_harness"]
 
 # Our model never modifies a module's output in place, which is what this FSDP2 warning is about.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")

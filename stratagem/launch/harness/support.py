@@ -14,11 +14,12 @@ only the harness itself can see.
 
 from __future__ import annotations
 
+from stratagem.spaces.exclusions import PlanExclusion
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import plan_facts
 from stratagem.spaces.scenario import Scenario
-from stratagem.spaces.stacks import PlanExclusion, stack_record
+from stratagem.spaces.stacks import stack_record
 from stratagem.spaces.training import TrainingSpec
 
 __all__ = ["DEFAULT_LR", "HARNESS_OPTIMIZERS", "model_refusal", "plan_refusals", "microbatch_refusal", "optimizer_refusal",

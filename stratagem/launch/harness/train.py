@@ -19,7 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratagem.errors import StratagemError
-from stratagem.launch.harness.expert_grid import edp_group, expert_layout, shards_experts
+from stratagem.launch.harness.expert_grid import (
+    edp_group,
+    expert_layout,
+    expert_mesh,
+    shards_experts,
+    uses_expert_mesh,
+)
 from stratagem.launch.harness.model import (
     build_model,
     check_supported,
@@ -31,9 +37,7 @@ from stratagem.launch.harness.parallelize import (
     build_mesh,
     build_optimizer,
     check_applicable,
-    expert_mesh,
     parallelize,
-    uses_expert_mesh,
     uses_fsdp,
     uses_loss_parallel,
     wrap_ddp,
@@ -48,8 +52,7 @@ from stratagem.launch.harness.support import DEFAULT_LR, token_split_refusal
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["Job", "build_job", "set_aux_rows", "tied_embedding_group", "sync_tied_embedding", "train_step", "loss_fn", "full_parameters", "as_dtensor", "mechanisms",
-           "DEFAULT_LR"]
+__all__ = ["Job", "build_job", "set_aux_rows", "tied_embedding_group", "sync_tied_embedding", "train_step", "loss_fn", "full_parameters", "as_dtensor", "mechanisms"]
 
 
 

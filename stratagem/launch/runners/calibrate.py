@@ -57,8 +57,8 @@ from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import KernelPath
 from stratagem.spaces.training import TrainingSpec
 
-__all__ = ["LADDER", "TINY", "SizedModel", "Runner", "CalibrationOutcome", "size_model", "calibration_plans",
-           "node_scenario", "local_runner", "run_calibration", "run_table", "device_facts",
+__all__ = ["LADDER", "TINY", "SizedModel", "CalibrationOutcome", "size_model", "calibration_plans",
+           "node_scenario", "run_calibration", "run_table",
            "check_options", "check_gpus", "node_devices", "HARNESS_KERNELS", "measured_path_base"]
 
 HARNESS_KERNELS: KernelPath = "eager"

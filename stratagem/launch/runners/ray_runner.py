@@ -57,7 +57,6 @@ from stratagem.launch.runners.ray_actors import collect, end_actors, first_line,
 from stratagem.launch.runners.ray_outcome import (
     RunResult,
     classify,
-    exit_fault_reason,
     rank_summary,
 )
 from stratagem.launch.runners.ray_rank import RankWorker
@@ -73,15 +72,12 @@ from stratagem.launch.runners.ray_session import (
 )
 from stratagem.launch.runners.ray_trial import (
     Trial,
-    harness_command,
-    local_layout,
     rank_envs,
-    run_folder_name,
 )
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
-__all__ = ["RunResult", "RayRunner", "harness_command", "local_layout", "exit_fault_reason", "run_folder_name",
+__all__ = ["RayRunner",
            "quiet_driver_errors"]
 
 START_ATTEMPTS = 2

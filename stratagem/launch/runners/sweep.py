@@ -25,10 +25,11 @@ import torch
 
 from stratagem.evaluators.analytic import evaluate
 from stratagem.launch.harness.budget import DEFAULT_MAX_STEPS, DEFAULT_MIN_STEPS, StepBudget
-from stratagem.launch.harness.run import GIB, run_plan
+from stratagem.launch.harness.run import run_plan
 from stratagem.spaces.hardware import ClusterSpec, gpu_preset
 from stratagem.spaces.plan import Plan, format_plan, parse_plan
 from stratagem.spaces.scenario import Scenario, load_scenario
+from stratagem.units import GIB
 
 __all__ = ["GRID", "detect_gpu", "single_device", "run_sweep", "table", "main"]
 

@@ -38,16 +38,14 @@ import torch
 from torch import nn
 
 from stratagem.errors import StratagemError
-from stratagem.launch.harness.expert_grid import edp_group, shards_experts
+from stratagem.launch.harness.expert_grid import edp_group, expert_mesh, shards_experts, uses_expert_mesh
 from stratagem.launch.harness.model import Transformer, build_model, check_supported, named_parameters
 from stratagem.launch.harness.moe import sync_expert_grads
 from stratagem.launch.harness.parallelize import (
     build_mesh,
     build_optimizer,
     check_applicable,
-    expert_mesh,
     parallelize,
-    uses_expert_mesh,
     uses_fsdp,
     wrap_ddp,
 )
@@ -57,8 +55,8 @@ from stratagem.launch.harness.pipeline import (
     check_microbatches,
     rank_chunks,
 )
-from stratagem.launch.harness.support import token_split_refusal
-from stratagem.launch.harness.train import DEFAULT_LR, Job, _forward_backward, loss_fn, set_aux_rows
+from stratagem.launch.harness.support import DEFAULT_LR, token_split_refusal
+from stratagem.launch.harness.train import Job, _forward_backward, loss_fn, set_aux_rows
 from stratagem.launch.trace.child import TraceFailed, forked, warm_imports
 from stratagem.launch.trace.fake import BLOCKS, BlockBytes, fake_world
 from stratagem.launch.trace.fake_group import (
@@ -73,7 +71,7 @@ from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
 
-__all__ = ["ANALYTIC_BLOCKS", "TracedRole", "TraceFailed", "role_ranks", "trace_role", "trace_plan",
+__all__ = ["ANALYTIC_BLOCKS", "TracedRole", "role_ranks", "trace_role", "trace_plan",
            "analytic_blocks"]
 
 ANALYTIC_BLOCKS = ("weights", "gradients", "optimizer", "activations", "transient")

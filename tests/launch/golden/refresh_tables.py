@@ -35,7 +35,8 @@ sys.path.insert(0, str(HERE.parents[2]))
 import yaml  # noqa: E402
 
 from stratagem.launch.export import export_plan, layout  # noqa: E402
-from stratagem.launch.export.megatron import MEGATRON_COMMIT, MEGATRON_VERSION, megatron_args  # noqa: E402
+from stratagem.launch.export.megatron import megatron_args  # noqa: E402
+from stratagem.launch.export.megatron_model import MEGATRON_COMMIT, MEGATRON_VERSION  # noqa: E402
 from stratagem.launch.export.torchtitan import TORCHTITAN_COMMIT, TORCHTITAN_VERSION  # noqa: E402
 from stratagem.spaces import parse_plan, scenario_from_dict  # noqa: E402
 
