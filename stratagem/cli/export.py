@@ -51,7 +51,7 @@ def _existing_view(path: Path | None, storage: str | None, study: str | None) ->
 
 @app.command("export")
 def export_cmd(
-    to: Annotated[str, typer.Option("--to", help="torchrun | torchtitan | deepspeed | megatron.")],
+    to: Annotated[str, typer.Option("--to", help="torchrun | torchtitan | deepspeed | megatron | automodel.")],
     searched: SearchedScenarioArg = None,
     storage: StorageOpt = None,
     study: StudyOpt = None,
@@ -66,8 +66,9 @@ def export_cmd(
     nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes to launch on (default: the scenario's).")] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps of the exported run (default: a "
                                               "throughput check: torchrun the measured trial's timed steps, else "
-                                              "20; torchtitan and Megatron-LM 10 warm-up + 40 timed = 50, the full "
-                                              "run's count in a comment).")] = None,
+                                              "20; the engines 10 warm-up + 40 timed = 50, every step logged, no "
+                                              "checkpoint; the full run's count in a comment; the full run's count "
+                                              "itself exports the full run, saving).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="torchrun: harness seed (default: the trial's, else 0).")]
     = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the files into this directory "
@@ -75,7 +76,8 @@ def export_cmd(
     force: Annotated[bool, typer.Option("--force", help="Replace files in -o even if stratagem did not write "
                                         "them.")] = False,
 ) -> None:
-    """Export a plan: torchrun + stratagem's harness, a torchtitan TOML, a DeepSpeed JSON or Megatron-LM args.
+    """Export a plan: torchrun + stratagem's harness, a torchtitan TOML, a DeepSpeed JSON, Megatron-LM args or a
+    NeMo Automodel YAML.
     Which plan: --plan over the scenario's plan: section; --trial N or --best from the study; with none of them
     the study's best plan (as --best tokens), or the scenario's plan when no search has stored a study. One line
     on stderr says which."""

@@ -330,8 +330,9 @@ def _states(r: Rank, engine: EngineTerms) -> dict[str, Array]:
                               pc.dp, grad_bytes, host)
         return {k: d[k] + e[k] for k in d}
 
-    copies = tuple(t for t in r.rec.states if t.block == "weights" and t.sharded_from > 3)  # held compute copies
-    mixed = states(tuple(t for t in r.rec.states if not (engine.own_copies and t in copies)), tr.grad_bytes)
+    terms = r.rec.states_for(tr.optimizer_state_dtype)
+    copies = tuple(t for t in terms if t.block == "weights" and t.sharded_from > 3)  # held compute copies
+    mixed = states(tuple(t for t in terms if not (engine.own_copies and t in copies)), tr.grad_bytes)
     full32 = states(r.rec.fp32_states, None)
     blocks = {k: np.where(r.fp32, full32[k], mixed[k]) for k in mixed}
     # engine copies: the fp8 weight copies Transformer Engine caches across micro-batches (memory_copies.py)
@@ -404,7 +405,7 @@ def _optimizer_step(r: Rank, blocks: dict[str, Array]) -> Array:
     are the optimizer block less the master copies. Traced with foreach (llama3-8b dp2 z0 full-ac): rest 29.92 GiB
     = half of the 59.83 GiB Adam states, peak 149.58 GiB = fp32 weights + gradients + states + that transient."""
     m, pc = r.scn.model, r.pc
-    master = sum(t.bytes_per_param for t in r.rec.states if t.master)
+    master = sum(t.bytes_per_param for t in r.rec.states_for(r.scn.training.optimizer_state_dtype) if t.master)
     moments = np.where(r.fp32, blocks["optimizer"], blocks["optimizer"] * r.opt_bytes / (r.opt_bytes + master))
     largest = m.vocab_size * m.hidden_size / pc.tp / np.where(pc.zero_stage >= 3, r.shard, 1.0)
     return optimizer_step_bytes(r.scn, pc, moments, largest)

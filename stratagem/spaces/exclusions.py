@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 __all__ = ["ScheduleExclusion", "PlanFacts", "PlanExclusion", "ExclusionName", "RefusedBy", "ReadList",
-           "TORCH_SCHEDULE_EXCLUSIONS", "TORCH_PLAN_EXCLUSIONS"]
+           "TORCH_SCHEDULE_EXCLUSIONS", "TORCH_PLAN_EXCLUSIONS", "AUTOMODEL_PLAN_EXCLUSIONS"]
 
 RefusedBy = Literal["harness", "export"]
 ReadList = Literal["layout", "sharding", "sequence_parallel", "pipelining"]
@@ -264,4 +264,18 @@ TORCH_PLAN_EXCLUSIONS: tuple[PlanExclusion, ...] = (
                "ep > 1",
         source=f"{_V022} torchtitan/models/llama4/infra/parallelize.py apply_moe_ep_tp: without an ep mesh, "
                "experts_mesh = tp_mesh with TensorParallel()"),
+)
+
+
+# NeMo Automodel 0.7.0 builds its pipeline schedules with torch.distributed.pipelining (nemo_automodel/components/
+# distributed/pipelining/functional.py build_pipeline_schedule -> get_schedule_class): torch's own refusal applies.
+AUTOMODEL_PLAN_EXCLUSIONS: tuple[PlanExclusion, ...] = (
+    PlanExclusion(
+        name="1f1b_microbatches", refused_by="harness", field="plan.micro_batch_size",
+        what="pp_schedule 1f1b with {microbatches} micro-batch(es) per step over pp ({pp}) stages",
+        reason="the 1f1b schedule needs at least pp micro-batches per pipeline step; lower micro_batch_size or dp "
+               "(micro-batches per step = global_batch_size / (dp * micro_batch_size)), or use pp_schedule gpipe",
+        source="nemo_automodel/components/distributed/pipelining/functional.py build_pipeline_schedule "
+               "(n_microbatches = local_batch_size // pp_microbatch_size) -> torch/distributed/pipelining/"
+               "schedules.py Schedule1F1B: ValueError when microbatches < stages"),
 )

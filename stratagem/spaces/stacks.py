@@ -14,6 +14,10 @@ Engines (file and function of the code each record follows):
              deepspeed/runtime/pipe/schedule.py TrainSchedule, deepspeed/runtime/zero/)
   nanotron   huggingface/nanotron (src/nanotron/parallel/pipeline_parallel/engine.py, src/nanotron/optim/,
              src/nanotron/helpers.py init_optimizer_and_grad_accumulator, src/nanotron/config/parallelism_config.py)
+  automodel  NVIDIA NeMo Automodel 0.7.0 (the nemo-automodel wheel; NVIDIA-NeMo/Automodel: nemo_automodel/
+             components/distributed/config.py FSDP2Config, mesh_utils.py _create_fsdp2_device_mesh, pipelining/
+             functional.py, components/models/common/utils.py BackendConfig, recipes/_dist_utils.py
+             parse_distributed_section, docs/guides/mixed-precision-training.mdx)
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.errors import StratagemError
 from stratagem.spaces.exclusions import (
+    AUTOMODEL_PLAN_EXCLUSIONS,
     TORCH_PLAN_EXCLUSIONS,
     TORCH_SCHEDULE_EXCLUSIONS,
     PlanExclusion,
@@ -63,7 +68,10 @@ class StateTerm:
     the data-parallel ranks (4 = never), the range of stages in which it exists at all (exists_from ..
     exists_until), and whether it exists only under data parallelism (dp > 1: DDP's gradient buckets).
     `grad` marks gradient buffers whose width follows `TrainingSpec.grad_dtype` (bytes_per_param is the
-    stack's default width); `master` marks the fp32 master copy kept beside low-precision weights."""
+    stack's default width); `master` marks the fp32 master copy kept beside low-precision weights; `state_dtype`,
+    when set, limits the term to runs whose optimizer states are in that dtype (TrainingSpec.optimizer_state_dtype:
+    Transformer Engine FusedAdam's master remainders exist with its fp32 moments, not with torch.optim.Adam's
+    bf16 ones)."""
 
     block: str
     bytes_per_param: float  # OPTIMIZER = the optimizer's state bytes (see evaluators.memory.optimizer_state_bytes)
@@ -73,6 +81,7 @@ class StateTerm:
     exists_from: int = 0
     grad: bool = False
     master: bool = False
+    state_dtype: DtypeName | None = None
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -93,8 +102,10 @@ class StackRecord(BaseModel):
     fp32_states: tuple[StateTerm, ...]
     """Per-parameter buffers under fp32 training."""
     master_weights: bool
-    """True when the optimizer keeps a separate fp32 master copy beside low-precision weights (False: the fp32
-    parameters are the master weights, as with FSDP2's MixedPrecisionPolicy)."""
+    """True when the weights are kept in low precision and `states` are the whole story: a separate fp32 master
+    copy in the optimizer (Megatron, DeepSpeed, nanotron), or bf16 resident parameters stepped with fp32 moments
+    and master remainders (NeMo Automodel). False: the fp32 parameters are the master weights and torch's engine
+    makes the compute copies, as with FSDP2's MixedPrecisionPolicy over fp32 parameters."""
     grad_dtype: DtypeName
     """Shipped default width of the gradient buffers the backward accumulates into (mixed precision)."""
     grad_reduce_dtype: DtypeName
@@ -215,6 +226,11 @@ class StackRecord(BaseModel):
     """Activation checkpointing modes (Plan.activation_checkpointing values)."""
     sources: dict[str, str]
     """Per capability and speed-term field: the engine code that enforces or defines it (file: function)."""
+
+    def states_for(self, optimizer_state_dtype: DtypeName) -> tuple[StateTerm, ...]:
+        """The mixed-precision state terms of a run whose optimizer states are in `optimizer_state_dtype`
+        (StateTerm.state_dtype)."""
+        return tuple(t for t in self.states if t.state_dtype in (None, optimizer_state_dtype))
 
     def schedule_exclusion(self, schedule: str, cp: int, virtual_stages: int, refused_by: RefusedBy | None = None,
                            recompute: str = "none") -> ScheduleExclusion | None:
@@ -572,7 +588,109 @@ _NANOTRON = StackRecord(
     },
 )
 
-STACKS: dict[str, StackRecord] = {r.name: r for r in (_TORCH, _MEGATRON, _DEEPSPEED, _NANOTRON)}
+
+_AM = "NeMo Automodel 0.7.0 nemo_automodel/"
+
+_AUTOMODEL = StackRecord(
+    name="automodel",
+    summary="NVIDIA NeMo Automodel: FSDP2 (HSDP), torch.distributed.pipelining, DeepEP, Transformer Engine "
+            "kernels, bf16 parameters with TE FusedAdam's fp32 moments",
+    # docs/guides/mixed-precision-training.mdx Pattern A (model.torch_dtype bfloat16 + Transformer Engine FusedAdam
+    # master_weights, store_param_remainders, exp_avg(_sq)_dtype float32): the resident FSDP2 shards are bf16 (2),
+    # their gradients bf16 (2: FSDP2 reduces in fp32, mp_policy reduce_dtype, and casts back to the parameter's
+    # dtype), no fp32 master copy: TE keeps the 16 low bits that rebuild it (2, transformer_engine/pytorch/optimizers/
+    # fused_adam.py store_param_remainders) and the fp32 Adam moments (8). torch.optim.Adam on bf16 parameters (the
+    # published benchmark configs, examples/llm_benchmark/) keeps bf16 moments and no remainder (it initialises its
+    # states from the parameter dtype): training.optimizer_state_dtype bf16.
+    states=(
+        StateTerm("weights", 2, 3),
+        StateTerm("gradients", 2, 2, grad=True),
+        StateTerm("optimizer", 2, 1, master=True, state_dtype="fp32"),
+        StateTerm("optimizer", OPTIMIZER, 1),
+    ),
+    fp32_states=_FP32_STATES,  # model.torch_dtype float32 with torch AdamW (the guide's Pattern B)
+    master_weights=True,  # the states above are the whole story: no fp32 parameters, no autocast copies
+    grad_dtype="bf16",
+    grad_reduce_dtype="fp32",
+    zero3_gather="fsdp_units",
+    pipeline_split="even",
+    mha_packed_qkv=False,
+    sp_saves_gathered_inputs=True,
+    reshard_after_forward_with_pp=False,
+    fp8_activation_store="fp8",
+    fp8_weight_cache_bytes=2.0,
+    optimizer_step="fused",
+    kernels="transformer_engine",
+    kernel_efficiency=1.0,
+    compile_default=False,
+    compile_gain=1.0,
+    tp_comm_overlap_default=False,
+    p2p_overlap=False,
+    kernel_paths=("fused",),
+    plan_exclusions=AUTOMODEL_PLAN_EXCLUSIONS,
+    moe_dispatchers=("deepep",),
+    grouped_gemm=True,
+    schedules=("gpipe", "1f1b", "interleaved"),
+    zero_stages=(3,),
+    max_zero_with_pp=3,
+    sequence_parallel=True,
+    context_parallel=True,
+    expert_parallel=True,
+    expert_tensor_parallel=False,
+    optimizer_offload=False,
+    hsdp=True,
+    pp_splits=("layers",),
+    expert_grid="folding",
+    uneven_stages=False,
+    fp8_recipes=("tensorwise", "blockwise", "mxfp8"),
+    recompute_modes=("none", "full", "op"),
+    sources={
+        "states": f"{_AM}components/distributed/config.py FSDP2Config.mp_policy (param bf16, reduce fp32); "
+                  "docs/guides/mixed-precision-training.mdx Pattern A (TE FusedAdam, store_param_remainders)",
+        "schedules": f"{_AM}components/distributed/pipelining/functional.py build_pipeline_schedule: torch "
+                     "get_schedule_class (pp_schedule 1f1b, gpipe, interleaved1f1b)",
+        "zero_stages": f"{_AM}components/distributed/mesh_utils.py _create_fsdp2_device_mesh: FSDP2 shards over "
+                       "dp_shard x cp (fully_shard), no optimizer-only or unsharded FSDP2 strategy",
+        "max_zero_with_pp": f"{_AM}components/distributed/config.py FSDP2Config.reshard_after_forward: FSDP2 "
+                            "with PP (pipeline layers do not reshard after forward)",
+        "reshard_after_forward_with_pp": f"{_AM}components/distributed/config.py FSDP2Config.reshard_after_forward "
+                                         "(None: pipeline-parallel layers do not reshard after forward)",
+        "sequence_parallel": f"{_AM}components/distributed/config.py FSDP2Config.sequence_parallel (DTensor TP plan)",
+        "context_parallel": f"{_AM}components/distributed/mesh.py MeshAxisName.CP (cp_size)",
+        "expert_parallel": f"{_AM}components/distributed/mesh_utils.py _create_moe_mesh (ep_size)",
+        "expert_tensor_parallel": f"{_AM}components/distributed/mesh_utils.py _create_moe_mesh: the MoE mesh is "
+                                  "(ep_shard, ep) over dp x cp x tp, experts whole on each ep rank",
+        "expert_grid": f"{_AM}components/distributed/mesh_utils.py _create_fsdp2_device_mesh: dp*cp*tp % ep == 0",
+        "optimizer_offload": f"{_AM}components/distributed/config.py FSDP2Config.offload_policy is FSDP2's "
+                             "CPUOffloadPolicy (parameters and gradients too), not optimizer-only offload",
+        "hsdp": f"{_AM}components/distributed/config.py: dp_replicate_size (FSDP2 only)",
+        "pp_splits": f"{_AM}components/distributed/pipelining/functional.py generate_hf_model_fqn_per_model_part: "
+                     "layers split evenly, embedding on the first stage, norm and lm_head on the last",
+        "uneven_stages": f"{_AM}components/distributed/pipelining/config.py PipelineConfig.layers_per_stage (one "
+                         "count for every stage; module_fqns_per_model_part is not written by stratagem)",
+        "fp8_recipes": f"{_AM}components/models/common/utils.py TEFp8Config.recipe current | block | mxfp8 "
+                       "(Transformer Engine Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling)",
+        "fp8_weight_cache_bytes": f"{_AM}components/training/utils.py set_is_first_microbatch, passed to TE's "
+                                  "Linear (components/models/common/utils.py), which caches its fp8 weights",
+        "recompute_modes": f"{_AM}recipes/_dist_utils.py _normalize_activation_checkpointing: true/full (whole "
+                           "blocks) or selective (components/distributed/activation_checkpointing.py: "
+                           "TorchTitan-style op policy)",
+        "recompute_modules": f"{_AM}components/distributed/activation_checkpointing.py: whole blocks or an op "
+                             "policy, no per-module recompute",
+        "kernel_efficiency": "Transformer Engine's fused kernels (BackendConfig attn/linear/rms_norm te): the "
+                             "reference (1.0) of the efficiency ceilings",
+        "kernel_paths": f"{_AM}components/models/common/utils.py BackendConfig linear / attn / rms_norm 'te'",
+        "moe_dispatchers": f"{_AM}components/models/common/utils.py BackendConfig.dispatcher deepep (its 'torch' "
+                           "dispatcher is a DTensor all-gather / reduce-scatter, not an all-to-all)",
+        "grouped_gemm": f"{_AM}components/models/common/utils.py BackendConfig.experts te (GroupedLinear) or "
+                        "torch_mm (torch._grouped_mm)",
+        "optimizer_step": "transformer_engine/pytorch/optimizers/fused_adam.py FusedAdam (multi_tensor_apply)",
+        "tp_comm_overlap_default": f"{_AM}components/distributed/config.py FSDP2Config.enable_async_tensor_parallel "
+                                   "(needs compile), default False",
+    },
+)
+
+STACKS: dict[str, StackRecord] = {r.name: r for r in (_TORCH, _MEGATRON, _DEEPSPEED, _NANOTRON, _AUTOMODEL)}
 
 
 def stack_record(name: str) -> StackRecord:

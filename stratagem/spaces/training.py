@@ -24,7 +24,7 @@ __all__ = ["CheckpointPolicy", "TrainingSpec", "Optimizer", "Stack"]
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 Optimizer = Literal["adamw", "sgd", "adafactor", "adamw8bit"]
-Stack = Literal["torch", "megatron", "deepspeed", "nanotron"]
+Stack = Literal["torch", "megatron", "deepspeed", "nanotron", "automodel"]
 
 
 class CheckpointPolicy(BaseModel):
@@ -54,6 +54,9 @@ class TrainingSpec(BaseModel):
         accumulation buffer for every parameter (4 B, accumulate_grad_in_fp32; ZeRO-1 keeps it whole), fp32
         master weights + optimizer states for this rank's ZeRO-1 shard; pipeline layers assigned by compute
         cost (the LM head counts as V h), so the first stage can hold one layer more than an even split.
+      - automodel: NeMo Automodel's FSDP2 with bf16 resident parameters (2 B) and bf16 gradients (2 B), no fp32
+        master copy: Transformer Engine FusedAdam keeps 16-bit remainders (2 B) and fp32 moments (8 B); all
+        sharded over dp_shard x cp. With torch.optim.Adam (its benchmark configs) set optimizer_state_dtype bf16.
     """
 
     model_config = _FROZEN

@@ -55,6 +55,12 @@ REFUSED = [
     ("nanotron", Plan(dp=8, zero_stage=2), "ZeRO stage 2"),
     ("nanotron", Plan(dp=2, pp=4, pp_schedule="interleaved", virtual_stages=2), "pp_schedule interleaved"),
     ("nanotron", Plan(dp=4, cp=2), "context parallelism"),
+    # NeMo Automodel 0.7.0: FSDP2 always shards (mesh_utils.py _create_fsdp2_device_mesh); experts whole on each
+    # ep rank (_create_moe_mesh); torch pipelining's 1F1B (Schedule1F1B) needs pp micro-batches per step
+    ("automodel", Plan(dp=8, zero_stage=1), "ZeRO stage 1"),
+    ("automodel", Plan(dp=8, zero_stage=3, optimizer_offload="cpu"), "optimizer_offload=cpu"),
+    ("automodel", Plan(dp=2, pp=4, zero_stage=3, micro_batch_size=16), "pp_schedule 1f1b with 2 micro-batch"),
+    ("automodel", Plan(dp=4, pp=2, zero_stage=3, pp_schedule="zero_bubble"), "pp_schedule zero_bubble"),
 ]
 
 
@@ -75,6 +81,10 @@ RUN = [
     ("torch", Plan(dp=2, tp=2, pp=2, zero_stage=3, sequence_parallel=True)),  # torchtitan FSDP + TP + PP
     ("torch", Plan(dp=4, pp=2, zero_stage=3, pp_schedule="zero_bubble")),
     ("nanotron", Plan(dp=2, tp=2, pp=2, zero_stage=1, sequence_parallel=True)),
+    # NeMo Automodel's published layouts (docs/performance-summary.mdx: FSDP + EP; PP with interleaved 1F1B)
+    ("automodel", Plan(dp=8, zero_stage=3, activation_checkpointing="full")),
+    ("automodel", Plan(dp=4, pp=2, zero_stage=3, pp_schedule="interleaved", virtual_stages=2, dp_replicate=2)),
+    ("automodel", Plan(dp=4, cp=2, zero_stage=3, activation_checkpointing="op")),
 ]
 
 
@@ -120,7 +130,7 @@ def test_stack_defaults_follow_the_engines() -> None:
 
 
 def test_unknown_stack_names_the_stacks() -> None:
-    with pytest.raises(StratagemError, match="use one of torch, megatron, deepspeed, nanotron"):
+    with pytest.raises(StratagemError, match="use one of torch, megatron, deepspeed, nanotron, automodel"):
         stack_record("jax")
 
 

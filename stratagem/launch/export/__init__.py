@@ -1,5 +1,5 @@
-"""Export a plan to the engines people train with: torchrun (stratagem's own harness), torchtitan, DeepSpeed and
-Megatron-LM. Pure text generation: no torch import.
+"""Export a plan to the engines people train with: torchrun (stratagem's own harness), torchtitan, DeepSpeed,
+Megatron-LM and NeMo Automodel. Pure text generation: no torch import.
 
     bundle = export_plan(scenario, plan, "torchtitan")
     bundle.files        # {"torchtitan.toml": "..."}
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
+from stratagem.launch.export.automodel import export_automodel
 from stratagem.launch.export.bundle import (
     TARGETS,
     ExportBundle,
@@ -59,4 +60,6 @@ def export_plan(scenario: Scenario, plan: Plan, target: str, nodes: int | None =
         return export_torchtitan(lay, checkpoint_interval=interval)
     if target == "deepspeed":
         return export_deepspeed(lay, checkpoint_interval=interval)
+    if target == "automodel":
+        return export_automodel(lay, checkpoint_interval=interval)
     return export_megatron(lay, checkpoint_interval=interval)

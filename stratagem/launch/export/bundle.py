@@ -25,12 +25,12 @@ __all__ = ["Target", "TARGETS", "FieldNote", "ExportBundle", "Layout", "layout",
            "note_lines", "header_lines", "master_addr_line", "write_bundle", "checkpoint_interval_steps",
            "RDZV_PORT", "TARGET_STACK", "refuse_unrunnable"]
 
-Target = Literal["torchrun", "torchtitan", "deepspeed", "megatron"]
-TARGETS: tuple[Target, ...] = ("torchrun", "torchtitan", "deepspeed", "megatron")
+Target = Literal["torchrun", "torchtitan", "deepspeed", "megatron", "automodel"]
+TARGETS: tuple[Target, ...] = ("torchrun", "torchtitan", "deepspeed", "megatron", "automodel")
 # The stack record (spaces/stacks.py) whose capabilities each target has: torchrun runs stratagem's own harness
 # (FSDP2/DDP, torch.distributed.pipelining) and torchtitan composes the same torch APIs.
 TARGET_STACK: dict[str, str] = {"torchrun": "torch", "torchtitan": "torch", "deepspeed": "deepspeed",
-                                "megatron": "megatron"}
+                                "megatron": "megatron", "automodel": "automodel"}
 RDZV_PORT = 29500
 """The c10d rendezvous port on node 0 used by every exported launch command."""
 

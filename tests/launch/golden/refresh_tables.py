@@ -5,6 +5,8 @@ cases.yaml with the targets' real parsers. Run by hand when moving to another ta
     .venv/bin/python tests/launch/golden/refresh_tables.py megatron /tmp/mlm
     # torchtitan: a source tree of the tag, and tyro importable (pip install --target /tmp/ttdeps tyro)
     PYTHONPATH=/tmp/ttdeps .venv/bin/python tests/launch/golden/refresh_tables.py torchtitan /tmp/tt
+    # NeMo Automodel: the unpacked wheel (pip download nemo-automodel==0.7.0 --no-deps; unzip -d /tmp/am)
+    .venv/bin/python tests/launch/golden/refresh_tables.py automodel /tmp/am
 
 megatron: builds Megatron-LM's real parser (megatron/training/arguments.py add_megatron_arguments) on CPU, writes
 megatron_options.json for the options the exporter emits, then runs validate_args and
@@ -13,6 +15,10 @@ module megatron.core.transformer.moe.ops.paged_stash is replaced by an empty mod
 typing_extensions', the GPU is reported as sm90, and --no-rope-fusion is added (Transformer Engine is absent).
 torchtitan: extracts the JobConfig dataclass tree from torchtitan/config/job_config.py with ast into
 torchtitan_job_config.json, then loads each case's TOML with torchtitan's ConfigManager and ParallelDims.
+automodel: extracts, with ast, the fields of the dataclasses the exported YAML's sections become, the benchmark keys
+its benchmarking recipe reads, the recipe classes its CLI finds and the classes and functions of each nemo_automodel
+module a `_target_` names, into automodel_schema.json (the sections that need transformers or Transformer Engine to
+import are checked against it; test_export_automodel.py runs the parsers that import here).
 """
 
 from __future__ import annotations
@@ -183,9 +189,58 @@ def torchtitan(tree: Path) -> int:
     return failures
 
 
+# section of the exported YAML -> (file under nemo_automodel/, dataclass whose fields it may hold)
+_AM_CLASSES = {
+    "distributed": ("components/distributed/config.py", "FSDP2Config"),
+    "distributed.pipeline": ("components/distributed/pipelining/config.py", "PipelineConfig"),
+    "distributed.moe": ("components/distributed/config.py", "MoEParallelizerConfig"),
+    "step_scheduler": ("components/training/step_scheduler.py", "StepSchedulerConfig"),
+    "checkpoint": ("components/checkpoint/config.py", "CheckpointingConfig"),
+    "model.backend": ("components/models/common/utils.py", "BackendConfig"),
+    "model.backend.te_fp8": ("components/models/common/utils.py", "TEFp8Config"),
+}
+
+
+# the nemo_automodel modules whose classes the exporter's `_target_`s name (launch/export/automodel.py)
+_AM_MODULES = ("nemo_automodel", "nemo_automodel.components.models.common",
+               "nemo_automodel.components.models.common.utils", "nemo_automodel.components.loss.masked_ce",
+               "nemo_automodel.components.datasets.llm.mock_iterable_dataset")
+
+
+def automodel(tree: Path) -> int:
+    import re
+
+    pkg = tree / "nemo_automodel"
+    version = (tree / next(p.name for p in tree.iterdir() if p.name.endswith(".dist-info"))).name
+    sections: dict[str, list[str]] = {}
+    for section, (rel, cls) in _AM_CLASSES.items():
+        node = next(n for n in ast.parse((pkg / rel).read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls)
+        sections[section] = [st.target.id for st in node.body
+                             if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)]
+    bench = sorted(set(re.findall(r"bench_cfg\.(\w+)", (pkg / "recipes/llm/benchmark.py").read_text())))
+    # nemo_automodel/cli/utils.py _discover_recipe_classes: the same scan
+    recipes = sorted({m for f in (pkg / "recipes").rglob("*.py") if not f.name.startswith("_")
+                      for m in re.findall(r"^class\s+(\w*Recipe\w*)\s*[\(:]", f.read_text(), re.M)} - {"BaseRecipe"})
+    modules: dict[str, list[str]] = {}
+    for f in sorted(pkg.rglob("*.py")):
+        mod = ".".join(f.relative_to(tree).with_suffix("").parts).removesuffix(".__init__")
+        if mod not in _AM_MODULES:
+            continue
+        body = ast.parse(f.read_text()).body
+        names = {n.name for n in body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
+        names |= {a.asname or a.name for n in body if isinstance(n, ast.ImportFrom) for a in n.names}
+        if mod == "nemo_automodel":  # the lazy attributes its __init__ resolves (_LAZY_ATTRS)
+            names |= set(re.findall(r'^\s+"(\w+)": \(', f.read_text(), re.M))
+        modules[mod] = sorted(names)
+    doc = {"source": f"{version}: dataclass fields (ast), benchmark keys, recipe classes and module symbols",
+           "sections": sections, "benchmark": bench, "recipes": recipes, "modules": modules}
+    (HERE / "automodel_schema.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("target", choices=["megatron", "torchtitan"])
-    ap.add_argument("tree", type=Path, help="source tree of the target at the pinned tag")
+    ap.add_argument("target", choices=["megatron", "torchtitan", "automodel"])
+    ap.add_argument("tree", type=Path, help="source tree of the target at the pinned tag (automodel: the wheel)")
     ns = ap.parse_args()
-    sys.exit(1 if (megatron if ns.target == "megatron" else torchtitan)(ns.tree) else 0)
+    sys.exit(1 if {"megatron": megatron, "torchtitan": torchtitan, "automodel": automodel}[ns.target](ns.tree) else 0)
