@@ -71,11 +71,14 @@ def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
     n = len(pc)
     fp32 = pc.fp32
     # Saved per parameter: the weights as the stack keeps them (torch: the fp32 params are the master copy;
-    # others: bf16 weights + fp32 master in the optimizer) + optimizer states.
+    # others: bf16 weights + the master the optimizer keeps: Megatron's / DeepSpeed's fp32 copy, TE FusedAdam's
+    # 16-bit remainders, none for torch Adam on bf16 parameters: the record's master terms) + optimizer states.
     opt = training_optimizer_bytes(scn)
-    no_master = not stack_record(tr.stack).master_weights
+    rec = stack_record(tr.stack)
+    no_master = not rec.master_weights
+    master = sum(t.bytes_per_param for t in rec.states_for(tr.optimizer_state_dtype) if t.master)
     weight_b = np.where(fp32 | no_master, 4.0, 2.0)
-    master_b = np.where(fp32 | no_master, 0.0, 4.0)
+    master_b = np.where(fp32 | no_master, 0.0, master)
     state = m.num_params() * (weight_b + master_b + opt)
 
     # Largest per-rank write: its share of weights (replicas deduplicated: written once per dp group) and of

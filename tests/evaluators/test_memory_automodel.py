@@ -64,3 +64,15 @@ def test_published_automodel_layouts_fit(model: str, nodes: int, gbs: int, plan:
     assert ev.status == "ok", (ev.status, ev.reason)
     if plan.pp == 1:  # bf16 moments (4 bytes) beside bf16 weights (2), both sharded alike: twice the weights
         assert ev.memory is not None and ev.memory.optimizer_gib == pytest.approx(2 * ev.memory.weights_gib)
+
+
+@pytest.mark.parametrize(("state_dtype", "saved_bytes"), [("fp32", 2 + 2 + 8), ("bf16", 2 + 4)])
+def test_checkpoint_saves_the_states_automodel_keeps(state_dtype: str, saved_bytes: float) -> None:
+    """The training checkpoint holds the bf16 parameters, the optimizer's master remainders (TE FusedAdam) and its
+    moments: 12 bytes per parameter with fp32 moments, 6 with torch Adam's bf16 ones (no fp32 master anywhere)."""
+    scn = Scenario(model="llama3-8b", cluster=ClusterSpec(gpu=gpu_preset("h100-sxm-80g"), num_nodes=1, gpus_per_node=8),
+                   training={"seq_len": 4096, "global_batch_size": 64, "stack": "automodel",
+                             "optimizer_state_dtype": state_dtype})
+    ev = evaluate(scn, Plan(dp=8, zero_stage=3))
+    assert ev.checkpoint is not None
+    assert ev.checkpoint.state_gib * 2**30 == pytest.approx(scn.model.num_params() * saved_bytes)

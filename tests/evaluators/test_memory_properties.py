@@ -27,7 +27,7 @@ SCENARIOS = [
     ("gpt3-175b", "a100-80g", 2048, 1536),
     ("tiny-4l", "h100-sxm-80g", 256, 64),
 ]
-STACKS = ["torch", "megatron", "deepspeed", "nanotron"]
+STACKS = ["torch", "megatron", "deepspeed", "nanotron", "automodel"]
 OPTIMIZERS = ["adamw", "sgd", "adafactor", "adamw8bit"]
 
 

@@ -102,7 +102,7 @@ def test_every_label_of_the_examples_parses_back_with_the_cli_parser() -> None:
 
 
 # ---- the property: random scenarios, no two enumerated plans build the same job -------------------------------------
-STACKS = ["torch", "megatron", "deepspeed", "nanotron"]
+STACKS = ["torch", "megatron", "deepspeed", "nanotron", "automodel"]
 
 
 @st.composite
