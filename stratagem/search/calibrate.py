@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
 
 from stratagem.evaluators import Calibration, Evaluation
-from stratagem.evaluators.calibration import default_calibration
+from stratagem.evaluators.calibration import LogMultipliers, default_calibration
 from stratagem.evaluators.evaluation import BLOCKS
 from stratagem.evaluators.fitting import (
     descend,
@@ -43,7 +43,7 @@ from stratagem.evaluators.fitting import (
     median_error,
 )
 from stratagem.evaluators.memory import rank_memory_columns
-from stratagem.evaluators.timing import time_columns
+from stratagem.evaluators.timing import time_columns, time_factors
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
@@ -198,36 +198,47 @@ def fields_to_fit(fields: Sequence[str], runs: int) -> tuple[str, ...]:
     return tuple(fields[: max(0, min(len(fields), runs - 1))])
 
 
-class _Data:
-    """The measured runs a fit sees: ok runs (step time, peak) and OOM runs (a peak above the device's memory)."""
+class _Predictions:
+    """The model's figures for every run of one refit, cached per calibration: the full fit, each leave-one-out
+    fold (a subset of the runs) and the judgement all read them from here. Exact (bit for bit the model's): the
+    model predicts each plan alone (time_columns and rank_memory_columns are row by row), so a fold's figures are
+    the rows of these, and the folds' descents, warm-started at one fit, try the same calibrations again and
+    again. As the memory blocks are kept apart from the two memory constants (`stage_blocks`), the step time's
+    terms are kept apart from the per-step overhead constant, which only adds (`_terms`): a descent's grid over
+    step_overhead_s costs no model evaluation."""
 
     def __init__(self, scenario: Scenario, runs: Sequence[Evaluation], ooms: Sequence[Evaluation]) -> None:
         self.scenario = scenario
-        self.runs, self.ooms = list(runs), list(ooms)
-        self.pc = PlanColumns.from_plans([e.plan for e in self.runs])
-        self.oom_pc = PlanColumns.from_plans([e.plan for e in self.ooms]) if self.ooms else None
-        self.step = np.array([float(e.measurements["step_s"]) for e in self.runs if e.measurements])
-        self.peak = np.array([e.memory.peak_gib for e in self.runs if e.memory])
-        self.bound = scenario.cluster.gpu.hbm_gib  # the harness's cap: an OOM run's peak was above it
+        self.pc = PlanColumns.from_plans([e.plan for e in runs])
+        self.oom_pc = PlanColumns.from_plans([e.plan for e in ooms]) if ooms else None
+        self._terms: dict[str, tuple[Array, Array]] = {}
         self._blocks: dict[tuple[bool, str], tuple[Array, Array]] = {}
 
-    def subset(self, keep: Sequence[int]) -> _Data:
-        return _Data(self.scenario, [self.runs[i] for i in keep], self.ooms)
-
-    def predict(self, cal: Calibration) -> tuple[Array, Array]:
-        return self.predict_step(cal), self.predict_peak(cal)
-
-    def predict_step(self, cal: Calibration) -> Array:
+    def step(self, cal: Calibration) -> Array:
         """Predicted step seconds of the ok runs: evaluate_many's step_s, without the memory, checkpoint and
-        zone columns a time fit does not read (time_columns is independent of them)."""
-        return time_columns(self.scenario, self.pc, cal)["step_s"]
+        zone columns a time fit does not read (time_columns is independent of them), summed as time_columns sums
+        it: the other terms, then overhead = (step_overhead_s + the launch waits) x its multiplier."""
+        rest, waits = self.terms(cal)
+        overhead = cal.step_overhead_s + waits
+        if cal.time_multipliers is not None:
+            overhead = overhead * time_factors(cal)["overhead_s"]
+        out: Array = rest + overhead
+        return out
 
-    def predict_peak(self, cal: Calibration, ooms: bool = False) -> Array:
-        """Predicted peak GiB of the ok runs' plans (or of the OOM runs' plans): evaluate_many's peak_gib alone,
-        from the plans' cached blocks (`_stage_blocks`)."""
-        return _peak_gib(self._stage_blocks(cal, ooms), cal)
+    def terms(self, cal: Calibration) -> tuple[Array, Array]:
+        """(compute + recompute + exposed comm + bubble + optimizer, in time_columns' order; the overhead column
+        less step_overhead_s, before its multiplier) at `cal`, computed once per value of the other constants:
+        time_columns at step_overhead_s 0 and an overhead multiplier of exactly 1 (exp(0))."""
+        bare = cal.model_copy(update={"step_overhead_s": 0.0,
+                                      "time_multipliers": _overhead_at_one(cal.time_multipliers)})
+        key = bare.model_dump_json()
+        if key not in self._terms:
+            cols = time_columns(self.scenario, self.pc, bare)
+            rest = cols["compute_s"] + cols["recompute_s"] + cols["exposed_comm_s"] + cols["bubble_s"] + cols["optimizer_s"]
+            self._terms[key] = (rest, cols["overhead_s"])
+        return self._terms[key]
 
-    def _stage_blocks(self, cal: Calibration, ooms: bool) -> tuple[Array, Array]:
+    def stage_blocks(self, cal: Calibration, ooms: bool) -> tuple[Array, Array]:
         """Both end stages' blocks without the overhead block, at `cal`'s constants other than the fitted memory
         ones, computed once per plan set and constants: a memory fit varies only fragmentation and context."""
         raw = cal.model_copy(update=_OVERHEAD_FREE)
@@ -239,12 +250,50 @@ class _Data:
             self._blocks[key] = (first, last)
         return self._blocks[key]
 
-    def predict_ooms(self, cal: Calibration) -> Array:
-        """Predicted peaks of the OOM runs' plans (empty without OOM runs)."""
-        return np.empty(0) if self.oom_pc is None else self.predict_peak(cal, ooms=True)
+
+class _Data:
+    """The measured runs a fit sees: ok runs (step time, peak) and OOM runs (a peak above the device's memory),
+    rows `rows` / `oom_rows` of one refit's `_Predictions` (a fold's subset shares its cache)."""
+
+    def __init__(self, scenario: Scenario, runs: Sequence[Evaluation], ooms: Sequence[Evaluation],
+                 shared: tuple[_Predictions, NDArray[np.intp], NDArray[np.intp]] | None = None) -> None:
+        self.scenario = scenario
+        self.runs, self.ooms = list(runs), list(ooms)
+        if shared is None:
+            shared = (_Predictions(scenario, self.runs, self.ooms), np.arange(len(self.runs)),
+                      np.arange(len(self.ooms)))
+        self.predictions, self.rows, self.oom_rows = shared
+        self.step = np.array([float(e.measurements["step_s"]) for e in self.runs if e.measurements])
+        self.peak = np.array([e.memory.peak_gib for e in self.runs if e.memory])
+        self.bound = scenario.cluster.gpu.hbm_gib  # the harness's cap: an OOM run's peak was above it
+
+    def subset(self, keep: Sequence[int]) -> _Data:
+        return _Data(self.scenario, [self.runs[i] for i in keep], self.ooms,
+                     (self.predictions, self.rows[list(keep)], self.oom_rows))
 
     def without_oom(self, i: int) -> _Data:
-        return _Data(self.scenario, self.runs, [e for k, e in enumerate(self.ooms) if k != i])
+        keep = [k for k in range(len(self.ooms)) if k != i]
+        return _Data(self.scenario, self.runs, [self.ooms[k] for k in keep],
+                     (self.predictions, self.rows, self.oom_rows[keep]))
+
+    def predict(self, cal: Calibration) -> tuple[Array, Array]:
+        return self.predict_step(cal), self.predict_peak(cal)
+
+    def predict_step(self, cal: Calibration) -> Array:
+        """Predicted step seconds of the ok runs (_Predictions.step)."""
+        out: Array = self.predictions.step(cal)[self.rows]
+        return out
+
+    def predict_peak(self, cal: Calibration, ooms: bool = False) -> Array:
+        """Predicted peak GiB of the ok runs' plans (or of the OOM runs' plans): evaluate_many's peak_gib alone,
+        from the plans' cached blocks (`_Predictions.stage_blocks`)."""
+        rows = self.oom_rows if ooms else self.rows
+        first, last = self.predictions.stage_blocks(cal, ooms)
+        return _peak_gib((first[:, rows], last[:, rows]), cal)
+
+    def predict_ooms(self, cal: Calibration) -> Array:
+        """Predicted peaks of the OOM runs' plans (empty without OOM runs)."""
+        return np.empty(0) if not self.ooms else self.predict_peak(cal, ooms=True)
 
     def memory_error(self, peak_pred: Array, oom_pred: Array, held: slice | None = None) -> float:
         """`memory_error` of predictions of the ok runs (`held`: of those runs only) and of the OOM runs."""
@@ -256,9 +305,17 @@ class _Data:
 
     def memory_loss(self, cal: Calibration) -> float:
         loss = float(np.sum((np.log(self.predict_peak(cal)) - np.log(self.peak)) ** 2))
-        if self.oom_pc is not None:
+        if self.ooms:
             loss += lower_bound_loss(self.predict_ooms(cal), self.bound)
         return loss / (len(self.runs) + len(self.ooms))
+
+
+def _overhead_at_one(m: LogMultipliers | None) -> LogMultipliers | None:
+    """`m` with the overhead term's log multiplier at 0 (its factor exp(0) = 1 exactly)."""
+    if m is None or "overhead_s" not in m.names:
+        return m
+    i = m.names.index("overhead_s")
+    return m.model_copy(update={"mean": (*m.mean[:i], 0.0, *m.mean[i + 1:])})
 
 
 _OVERHEAD_FREE: dict[str, Any] = {"fragmentation": 0.0, "context_gib": 0.0, "memory_multipliers": None}

@@ -244,3 +244,30 @@ def test_the_fits_cached_peaks_are_the_models_peaks() -> None:
         oom_pred = memory_columns(scn, PlanColumns.from_plans(plans[-1:]), cal)["peak"] / GIB
         measured = np.array([e.memory.peak_gib for e in runs[:-1] if e.memory is not None])
         assert fit.memory_error_before == memory_error(pred, measured, oom_pred, scn.cluster.gpu.hbm_gib)
+
+
+def test_the_fits_cached_step_times_are_the_models_step_times() -> None:
+    """A time fit evaluates the model once per value of the constants other than step_overhead_s (which only adds)
+    and reads a leave-one-out fold's runs as rows of the refit's (search.calibrate _Predictions): its step times
+    equal time_columns' bit for bit, for every run and for a fold, at any constants, with and without term
+    multipliers (the overhead's among them)."""
+    from stratagem.evaluators.timing import time_columns
+    from stratagem.search.calibrate import _Data
+
+    scn = load_scenario("examples/tiny-cpu.yaml")
+    base = default_calibration("cpu")
+    runs = synthetic_measurements(scn, base)
+    data = _Data(scn, runs, [])
+    keep = [0, 2, 3, 5]
+    fold = data.subset(keep)
+    cals = [base, base.model_copy(update={"step_overhead_s": 0.37}),
+            base.model_copy(update={"matmul_efficiency": base.matmul_efficiency / 3, "step_overhead_s": 0.0}),
+            _with_terms(base.model_copy(update={"step_overhead_s": 0.2, "layer_floor_ms": 7.0}),
+                        {"overhead_s": 1.7, "tp_comm_s": 1.3, "compute_s": 0.9}),
+            _with_terms(base.model_copy(update={"step_overhead_s": 0.05, "layer_floor_ms": 7.0}),
+                        {"overhead_s": 1.7, "tp_comm_s": 1.3, "compute_s": 0.9})]
+    for cal in cals:
+        for d, rows in ((data, range(len(PLANS))), (fold, keep)):
+            want = time_columns(scn, PlanColumns.from_plans([PLANS[i] for i in rows]), cal)["step_s"]
+            assert np.array_equal(d.predict_step(cal), want)
+    assert len(data.predictions._terms) == 3  # one model evaluation per constants but step_overhead_s
