@@ -224,8 +224,10 @@ def _stage_params(scn: Scenario, pc: PlanColumns, layers: Array, last: bool) -> 
     layer_expert = (st.last_expert if last else st.first_expert) / n_st / (ep * pc.etp)
     emb = m.embedding_params() / t
     head = (m.head_params() - m.norm_params()) / t + m.norm_params()  # the final norm is replicated by TP
-    tied_copy = m.vocab_size * m.hidden_size / t if m.tied_embeddings else 0.0
-    if last:  # last stage: layers + final norm + output projection (a tied copy when pp > 1)
+    # a copy of the embedding on the last stage when pp > 1: tied to the head, or for the multi-token-prediction
+    # modules there (megatron/core/models/gpt/gpt_model.py: the embedding is built when pre_process or mtp_process)
+    tied_copy = m.vocab_size * m.hidden_size / t if m.tied_embeddings or m.mtp_layers else 0.0
+    if last:  # last stage: layers (+ MTP modules) + final norm + output projection (+ that embedding copy)
         extra = head + np.where(p > 1, tied_copy, emb)
     else:  # first stage: embedding (+ the head when there is one stage)
         extra = emb + np.where(p > 1, 0.0, head)
@@ -435,10 +437,11 @@ class EngineTerms(NamedTuple):
 
 def _stage_io(r: Rank) -> tuple[Array, Array, Array, Array]:
     """The last stage (or the only one) holds the final norm input and LM-head input (sbh each) and the logits at
-    the loss (vocab-parallel: / t); pipeline send/receive buffers of the stage input and its gradient are
+    the loss (vocab-parallel: / t), once more per multi-token-prediction module; pipeline send/receive buffers of the stage input and its gradient are
     transient (2 x 2 sbh, / t with SP)."""
     pc, m = r.pc, r.scn.model
-    head = 2 * r.sbh / r.sp_div * r.act_bytes + r.s * r.b * m.vocab_size / pc.tp * r.cal.logits_bytes
+    heads = 1.0 + m.mtp_layers  # the output head runs once more per multi-token-prediction module
+    head = heads * (2 * r.sbh / r.sp_div * r.act_bytes + r.s * r.b * m.vocab_size / pc.tp * r.cal.logits_bytes)
     p2p = np.where(pc.pp > 1, 2 * 2 * r.sbh / r.sp_div * r.act_bytes, 0.0)
     zero = np.zeros(len(pc))
     return np.where(r.has_head, head, 0.0), zero, p2p, zero

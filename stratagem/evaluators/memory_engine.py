@@ -254,14 +254,15 @@ def torch_stage_io(r: Rank) -> tuple[Array, Array, Array, Array]:
     sbh, sp_div, act = r.sbh, r.sp_div, r.act_bytes
     ac = uses_autocast(scn, pc)
     gathered = np.where(pc.sequence_parallel > 0, sbh, sbh / sp_div)  # LM-head input (SP all-gathers it)
-    head_acts = sbh / sp_div * np.where(ac, 4.0, act) + gathered * act
+    heads = 1.0 + m.mtp_layers  # the output head and loss run once more per multi-token-prediction module
+    head_acts = heads * (sbh / sp_div * np.where(ac, 4.0, act) + gathered * act)
     # vocabulary-parallel logits and loss whenever tp > 1, with or without PP: torchtitan train.py runs
     # pp_schedule.step inside train_context(parallel_dims.loss_parallel_enabled) (output ColwiseParallel,
     # Shard(-1), use_local_output=False), and so does the harness (parallelize.uses_loss_parallel, 004d593);
     # under GPipe the last stage keeps every micro-batch's logits (stage output) and fp32 log-softmax output until
     # its backward (torch/distributed/pipelining/stage.py fwd_cache)
     v_split = pc.tp
-    logits_el = r.s * r.b * m.vocab_size / v_split
+    logits_el = heads * r.s * r.b * m.vocab_size / v_split
     gpipe_m = np.where((pc.pp > 1) & pc.schedule_is("gpipe"), r.microbatches, 1.0)  # 1F1B: each loss's backward next
     logits = logits_el * (cal.logits_bytes + (gpipe_m - 1) * (act + 4.0))
     # [PIPE] receive buffers: the stage input [b, s(/t), h] in the residual dtype (fp32 unless FSDP2's bf16)

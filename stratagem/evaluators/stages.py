@@ -9,7 +9,9 @@ and the per-rank sums are mapped back onto the plans:
                    the layers each really holds (DeepSeek-V3's three dense layers sit on rank 0, so its MoE weights
                    are smaller there);
   middle           the most loaded rank strictly between them (0 when pp <= 2).
-With pp = 1 the one rank is both first and last.
+With pp = 1 the one rank is both first and last. The last rank also holds the multi-token-prediction modules
+(ModelSpec.mtp_layers), each counted as one more layer with its parameters (ModelSpec.mtp_module_params), and runs
+the output head once more for each (Megatron multi_token_prediction.py mtp_on_this_rank: the last stage).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class StageColumns:
     """Non-routed parameters of the most loaded middle rank's layers."""
     middle_expert: Array
     """Routed-expert parameters of the most loaded middle rank's layers."""
+    last_heads: Array
+    """Output-head runs per micro-batch on rank pp-1: 1 + the multi-token-prediction modules."""
 
 
 @lru_cache(maxsize=64)
@@ -71,10 +75,18 @@ def _rank_sums(model: ModelSpec, key: tuple[int, int, int, int, int]) -> tuple[f
         idx = [i for rng in ranges[r] for i in rng if i < model.num_layers]
         return float(len(idx)), float(sum(per_layer[i][0] for i in idx)), float(sum(per_layer[i][1] for i in idx))
 
-    f, la = sums(0), sums(pp - 1)
+    mtp = model.mtp_layers
+    mtp_dense, mtp_routed = model.mtp_module_params() if mtp else (0, 0)
+
+    def with_mtp(x: tuple[float, float, float]) -> tuple[float, float, float]:
+        return x[0] + mtp, x[1] + mtp * mtp_dense, x[2] + mtp * mtp_routed
+
+    f, la = sums(0), with_mtp(sums(pp - 1))
+    if pp == 1:
+        f = la
     mids = [sums(r) for r in range(1, pp - 1)]
     mid = max(mids, key=lambda x: (x[0], x[1] + x[2])) if mids else (0.0, 0.0, 0.0)
-    return (f[0], la[0], mid[0], f[1], f[2], la[1], la[2], mid[1], mid[2])
+    return (f[0], la[0], mid[0], f[1], f[2], la[1], la[2], mid[1], mid[2], 1.0 + mtp)
 
 
 def distinct_rows(cols: list[NDArray[np.int64]]) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
@@ -97,18 +109,20 @@ def stage_columns(model: ModelSpec, pc: PlanColumns) -> StageColumns:
     """The StageColumns of every plan in `pc` (each distinct pipeline split computed once, and cached)."""
     if len(pc) == 0:
         empty = np.zeros(0)
-        return StageColumns(*([empty] * 9))
+        return StageColumns(*([empty] * 10))
     cols = [np.asarray(c, dtype=np.int64) for c in
             (pc.pp, pc.virtual_stages, pc.first_stage_layers, pc.last_stage_layers, pc.pp_split)]
     first_index, inverse = distinct_rows(cols)
     table = np.array([_rank_sums(model, _key(cols, int(i))) for i in first_index])
     rows = table[inverse]
-    return StageColumns(*(np.ascontiguousarray(rows[:, j]) for j in range(9)))
+    return StageColumns(*(np.ascontiguousarray(rows[:, j]) for j in range(10)))
 
 
 def slowest_rank_s(st: StageColumns, pp: Array, layer_s: Array, head_s: Array) -> Array:
     """Seconds of the slowest pipeline rank per micro-batch: max over first, middle and last rank of its layers x
-    the per-layer time, the last rank also running the output layer and loss (`head_s`)."""
-    first = st.first_layers * layer_s + np.where(pp > 1, 0.0, head_s)
-    last = st.last_layers * layer_s + head_s
+    the per-layer time, the last rank also running the output layer and loss (`head_s`), once more per
+    multi-token-prediction module."""
+    head = head_s * st.last_heads
+    first = st.first_layers * layer_s + np.where(pp > 1, 0.0, head)
+    last = st.last_layers * layer_s + head
     return np.maximum(np.maximum(first, st.middle_layers * layer_s), last)

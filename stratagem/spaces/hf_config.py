@@ -155,7 +155,9 @@ def _deepseek(kind: str, cfg: dict[str, Any], name: str) -> ModelSpec:
     moe = _deepseek_moe(cfg) if cfg.get("n_routed_experts") else None
     common = _common(cfg, name)
     common.update(num_kv_heads=None, head_dim=None)
-    return ModelSpec(**common, ffn_hidden_size=cfg["intermediate_size"], mla=mla, moe=moe)
+    # num_nextn_predict_layers: the multi-token-prediction modules (modeling_deepseek.py; DeepSeek-V3: 1)
+    return ModelSpec(**common, ffn_hidden_size=cfg["intermediate_size"], mla=mla, moe=moe,
+                     mtp_layers=cfg.get("num_nextn_predict_layers") or 0)
 
 
 def _deepseek_moe(cfg: dict[str, Any]) -> MoESpec:

@@ -127,6 +127,12 @@ class ModelSpec(BaseModel):
     encoder_params: int = Field(default=0, ge=0, le=B.MAX_PARAMS)
     """Parameters outside the decoder trained with it (Llama 4's vision encoder and projector); held with the
     embedding on the first pipeline stage; no work per text token."""
+    mtp_layers: int = Field(default=0, ge=0, le=B.MAX_LAYERS)
+    """Multi-token-prediction modules after the last layer (DeepSeek-V3 config num_nextn_predict_layers, Megatron
+    --mtp-num-layers), each predicting one token further: a transformer layer like the model's last, three norms
+    and a [2h -> h] projection, sharing the main model's embedding and output head (which it runs once more);
+    held and run by the last pipeline stage (megatron/core/transformer/multi_token_prediction.py
+    MultiTokenPredictionLayer, mtp_on_this_rank)."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -374,18 +380,33 @@ class ModelSpec(BaseModel):
         """Final norm + output projection (V*h unless tied)."""
         return self.norm_params() + (0 if self.tied_embeddings else self.vocab_size * self.hidden_size)
 
+    def mtp_module_params(self) -> tuple[int, int]:
+        """(non-routed, routed-expert) parameters of one multi-token-prediction module: its transformer layer (like
+        the last layer), enorm + hnorm + its final norm, and eh_proj [2h -> h] without bias (Megatron
+        multi_token_prediction.py MultiTokenPredictionLayer; DeepSeek-V3 report sec. 2.2). The embedding and
+        output head are the main model's."""
+        dense, routed = self.layer_params(self.num_layers - 1)
+        return dense + 3 * self.norm_params() + 2 * self.hidden_size * self.hidden_size, routed
+
+    def mtp_params(self) -> int:
+        """Parameters of all the multi-token-prediction modules (0 without them)."""
+        return self.mtp_layers * sum(self.mtp_module_params())
+
     def num_params(self) -> int:
-        """Total parameters: every layer + embeddings (+ encoder) + final norm + untied output projection."""
+        """Total parameters trained: every layer + embeddings (+ encoder) + final norm + untied output projection +
+        the multi-token-prediction modules (which published totals leave out: DeepSeek-V3's 671B)."""
         layers = sum(sum(self.layer_params(i)) for i in range(self.num_layers))
-        return layers + self.embedding_params() + self.head_params()
+        return layers + self.embedding_params() + self.head_params() + self.mtp_params()
 
     def num_active_params(self, input_embedding: bool = True) -> int:
-        """Parameters a token passes through: top_k of the routed experts instead of all; equals num_params
-        when dense. `input_embedding=False` leaves out the embedding table (and encoder), as OpenAI counts
-        gpt-oss's active parameters (model card, Table 1). encoder_params are never active for a text token."""
+        """Parameters a token passes through: top_k of the routed experts instead of all (the MTP modules' too);
+        equals num_params when dense. `input_embedding=False` leaves out the embedding table (and encoder), as
+        OpenAI counts gpt-oss's active parameters (model card, Table 1). encoder_params are never active for a
+        text token."""
         n = self.num_params() - self.encoder_params
         if self.moe is not None:
-            n -= self.num_moe_layers() * (self.moe.num_experts - self.moe.top_k) * self.expert_params()
+            mtp_moe = self.mtp_layers if self.is_moe_layer(self.num_layers - 1) else 0
+            n -= (self.num_moe_layers() + mtp_moe) * (self.moe.num_experts - self.moe.top_k) * self.expert_params()
         return n if input_embedding else n - (self.embedding_params() - self.encoder_params)
 
 
@@ -405,7 +426,8 @@ _SCOUT_VISION = 871_932_416
 # Mixtral (Jiang et al. 2024, sec. 2), GPT-3 175B (Brown et al. 2020, Table 2.1); the MoE presets below are the
 # config.json of each released checkpoint on the Hugging Face hub: deepseek-ai/DeepSeek-V3,
 # Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, mistralai/Mixtral-8x22B-v0.1, meta-llama/Llama-4-Scout-17B-16E,
-# openai/gpt-oss-120b (DeepSeek-V3's multi-token-prediction layer is not part of its 671B and is left out).
+# openai/gpt-oss-120b (DeepSeek-V3's num_nextn_predict_layers = 1: one multi-token-prediction module, outside its
+# published 671B).
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -428,6 +450,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                         v_head_dim=128),
             moe=MoESpec(num_experts=256, top_k=8, expert_ffn_hidden_size=2048, shared_experts=1,
                         first_dense_layers=3, router_bias=True, route_groups=8, route_groups_per_token=4),
+            mtp_layers=1,
         ),
         _llama(
             "qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, head_dim=128, qk_norm=True,

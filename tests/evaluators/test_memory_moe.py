@@ -68,3 +68,30 @@ def test_the_harness_keeps_the_expert_outputs_it_weights() -> None:
     assert torch_names["dispatch_output"] == torch_names["dispatch_input"]
     assert torch_names["dispatch_output"] >= k * tokens * h
     assert "dispatch_output" not in megatron_names
+
+
+def test_mtp_module_weighs_on_the_last_stage_only() -> None:
+    """DeepSeek-V3's multi-token-prediction module on Megatron (bf16, pp 16, ep 8): the last stage holds its
+    layer (non-routed / tp, routed / ep), its norms and eh_proj, and a copy of the embedding (gpt_model.py builds
+    it when mtp_process), 2 bytes each; the first stage is unchanged; the step is slower (the last rank runs one
+    more layer and the head once more)."""
+    from stratagem.evaluators import evaluate_many
+    from stratagem.evaluators.calibration import DEFAULT_CALIBRATION
+    from stratagem.evaluators.memory import rank_memory_columns
+
+    with_mtp = Scenario(model="deepseek-v3", cluster=ClusterSpec(gpu=gpu_preset("h100-sxm-80g"), num_nodes=32,
+                                                                 gpus_per_node=8),
+                        training={"global_batch_size": 1024, "stack": "megatron"})
+    m = with_mtp.model
+    bare = with_mtp.model_copy(update={"model": m.model_copy(update={"mtp_layers": 0})})
+    plan = Plan(dp=16, pp=16, ep=8, zero_stage=1)
+    pc = PlanColumns.from_plans([plan])
+
+    def weights(scn: Scenario, stage: str) -> float:
+        return float(rank_memory_columns(scn, pc, DEFAULT_CALIBRATION, stage)["weights"][0])  # type: ignore[arg-type]
+
+    dense, routed = m.mtp_module_params()
+    assert weights(with_mtp, "first") == weights(bare, "first")
+    assert weights(with_mtp, "last") - weights(bare, "last") == 2.0 * (dense + routed / 8 + m.vocab_size * m.hidden_size)
+    slow, fast = evaluate_many(with_mtp, [plan]), evaluate_many(bare, [plan])
+    assert slow.step_s[0] > fast.step_s[0]

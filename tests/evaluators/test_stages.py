@@ -46,10 +46,25 @@ def test_uneven_split_rules_follow_megatron() -> None:
 def test_deepseek_dense_layers_sit_on_the_first_stage() -> None:
     m = MODEL_PRESETS["deepseek-v3"]
     st = stage_columns(m, PlanColumns.from_plans([Plan(pp=16, first_stage_layers=1), Plan(pp=8, last_stage_layers=5)]))
-    assert list(st.first_layers) == [1, 8] and list(st.last_layers) == [4, 5]
+    # the last rank also holds the multi-token-prediction module (one more MoE layer)
+    assert list(st.first_layers) == [1, 8] and list(st.last_layers) == [4 + 1, 5 + 1]
     assert st.first_expert[0] == 0  # layer 0 is dense: no routed experts on rank 0
     assert st.first_expert[1] == 5 * m.moe.num_experts * m.expert_params()  # layers 0-7: three are dense
     assert st.middle_layers[1] == 8
+
+
+def test_mtp_modules_sit_on_the_last_stage_and_run_the_head_again() -> None:
+    """Megatron places the multi-token-prediction modules on the last pipeline stage (multi_token_prediction.py
+    mtp_on_this_rank): its layers, parameters and output-head runs grow by one module each; pp = 1: the one rank."""
+    m = MODEL_PRESETS["deepseek-v3"]
+    bare = m.model_copy(update={"mtp_layers": 0})
+    plans = PlanColumns.from_plans([Plan(pp=16), Plan(pp=1)])
+    st, st0 = stage_columns(m, plans), stage_columns(bare, plans)
+    dense, routed = m.mtp_module_params()
+    assert list(st.last_layers - st0.last_layers) == [1, 1] and list(st.first_layers - st0.first_layers) == [0, 1]
+    assert list(st.last_dense - st0.last_dense) == [dense, dense]
+    assert list(st.last_expert - st0.last_expert) == [routed, routed]
+    assert list(st.last_heads) == [2, 2] and list(st0.last_heads) == [1, 1]
 
 
 def test_slowest_stage_decides_time_and_worst_stage_memory() -> None:

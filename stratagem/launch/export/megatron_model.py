@@ -150,6 +150,8 @@ def model_args(lay: Layout, notes: Notes) -> list[str]:
     if m.encoder_params:
         notes.un.append(FieldNote("model.encoder_params", f"{m.encoder_params}: pretrain_gpt.py builds no vision "
                                   "encoder; the text decoder alone is written"))
+    if m.mtp_layers:  # megatron/training/arguments.py --mtp-num-layers: the modules on the last stage
+        model += ["--mtp-num-layers", str(m.mtp_layers)]
     # stratagem's activation model has no dropout (Megatron's default is 0.1 and saves masks)
     model += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     return model + _vocab_args(lay, notes)

@@ -178,6 +178,9 @@ def _model_table(d: _Draft, lay: Layout) -> None:
             f"none has this architecture ({arch}); flavor {flavor!r} is written so that torchtitan stops "
             "with an unknown-flavor error until you register it",
         ))
+    if m.mtp_layers:
+        d.un.append(FieldNote("model.mtp_layers", f"{m.mtp_layers}: torchtitan v0.2.2 has no multi-token "
+                              "prediction; the job trains without the modules, lighter and faster than planned"))
     d.tables["model"] = {"name": "llama3", "flavor": flavor, "hf_assets_path": "./assets/hf/REPLACE-ME"}
     consts = model_constants(m, default_theta=500000)  # torchtitan llama3 TransformerModelArgs defaults
     d.comments["model.flavor"] = [

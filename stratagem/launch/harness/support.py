@@ -49,6 +49,9 @@ def model_refusal(spec: ModelSpec) -> str | None:
         if value:
             return (f"model.{name} ({value if not hasattr(value, 'model_dump') else 'set'}): the harness builds "
                     f"plain GQA attention over the whole sequence, without {name}; remove it for a real run")
+    if spec.mtp_layers:
+        return (f"model.mtp_layers ({spec.mtp_layers}): the harness builds no multi-token-prediction module; "
+                "set 0 for a real run")
     return None
 
 

@@ -47,6 +47,7 @@ MODEL_ARGS=(
   --qk-pos-emb-head-dim 64
   --v-head-dim 128
   --q-lora-rank 1536
+  --mtp-num-layers 1
   --attention-dropout 0.0
   --hidden-dropout 0.0
   --make-vocab-size-divisible-by 128
