@@ -26,6 +26,7 @@ from stratagem.evaluators.evaluation import (
 )
 from stratagem.evaluators.figures import PlanFigures
 from stratagem.evaluators.memory import memory_columns
+from stratagem.evaluators.stages import trained_scenario
 from stratagem.evaluators.timing import time_columns
 from stratagem.evaluators.zones import build_zones, zone_columns
 from stratagem.spaces.columns import PlanColumns
@@ -49,6 +50,7 @@ def evaluate_many(
     """
     pc = plans if isinstance(plans, PlanColumns) else PlanColumns.from_plans(plans)
     cal = calibration or default_calibration(scenario.cluster.gpu.name)  # the device's defaults (cpu: its own)
+    scenario = trained_scenario(scenario)  # the model the stack's job trains (MTP modules only where built)
     mem = memory_columns(scenario, pc, cal)
     out: dict[str, Array] = {f"{b}_gib": mem[b] / GIB for b in BLOCKS}
     out["peak_gib"] = mem["peak"] / GIB

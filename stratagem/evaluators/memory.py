@@ -37,7 +37,7 @@ from stratagem.evaluators.memory_activations import layer_bytes, layer_elements
 from stratagem.evaluators.memory_copies import fp8_weight_cache_bytes, optimizer_step_bytes
 from stratagem.evaluators.memory_pipeline import in_flight, pipeline_layers
 from stratagem.evaluators.memory_rank import Rank
-from stratagem.evaluators.stages import stage_columns
+from stratagem.evaluators.stages import stage_columns, trained_scenario
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
@@ -271,7 +271,7 @@ def rank_memory_columns(
     rank of the first or the last pipeline stage (the same rank when pp = 1): the model states of the stack
     record, the engine's own copies, the activations, the transients, the optimizer step, each a term below; each
     block times its multiplier when the calibration carries memory multipliers (peak: their sum)."""
-    r = _rank(scn, pc, cal, stage == "last")
+    r = _rank(trained_scenario(scn), pc, cal, stage == "last")
     engine = ENGINES[r.rec.master_weights]
     states = _states(r, engine)
     blocks = _kept_gathered(r, engine, engine.copies(r, states))

@@ -45,6 +45,8 @@ Sources:
           and the permuted probs); moe/token_dispatcher.py combine_postprocess unpermutes without probs
           (moe/moe_utils.py unpermute: a scatter, indices only) and the combine saves no tokens (all_to_all;
           DeepEP: moe/fused_a2a.py FusedCombine.forward keeps ctx.handle only). No expert output is kept.
+          NeMo Automodel 0.7.0 does the same (components/moe/experts.py GroupedExpertsDeepEP: the activation is
+          get_expert_activation_for_deepep -> weighted_bias_swiglu_impl).
   [TT-C]  torchtitan v0.2.2 torchtitan/models/moe/moe.py MoE.forward, score_before_experts=False (its DeepSeek-V3
           and Qwen3 configs): torch.bmm(top_scores, routed_output_unsorted.float()) keeps the experts' outputs
           (in fp32 there, twice the harness's compute-dtype `routed * weights`); DeepSpeed's MOELayer einsum
@@ -132,7 +134,9 @@ def saved_tensors(scn: Scenario, pc: PlanColumns, s: Array | float, b: Array | f
     e = m.moe
     imb = load_imbalance(scn, pc)
     routed = e.top_k * imb * s * b * e.expert_ffn_hidden_size / t
-    out += _mlp_group("expert_", routed, glu, rec.fused_glu, "moe", "moe_act")
+    # the probs-weighted activation is WeightedSwiGLUFunction, which saves only its input (and the probs) [MLM-P]
+    weighted = rec.fused_glu or rec.moe_probs_applied == "activation"
+    out += _mlp_group("expert_", routed, glu, weighted, "moe", "moe_act")
     if e.shared_experts:
         shared = e.shared_experts * s * b * e.shared_ffn / t
         out += [Saved(x.name, x.elements, "shared_experts" if x.module == "moe" else x.module, x.linear_input,

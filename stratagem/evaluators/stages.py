@@ -26,8 +26,10 @@ from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.pipeline_split import chunk_layers, rank_layer_ranges
 from stratagem.spaces.plan import PIPELINE_SPLITS
+from stratagem.spaces.scenario import Scenario
+from stratagem.spaces.stacks import stack_record
 
-__all__ = ["StageColumns", "stage_columns", "slowest_rank_s", "distinct_rows"]
+__all__ = ["StageColumns", "stage_columns", "slowest_rank_s", "distinct_rows", "trained_scenario"]
 
 Array = NDArray[np.float64]
 
@@ -56,6 +58,14 @@ class StageColumns:
     """Routed-expert parameters of the most loaded middle rank's layers."""
     last_heads: Array
     """Output-head runs per micro-batch on rank pp-1: 1 + the multi-token-prediction modules."""
+
+
+def trained_scenario(scn: Scenario) -> Scenario:
+    """The scenario as its stack's job trains it: without the multi-token-prediction modules on a stack that
+    builds none (StackRecord.mtp; its exporter says so), else unchanged."""
+    if not scn.model.mtp_layers or stack_record(scn.training.stack).mtp:
+        return scn
+    return scn.model_copy(update={"model": scn.model.model_copy(update={"mtp_layers": 0})})
 
 
 @lru_cache(maxsize=64)

@@ -173,6 +173,10 @@ class StackRecord(BaseModel):
     (refused_by harness) and the exporters (refused_by export)."""
     moe_dispatchers: tuple[Dispatcher, ...] = ("alltoall",)
     """MoE token dispatchers the stack ships (TrainingSpec.moe_dispatcher); the first is the default."""
+    mtp: bool = False
+    """Whether the stack builds multi-token-prediction modules (ModelSpec.mtp_layers: Megatron --mtp-num-layers,
+    megatron/core/transformer/multi_token_prediction.py); without them its job trains the main model alone
+    (torchtitan v0.2.2 and NeMo Automodel 0.7.0's DeepSeek-V3 have none), and stratagem evaluates that job."""
     moe_probs_applied: Literal["activation", "combine"] = "combine"
     """Where the routing probabilities weight the routed experts, which decides what an MoE layer keeps for their
     gradient. activation: inside the experts' activation, which saves only its input and the permuted probs
@@ -400,6 +404,7 @@ _MEGATRON = StackRecord(
     p2p_overlap=True,
     kernel_paths=("fused",),
     moe_dispatchers=("alltoall", "deepep"),
+    mtp=True,
     moe_probs_applied="activation",
     ep_comm_overlap=True,
     grouped_gemm=True,
@@ -629,6 +634,10 @@ _AUTOMODEL = StackRecord(
     kernel_paths=("fused",),
     plan_exclusions=AUTOMODEL_PLAN_EXCLUSIONS,
     moe_dispatchers=("deepep",),
+    # GroupedExpertsDeepEP weights the experts in their activation (components/moe/experts.py
+    # get_expert_activation_for_deepep: Megatron's weighted_bias_swiglu_impl; MoEConfig
+    # apply_router_weight_after_down = False)
+    moe_probs_applied="activation",
     grouped_gemm=True,
     schedules=("gpipe", "1f1b", "interleaved"),
     zero_stages=(3,),
