@@ -91,7 +91,8 @@ def compare_cmd(scenario: ScenarioArg, plans: PlansArg, storage: StorageOpt = No
     scn = load_scenario(scenario)
     cal, cal_label = scenario_calibration(scn, calibration)
     resolved = resolve_plans(scn, scenario, plans, storage, study)
-    result = compare([Compared(name, evaluate(scn, plan, cal), measured) for name, plan, measured in resolved])
+    result = compare([Compared(name, evaluate(scn, plan, cal), measured) for name, plan, measured in resolved],
+                     scn, cal)
     if as_json:
         print(json.dumps({**result.as_json(), "calibration": cal_label}, indent=2))
         return

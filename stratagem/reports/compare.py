@@ -9,11 +9,17 @@ the block that breaks first. Numbers follow `stratagem.quantities` (one memory u
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stratagem import quantities as q
 from stratagem.evaluators.evaluation import BLOCKS, ZONE_NAMES, Evaluation
+from stratagem.evaluators.risk_pick import RISK_RULE, risk_aware_best
 from stratagem.evaluators.step_parts import STEP_PARTS
+from stratagem.evaluators.zones import bottleneck_label
+
+if TYPE_CHECKING:
+    from stratagem.evaluators.calibration import Calibration
+    from stratagem.spaces.scenario import Scenario
 
 __all__ = ["Compared", "Comparison", "compare"]
 
@@ -83,7 +89,7 @@ class Comparison:
                                                   for e in evs)])
         for z in ZONE_NAMES:
             rows.append([f"zone {z}", *(getattr(e.zones, z).level if e.zones else q.DASH for e in evs)])
-        rows.append(["bottleneck", *(e.zones.bottleneck if e.zones else q.DASH for e in evs)])
+        rows.append(["bottleneck", *(bottleneck_label(e.zones) if e.zones else q.DASH for e in evs)])
         head = ["", *(f"{c.name}" + (f" ({c.label})" if c.label != c.name else "") for c in self.plans)]
         return head, rows
 
@@ -111,9 +117,13 @@ def _why_not(win: Compared, other: Compared) -> str:
     _, field, part = max((getattr(o.time, p.name) - getattr(w.time, p.name), p.name, p.label) for p in STEP_PARTS
                          if p.term)
     unit = q.duration_unit(o.time.step_s, w.time.step_s)
+    bad = [z for z in ZONE_NAMES if o.zones is not None and getattr(o.zones, z).level == "bad"]
+    if gap < 0 and bad:
+        return (f"why not {name}? it is {q.percent(other.tokens_per_s / win.tokens_per_s - 1.0)} faster, but its "
+                f"{', '.join(bad)} zone is bad and {win.label} is within the model's noise of it (risk-aware pick).")
     if gap <= 0:
         return f"{name} is as fast as {win.label} ({q.sig(other.tokens_per_s)} tokens/s)."
-    because = (f"its step is {q.duration_in(o.time.step_s - w.time.step_s, unit)} longer "
+    because = (f"{other.label}'s step is {q.duration_in(o.time.step_s - w.time.step_s, unit)} longer "
                f"({q.duration_in(o.time.step_s, unit)} vs {q.duration_in(w.time.step_s, unit)}), most of all in "
                f"{part}: {q.duration_in(getattr(o.time, field), unit)} vs "
                f"{q.duration_in(getattr(w.time, field), unit)}")
@@ -121,13 +131,41 @@ def _why_not(win: Compared, other: Compared) -> str:
             f"{q.sig(other.tokens_per_s)} tokens/s): {because}.")
 
 
-def compare(plans: list[Compared]) -> Comparison:
-    """The comparison of two or more evaluated plans (the winner: highest predicted tokens/s among those that
-    fit; ties keep the first given)."""
+def _winner(plans: list[Compared], scenario: Scenario | None,
+            calibration: Calibration | None) -> tuple[int | None, str]:
+    """The fastest plan that fits (ties keep the first given), by RISK_RULE when `scenario` is given: a plan with
+    a zone at bad loses to the fastest without one within the model's noise of it. With the line saying so."""
     fitting = [i for i, c in enumerate(plans) if c.fits]
-    winner = max(fitting, key=lambda i: (plans[i].tokens_per_s, -i)) if fitting else None
+    if not fitting:
+        return None, ""
+    fastest = max(fitting, key=lambda i: (plans[i].tokens_per_s, -i))
+    if scenario is None:
+        return fastest, ""
+    import numpy as np
+
+    from stratagem.evaluators.analytic import evaluate_many
+    from stratagem.evaluators.posterior import predictive_from_figures
+
+    fit = [plans[i] for i in fitting]  # only plans that fit have step-time shares
+    figs = evaluate_many(scenario, [c.evaluation.plan for c in fit], calibration)
+    pred = predictive_from_figures(scenario, figs, calibration).log_tokens
+    bad = {z: np.array([c.evaluation.zones is not None and getattr(c.evaluation.zones, z).level == "bad"
+                        for c in fit], dtype=bool) for z in ZONE_NAMES}
+    values = np.array([c.tokens_per_s for c in fit], dtype=np.float64)  # argmax: ties keep the first given
+    pick = risk_aware_best(values, np.ones(len(fit), dtype=bool), bad, pred.shares, pred.cov)
+    if pick is None:
+        return fastest, ""
+    said = pick.note(fit[pick.fastest].label)
+    return fitting[pick.index], (f"{fit[pick.index].label}: {said} ({RISK_RULE})." if said else "")
+
+
+def compare(plans: list[Compared], scenario: Scenario | None = None,
+            calibration: Calibration | None = None) -> Comparison:
+    """The comparison of two or more evaluated plans. The winner: the highest predicted tokens/s among those that
+    fit (ties keep the first given), risk-aware when `scenario` is given (`_winner`, evaluators.risk_pick)."""
+    winner, rule = _winner(plans, scenario, calibration)
     if winner is None:
         why = tuple(_why_not(plans[0], c) for c in plans)
     else:
         why = tuple(_why_not(plans[winner], c) for i, c in enumerate(plans) if i != winner)
-    return Comparison(plans=tuple(plans), winner=winner, why=why)
+    return Comparison(plans=tuple(plans), winner=winner, why=((rule,) if rule else ()) + why)
