@@ -142,6 +142,7 @@ def _winner(plans: list[Compared], scenario: Scenario | None,
     if scenario is None:
         return fastest, ""
     import numpy as np
+    from numpy.typing import NDArray
 
     from stratagem.evaluators.analytic import evaluate_many
     from stratagem.evaluators.posterior import predictive_from_figures
@@ -149,8 +150,9 @@ def _winner(plans: list[Compared], scenario: Scenario | None,
     fit = [plans[i] for i in fitting]  # only plans that fit have step-time shares
     figs = evaluate_many(scenario, [c.evaluation.plan for c in fit], calibration)
     pred = predictive_from_figures(scenario, figs, calibration).log_tokens
-    bad = {z: np.array([c.evaluation.zones is not None and getattr(c.evaluation.zones, z).level == "bad"
-                        for c in fit], dtype=bool) for z in ZONE_NAMES}
+    bad: dict[str, NDArray[np.bool_]] = {
+        z: np.array([c.evaluation.zones is not None and getattr(c.evaluation.zones, z).level == "bad" for c in fit],
+                    dtype=bool) for z in ZONE_NAMES}
     values = np.array([c.tokens_per_s for c in fit], dtype=np.float64)  # argmax: ties keep the first given
     pick = risk_aware_best(values, np.ones(len(fit), dtype=bool), bad, pred.shares, pred.cov)
     if pick is None:
