@@ -140,14 +140,15 @@ def torchtitan_cases(path: Path) -> list[Case]:
 
 
 def moe_fit_check(path: Path, cal: Calibration) -> tuple[int, int]:
-    """Print the predicted peak of every published MoE run (they ran: each should fit); (fits, runs)."""
+    """Print the predicted peak of every published MoE run (they ran: each should fit), the rows used to choose
+    mechanisms (steered) apart from the held-out ones (steered false); (fits, runs) over all of them."""
     runs = json.loads(path.read_text())["runs"]
-    fits = 0
-    print("\npublished MoE runs (they ran; megatron record; GiB):")
-    for r in runs:
+    fits, held_out, held_fits = 0, 0, 0
+    print("\npublished MoE runs (they ran; megatron record; GiB; [held-out] = steered false):")
+    for r in sorted(runs, key=lambda r: not r.get("steered", True)):
         gpu = "h100-sxm-80g" if r["gpu"] in ("h800", "h100-sxm-80g") else r["gpu"]  # H800: H100 SXM's 80 GB
         training = {"seq_len": r["seq"], "global_batch_size": r["gbs"], "stack": "megatron",
-                    "precision": r["precision"],
+                    "precision": r["precision"], "moe_dispatcher": r["dispatcher"], "ep_comm_overlap": r["a2a_overlap"],
                     **{k: r[k] for k in ("activation_func_fp8_input_store", "optimizer_state_dtype") if k in r}}
         scn = Scenario(model=r["model"], cluster=ClusterSpec(gpu=gpu_preset(gpu), num_nodes=r["gpus"] // 8,
                                                              gpus_per_node=8), training=training)
@@ -155,15 +156,20 @@ def moe_fit_check(path: Path, cal: Calibration) -> tuple[int, int]:
                     etp=r["etp"], zero_stage=3 if r["fsdp"] else 1, micro_batch_size=r["mbs"],
                     precision=r["precision"], sequence_parallel=r["tp"] > 1, activation_checkpointing=r["recompute"],
                     recompute_modules=r.get("recompute_modules") or (),  # a list or "a+b"
-                    pp_schedule="interleaved" if r["vp"] > 1 else "1f1b", virtual_stages=r["vp"])
+                    pp_schedule="interleaved" if r["vp"] > 1 else "1f1b", virtual_stages=r["vp"],
+                    pp_split=r.get("pp_split", "layers"))
         modules = "+".join(plan.recompute_modules)
         mem = memory_columns(scn, PlanColumns.from_plans([plan]), cal)
         peak, hbm = float(mem["peak"][0]) / GIB, float(mem["hbm"][0]) / GIB
         fits += peak <= hbm
+        held = not r.get("steered", True)
+        held_out, held_fits = held_out + held, held_fits + (held and peak <= hbm)
         broken = violations(scn, plan)
-        note = f"  (breaks: {broken[0][:70]})" if broken else ""
-        print(f"  {'fits' if peak <= hbm else 'OOM ':4s} {peak:6.1f} / {hbm:5.1f}  {r['id']}"
+        note = f"  (breaks: {broken[0][:70]}; row: cli_refuses)" if broken and "cli_refuses" in r else (
+            f"  (breaks: {broken[0][:70]})" if broken else "")
+        print(f"  {'fits' if peak <= hbm else 'OOM ':4s} {peak:6.1f} / {hbm:5.1f}  {r['id']}{' [held-out]' if held else ''}"
               f"{' [' + modules + ']' if modules else ''}{note}")
+    print(f"  steered rows: {fits - held_fits} of {len(runs) - held_out} fit; held-out rows: {held_fits} of {held_out} fit")
     print(f"  {fits} of {len(runs)} published MoE runs fit")
     return fits, len(runs)
 

@@ -161,8 +161,9 @@ def published_points(ref: Path) -> list[Point]:
 
 def moe_points(ref: Path) -> list[Point]:
     """Published MoE runs (published_moe_runs.json): Megatron-Core layouts on H100 (and DeepSeek-V3 on H800), each
-    with its dispatcher, EP overlap, recompute and fp8 recipe as published; source "moe" or "moe-check" (rows kept
-    aside as an unfitted check). Not part of --fit."""
+    with its dispatcher, EP overlap, recompute, pipeline split and fp8 recipe as published; source "moe", "moe-check"
+    (not fitted, but read while mechanisms were chosen: steered) or "moe-held" (steered false: the held-out set
+    nobody models against). Not part of --fit."""
     path = ref / "published_moe_runs.json"
     if not path.exists():
         return []
@@ -187,10 +188,12 @@ def moe_points(ref: Path) -> list[Point]:
                     zero_stage=3 if r["fsdp"] else 1, micro_batch_size=r["mbs"], sequence_parallel=tp > 1,
                     precision=precision, activation_checkpointing=r["recompute"],
                     recompute_modules=tuple(r.get("recompute_modules", ())),
-                    pp_schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp)
+                    pp_schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
+                    pp_split=r.get("pp_split", "layers"))
         meas = r["measured"]
         tps = meas.get("tokens_per_s_per_gpu") or r["gbs"] * r["seq"] / (meas["step_s"] * gpus)
-        points.append(Point("moe-check" if r["check"] else "moe", r["id"], scn, plan, float(tps), "tok/s/gpu"))
+        source = "moe-held" if not r.get("steered", True) else "moe-check" if r["check"] else "moe"
+        points.append(Point(source, r["id"], scn, plan, float(tps), "tok/s/gpu"))
     return points
 
 
@@ -207,7 +210,7 @@ def moe_report(points: list[Point], cal: Calibration) -> list[str]:
         lines.append(f"  {p.source:9s} {p.label:42s} {p.measured:7,.0f} -> {pred[i]:7,.0f} ({pred[i] / p.measured - 1:+.0%})"
                      f"  [compute {pt['compute_s'] / step:.0%}, EP {pt['ep_comm_s'] / step:.0%}, "
                      f"TP {pt['tp_comm_s'] / step:.0%}, bubble {pt['bubble_s'] / step:.0%}]")
-    for src in ("moe", "moe-check"):
+    for src in ("moe", "moe-check", "moe-held"):
         mask = np.array([p.source == src for p in points])
         if mask.any():
             lines.append(f"  {src:9s} n={mask.sum():3d}  MAPE {np.mean(err[mask]):6.1%}  median APE "
