@@ -98,10 +98,14 @@ _RULES: dict[str, tuple[ReadList, Predicate]] = {
     "selective_recompute": ("pipelining", lambda f: f.selective),
     "seq_len_divisor": ("layout", lambda f: (f.seq_len > 0) & (f.seq_len % (2 * f.tp * f.cp) != 0)),
     "etp_without_ep": ("layout", lambda f: f.moe & (f.ep == 1) & (f.tp > 1) & (f.etp == 1)),
+    "ddp_data_parallel_only": ("sharding", lambda f: (f.zero_stage == 0) & (f.dp > 1)
+                               & ((f.tp > 1) | (f.pp > 1) | (f.cp > 1) | (f.ep > 1))),
+    "hsdp_full_replication": ("sharding", lambda f: (f.dp_replicate > 1) & (f.dp_replicate >= f.dp)),
 }
 ExclusionName = Literal["etp_1_or_tp", "zero1_moe_expert_mesh", "1f1b_microbatches", "tp_without_sp",
                         "zero0_with_cp", "zero0_with_ep", "ddp_beside_other_parallelism", "zero1_optimizer_only",
-                        "optimizer_offload_cpu", "selective_recompute", "seq_len_divisor", "etp_without_ep"]
+                        "optimizer_offload_cpu", "selective_recompute", "seq_len_divisor", "etp_without_ep",
+                        "ddp_data_parallel_only", "hsdp_full_replication"]
 
 
 class PlanExclusion(BaseModel):
@@ -269,7 +273,28 @@ TORCH_PLAN_EXCLUSIONS: tuple[PlanExclusion, ...] = (
 
 # NeMo Automodel 0.7.0 builds its pipeline schedules with torch.distributed.pipelining (nemo_automodel/components/
 # distributed/pipelining/functional.py build_pipeline_schedule -> get_schedule_class): torch's own refusal applies.
+_AM_MESH = "nemo_automodel/components/distributed/mesh_utils.py"
 AUTOMODEL_PLAN_EXCLUSIONS: tuple[PlanExclusion, ...] = (
+    PlanExclusion(
+        name="ddp_data_parallel_only", refused_by="harness", field="plan.zero_stage",
+        what="zero_stage 0 over dp ({dp}) with tp ({tp}) / pp ({pp}) / cp ({cp}) / ep ({ep})",
+        reason="Automodel's unsharded data parallelism is its DDP strategy, which runs data parallelism alone; use "
+               "zero_stage 3 (FSDP2), or tp=pp=cp=ep=1",
+        source=f"{_AM_MESH} _create_device_meshes: DDPConfig raises 'ddp does not support tensor / pipeline / "
+               "context / expert parallelism'"),
+    PlanExclusion(
+        name="zero0_with_cp", refused_by="harness", field="plan.zero_stage",
+        what="zero_stage 0 with cp ({cp})",
+        reason="Automodel's FSDP2 shards the model states over dp_shard x cp whenever cp > 1; use zero_stage 3 with "
+               "cp > 1",
+        source=f"{_AM_MESH} _create_fsdp2_device_mesh: the dp_shard_cp axis FSDP2 shards over"),
+    PlanExclusion(
+        name="hsdp_full_replication", refused_by="harness", field="plan.dp_replicate",
+        what="dp_replicate ({dp_replicate}) equal to dp ({dp})",
+        reason="FSDP2 in Automodel needs a shard group of more than one rank; use dp_replicate below dp, or "
+               "zero_stage 0 (DDP) for pure replication",
+        source=f"{_AM_MESH} _create_fsdp2_device_mesh: ValueError 'dp_replicate_size must be less than dp_size "
+               "since DDP usecase is not supported by FSDP2'"),
     PlanExclusion(
         name="1f1b_microbatches", refused_by="harness", field="plan.micro_batch_size",
         what="pp_schedule 1f1b with {microbatches} micro-batch(es) per step over pp ({pp}) stages",

@@ -640,7 +640,7 @@ _AUTOMODEL = StackRecord(
     moe_probs_applied="activation",
     grouped_gemm=True,
     schedules=("gpipe", "1f1b", "interleaved"),
-    zero_stages=(3,),
+    zero_stages=(0, 3),
     max_zero_with_pp=3,
     sequence_parallel=True,
     context_parallel=True,
@@ -658,8 +658,9 @@ _AUTOMODEL = StackRecord(
                   "docs/guides/mixed-precision-training.mdx Pattern A (TE FusedAdam, store_param_remainders)",
         "schedules": f"{_AM}components/distributed/pipelining/functional.py build_pipeline_schedule: torch "
                      "get_schedule_class (pp_schedule 1f1b, gpipe, interleaved1f1b)",
-        "zero_stages": f"{_AM}components/distributed/mesh_utils.py _create_fsdp2_device_mesh: FSDP2 shards over "
-                       "dp_shard x cp (fully_shard), no optimizer-only or unsharded FSDP2 strategy",
+        "zero_stages": f"{_AM}components/distributed/mesh_utils.py _create_device_meshes: FSDP2 shards over "
+                       "dp_shard x cp (fully_shard, ZeRO-3); DDPConfig (ZeRO-0) runs data parallelism alone; no "
+                       "optimizer-only or gradient-only sharding",
         "max_zero_with_pp": f"{_AM}components/distributed/config.py FSDP2Config.reshard_after_forward: FSDP2 "
                             "with PP (pipeline layers do not reshard after forward)",
         "reshard_after_forward_with_pp": f"{_AM}components/distributed/config.py FSDP2Config.reshard_after_forward "

@@ -3,8 +3,8 @@
 Always: every section and key of the exported YAML is a field of the dataclass Automodel builds from it, every
 recipe and `_target_` names a class that exists (golden/automodel_schema.json, extracted from the 0.7.0 wheel by
 golden/refresh_tables.py automodel). With the wheel installed (`make test` installs it without its dependencies):
-Automodel's own parse_distributed_section, FSDP2 device-mesh builder (on a fake process group at the plan's world
-size), pipeline stage split and step scheduler read each export back to the plan.
+Automodel's own parse_distributed_section, device-mesh builder (FSDP2's on a fake process group at the plan's world size,
+DDP's refusals), pipeline stage split and step scheduler read each export back to the plan.
 """
 
 from __future__ import annotations
@@ -24,17 +24,25 @@ from stratagem.errors import StratagemError
 from stratagem.launch.export import export_plan, layout
 from stratagem.launch.export.automodel import pipeline_settings
 from stratagem.spaces import ClusterSpec, Plan, Scenario, gpu_preset, parse_plan, scenario_from_dict
-from stratagem.spaces.rules import capability_violations
+from stratagem.spaces.rules import capability_violations, plan_facts
 from stratagem.spaces.stacks import stack_record
 
 GOLDEN = Path(__file__).parent / "golden"
 SCHEMA: dict[str, Any] = json.loads((GOLDEN / "automodel_schema.json").read_text())
 _DATA = yaml.safe_load((GOLDEN / "cases.yaml").read_text())
 _SCNS = {k: scenario_from_dict(v, source=k) for k, v in _DATA["scenarios"].items()}
-# the shared cases Automodel can run (FSDP2 only: ZeRO-3, no expert TP, no offload, ...)
-CASES: dict[str, tuple[Scenario, Plan]] = {
+
+
+def _runs(scn: Scenario, plan: Plan) -> bool:
+    """Whether Automodel runs the plan (FSDP2 ZeRO-3 or DDP alone, no expert TP, no offload, ...)."""
+    rec = stack_record("automodel")
+    facts = plan_facts(plan, scn.model.moe is not None, plan.grad_accumulation(scn.training.global_batch_size))
+    return not capability_violations(rec, plan) and rec.plan_exclusion(facts, "harness") is None
+
+
+CASES: dict[str, tuple[Scenario, Plan]] = {  # the shared cases Automodel runs
     n: (_SCNS[c["scenario"]], parse_plan(c["plan"])) for n, c in _DATA["cases"].items()
-    if not capability_violations(stack_record("automodel"), parse_plan(c["plan"]))}
+    if _runs(_SCNS[c["scenario"]], parse_plan(c["plan"]))}
 
 
 def _am(model: str, nodes: int, gbs: int, **training: Any) -> Scenario:
@@ -53,6 +61,8 @@ CASES |= {  # Automodel's published layouts (docs/performance-summary.mdx) and t
         dp=8, pp=4, ep=8, zero_stage=3, pp_schedule="gpipe", precision="fp8", micro_batch_size=2)),
     "am-llama8b-fp32-1f1b": (_am("llama3-8b", 2, 64, precision="fp32"), Plan(
         dp=8, pp=2, zero_stage=3, precision="fp32")),
+    "am-llama8b-ddp": (_am("llama3-8b", 1, 64), Plan(dp=8, zero_stage=0, micro_batch_size=2)),
+    "am-llama8b-tp8": (_am("llama3-8b", 1, 64), Plan(tp=8, zero_stage=0, sequence_parallel=True)),
 }
 
 
@@ -80,7 +90,8 @@ _DIST_KEYS = {"strategy", "tp_size", "pp_size", "cp_size", "ep_size", "dp_size",
 def test_every_key_is_a_field_automodel_reads(name: str) -> None:
     _, plan, doc, _ = _doc(name)
     assert doc["recipe"] in SCHEMA["recipes"]
-    _keys_are_fields("distributed", {k: v for k, v in doc["distributed"].items() if k not in _DIST_KEYS})
+    section = "distributed" if doc["distributed"]["strategy"] == "fsdp2" else "distributed(ddp)"
+    _keys_are_fields(section, {k: v for k, v in doc["distributed"].items() if k not in _DIST_KEYS})
     _keys_are_fields("step_scheduler", {k: v for k, v in doc["step_scheduler"].items() if k != "local_batch_size"})
     _keys_are_fields("checkpoint", doc["checkpoint"])
     _keys_are_fields("model.backend", doc["model"]["backend"])
@@ -99,9 +110,11 @@ def test_every_key_is_a_field_automodel_reads(name: str) -> None:
 def test_the_export_is_the_plan(name: str) -> None:
     scn, plan, doc, text = _doc(name)
     d, st = doc["distributed"], doc["step_scheduler"]
-    assert (d["tp_size"], d["cp_size"], d["pp_size"], d["ep_size"], d.get("dp_replicate_size", 1)) == (
-        plan.tp, plan.cp, plan.pp, plan.ep, plan.dp_replicate)
-    assert d["sequence_parallel"] == plan.sequence_parallel
+    assert d["strategy"] == ("ddp" if plan.zero_stage == 0 and plan.dp > 1 else "fsdp2")
+    if d["strategy"] == "fsdp2":
+        assert (d["tp_size"], d["cp_size"], d["pp_size"], d["ep_size"], d.get("dp_replicate_size", 1)) == (
+            plan.tp, plan.cp, plan.pp, plan.ep, plan.dp_replicate)
+        assert d["sequence_parallel"] == plan.sequence_parallel
     assert d["activation_checkpointing"] == {"none": False, "full": True, "op": "selective"}[plan.activation_checkpointing]
     # step_scheduler.py: accumulation = global / (local * dp); with PP local = all micro-batches of the step
     assert st["global_batch_size"] == scn.training.global_batch_size
@@ -111,7 +124,7 @@ def test_the_export_is_the_plan(name: str) -> None:
     assert doc["model"]["torch_dtype"] == ("float32" if plan.precision == "fp32" else "bfloat16")
     assert ("te_fp8" in doc["model"]["backend"]) == (plan.precision == "fp8")
     opt = doc["optimizer"]["_target_"]  # the optimizer whose states the memory model counts
-    if plan.precision != "fp32":
+    if plan.precision != "fp32" and scn.training.optimizer == "adamw":
         assert ("FusedAdam" in opt) == (scn.training.optimizer_state_dtype == "fp32")
     # a throughput check: the benchmarking recipe, no checkpoint, the full run's settings in a comment
     assert doc["recipe"] == "BenchmarkingRecipeForNextTokenPrediction" and doc["checkpoint"] == {"enabled": False}
@@ -129,9 +142,11 @@ def test_the_full_run_trains_and_saves() -> None:
 
 def test_plans_automodel_cannot_run_are_refused_with_the_capability() -> None:
     scn, _ = CASES["am-qwen3-30b-ep8"]
+    torch_scn = scn.model_copy(update={"training": scn.training.model_copy(update={"stack": "torch"})})
     with pytest.raises(StratagemError, match=r"--to automodel: automodel: ZeRO stage 2 is not supported"):
-        export_plan(scn.model_copy(update={"training": scn.training.model_copy(update={"stack": "torch"})}),
-                    Plan(dp=8, ep=8, zero_stage=2), "automodel")
+        export_plan(torch_scn, Plan(dp=8, ep=8, zero_stage=2), "automodel")
+    with pytest.raises(StratagemError, match=r"--to automodel: automodel: zero_stage 0 over dp \(2\) with tp \(4\)"):
+        export_plan(torch_scn, Plan(dp=2, tp=4, zero_stage=0), "automodel")
 
 
 def test_pipeline_settings_reach_the_planned_chunks() -> None:
@@ -148,7 +163,7 @@ _CHECK = textwrap.dedent("""
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
     from nemo_automodel.cli.utils import resolve_recipe_name
     from nemo_automodel.recipes._dist_utils import parse_distributed_section
-    from nemo_automodel.components.distributed.mesh_utils import _create_fsdp2_device_mesh
+    from nemo_automodel.components.distributed.mesh_utils import _create_device_meshes
     from nemo_automodel.components.distributed.pipelining.functional import (
         calculate_virtual_stages, generate_hf_model_fqn_per_model_part)
     from nemo_automodel.components.training.step_scheduler import StepSchedulerConfig
@@ -159,8 +174,11 @@ _CHECK = textwrap.dedent("""
             resolve_recipe_name(doc["recipe"])
             dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
             parsed = parse_distributed_section(doc["distributed"])
-            mesh, moe = _create_fsdp2_device_mesh(parsed["parallelism_sizes"], world_size=world)
-            dims = dict(zip(mesh.mesh_dim_names, mesh.shape))
+            mesh, moe = _create_device_meshes(parsed["strategy_config"], parsed["parallelism_sizes"],
+                                              world_size=world)
+            # DDP builds no mesh: data parallelism over the whole world
+            dims = (dict(zip(mesh.mesh_dim_names, mesh.shape)) if mesh is not None else
+                    {"pp": 1, "dp_replicate": 1, "dp_shard": world, "cp": 1, "tp": 1})
             st = dict(doc["step_scheduler"])
             lbs = st.pop("local_batch_size")
             dp = dims["dp_replicate"] * dims["dp_shard"]
@@ -192,7 +210,7 @@ _CHECK = textwrap.dedent("""
 @pytest.mark.skipif(importlib.util.find_spec("nemo_automodel") is None,
                     reason="nemo_automodel is not installed (make test installs nemo-automodel==0.7.0 --no-deps)")
 def test_automodel_own_parsers_read_back_every_case() -> None:
-    """Automodel's parse_distributed_section, _create_fsdp2_device_mesh (fake process group), pipeline split and
+    """Automodel's parse_distributed_section, _create_device_meshes (fake process group), pipeline split and
     StepSchedulerConfig accept each export and give back the plan's mesh, experts, accumulation and chunks."""
     docs = {}
     for name in CASES:

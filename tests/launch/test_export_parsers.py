@@ -38,7 +38,7 @@ from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan, scenario
 from stratagem.spaces.canonical import job_description
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.pipeline_split import chunk_layers
-from stratagem.spaces.rules import capability_violations, violations
+from stratagem.spaces.rules import capability_violations, plan_facts, violations
 from stratagem.spaces.stacks import stack_record
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
@@ -483,8 +483,15 @@ def test_megatron_option_table_rejects_unknown_options() -> None:
 
 # ---- notes: listed in the files, never a silent drop ------------------------------------------------------
 # the cases each target's engine runs (the others are refused with the capability line: test_stacks.py)
-RUNNABLE = {t: [n for n, (_, p) in CASES.items() if not capability_violations(stack_record(TARGET_STACK[t]), p)]
-            for t in TARGETS}
+def _target_runs(target: str, scn: Scenario, plan: Plan) -> bool:
+    rec = stack_record(TARGET_STACK[target])
+    facts = plan_facts(plan, scn.model.moe is not None, plan.grad_accumulation(scn.training.global_batch_size))
+    # the automodel export also refuses the combinations Automodel's own code refuses (spaces/exclusions.py)
+    refused = target == "automodel" and rec.plan_exclusion(facts, "harness") is not None
+    return not capability_violations(rec, plan) and not refused
+
+
+RUNNABLE = {t: [n for n, (s, p) in CASES.items() if _target_runs(t, s, p)] for t in TARGETS}
 
 
 @pytest.mark.parametrize(("name", "target"), [

@@ -61,6 +61,8 @@ REFUSED = [
     ("automodel", Plan(dp=8, zero_stage=3, optimizer_offload="cpu"), "optimizer_offload=cpu"),
     ("automodel", Plan(dp=2, pp=4, zero_stage=3, micro_batch_size=16), "pp_schedule 1f1b with 2 micro-batch"),
     ("automodel", Plan(dp=4, pp=2, zero_stage=3, pp_schedule="zero_bubble"), "pp_schedule zero_bubble"),
+    ("automodel", Plan(dp=4, tp=2, zero_stage=0), "zero_stage 0 over dp (4) with tp (2)"),  # DDPConfig: dp only
+    ("automodel", Plan(dp=4, cp=2, dp_replicate=4, zero_stage=3), "dp_replicate (4) equal to dp (4)"),
 ]
 
 
@@ -85,6 +87,8 @@ RUN = [
     ("automodel", Plan(dp=8, zero_stage=3, activation_checkpointing="full")),
     ("automodel", Plan(dp=4, pp=2, zero_stage=3, pp_schedule="interleaved", virtual_stages=2, dp_replicate=2)),
     ("automodel", Plan(dp=4, cp=2, zero_stage=3, activation_checkpointing="op")),
+    ("automodel", Plan(dp=8, zero_stage=0)),  # its DDP strategy
+    ("automodel", Plan(tp=8, zero_stage=0)),  # FSDP2 over a one-rank shard group: nothing sharded
 ]
 
 

@@ -34,6 +34,8 @@ from stratagem.launch.export.bundle import (
     refuse_unrunnable,
 )
 from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP, model_constants
+from stratagem.errors import StratagemError
+from stratagem.spaces.rules import plan_facts
 from stratagem.spaces.stacks import stack_record
 
 __all__ = ["AUTOMODEL_VERSION", "export_automodel", "pipeline_settings", "hf_model_id"]
@@ -102,14 +104,19 @@ def _pipeline(d: _Draft, lay: Layout, dist: dict[str, Any]) -> None:
 def _distributed(d: _Draft, lay: Layout) -> None:
     """distributed: FSDP2 over dp_shard x cp (HSDP replicas), TP/SP, CP, EP, pipeline, activation checkpointing."""
     p, tr, m = lay.plan, lay.scenario.training, lay.scenario.model
+    ac = {"none": False, "full": True, "op": "selective"}[p.activation_checkpointing]
+    if p.recompute_layers:
+        d.un.append(FieldNote("plan.recompute_layers", f"{p.recompute_layers}: Automodel checkpoints every block "
+                              "(components/distributed/activation_checkpointing.py); no per-layer count"))
+    if p.zero_stage == 0 and p.dp > 1:  # unsharded data parallelism alone (spaces/exclusions.py): DDPConfig
+        d.sections["distributed"] = {"strategy": "ddp", "activation_checkpointing": ac}
+        d.comments["distributed"] = [f"DDP over all {p.dp} ranks: unsharded model states (ZeRO-0)"]
+        return
     dist: dict[str, Any] = {"strategy": "fsdp2", "tp_size": p.tp, "cp_size": p.cp, "pp_size": p.pp, "ep_size": p.ep}
     if p.dp_replicate > 1:
         dist["dp_replicate_size"] = p.dp_replicate
     dist["sequence_parallel"] = p.sequence_parallel
-    dist["activation_checkpointing"] = {"none": False, "full": True, "op": "selective"}[p.activation_checkpointing]
-    if p.recompute_layers:
-        d.un.append(FieldNote("plan.recompute_layers", f"{p.recompute_layers}: Automodel checkpoints every block "
-                              "(components/distributed/activation_checkpointing.py); no per-layer count"))
+    dist["activation_checkpointing"] = ac
     if p.precision == "fp32":
         dist["mp_policy"] = {"_target_": "torch.distributed.fsdp.MixedPrecisionPolicy", "param_dtype": "float32",
                              "reduce_dtype": "float32", "output_dtype": None}
@@ -124,8 +131,8 @@ def _distributed(d: _Draft, lay: Layout) -> None:
         dist["moe"] = {"reshard_after_forward": p.pp == 1}
     d.sections["distributed"] = dist
     d.comments["distributed"] = [
-        "FSDP2 shards over dp_shard x cp (ZeRO-3); dp = world / (tp x cp x pp) is inferred "
-        f"(here {p.dp}); experts over the MoE mesh (ep_shard, ep) of dp x cp x tp"]
+        "FSDP2 shards over dp_shard x cp (ZeRO-3; with one rank there it shards nothing, the ZeRO-0 job); dp = "
+        f"world / (tp x cp x pp) is inferred (here {p.dp}); experts over the MoE mesh (ep_shard, ep) of dp x cp x tp"]
 
 
 def _batches(d: _Draft, lay: Layout) -> None:
@@ -262,10 +269,22 @@ def _render(d: _Draft, lay: Layout) -> ExportBundle:
                         unexpressed=d.un, approximated=d.ap)
 
 
+def _refuse_excluded(lay: Layout) -> None:
+    """Raise StratagemError for a combination Automodel refuses (spaces/exclusions.py AUTOMODEL_PLAN_EXCLUSIONS:
+    DDP beside other parallelism, HSDP without a shard group, 1F1B with fewer micro-batches than stages)."""
+    s, p = lay.scenario, lay.plan
+    facts = plan_facts(p, s.model.moe is not None, lay.grad_accum, s.training.seq_len)
+    ex = stack_record("automodel").plan_exclusion(facts, "harness")
+    if ex is not None:
+        raise StratagemError(f"--to automodel: automodel: {ex.describe(facts)} is not supported ({ex.source}): "
+                             f"{ex.reason}")
+
+
 def export_automodel(lay: Layout, checkpoint_interval: int | None = None) -> ExportBundle:
     """automodel.yaml: a throughput check with Automodel's benchmarking recipe (the full run, --steps at the full
     run's count, with its training recipe and checkpoints); what it cannot express is listed in the file."""
     refuse_unrunnable(lay, "automodel")
+    _refuse_excluded(lay)
     d = _Draft()
     d.sections["recipe"] = BENCHMARK_RECIPE if lay.throughput_check else TRAIN_RECIPE
     _batches(d, lay)

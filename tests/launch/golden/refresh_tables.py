@@ -192,6 +192,7 @@ def torchtitan(tree: Path) -> int:
 # section of the exported YAML -> (file under nemo_automodel/, dataclass whose fields it may hold)
 _AM_CLASSES = {
     "distributed": ("components/distributed/config.py", "FSDP2Config"),
+    "distributed(ddp)": ("components/distributed/config.py", "DDPConfig"),
     "distributed.pipeline": ("components/distributed/pipelining/config.py", "PipelineConfig"),
     "distributed.moe": ("components/distributed/config.py", "MoEParallelizerConfig"),
     "step_scheduler": ("components/training/step_scheduler.py", "StepSchedulerConfig"),
