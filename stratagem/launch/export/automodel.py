@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from stratagem.errors import StratagemError
 from stratagem.launch.export.bundle import (
     RDZV_PORT,
     ExportBundle,
@@ -34,7 +35,6 @@ from stratagem.launch.export.bundle import (
     refuse_unrunnable,
 )
 from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP, model_constants
-from stratagem.errors import StratagemError
 from stratagem.spaces.rules import plan_facts
 from stratagem.spaces.stacks import stack_record
 
