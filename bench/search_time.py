@@ -55,7 +55,8 @@ def whole_command(path: Path, url: str) -> tuple[float, dict]:
 
 def phases(path: Path, tmp: Path) -> dict[str, float]:
     """The same search in-process, phase by phase (imports already paid)."""
-    from stratagem.search import run_search, screen
+    from stratagem.search import SearchSession, screen
+    from stratagem.search.events import Phase
     from stratagem.spaces import SearchSpace, load_scenario
 
     s = load_scenario(path)
@@ -76,7 +77,10 @@ def phases(path: Path, tmp: Path) -> dict[str, float]:
         marks.setdefault(phase + "_start", time.perf_counter())
         marks[phase + "_end"] = time.perf_counter()
 
-    r = run_search(s, f"sqlite:///{tmp}/phases-{path.stem}.db", "p", progress=progress)
+    session = SearchSession(s, f"sqlite:///{tmp}/phases-{path.stem}.db", "p",
+                            listener=lambda e: progress(e.phase, e.done, e.total) if isinstance(e, Phase) else None)
+    session.screen()
+    r = session.store()
     store = marks.get("store_end", 0.0) - marks.get("store_start", 0.0)
     return {"space_build_s": t1 - t0, "enumerate_s": t2 - t1,
             "evaluate_250k_s": t3 - t2, "screen_s (enumerate+evaluate+front)": t4 - t3,

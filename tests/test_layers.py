@@ -181,13 +181,25 @@ def test_implementation_modules_export_only_what_they_define() -> None:
     assert not wrong, "names exported from a second address:\n" + "\n".join(wrong)
 
 
+def _with_code_strings(tree: ast.Module) -> list[ast.Module]:
+    """The file and the Python source in its string constants (`python -c` programs a test runs)."""
+    out = [tree]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "from stratagem" in node.value:
+            try:
+                out.append(ast.parse(node.value))
+            except SyntaxError:  # prose, or a fragment of a program built in pieces
+                continue
+    return out
+
+
 def test_every_import_uses_the_names_own_address() -> None:
     """`from stratagem.X import n` (product, tests, benches) finds n defined in X, or X is a package that lists
     it: no name reached through a module that merely imports it."""
     wrong = []
     files = [p for _, p in MODULES] + sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py"))
     for path in files:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in (n for tree in _with_code_strings(ast.parse(path.read_text(), str(path))) for n in ast.walk(tree)):
             if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in NAMES):
                 continue
             defined, exported, _ = NAMES[node.module]
@@ -197,3 +209,74 @@ def test_every_import_uses_the_names_own_address() -> None:
                     continue
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {a.name} from {node.module}")
     assert not wrong, "names imported through a second address:\n" + "\n".join(wrong)
+
+
+# ---- no circle between files --------------------------------------------------------------------------------
+def _file_edges() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports: at module level, inside functions and under TYPE_CHECKING
+    alike (each is an edge a reader follows); `from pkg import sub` points at the submodule."""
+    edges: dict[str, set[str]] = {name: set() for name in TREES}
+    for name, (path, tree) in TREES.items():
+        for target, _, _ in _imports(name, path, tree):
+            if target in TREES and target != name:
+                edges[name].add(target)
+        for node in ast.walk(tree):  # `from pkg import sub`: _imports records pkg; the edge is to pkg.sub
+            if isinstance(node, ast.ImportFrom):
+                base = next(t for t, line, _ in _imports(name, path, ast.Module(body=[node], type_ignores=[])))
+                subs = {f"{base}.{a.name}" for a in node.names} & set(TREES)
+                if subs and len(subs) == len(node.names):
+                    edges[name].discard(base)
+                edges[name] |= subs - {name}
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_between_files() -> None:
+    """The modules' import graph (lazy and TYPE_CHECKING imports included) has no circle, inside a package or
+    across: every module can be read after the ones it imports."""
+    edges = _file_edges()
+    circles = _circles(edges)
+    lines = [" <-> ".join(c) + ": " + "; ".join(f"{v} -> {w}" for v in c for w in sorted(edges[v] & set(c)))
+             for c in circles]
+    assert not circles, "import circles:\n" + "\n".join(lines)
+
+
+def test_the_circle_check_sees_a_lazy_and_a_type_checking_edge() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(edges) == [["a", "b", "c"]]
+    lazy = ast.parse("def f():\n    from stratagem.search import session\n")
+    typed = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from stratagem.search.measure import Stopped\n")
+    found = _imports("stratagem.search.x", PACKAGE / "search" / "x.py", lazy)
+    found += _imports("stratagem.search.x", PACKAGE / "search" / "x.py", typed)
+    assert {t for t, _, _ in found} >= {"stratagem.search", "stratagem.search.measure"}

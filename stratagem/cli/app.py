@@ -15,14 +15,14 @@ from rich.markup import escape
 
 from stratagem.errors import StratagemError
 from stratagem.files import disk_error
-from stratagem.spaces import Plan, Scenario, load_scenario, resolve_plan
+from stratagem.spaces import load_scenario
 
 try:  # typer >= 0.2x vendors its own click; older typer uses click itself
     from typer._click import exceptions as _cx
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx  # type: ignore[no-redef]
 
-__all__ = ["app", "console", "main", "scenario_and_plan", "ScenarioArg", "PlanOpt", "JsonOpt", "StorageOpt", "StudyOpt",
+__all__ = ["app", "console", "main", "ScenarioArg", "PlanOpt", "JsonOpt", "StorageOpt", "StudyOpt",
            "RetryOpt", "SearchedScenarioArg", "study_location"]
 
 app = typer.Typer(
@@ -86,13 +86,6 @@ def study_location(command: str, scenario: Path | None, storage: str | None,
                              f"SCENARIO.yaml) or its storage (stratagem {command} --storage "
                              "sqlite:///DIR/stratagem.db [--study NAME])")
     return storage, study
-
-
-def scenario_and_plan(path: Path, plan_text: str | None) -> tuple[Scenario, Plan]:
-    """The scenario and the plan to judge (`stratagem.spaces.resolve_plan`: --plan over the scenario's plan,
-    dp filling the cluster when --plan does not give it)."""
-    scenario = load_scenario(path)
-    return scenario, resolve_plan(scenario, plan_text)
 
 
 def _fail(message: str) -> None:

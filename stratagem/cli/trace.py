@@ -18,13 +18,9 @@ from stratagem.spaces import format_plan
 from stratagem.units import GIB
 
 if TYPE_CHECKING:
-    from stratagem.evaluators import Calibration, Evaluation
     from stratagem.launch.trace.run import TracedRole
-    from stratagem.search.screening import Mode
-    from stratagem.search.traced import TracedResult
-    from stratagem.spaces import Scenario
 
-__all__ = ["trace_table", "traced_phase", "TRACE_FORMAT"]
+__all__ = ["trace_table", "TRACE_FORMAT"]
 
 TRACE_FORMAT = "stratagem-trace/1"
 """The `format` of the JSON `stratagem trace -o` writes (stratagem.files recognises it as stratagem's)."""
@@ -118,22 +114,3 @@ def trace_cmd(
         console.print(line, markup=False, highlight=False)
 
 
-def traced_phase(scn: Scenario, url: str, name: str, mode: Mode, traced: int, calibration: Calibration | None,
-                 quiet: bool) -> TracedResult:
-    """`stratagem search --traced K`: the analytic search, then up to K traced trials (one line each)."""
-    from rich.console import Console
-
-    from stratagem.launch.trace.run import trace_plan
-    from stratagem.reports.terminal import traced_line
-    from stratagem.search.traced import run_traced
-
-    out = Console(stderr=True) if quiet else console
-
-    def on_trace(key: str, ev: Evaluation | None, reason: str) -> None:
-        out.print(traced_line(key, ev, reason), markup=False, soft_wrap=True)
-
-    result = run_traced(scn, url, name, trace_plan, traced, sampler=mode, on_trace=on_trace,
-                        calibration=calibration)
-    out.print(f"traced {result.traced} plan(s) in {q.duration(result.seconds)}; logits_bytes refitted to "
-              f"{q.sig(result.calibration.logits_bytes)}", markup=False)
-    return result

@@ -47,7 +47,6 @@ from stratagem.units import GIB
 __all__ = [
     "DEEPSPEED_ZERO3_LAYER_BYTES",
     "STACK_STATES",
-    "FP32_STATES",
     "ZERO_PAPER_STATES",
     "optimizer_state_bytes",
     "training_optimizer_bytes",
@@ -68,8 +67,6 @@ DEEPSPEED_ZERO3_LAYER_BYTES = 4.0
 # ---- model states ----------------------------------------------------------------------------------------
 # The per-stack conventions live in the stack records (spaces/stacks.py); these names stay for callers.
 STACK_STATES: dict[str, tuple[StateTerm, ...]] = {name: r.states for name, r in STACKS.items()}
-FP32_STATES: tuple[StateTerm, ...] = STACKS["megatron"].fp32_states
-TORCH_FP32_STATES: tuple[StateTerm, ...] = STACKS["torch"].fp32_states
 # [ZeRO] sec. 3.1 as published: fp16 params 2 + fp16 grads 2 + K = 12 (fp32 params, momentum, variance).
 ZERO_PAPER_STATES: tuple[StateTerm, ...] = (
     StateTerm("weights", 2, 3),

@@ -35,11 +35,12 @@ from numpy.typing import NDArray
 from stratagem.evaluators.memory_rank import Rank
 from stratagem.evaluators.stages import distinct_rows
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import uses_fsdp
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import stack_record
 
-__all__ = ["fp32_masters", "uses_fsdp", "uses_autocast", "autocast_copy_params", "autocast_layer_bytes",
+__all__ = ["fp32_masters", "uses_autocast", "autocast_copy_params", "autocast_layer_bytes",
            "logsumexp_bytes", "ddp_accumulates", "zero1_worst_fraction", "pipeline_recv_buffers",
            "lpt_worst_bin", "engine_layer_bytes", "torch_host_shards", "torch_copies", "torch_unsharded_grads",
            "torch_stage_io", "torch_freed_gradients", "torch_working"]
@@ -50,12 +51,6 @@ Array = NDArray[np.float64]
 def fp32_masters(scn: Scenario) -> bool:
     """The stack keeps fp32 parameters as the master weights (torch: DDP, FSDP2)."""
     return not stack_record(scn.training.stack).master_weights
-
-
-def uses_fsdp(pc: PlanColumns) -> NDArray[np.bool_]:
-    """FSDP2 (ZeRO 2/3 over dp x cp > 1 ranks: torchtitan shards over its dp_shard_cp mesh, the harness over the
-    flattened dp_cp mesh, parallelize.uses_fsdp), as they apply it; DDP / no data parallelism otherwise."""
-    return np.asarray((pc.dp * pc.cp > 1) & (pc.zero_stage >= 2))
 
 
 def uses_autocast(scn: Scenario, pc: PlanColumns) -> NDArray[np.bool_]:

@@ -61,7 +61,6 @@ __all__ = [
     "tp_traffic_s",
     "fp8_gather_width",
     "tp_gemm_shares",
-    "tp_hidden_fraction",
     "ep_layer_s",
     "comm_sm_share",
     "GPU_SMS",
@@ -330,12 +329,6 @@ def _symm_mem_exposed(ctx: StepContext, direct: Link, nccl: Link) -> Array:
     back = fp8_gather_width(ctx, backward=True)
     backward = fused(rs_fwd, True, back) + fused(rs_down, True, back) + 2.0 * reduce_scatter_s(nccl, s)
     return forward * (1.0 + forward_repeats(ctx)) + backward
-
-
-def tp_hidden_fraction(ctx: StepContext) -> Array:
-    """Share of the TP traffic hidden per layer (1 - exposed / total; 0 without overlap), for `explain`."""
-    exposed, total = tp_layer_s(ctx)
-    return np.where(total > 0, 1.0 - exposed / np.maximum(total, 1e-30), 0.0)
 
 
 def ep_layer_s(ctx: StepContext, layer_compute: Array) -> tuple[Array, Array]:

@@ -40,6 +40,7 @@ from stratagem.evaluators.step_terms import (
     tp_layer_s,
 )
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.expert_grid import expert_data_parallel as plan_edp
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
@@ -93,10 +94,8 @@ def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> lis
     if plan.pp > 1:
         rows.append(pipeline_row(scn, plan, cols))
     if scn.model.moe is not None and plan.zero_stage == 3:
-        edp = plan.tp * plan.dp * plan.cp // (plan.ep * plan.etp)
-        how = {"torch": "torchtitan fully_shard on the experts over the dp_shard_mod_ep mesh",
-               "megatron": "Megatron-FSDP over the expert data-parallel group"}.get(scn.training.stack,
-                                                                                  "ZeRO-3 over the expert dp group")
+        edp = plan_edp(plan.tp, plan.dp, plan.cp, plan.ep, plan.etp)
+        how = scn.training.record.expert_zero3
         rows.append(("expert shards (ZeRO-3)", f"edp {edp}",
                      f"{how}: each unit's experts gathered and their gradients reduce-scattered every micro-batch "
                      "(once per step with torchtitan's PP), hidden per unit behind its compute (timing.dp_terms)"))

@@ -12,7 +12,7 @@ Two rules, in order, over the feasible plans (measured values where measured, pr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,29 +24,72 @@ from stratagem.evaluators.risk_pick import RISK_RULE, risk_aware_best
 
 if TYPE_CHECKING:
     from stratagem.evaluators.calibration import Calibration
-    from stratagem.reports.info import PlanResult
+    from stratagem.evaluators.evaluation import Evaluation
+    from stratagem.spaces.plan import Plan
     from stratagem.spaces.scenario import Scenario
 
-__all__ = ["OOM_RULE", "headline_tokens"]
+__all__ = ["OOM_RULE", "PlanStanding", "headline_tokens"]
+
+
+class PlanStanding(Protocol):
+    """What the rules read of a plan's standing trial (reports.info.PlanResult, whose module calls them: typed
+    here so that this module imports no info)."""
+
+    @property
+    def index(self) -> int:
+        """The plan's index in ParetoInfo.plans."""
+
+    @property
+    def plan(self) -> Plan:
+        """The plan."""
+
+    @property
+    def fidelity(self) -> str:
+        """Fidelity of the standing trial."""
+
+    @property
+    def status(self) -> str:
+        """Evaluation.status of the standing trial."""
+
+    @property
+    def values(self) -> tuple[float, ...] | None:
+        """Objective values, None when the plan has none."""
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the standing trial is feasible."""
+
+    @property
+    def evaluation(self) -> Evaluation | None:
+        """The standing trial's evaluation."""
+
+    @property
+    def prediction(self) -> Evaluation | None:
+        """For a measured plan: the analytic prediction of the same plan."""
+
+    @property
+    def label(self) -> str:
+        """The plan's label."""
+
 
 OOM_RULE = ("an unmeasured plan predicted in the HBM zone's bad level is no headline pick once a real run of a plan "
             "predicted in that zone ran out of memory")
 """Rule 1 in one line (module docstring)."""
 
 
-def _predicted_hbm_bad(p: PlanResult) -> bool:
+def _predicted_hbm_bad(p: PlanStanding) -> bool:
     """Whether the plan's analytic prediction puts it in the HBM zone's bad level."""
     ev = p.evaluation if p.fidelity == "analytic" else p.prediction
     return ev is not None and ev.zones is not None and ev.zones.hbm.level == "bad"
 
 
-def _stored_bad(p: PlanResult, zone: str) -> bool:
+def _stored_bad(p: PlanStanding, zone: str) -> bool:
     """Whether the plan's standing evaluation (measured where measured) puts zone `zone` at bad."""
     z = p.evaluation.zones if p.evaluation is not None else None
     return z is not None and getattr(z, zone).level == "bad"
 
 
-def headline_tokens(plans: Sequence[PlanResult], scn: Scenario,
+def headline_tokens(plans: Sequence[PlanStanding], scn: Scenario,
                     calibration: Calibration | None) -> tuple[int | None, str]:
     """The index (into `plans`) of the headline highest-tokens/s plan by the module's rules, and one line saying
     what the rules did ('' when the fastest feasible plan was kept with no zone at bad); (None, '') when no

@@ -1,8 +1,7 @@
 """The Optuna search over the plan space, one `SearchSession` per search (search/session.py): screen it
-analytically (`screen`), store the predicted Pareto front and a bounded sample as trials (`store`; `run_search`
-does both), trace plans (`trace`), measure the most informative plans as real runs and recalibrate (`measure`:
-the budget loop and batch lifecycle in search/measure.py, the `RunOrder` policy in search/run_order.py, the
-noise-aware ranking in search/noise.py; `run_multifidelity` does it all; several workers may share one study).
+analytically (`screen`), store the predicted Pareto front and a bounded sample as trials (`store`), trace plans
+(`trace`), measure the most informative plans as real runs and recalibrate (`measure`: the budget loop and batch lifecycle in search/measure.py, the `RunOrder` policy in search/run_order.py, the
+noise-aware ranking in search/noise.py; several workers may share one study).
 Never imports ray or torch: it receives an evaluator."""
 
 from stratagem.search.counts import StudyCounts
@@ -33,7 +32,7 @@ from stratagem.search.records import (
 )
 from stratagem.search.retry import StorageUnavailable
 from stratagem.search.run_order import ExpectedImprovementOrder, RankedOrder, RunOrder, RunState
-from stratagem.search.runner import SearchResult, run_search, select_plans
+from stratagem.search.runner import SearchResult, select_plans
 from stratagem.search.samplers import SAMPLERS, ProjectingSampler, make_sampler
 from stratagem.search.screening import ScreenCounts, Screening, objective_matrix, screen
 from stratagem.search.session import MeasureResult, SearchSession
@@ -54,7 +53,7 @@ __all__ = [
     "CONSTRAINT", "DIRECTIONS", "OBJECTIVES", "ROLES", "FIDELITIES", "STATUSES", "TrialKey", "StudyKey",
     "Standing", "standings", "trial_feasible", "trial_fidelity", "trial_status", "front_trials", "objective_values",
     "plan_key", "plan_params", "study_scenario", "trial_evaluation", "trial_plan",
-    "SearchResult", "run_search", "select_plans", "SearchSession", "MeasureResult",
+    "SearchResult", "select_plans", "SearchSession", "MeasureResult",
     "RunOrder", "RunState", "RankedOrder", "ExpectedImprovementOrder", "BestMeasured", "best_measured",
     "SAMPLERS", "ProjectingSampler", "make_sampler",
     "ScreenCounts", "Screening", "objective_matrix", "screen",

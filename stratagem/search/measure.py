@@ -52,7 +52,7 @@ from stratagem.search.status import BUDGET_RELEASE
 from stratagem.search.study import evaluation_trial, provenance
 
 if TYPE_CHECKING:
-    from stratagem.search.session import SearchSession
+    from stratagem.search.open_session import OpenSession
 
 __all__ = ["Measurement", "Stopped", "stop_on_signals", "measured_runs", "traced_over_limit", "repredict", "POLL_S"]
 
@@ -128,7 +128,7 @@ class _Tally:
 class Measurement:
     """One call's real-run phase on an open session (see the module docstring)."""
 
-    def __init__(self, session: SearchSession, evaluator: MeasuringEvaluator, order: RunOrder, k: int,
+    def __init__(self, session: OpenSession, evaluator: MeasuringEvaluator, order: RunOrder, k: int,
                  recalibrate: bool, deadline: Deadline, remeasure: int = 0) -> None:
         self.s, self.evaluator, self.order, self.k = session, evaluator, order, k
         self.remeasure = remeasure
@@ -323,7 +323,7 @@ class Measurement:
             return repredict(s, latest)
 
 
-def repredict(s: SearchSession, cal: Calibration) -> int:
+def repredict(s: OpenSession, cal: Calibration) -> int:
     """Re-predict every stored plan that was not measured with `cal`, as new analytic trials (role
     "recalibrated", provenance "calibration" = its id); a plan whose latest prediction already carries that id is
     skipped, so every worker and rerun adds one set per calibration at most. Under the lock."""

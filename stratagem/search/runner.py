@@ -1,6 +1,6 @@
-"""What a search stores and what it returns: `select_plans` (which screened plans become trials), `SearchResult`,
-and `run_search`, the screen-and-store steps of a SearchSession (search/session.py) for callers that need no
-more; resumable, and safe to run twice at once on one storage. (Measured trials: SearchSession.measure.)
+"""What a search stores and what it returns: `select_plans` (which screened plans become trials) and
+`SearchResult` (what SearchSession.store did, search/session.py; resumable, and safe to run twice at once on
+one storage; measured trials: SearchSession.measure).
 
 What is stored: Optuna costs ~14 ms per trial written whole to SQLite (`study.add_trial`, one transaction
 of ~37 statements, CPU-bound in SQLAlchemy; journal file ~0.7 ms) and 60-70 ms through ask/tell, so the
@@ -17,13 +17,10 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial
 
-from stratagem.errors import StratagemError
-from stratagem.evaluators import Calibration, Evaluator
-from stratagem.search.screening import Mode, Progress, ScreenCounts, Screening
+from stratagem.search.screening import ScreenCounts, Screening
 from stratagem.search.storage import StorageSpec
-from stratagem.spaces.scenario import Scenario
 
-__all__ = ["SearchResult", "run_search", "select_plans"]
+__all__ = ["SearchResult", "select_plans"]
 
 
 @dataclass(frozen=True)
@@ -69,34 +66,3 @@ def select_plans(screening: Screening, sample: int, seed: int) -> list[tuple[int
     picked = np.sort(rng.choice(rest, size=k, replace=False)) if k > 0 else np.zeros(0, dtype=np.int64)
     return ([(int(i), "front") for i in front] + [(int(i), "boundary") for i in boundary]
             + [(int(i), "sample") for i in picked])
-
-
-def run_search(
-    scenario: Scenario,
-    storage: str,
-    study_name: str,
-    evaluator: Evaluator | None = None,
-    sampler: Mode = "auto",
-    n_trials: int | None = None,
-    timeout: float | None = None,
-    progress: Progress | None = None,
-    calibration: Calibration | None = None,
-) -> SearchResult:
-    """Search the scenario's plan space into an Optuna study: a SearchSession's `screen` and `store` steps
-    (search/session.py). A measured evaluator (real runs) runs through `SearchSession.measure` instead.
-    Everything checks the input before the study is touched; rerunning resumes."""
-    from stratagem.search.events import Event, Phase
-    from stratagem.search.session import SearchSession
-
-    if evaluator is not None and evaluator.fidelity != "analytic":
-        raise StratagemError(f"run_search: a {evaluator.fidelity} evaluator runs through SearchSession.measure "
-                             "(stratagem.search.multifidelity.run_multifidelity: the one measured-run path)")
-
-    def listener(event: Event) -> None:
-        if isinstance(event, Phase) and progress is not None:
-            progress(event.phase, event.done, event.total)
-
-    session = SearchSession(scenario, storage, study_name, calibration=calibration, sampler=sampler,
-                            listener=listener)
-    session.screen(n_trials=n_trials, timeout=timeout)
-    return session.store(evaluator)

@@ -18,7 +18,6 @@ Never imports torch or ray: the tracer is given (the CLI passes `stratagem.launc
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,17 +30,17 @@ from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.evaluation import Evaluation, MemoryBreakdown
 from stratagem.search.records import StudyKey, plan_key, standings
 from stratagem.search.runner import SearchResult
-from stratagem.search.screening import Mode, Progress, Screening
+from stratagem.search.screening import Screening
 from stratagem.search.study import evaluation_trial, provenance
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
 
 if TYPE_CHECKING:
-    from stratagem.search.session import SearchSession
+    from stratagem.search.open_session import OpenSession
 
 __all__ = ["TracedRoleLike", "Tracer", "TracedResult", "traced_order", "traced_evaluation", "refit_logits_bytes",
-           "run_traced", "trace_session", "TRACED_CALIBRATION", "UNTRACEABLE"]
+           "trace_session", "TRACED_CALIBRATION", "UNTRACEABLE"]
 
 UNTRACEABLE = "not traced: the trace failed"
 """Key (and the reports' wording) of the study attribute "not_run" entry for plans whose trace failed."""
@@ -149,28 +148,7 @@ def refit_logits_bytes(scenario: Scenario, traced: Sequence[tuple[Plan, Sequence
     return calibration.model_copy(update={"logits_bytes": max(0.0, statistics.median(values))})
 
 
-def run_traced(scenario: Scenario, storage: str, study_name: str, tracer: Tracer, traced: int,
-               sampler: Mode = "auto", progress: Progress | None = None,
-               on_trace: Callable[[str, Evaluation | None, str], None] | None = None,
-               calibration: Calibration | None = None) -> TracedResult:
-    """Analytic search (stored as usual), then traced trials until the study holds `traced` of them (a rerun
-    after a kill traces only the missing ones, as `--real-runs` counts measured trials), the refit, a re-screen.
-    (A SearchSession's `trace` step, on a session of its own.)"""
-    from stratagem.search.events import Event, Notice, Phase
-    from stratagem.search.session import SearchSession
-
-    def listener(event: Event) -> None:
-        if isinstance(event, Phase) and progress is not None:
-            progress(event.phase, event.done, event.total)
-        elif isinstance(event, Notice):
-            print(event.text, file=sys.stderr, flush=True)
-
-    session = SearchSession(scenario, storage, study_name, calibration=calibration, sampler=sampler,
-                            listener=listener)
-    return trace_session(session, tracer, traced, on_trace)
-
-
-def trace_session(session: SearchSession, tracer: Tracer, traced: int,
+def trace_session(session: OpenSession, tracer: Tracer, traced: int,
                   on_trace: Callable[[str, Evaluation | None, str], None] | None = None) -> TracedResult:
     """The traced step of an open session: store the screening if not yet, trace up to `traced` plans (the
     study's count), refit logits_bytes, and re-screen and store with the refit (which becomes the session's

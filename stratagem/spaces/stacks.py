@@ -160,6 +160,9 @@ class StackRecord(BaseModel):
     tp_comm_overlap_default: bool
     """Whether TP collectives overlap their GEMMs in the shipped default (Megatron --tp-comm-overlap,
     torchtitan async TP)."""
+    tp_comm_overlap_needs_compile: bool = False
+    """Whether the TP overlap runs only under torch.compile (torchtitan's async TP is inductor's
+    micro_pipeline_tp pass; cited with tp_comm_overlap_default)."""
     p2p_overlap: bool
     """Whether pipeline sends/receives overlap compute (Megatron's --overlap-p2p-communication)."""
     kernel_paths: tuple[KernelPath, ...] = ("eager",)
@@ -216,6 +219,8 @@ class StackRecord(BaseModel):
     """Hybrid sharding: shard inside dp_shard groups, replicate across dp_replicate."""
     pp_splits: tuple[str, ...]
     """Pipeline split modes (Plan.pp_split): layers only, or embedding and loss counted as layers."""
+    expert_zero3: str = "ZeRO-3 over the expert dp group"
+    """How the stack shards the routed experts under ZeRO-3, in words (explain's expert-shards row)."""
     expert_grid: Literal["folding", "etp_1_or_tp", "data_parallel"] = "folding"
     """How ep x etp may cover the tp x dp x cp ranks (spaces/expert_grid.py): folding = any ep*etp dividing
     tp*dp*cp (Megatron-Core MoE parallel folding); etp_1_or_tp = etp is 1 or tp, ep takes cp whole (and tp whole
@@ -279,6 +284,8 @@ _FP32_STATES: tuple[StateTerm, ...] = (
 )
 
 _TORCH = StackRecord(
+    tp_comm_overlap_needs_compile=True,
+    expert_zero3="torchtitan fully_shard on the experts over the dp_shard_mod_ep mesh",
     name="torch",
     summary="PyTorch FSDP2 / DDP / torch.distributed.pipelining as torchtitan composes them",
     # FSDP2/DDP with fp32 params: fp32 params are the master weights; a bf16 compute copy is held through
@@ -374,6 +381,7 @@ _TORCH = StackRecord(
 )
 
 _MEGATRON = StackRecord(
+    expert_zero3="Megatron-FSDP over the expert data-parallel group",
     name="megatron",
     summary="Megatron-Core with Transformer Engine and the distributed optimizer",
     # megatron/training/theoretical_memory_usage.py: bf16 params 2 + fp32 main grads 4 + fp32 master 4 +

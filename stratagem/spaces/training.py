@@ -137,7 +137,7 @@ class TrainingSpec(BaseModel):
             raise StratagemError(
                 f"training.ep_comm_overlap (true): {rec.name} does not overlap the expert all-to-all with "
                 "compute (Megatron's --overlap-moe-expert-parallel-comm has no counterpart); set it to false")
-        if self.stack == "torch" and self.tp_comm_overlap and self.compile is False:
+        if rec.tp_comm_overlap_needs_compile and self.tp_comm_overlap and self.compile is False:
             raise StratagemError("tp_comm_overlap (true): torchtitan's async TP needs torch.compile "
                                  f"({rec.cite('tp_comm_overlap_default')}); set training.compile: true")
         return self

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sessions import run_multifidelity
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate, evaluate_many
 from stratagem.evaluators.table import OutcomeTable, TableEvaluator, TableOutcome, load_table
-from stratagem.search.multifidelity import run_multifidelity
 from stratagem.spaces import SearchSpace, format_plan, parse_plan, scenario_from_dict
 from stratagem.spaces.columns import PlanColumns
 

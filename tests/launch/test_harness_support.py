@@ -22,7 +22,7 @@ def tiny() -> Scenario:
 
 
 def test_importing_unsupported_imports_no_torch() -> None:
-    code = ("import sys; from stratagem.launch.harness.run import unsupported; "
+    code = ("import sys; from stratagem.launch.harness.support import unsupported; "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

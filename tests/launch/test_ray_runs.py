@@ -17,11 +17,11 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from sessions import run_multifidelity
 from typer.testing import CliRunner
 
 from stratagem.cli import app
 from stratagem.search import screen
-from stratagem.search.multifidelity import run_multifidelity
 from stratagem.search.records import plan_key, trial_evaluation
 from stratagem.search.run_order import measured_trials, rank_candidates
 from stratagem.spaces import scenario_from_dict

@@ -152,10 +152,10 @@ def test_a_measured_search_prints_one_set_of_counts(tmp_path: Path) -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "search"))
+    from sessions import run_multifidelity
     from standin import SCENARIO, KnownConstants
 
     from stratagem.reports.terminal import summary_lines
-    from stratagem.search.multifidelity import run_multifidelity
     from stratagem.spaces import Plan, load_scenario
     from stratagem.spaces.columns import PlanColumns
 

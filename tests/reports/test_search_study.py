@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sessions import run_search
 from typer.testing import CliRunner
 
 from stratagem.cli import app
 from stratagem.reports import pareto_info, read_study, render_markdown
-from stratagem.search import front_trials, run_search
+from stratagem.search import front_trials
 from stratagem.spaces import load_scenario
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama3-8b-8xh100.yaml"

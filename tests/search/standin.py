@@ -111,7 +111,9 @@ class KnownConstants:
 
 
 def main(argv: list[str]) -> None:
-    from stratagem.search.multifidelity import run_multifidelity
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ holds the helper
+    from sessions import run_multifidelity
+
     from stratagem.spaces.plan import parse_plan
 
     storage, study, real_runs, delay = argv[0], argv[1], int(argv[2]), float(argv[3])

@@ -61,9 +61,9 @@ def test_a_killed_worker_not_yet_reaped_is_dead() -> None:
 def test_a_lost_plan_runs_again_before_the_ranking_moves_on(tmp_path: Path) -> None:
     """A worker's run was lost (it died; its claim expired): the next worker measures that plan first, though the
     ranking now puts another plan ahead, so a budget of K runs never leaves a chosen plan unmeasured."""
+    from sessions import run_multifidelity
     from standin import KnownConstants
 
-    from stratagem.search.multifidelity import run_multifidelity
     from stratagem.search.run_order import measured_trials
     from stratagem.spaces.columns import PlanColumns
 

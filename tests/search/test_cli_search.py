@@ -389,10 +389,10 @@ def test_a_real_run_search_opens_its_storage_once(tmp_path, monkeypatch) -> None
     real_load = optuna.load_study
     monkeypatch.setattr(optuna, "load_study", lambda **kw: loads.append(kw["study_name"]) or real_load(**kw))
     url = f"sqlite:///{tmp_path / 's.db'}"
-    from stratagem.search import multifidelity
+    from sessions import run_multifidelity
 
-    mf = multifidelity.run_multifidelity(load_scenario(SCENARIO), url, "once", KnownConstants(), real_runs=1,
-                                         candidates=PlanColumns.from_plans([Plan(dp=4)]))
+    mf = run_multifidelity(load_scenario(SCENARIO), url, "once", KnownConstants(), real_runs=1,
+                           candidates=PlanColumns.from_plans([Plan(dp=4)]))
     assert mf.measured == 1 and opened == [url] and loads == []
     assert mf.search.study is not None and mf.search.study.study_name == "once"
 

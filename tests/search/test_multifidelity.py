@@ -1,4 +1,4 @@
-"""The real-run loop (search/multifidelity.py + claims.py) with a stand-in measured evaluator (tests/search/
+"""The real-run loop (SearchSession.measure: search/measure.py + claims.py) with a stand-in measured evaluator (tests/search/
 standin.py: the analytic model at known constants; the path through Ray is tests/launch/test_ray_runs.py):
 candidates restrict the runs, plans the harness refuses are skipped and counted, the refit starts from a given
 calibration and can be off, infra failures are retried and never stored as the plan's verdict, several worker
@@ -16,12 +16,12 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from sessions import run_multifidelity
 from standin import SCENARIO, TRUTH, KnownConstants
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.search.claims import live_claims
-from stratagem.search.multifidelity import run_multifidelity
 from stratagem.search.records import plan_key
 from stratagem.search.run_order import measured_trials
 from stratagem.search.storage import open_storage, parse_storage
@@ -187,7 +187,7 @@ class _Role:
 
 
 def test_no_real_run_for_a_plan_whose_traced_memory_does_not_fit(tmp_path: Path) -> None:
-    from stratagem.search.traced import run_traced
+    from sessions import run_traced
 
     scn = load_scenario(SCENARIO)
     over = Plan(dp=4, micro_batch_size=2)

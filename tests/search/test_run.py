@@ -4,6 +4,7 @@ import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
+from sessions import run_search
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators import evaluate
@@ -11,13 +12,13 @@ from stratagem.search import (
     CONSTRAINT,
     front_trials,
     plan_key,
-    run_search,
     screen,
     select_plans,
     study_scenario,
     trial_evaluation,
     trial_plan,
 )
+from stratagem.search.session import SearchSession
 from stratagem.search.storage import open_storage, parse_storage
 from stratagem.spaces import SearchConfig, load_scenario
 
@@ -136,9 +137,9 @@ class MeasuredAnalytic:
 
 
 def test_measured_evaluators_go_through_the_one_real_run_path(url) -> None:
-    # measured trials are written by run_multifidelity only (claims, infra retries): tests/search/test_multifidelity.py
-    with pytest.raises(StratagemError, match="run_multifidelity"):
-        run_search(narrow(), url, "m", evaluator=MeasuredAnalytic())
+    # measured trials are written by SearchSession.measure only (claims, infra retries): test_multifidelity.py
+    with pytest.raises(StratagemError, match="SearchSession.measure"):
+        SearchSession(narrow(), url, "m").store(MeasuredAnalytic())
 
 
 def test_screen_contract_for_reports() -> None:

@@ -1,6 +1,6 @@
 """The study schema (stratagem.search.records): every role, status and fidelity written through the one writer
 (`evaluation_trial`) and read back through every reader (records.standings / front_trials, reports.pareto_info,
-launch.export.choose_trial, multifidelity.measured_trials); they must agree on which trial stands for a plan and
+launch.export.choose_trial, run_order.measured_trials); they must agree on which trial stands for a plan and
 whether it is feasible."""
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import optuna
+from sessions import run_multifidelity
 from standin import SCENARIO, KnownConstants
 from typer.testing import CliRunner
 
 from stratagem.cli import app
 from stratagem.search.claims import claim, release
-from stratagem.search.multifidelity import run_multifidelity
 from stratagem.search.records import plan_key
 from stratagem.search.run_order import measured_trials
 from stratagem.search.status import beating, study_status

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
+from sessions import run_search
 
 from stratagem.errors import StratagemError
-from stratagem.search import run_search
 from stratagem.search.storage import check_storage, default_storage, open_storage, parse_storage, storage_lock
 from stratagem.spaces import load_scenario
 
@@ -164,7 +164,7 @@ def test_journal_lock_of_a_killed_writer_is_released_at_once(tmp_path) -> None:
     import subprocess
     import sys
 
-    code = ("import sys, time; from pathlib import Path; from stratagem.search.storage import FlockJournalLock; "
+    code = ("import sys, time; from pathlib import Path; from stratagem.search.journal import FlockJournalLock; "
             "FlockJournalLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "j.log")], stdout=subprocess.PIPE, text=True)
     try:

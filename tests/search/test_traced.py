@@ -19,12 +19,13 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from sessions import run_traced
 
 from stratagem.launch.trace.run import trace_plan
 from stratagem.search.records import plan_key, standings, trial_fidelity
 from stratagem.search.screening import screen
 from stratagem.search.storage import open_storage, parse_storage
-from stratagem.search.traced import TRACED_CALIBRATION, run_traced, traced_order
+from stratagem.search.traced import TRACED_CALIBRATION, traced_order
 from stratagem.spaces import SearchConfig, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import optuna
 import pytest
+from sessions import run_multifidelity
 from standin import SCENARIO, KnownConstants
 
 from stratagem.errors import StratagemError
 from stratagem.search.calibrate import CalibrationStep
-from stratagem.search.multifidelity import run_multifidelity
 from stratagem.search.records import front_trials, standings
 from stratagem.search.view import StudyView
 from stratagem.spaces import Plan, load_scenario

@@ -4,7 +4,7 @@ evaluators branch on records, never on stack names."""
 
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 
 import pytest
@@ -138,11 +138,40 @@ def test_unknown_stack_names_the_stacks() -> None:
         stack_record("jax")
 
 
-def test_evaluators_branch_on_records_not_stack_names() -> None:
-    pattern = re.compile(r"stack\s*(==|!=|in\s*\()")
-    for path in sorted((ROOT / "stratagem" / "evaluators").glob("*.py")):
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            assert not pattern.search(line), f"{path.name}:{n}: {line.strip()}"
+def _stack_branches(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) for each branch on the stack's name: a comparison with `stack` / `.stack`, a lookup keyed by
+    it (`table[stack]`, `{"torch": ..}.get(stack)`), a `match` on it."""
+    def is_stack(n: ast.AST) -> bool:
+        return (isinstance(n, ast.Attribute) and n.attr == "stack") or (isinstance(n, ast.Name) and n.id == "stack")
+
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Compare) and any(is_stack(x) for x in [n.left, *n.comparators]):
+            found.append((n.lineno, "compares the stack"))
+        elif isinstance(n, ast.Subscript) and is_stack(n.slice):
+            found.append((n.lineno, "indexes by the stack"))
+        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and n.args
+              and is_stack(n.args[0])):
+            found.append((n.lineno, "looks the stack up"))
+        elif isinstance(n, ast.Match) and is_stack(n.subject):
+            found.append((n.lineno, "matches on the stack"))
+    return found
+
+
+def test_the_model_branches_on_records_not_stack_names() -> None:
+    """spaces (but the records), evaluators, search, reports and cli read the stack record's fields."""
+    parts = ("spaces", "evaluators", "search", "reports", "cli")
+    found = [f"{path.relative_to(ROOT)}:{line}: {what}" for part in parts
+             for path in sorted((ROOT / "stratagem" / part).rglob("*.py")) if path.name != "stacks.py"
+             for line, what in _stack_branches(ast.parse(path.read_text()))]
+    assert not found, "\n".join(found)
+
+
+def test_the_branch_check_sees_a_table_looked_up_by_the_stack() -> None:
+    src = ('how = {"torch": "a", "megatron": "b"}.get(scn.training.stack, "c")\n'
+           'x = T[tr.stack]\nif stack in ("torch",):\n    pass\n')
+    assert [w for _, w in _stack_branches(ast.parse(src))] == ["looks the stack up", "indexes by the stack",
+                                                              "compares the stack"]
 
 
 def test_export_refuses_what_the_stack_cannot_run_with_the_capability_line() -> None:

@@ -23,7 +23,7 @@ from stratagem.launch.export.bundle import FieldNote
 from stratagem.launch.export.model_fields import RopeScaling, model_constants
 from stratagem.spaces.model import ModelSpec
 
-__all__ = ["megatron_rope_args", "torchtitan_rope_comment", "rope_words", "TORCHTITAN_LLAMA3_SCALING"]
+__all__ = ["megatron_rope_args", "torchtitan_rope_comment", "TORCHTITAN_LLAMA3_SCALING"]
 
 _MEGATRON_LLAMA3_FIXED = (1.0, 4.0, 8192)
 """Megatron RotaryEmbedding._apply_scaling's low_freq_factor, high_freq_factor, original_max_position_embeddings."""
@@ -78,9 +78,3 @@ def torchtitan_rope_comment(m: ModelSpec) -> str:
     return (f"{m.name} has {has}, but torchtitan's llama3 model always applies {applied} (RoPEScalingArgs "
             "defaults, torchtitan/models/llama3/model/args.py): a flavor registered for this model must set "
             "rope_scaling_args" + (" to match" if rs is not None else " to factor 1 (no scaling)"))
-
-
-def rope_words(m: ModelSpec) -> str:
-    """`rope_scaling ... ` for the model's notes, '' for a model without (or with unknown) scaling."""
-    rs = model_constants(m).rope_scaling
-    return "" if rs is None else rs.words()

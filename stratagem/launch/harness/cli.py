@@ -12,7 +12,7 @@ Exit codes of the command: 0 ok; 2 a plan or scenario error (one line); 3 OOM (a
 written or read, harness.checkpoint); 1 any other crash (traceback on stderr).
 
 `cli` (what `python -m stratagem.launch.harness` runs) ends the process with os._exit (its docstring says why);
-`main` returns the exit code. Both are re-exported by harness/run.py, which runs the plan (`run_harness`).
+`main` returns the exit code; harness/run.py runs the plan (`run_harness`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import nn
 
+from stratagem.spaces.groups import uses_fsdp
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
@@ -68,8 +69,6 @@ def shards_experts(plan: Plan, spec: ModelSpec) -> bool:
     """Whether FSDP2 shards the experts over their edp ranks (ZeRO-2/3 with more than one expert shard per
     replica, the replicas splitting edp evenly: torchtitan's efsdp = dp_shard*cp*tp/ep); else they are kept whole
     on each edp rank, outside DDP/FSDP (memory.py's expert shard max(1, edp / dp_replicate) is then 1)."""
-    from stratagem.launch.harness.parallelize import uses_fsdp
-
     edp = _edp(plan)
     return uses_expert_mesh(plan, spec) and uses_fsdp(plan) and edp % plan.dp_replicate == 0 \
         and edp // plan.dp_replicate > 1

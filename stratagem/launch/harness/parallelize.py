@@ -39,6 +39,7 @@ from stratagem.launch.harness.model import Transformer
 from stratagem.launch.harness.moe import MoE
 from stratagem.launch.harness.support import optimizer_refusal, plan_refusals
 from stratagem.launch.harness.tensor_parallel import apply_tp
+from stratagem.spaces.groups import uses_fsdp
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
@@ -47,7 +48,7 @@ from stratagem.spaces.plan import Plan
 warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
 __all__ = ["MESH_DIMS", "check_applicable", "build_mesh", "apply_ac", "apply_fsdp",
-           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "hold_tp_params_local", "build_optimizer", "uses_fsdp", "shard_mesh",
+           "parallelize", "wrap_ddp", "op_sac_context", "recomputed_layers", "uses_loss_parallel", "hold_tp_params_local", "build_optimizer", "shard_mesh",
            "grad_mesh"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -103,11 +104,6 @@ def uses_loss_parallel(plan: Plan) -> bool:
     loss_parallel context around the whole pipeline step; the last stage's logits go to the loss inside the
     stage, never to another rank)."""
     return plan.tp > 1
-
-
-def uses_fsdp(plan: Plan) -> bool:
-    """Whether the plan shards parameters with FSDP2: dp x cp > 1 and ZeRO stage 2 or 3."""
-    return plan.dp * plan.cp > 1 and plan.zero_stage >= 2
 
 
 def _blocks(part: Transformer) -> list[tuple[str, nn.Module]]:

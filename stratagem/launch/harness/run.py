@@ -1,5 +1,5 @@
 """The training harness in-process: run one plan for a few steps and write one JSON result (rank 0). Its
-command line (`python -m stratagem.launch.harness`: `main`, `cli`) is harness/cli.py, re-exported here.
+command line (`python -m stratagem.launch.harness`: `main`, `cli`) is harness/cli.py, which imports this module.
 
 In-process, for a launcher that has set torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK; e.g. inside a Ray actor):
@@ -46,7 +46,6 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators.spread import spread_of_samples
 from stratagem.launch.harness._faults import injected_fault
 from stratagem.launch.harness.budget import StepBudget, timed_steps
-from stratagem.launch.harness.cli import cli
 from stratagem.launch.harness.collective_timeout import SETUP_TIMEOUT_S, set_timeout, tighten
 from stratagem.launch.harness.result import HarnessResult
 from stratagem.launch.harness.support import DEFAULT_LR
@@ -398,7 +397,3 @@ def _end_group(teardown: Teardown, finished: bool) -> None:
         dist.destroy_process_group()
     elif finished:
         dist.barrier()  # gloo's barrier also waits for this rank's earlier work (ProcessGroupGloo::barrier)
-
-
-if __name__ == "__main__":
-    cli()

@@ -38,7 +38,6 @@ from stratagem.launch.harness.parallelize import (
     build_optimizer,
     check_applicable,
     parallelize,
-    uses_fsdp,
     uses_loss_parallel,
     wrap_ddp,
 )
@@ -49,6 +48,7 @@ from stratagem.launch.harness.pipeline import (
     rank_chunks,
 )
 from stratagem.launch.harness.support import DEFAULT_LR, token_split_refusal
+from stratagem.spaces.groups import uses_fsdp
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stratagem.launch.harness.parallelize import uses_fsdp
+from stratagem.spaces.groups import uses_fsdp
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 

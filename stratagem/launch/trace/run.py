@@ -46,7 +46,6 @@ from stratagem.launch.harness.parallelize import (
     build_optimizer,
     check_applicable,
     parallelize,
-    uses_fsdp,
     wrap_ddp,
 )
 from stratagem.launch.harness.pipeline import (
@@ -67,6 +66,7 @@ from stratagem.launch.trace.fake_group import (
     watch_outputs,
 )
 from stratagem.launch.trace.kernels import bounded_routing, gpu_step
+from stratagem.spaces.groups import uses_fsdp
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
