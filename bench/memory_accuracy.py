@@ -1,4 +1,4 @@
-"""Accuracy of the analytic memory model against measured peak memory (issue 2, item 5).
+"""Accuracy of the analytic memory model against measured peak memory.
 
 Reference data (bench/reference/, or the folder named by STRATAGEM_REFERENCE):
   playbook_sweep_calibration.json   503 nanotron runs on H100 80GB (the Ultra-Scale Playbook sweep): seq 4096,

@@ -1,4 +1,4 @@
-"""Modern MoE presets, pipeline splits and expert layouts (issue 14 items 3-5): parameter counts against the
+"""Modern MoE presets, pipeline splits and expert layouts: parameter counts against the
 published totals, Llama-3-405B's pipeline splits on 1,024 H100s (Megatron stack), and the best DeepSeek-V3 layouts
 the search space holds on 256 H100s. Every number is the analytic model's (stratagem.evaluators.evaluate /
 evaluate_many with the default calibration); the last line is the figure: the best DeepSeek-V3 plan's tokens/s/GPU.

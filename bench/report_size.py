@@ -1,4 +1,4 @@
-"""Size and render time of the report of a large study (issue 7: a 10,000-trial study renders in a few seconds
+"""Size and render time of the report of a large study (target: a 10,000-trial study renders in a few seconds
 and stays under ~10 MB).
 
 The study is built the way `stratagem search` stores one: the scenario is screened, `select_plans` picks the

@@ -1,4 +1,4 @@
-"""How stratagem writes a number for a person: one rule for the whole tool (issue 26 item 2).
+"""How stratagem writes a number for a person: one rule for the whole tool, so a figure reads the same in every view.
 
 - Memory: the binary unit that keeps the figure between 1 and 1024 (KiB, MiB, GiB, TiB; IEC 80000-13, the
   constants of `stratagem.units`); figures shown together (one card, one table column) share the unit of the

@@ -1,8 +1,10 @@
-"""Every public function, method and class of the package says in one line what it is for (issue 11 item 9)."""
+"""Every public function, method and class of the package says in one line what it is for, and the code says why
+in its own terms (an engine file, a paper, a measurement), never by an issue number its reader does not have."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "stratagem"
@@ -32,3 +34,10 @@ def test_the_check_sees_a_missing_docstring(tmp_path: Path) -> None:
     path = tmp_path / "x.py"
     path.write_text('def f():\n    """Doc."""\n\n\nclass C:\n    def g(self):\n        pass\n\n    def _h(self):\n        pass\n')
     assert _undocumented(path, tmp_path) == ["x.py:5: C", "x.py:6: C.g"]
+
+
+def test_code_cites_no_issue_numbers() -> None:
+    cited = [f"{p.relative_to(PACKAGE.parent)}:{n}: {line.strip()}"
+             for p in sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.js"), *(PACKAGE.parent / "bench").rglob("*.py")])
+             for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bissue\s+\d+", line, re.I)]
+    assert not cited, "say why in the code's own terms:\n" + "\n".join(cited)

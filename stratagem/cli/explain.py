@@ -165,7 +165,7 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = N
     groups = placement_words(scn, pl)  # where each parallel group sits (evaluators.zones.group_placement)
     console.print("groups: " + ("; ".join(groups) if groups else "one GPU per replica, no model-parallel group"),
                   highlight=False)
-    from stratagem.evaluators.timing import speed_rows  # every factor that scales compute (issue 13)
+    from stratagem.evaluators.timing import speed_rows  # every factor that scales compute, with its source
 
     speed = Table(title="Speed factors (scale compute)", title_justify="left")
     for col in ("factor", "value", "source"):

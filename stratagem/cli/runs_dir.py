@@ -1,4 +1,5 @@
-"""Where `stratagem search` writes what must outlive it when it runs as a Ray job (issue 27 item 3).
+"""Where `stratagem search` writes what must outlive it when it runs as a Ray job (the job's working
+directory is a copy that goes with the job).
 
 `ray job submit --working-dir .` copies the directory into the head node's Ray session
 (`.../runtime_resources/working_dir_files/_ray_pkg_<hash>/`), runs the command there, and deletes that copy with

@@ -309,7 +309,7 @@ def _helps(zone: ZoneName, old: NeighbourSummary, new: NeighbourSummary, strict:
     if zone == "hbm" and strict:  # spending headroom: faster, and the neighbour keeps HBM at ok
         return faster and new.headroom_gib >= THRESHOLDS["hbm"].warn * (new.peak_gib + new.headroom_gib)
     if zone == "hbm":
-        # a plan that does not fit gets only neighbours that fit (issue 13: advice that is true)
+        # a plan that does not fit gets only neighbours that fit: advice to a plan that runs out of memory must run
         return new.peak_gib < old.peak_gib * 0.99 and (old.status == "ok" or new.status == "ok")
     if new.status != "ok":
         return False  # never advise a plan that does not fit (a fitting one, or a plan that does not fit itself)

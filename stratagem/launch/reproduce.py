@@ -2,7 +2,7 @@
 result file from a run made elsewhere, e.g. the exported torchrun command) and compare with what was recorded.
 
 The comparison is data first (`Reproduction`), then printed by the CLI. Step time and tokens/s are judged
-against the stored spread (issue 22 item 4): each run's median step comes with its 95 % interval
+against the stored spread: each run's median step comes with its 95 % interval
 (stratagem.evaluators.spread, order statistics of the timed steps), and the rerun reproduces when the two
 intervals overlap (`spread.distinct` is false): the rerun's median then lies within the recorded interval
 widened by the rerun's own half-interval on that side, and that band, relative to the recorded median, is

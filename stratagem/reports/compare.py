@@ -1,4 +1,4 @@
-"""Plans side by side (issue 26 item 5, `stratagem compare`): the memory blocks of the worst rank, the step-time
+"""Plans side by side (`stratagem compare`): the memory blocks of the worst rank, the step-time
 parts, throughput, the four zones, and one sentence per plan on why the fastest beats it ("why not plan X?").
 
 Every figure is the evaluation's (`evaluators.evaluate`, the same calibration for every plan); the sentence

@@ -1,6 +1,6 @@
 """The counts in words, one home: `count_lines(counts, study)` is what `stratagem search` prints under its front,
-what the HTML and Markdown reports show under "Counts" and what `stratagem status` starts with (issue 26 item 4:
-one counting rule, `stratagem.search.counts`, printed the same way everywhere). Where two numbers legitimately
+what the HTML and Markdown reports show under "Counts" and what `stratagem status` starts with (one
+counting rule, `stratagem.search.counts`, printed the same way everywhere). Where two numbers legitimately
 differ (the predicted front and the front now; the plans that fit in the space and those stored), the line
 says why."""
 

@@ -326,7 +326,7 @@ def pareto_info(
     front = sorted((r.index for r in rows if r.on_front), key=lambda i: (-vals[i, 0], i))
 
     # Advice: the front first, then feasible plans by tokens/s, then the rest, up to the limit; predicted with
-    # the study's refitted calibration when its real runs made one (issue 11: not the defaults).
+    # the study's refitted calibration when its real runs made one (the figures the runs taught, not the defaults).
     calibration = study_calibration(study)
     others = sorted((r.index for r in rows if r.feasible and not r.on_front), key=lambda i: (-vals[i, 0], i))
     rest = [r.index for r in rows if not r.feasible]

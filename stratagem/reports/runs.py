@@ -1,4 +1,4 @@
-"""The study's real runs as the report shows them (issue 26 item 1): every measured trial (ok, oom, failed,
+"""The study's real runs as the report shows them: every measured trial (ok, oom, failed,
 timeout, infra) with its plan, the prediction it was run on (the calibration in force then) and, when a later
 calibration re-predicted the plan, the prediction now, against what the run measured (step time with its 95 %
 interval, tokens/s, peak memory).

@@ -1,4 +1,5 @@
-"""Budget windows of the real-run phase and the per-run timeout (issue 27 item 4).
+"""Budget windows of the real-run phase and the per-run timeout: a budget spans the calls that resume one
+search, not each call.
 
 A `--budget-minutes M` call counts against a window of M minutes recorded in the study (attribute
 "budget_windows": one {"started", "minutes", "ended"} per window). A call joins the latest window when it is

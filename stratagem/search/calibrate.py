@@ -8,7 +8,7 @@ descent over a multiplicative grid within each field's bounds, sweeps until no f
 With fewer runs than constants the fit is underdetermined but still moves predictions of similar plans toward
 what was measured. Deterministic, no scipy.
 
-A refit must earn its place (issue 22 item 5, `refit_step`): the time constants and the memory constants are
+A refit must earn its place (`refit_step`): the time constants and the memory constants are
 each adopted only when the refit procedure predicts runs it was not fitted on better than the calibration in
 force: leave-one-out over the study's latest HELD_OUT runs (each held out in turn, the rest refitted, the held-out
 run predicted; median relative error), against the calibration in force's median error on the same runs. Else

@@ -1,4 +1,4 @@
-"""How many: the one counting rule of a study (issue 26 item 4), computed here and printed the same way by
+"""How many: the one counting rule of a study, computed here and printed the same way by
 `stratagem search` (its end summary), `stratagem report` (HTML and Markdown) and `stratagem status`.
 
 Three layers, each counted once:

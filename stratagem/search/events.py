@@ -42,7 +42,7 @@ class RunDone:
     reason: str
     """The first line of why it did not end ok ('' when ok)."""
     remeasure: bool = False
-    """Whether this was a re-measurement of a plan measured before (issue 22 item 4)."""
+    """Whether this was a re-measurement of a plan measured before (search/noise.py: a rerun of a close rival)."""
 
     @property
     def result(self) -> bool:
@@ -51,7 +51,8 @@ class RunDone:
 
 
 RESULT_STATUSES: tuple[str, ...] = ("ok", "oom", "timeout")
-"""Run statuses that are a result (issue 27 item 7): the plan ran, fits or not, finishes in time or not."""
+"""Run statuses that are a result, not an infrastructure failure: the plan ran, fits or not, finishes in
+time or not."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class BatchDone:
 
 @dataclass(frozen=True)
 class WindowOpened:
-    """The budget window this call counts against (issue 27 item 4)."""
+    """The budget window this call counts against (search/budget.py)."""
 
     index: int
     """1-based window number in the study."""

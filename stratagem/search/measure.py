@@ -96,7 +96,7 @@ def measured_runs(study: optuna.Study) -> int:
 def traced_over_limit(study: optuna.Study, usable_gib: float) -> dict[str, str]:
     """Plan key -> why not to run it, for each plan whose standing trial is traced and does not fit: the traced
     step (the harness's own code at full size) is closer to a real run than the analytic prediction, so no real
-    run is spent on a plan whose traced memory is over the limit (issue 16 item 2). A measured trial stands above
+    run is spent on a plan whose traced memory is over the limit. A measured trial stands above
     a traced one, so a plan already run is judged by its run."""
     out: dict[str, str] = {}
     for key, s in standings(study.get_trials(deepcopy=False)).items():

@@ -1,4 +1,5 @@
-"""Noise-aware ranking of measured plans (issue 22 item 4): which measured plan is best, whether that is
+"""Noise-aware ranking of measured plans (a short run's step time varies 10-30 % on a loaded host): which
+measured plan is best, whether that is
 within noise, which plans to run again, and how the runs of one plan combine.
 
 Combining runs of one plan: the timed steps of every ok run of the plan are pooled into one sample and its

@@ -154,7 +154,7 @@ class SearchSession:
 
     def __post_init__(self) -> None:
         self.spec = parse_storage(self.storage)
-        check_storage(self.spec)  # a storage problem is one line before any screening (issue 12 item 4)
+        check_storage(self.spec)  # a storage problem is one line before any screening (no work lost to it)
         self.space = SearchSpace(self.scenario)
         self.usable_gib = self.scenario.cluster.gpu.hbm_gib - self.space.config.memory_margin_gib
         self.calibration = self.calibration or default_calibration(self.scenario.cluster.gpu.name)

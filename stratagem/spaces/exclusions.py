@@ -1,6 +1,6 @@
 """What a stack cannot honour, as data: schedule and plan-value combinations its real runs or its exports refuse.
 
-One rule, stated once (issue 24 item 6): the search space leaves out every exclusion of its stack (spaces/space.py),
+One rule, stated once: the search space leaves out every exclusion of its stack (spaces/space.py),
 the validity rules and the training harness refuse those whose `refused_by` is "harness" (spaces/rules.py,
 launch/harness/support.py), and the torchtitan exporter writes a converted setting, with a note, exactly where an
 "export" exclusion covers an explicitly given plan (launch/export/torchtitan.py). An "export" exclusion is a plan

@@ -62,7 +62,7 @@ AXES: tuple[str, ...] = (
 )
 SPACE_VERSION = "runnable-3"  # what the enumeration yields; bumped when the same search section yields other plans
 # (canonical-1: one canonical plan per job, spaces/canonical.py; the Optuna choices of the split axes changed;
-# runnable-1: the stack record's PlanExclusions are left out, stacks.py, issue 24 item 6; runnable-2: so are the
+# runnable-1: the stack record's PlanExclusions are left out, stacks.py and exclusions.py; runnable-2: so are the
 # torch record's export exclusions, what torchtitan cannot express exactly, spaces/exclusions.py; runnable-3:
 # zero 3 with pp is zero 2 where the stack keeps parameters gathered with pp, canonical.py sharding_stage)
 

@@ -324,7 +324,7 @@ _TORCH = StackRecord(
     p2p_overlap=False,
     kernel_paths=("eager", "compiled"),
     # one rule for what runs (spaces/exclusions.py): what the harness refuses and what torchtitan v0.2.2 cannot
-    # express exactly, which the space leaves out (issue 24 item 6)
+    # express exactly, which the space leaves out
     schedule_exclusions=TORCH_SCHEDULE_EXCLUSIONS,
     plan_exclusions=TORCH_PLAN_EXCLUSIONS,
     moe_dispatchers=("alltoall",),

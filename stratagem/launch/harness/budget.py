@@ -1,4 +1,5 @@
-"""How many steady-state steps a real run times: a time budget, not a fixed count (issue 22 item 3).
+"""How many steady-state steps a real run times: a time budget, not a fixed count (a fixed count is too few
+for a fast step's noise and too many for a slow step).
 
 After the warm-up, every rank knows how long one step takes (the fastest warm-up step: the first allocates and
 the last is memory-traced, so both overstate it); the run then times

@@ -8,7 +8,8 @@ pipeline split. Keys:
                                  momentum_buffer); under ZeRO-1 only the rank owning the parameter has it
 Optimizer hyper-parameters are not saved: the plan's run builds them the same way.
 
-Timing (`save_load_times`) assumes no shared filesystem (issue 27 item 1). Every rank writes under the same
+Timing (`save_load_times`) assumes no shared filesystem (a cluster's nodes may each have only local disks).
+Every rank writes under the same
 path on its own node (the given directory, else its node's temp dir) in a folder whose name rank 0 draws and
 broadcasts. A DCP save works on such per-node folders (each rank writes its own files, the coordinator the
 `.metadata`); a DCP load does not (a rank reads the coordinator's `.metadata` and the replicated tensors

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def cli(argv: list[str] | None = None) -> NoReturn:
     """`python -m stratagem.launch.harness`: run `main`, then leave the process without interpreter teardown.
 
-    Why (issue 22 item 7): `dist.destroy_process_group()` unregisters the groups, but the ProcessGroupGloo
+    Why: `dist.destroy_process_group()` unregisters the groups, but the ProcessGroupGloo
     objects stay alive on the C++ side (after a DTensor TP run of world 2 no Python object refers to a group,
     yet 12 `pt_gloo_runloop` and 6 `gloo_tcp_loop` threads still run: /proc/self/task). When CPython
     finalizes, any such thread that needs the GIL (a completed gloo work dropping the last reference to a

@@ -93,7 +93,8 @@ def exit_fault_reason(failed: Sequence[tuple[int, int | None]]) -> str:
 def _exit_fault(result: dict[str, Any], failed: list[tuple[int, dict[str, Any]]], log_dir: str, command: str,
                 wall_s: float, summary: list[dict[str, Any]]) -> RunResult:
     """Rank 0 wrote its result (every rank had trained and sent its figures: the result gathers them) but a
-    rank then exited non-zero (issue 22 item 7: an abort in interpreter teardown). The run is `ok` and says so:
+    rank then exited non-zero (an abort in interpreter teardown with gloo threads alive: harness/cli.py cli).
+    The run is `ok` and says so:
     the reason and the result's `exit_fault` (kept in the stored measurements) name the ranks and signals."""
     reason = exit_fault_reason([(i, r["code"]) for i, r in failed])
     return RunResult("ok", reason, {**result, "exit_fault": reason}, log_dir, command, wall_s, summary)

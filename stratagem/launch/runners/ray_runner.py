@@ -368,7 +368,7 @@ def quiet_driver_errors() -> bool:
 
     Ray's driver prints every published error into this process's stdout (worker.listen_error_messages ->
     print_to_stdstream, whatever log_to_driver says); a dead raylet's is "Raylet is terminated ..." and the
-    last lines of its raylet.out, ANSI-coloured (issue 27 item 8: 34 lines in a worker's output). The runner
+    last lines of its raylet.out, ANSI-coloured (34 lines in a worker's output for one lost node). The runner
     reports such a run itself (`infra`, one line), so the error becomes `ray: <its first line>` on stderr
     (the full text stays in the session's logs). Ray's other output is untouched. Returns whether it applies
     (False when this Ray has no such hook: then Ray prints as before)."""

@@ -41,7 +41,7 @@ def harness_command(scenario_path: str, plan: Plan, steps: int, warmup: int, see
 
 def run_folder_name(name: str) -> str:
     """`name` as one folder name: every character outside letters, digits and `._,=+-` (a split label's `/`,
-    spaces, ...) becomes `_`, leading dots go (issue 27 item 8: `split2/-` made nested folders)."""
+    spaces, ...) becomes `_`, leading dots go (a split label's `split2/-` would make nested folders)."""
     return re.sub(r"[^\w.,=+-]", "_", name, flags=re.ASCII).lstrip(".") or "run"
 
 

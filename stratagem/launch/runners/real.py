@@ -134,7 +134,7 @@ class RayRunEvaluator:
                  steps: int = 6, warmup: int = 2, seed: int = 0, timeout_s: float | None = None,
                  calibration: Calibration | None = None, resource_wait_s: float = 600.0,
                  budget: StepBudget | None = None) -> None:
-        # budget: timed steps from a time budget (issue 22.3); None: `steps` fixed
+        # budget: timed steps from a time budget (harness/budget.py); None: `steps` fixed
         from stratagem.launch.runners.ray_runner import RayRunner
 
         self.runner = RayRunner(run_dir, address=address, num_cpus=num_cpus, resource_wait_s=resource_wait_s)

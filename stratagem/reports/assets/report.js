@@ -379,7 +379,7 @@
       Explorer.current = i;
       var p = Explorer.pinned;
       if (p == null || p === i) { out.replaceChildren(planView(i)); return; }
-      // two plans in one view (issue 26 item 5): the pinned one beside the explorer's, and which is faster
+      // two plans in one view, as `stratagem compare`: the pinned one beside the explorer's, and which is faster
       var vp = P.values[p], vi = P.values[i], line = "";
       if (vp && vi && vp[0] > 0 && vi[0] > 0) {
         var fast = vp[0] >= vi[0] ? p : i, slow = fast === p ? i : p;
@@ -467,7 +467,7 @@
     ], {
       margin: { l: 70, r: 80, t: 10, b: 50 }, legend: { orientation: "h", y: -0.25 },
       xaxis: { title: { text: "nodes" }, type: "log", tickvals: c.nodes },
-      // both from zero: a 39% rise in cost must not fill the chart (issue 26 item 7)
+      // both from zero: a 39% rise in cost must not fill the chart (from the minimum it would look tenfold)
       yaxis: { title: { text: "days to train" }, rangemode: "tozero" },
       yaxis2: { title: { text: "cost (" + c.currency + (c.price != null ? " at " + c.price + " per GPU-hour" : "") + ")" }, overlaying: "y", side: "right", rangemode: "tozero" }
     });
