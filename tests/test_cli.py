@@ -377,3 +377,43 @@ def test_explain_says_what_a_studys_runs_taught(monkeypatch: pytest.MonkeyPatch,
     code, out, err = run(monkeypatch, capsys, "explain", str(DEMO), "--calibration", str(path), "--json")
     assert code == 0, err
     assert json.loads(out)["taught"] == ["on this cluster: TP comm x1.41 +- 0.14 from 5 runs"]
+
+
+def test_presets_keeps_every_name_whole_at_80_columns(monkeypatch, capsys) -> None:
+    """Issue 34 item 7: `presets` cut names ('llama3-7…') on an 80-column terminal; a name is what --model takes."""
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(sys, "argv", ["stratagem", "presets"])
+    try:
+        cli.main()
+    except SystemExit as e:
+        assert not e.code
+    out = capsys.readouterr().out
+    assert "…" not in out
+    cells = {line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")}
+    assert set(MODEL_PRESETS) | set(GPU_PRESETS) <= cells, set(MODEL_PRESETS) - cells
+
+
+@pytest.mark.parametrize("command", ["presets", "evaluate", "explain", "compare", "report", "capacity", "search",
+                                     "status", "export", "calibrate", "clean", "trace", "reproduce"])
+def test_help_shows_no_type_for_a_flag(monkeypatch, capsys, command) -> None:
+    """Issue 34 item 7: flags (--json, --force, --help) showed a `<bool>` metavar; presets' --json said it printed
+    'the Evaluation'."""
+    monkeypatch.setattr(sys, "argv", ["stratagem", command, "--help"])
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        cli.main()
+    out = capsys.readouterr().out
+    assert "<bool>" not in out and "--help" in out
+    if command == "presets":
+        assert "Print every model and GPU preset as JSON." in out and "Evaluation" not in out
+
+
+def test_an_unknown_key_lists_the_valid_ones(monkeypatch, capsys, tmp_path) -> None:
+    """Issue 34 item 7: an unknown cluster key said only 'Extra inputs are not permitted'."""
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 1, nodes: 2}\n"
+                    "training: {seq_len: 8192, global_batch_size: 64}\n")
+    code, _, err = run(monkeypatch, capsys, "evaluate", str(path))
+    assert code == 2, err
+    (line,) = err.strip().splitlines()
+    assert "cluster.nodes (2): no such key; valid keys: " in line and "num_nodes" in line and "gpus_per_node" in line

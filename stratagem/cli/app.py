@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperOption
 
 from stratagem.errors import StratagemError
 from stratagem.files import disk_error
@@ -25,6 +26,14 @@ except ImportError:  # pragma: no cover
 __all__ = ["app", "console", "main", "ScenarioArg", "PlanOpt", "JsonOpt", "StorageOpt", "StudyOpt",
            "RetryOpt", "SearchedScenarioArg", "study_location"]
 
+def _flag_shows_no_type(self: TyperOption, ctx: Any) -> str | None:
+    """A flag (--json, --force, --help) takes no value: its help row shows no type (typer 0.29 prints <bool>)."""
+    return None if self.is_flag else _TYPE_OF(self, ctx)
+
+
+_TYPE_OF = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_shows_no_type  # type: ignore[method-assign]
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -37,7 +46,7 @@ ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML (model, cluster
 PlanOpt = Annotated[
     str | None, typer.Option("--plan", "-p", help="Plan as key=value pairs, e.g. dp=8,tp=2,zero=1,mbs=2.")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the Evaluation as JSON.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the plan's evaluation as JSON.")]
 
 
 def _check_study(value: str | None) -> str | None:

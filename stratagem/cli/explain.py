@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.table import Table
 
 from stratagem import quantities as q
@@ -110,8 +112,11 @@ def evaluate_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = 
     console.print(verdict)
 
 
+PresetsJsonOpt = Annotated[bool, typer.Option("--json", help="Print every model and GPU preset as JSON.")]
+
+
 @app.command("presets")
-def presets_cmd(as_json: JsonOpt = False) -> None:
+def presets_cmd(as_json: PresetsJsonOpt = False) -> None:
     """List the model and GPU presets."""
     if as_json:
         print(json.dumps({
@@ -119,17 +124,21 @@ def presets_cmd(as_json: JsonOpt = False) -> None:
             "gpus": {k: g.model_dump(mode="json") for k, g in GPU_PRESETS.items()},
         }, indent=2))
         return
-    models = Table(title="Models", title_justify="left")
+    models = Table(title="Models", title_justify="left", collapse_padding=True, pad_edge=False)
+    longest = max(len(m.name) for m in MODEL_PRESETS.values())  # names are what --model takes: never cut them
     for col in ("name", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "moe"):
-        models.add_column(col, justify="left" if col == "name" else "right")
+        models.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name",
+                          min_width=longest if col == "name" else None, overflow="fold")
     for m in MODEL_PRESETS.values():
         moe = f"{m.moe.num_experts}x top{m.moe.top_k}" if m.moe else "-"
         models.add_row(m.name, q.count(m.num_params()), str(m.num_layers), str(m.hidden_size),
                        f"{m.num_attention_heads}/{m.kv_heads}", str(m.ffn_hidden_size), str(m.vocab_size), moe)
     unit = q.memory_unit(*(g.hbm_gib for g in GPU_PRESETS.values()))  # one unit for the column
     gpus = Table(title="GPUs", title_justify="left")
+    widest = max(len(g.name) for g in GPU_PRESETS.values())
     for col in ("name", f"HBM {unit[0]}", "bf16 TF/s", "fp8 TF/s", "HBM TB/s"):
-        gpus.add_column(col, justify="left" if col == "name" else "right")
+        gpus.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name",
+                        min_width=widest if col == "name" else None, overflow="fold")
     for g in GPU_PRESETS.values():
         gpus.add_row(g.name, q.memory_in(g.hbm_gib, unit), q.sig(g.peak_tflops_bf16),
                      q.sig(g.peak_tflops_fp8) if g.peak_tflops_fp8 else "-", q.sig(g.hbm_tbps))

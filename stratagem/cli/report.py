@@ -33,7 +33,9 @@ def report_cmd(
     scenario: SearchedScenarioArg = None,
     storage: StorageOpt = None,
     study: StudyOpt = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="report.html (default), .md, .json, .csv.")]
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="The file: .html, .md, .json, .csv (default: "
+                                              "STUDY.html beside SCENARIO, where search writes it; report.html "
+                                              "here without SCENARIO).")]
     = None,
     fmt: Annotated[str | None, typer.Option("--format", "-f", help="html | md | json | csv (default: -o's suffix; "
                                             "without -o, md/json/csv go to stdout).")] = None,
@@ -46,12 +48,12 @@ def report_cmd(
     from stratagem.search.view import StudyView
 
     kind = reports.output_format(output, fmt)
-    if output is None and kind == "html":
-        output = Path("report.html")
+    url, name = study_location("report", scenario, storage, study)
+    if output is None and kind == "html":  # where search writes it: STUDY.html beside the scenario
+        output = scenario.parent / f"{name}.html" if scenario is not None else Path("report.html")
     if output is not None:
         reports.check_output(output, force=force)
     capacity = reports.parse_nodes(nodes) if nodes else None
-    url, name = study_location("report", scenario, storage, study)
     built = reports.build_report(StudyView.open(url, name).study, kind, capacity)
     err = Console(stderr=True)
     for note in built.notes:

@@ -7,7 +7,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -132,9 +132,27 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
         given = err.get("input")
         shown = "" if isinstance(given, dict | list) or given is None else f" ({given!r})"
         where = f"{loc}{shown}: " if loc else ""
+        if err["type"] == "extra_forbidden" and (keys := _valid_keys(err["loc"])):
+            msg = f"no such key; valid keys: {', '.join(keys)}"
         raise StratagemError(f"{source}: {where}{msg}") from None
     except StratagemError as e:
         raise StratagemError(f"{source}: {e}") from None
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (itself, or the first model of a union / Optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in get_args(annotation) if (m := _model_of(a)) is not None), None)
+
+
+def _valid_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the section at loc[:-1] of a scenario takes (for an unknown key at loc), [] when not a model."""
+    cls: type[BaseModel] | None = Scenario
+    for part in loc[:-1]:
+        field = cls.model_fields.get(str(part)) if cls is not None else None
+        cls = _model_of(field.annotation) if field is not None else None
+    return sorted(cls.model_fields) if cls is not None else []
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")

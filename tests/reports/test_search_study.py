@@ -76,6 +76,11 @@ def test_report_uses_the_studys_refitted_calibration(tmp_path) -> None:
     assert calibrated != default
     table = [ln for ln in calibrated.splitlines() if ln.startswith("| 1 ") or ln.startswith("| 2 ")]
     assert table and all(ln in res.output for ln in table), res.output
+    # issue 34 item 7: `report SCENARIO` writes where search writes (STUDY.html beside the scenario), not into
+    # the working directory
+    res = CliRunner().invoke(app, ["report", str(scenario), "--study", "cal"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "cal.html").is_file() and f"wrote {tmp_path / 'cal.html'}" in " ".join(res.output.split())
     info = pareto_info(study)
     # the front's fastest plan with advice (the very best may have none: nothing faster fits)
     best = next(info.plans[i] for i in info.front if info.plans[i].advice)

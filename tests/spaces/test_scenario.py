@@ -120,7 +120,7 @@ BAD = [
     ("model: {num_layers: 2}\ncluster: {gpu: h100-sxm-80g}\n", ["model.hidden_size", "Field required"]),
     ("model: {hf_config: /nonexistent/config.json}\ncluster: {gpu: h100-sxm-80g}\n",
      ["model.hf_config (/nonexistent/config.json): file not found"]),
-    ("model: llama3-8b\ncluster: {gpu: h100-sxm-80g}\nbudget: 3\n", ["budget", "Extra inputs are not permitted"]),
+    ("model: llama3-8b\ncluster: {gpu: h100-sxm-80g}\nbudget: 3\n", ["budget", "no such key; valid keys: cluster, model, plan, search, training"]),
 ]
 
 
