@@ -1,7 +1,7 @@
 """The analytic model's few fitted constants, in one frozen object.
 
 What scales compute per stack (kernels, torch.compile) lives in the stack records (spaces/stacks.py), the power cap
-in the cluster, fp8's linear speed-up in evaluators.timing.FP8_LINEAR_SPEEDUP: explicit terms `explain` prints,
+in the cluster, fp8's GEMM speed-up in evaluators.speed: explicit terms `explain` prints,
 not hidden factors here.
 
 Defaults are fitted on `bench/reference/` only (bench/memory_accuracy.py, bench/throughput_accuracy.py);

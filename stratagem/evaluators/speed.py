@@ -8,24 +8,47 @@ Sources:
         casts the input and the weight forward, the output gradient, and again the input / weight in the layouts
         the weight- and input-gradient GEMMs take. torchtitan docs/float8.md: "--compile.enable: required - fuses
         float8 scaling/casting kernels".
+  [fp8-gemm] An fp8 GEMM runs the same tiles through tensor cores of twice the bf16 rate (H100 / H200 / B200
+        datasheets: fp8 dense = 2 x bf16 dense); what it cannot speed up is the fixed part of a GEMM (launch, fill,
+        last wave), which the calibration's half_efficiency_gflop describes at bf16: at r times the rate the same
+        fixed time is worth r x half_efficiency_gflop of fp8 work. Scales: tensorwise one fp32 per tensor, rowwise
+        one per row (both negligible bytes); blockwise 1 x 128 / 128 x 128 (TE Float8BlockScaling, DeepSeek-V3
+        report sec. 3.3.1): one fp32 per 128 elements written by the cast; mxfp8 one E8M0 byte per 32 elements (OCP
+        MX spec v1.0) - all applied inside the GEMM's main loop or epilogue, so the scale cost is the cast's extra
+        bytes.
+  [fp8-experts] Which GEMMs an fp8 plan runs in fp8: Megatron's routed experts are TE GroupedLinear modules, run in
+        fp8 under fp8_autocast like every TE linear (megatron/core/transformer/moe/experts.py TEGroupedMLP;
+        transformer_engine/pytorch/module/grouped_linear.py); torchtitan v0.2.2 converts nn.Linear modules only
+        (quantize.linear.float8) and its routed experts (GroupedExperts, torch._grouped_mm) stay bf16 unless
+        quantize.grouped_mm.float8.fqns names them (torchtitan/components/quantization/float8.py
+        Float8GroupedMMConverter, "prototype"), which stratagem's torchtitan export does not set.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+from numpy.typing import NDArray
+
 from stratagem.evaluators.calibration import Calibration
 from stratagem.spaces.hardware import ClusterSpec
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import KernelPath, StackRecord, stack_record
 
+Array = NDArray[np.float64]
+
 __all__ = [
-    "FP8_LINEAR_SPEEDUP",
+    "FP8_ROUTED_EXPERTS",
+    "FP8_SCALE_BYTES",
     "EAGER_CAST_BYTES",
     "FUSED_CAST_BYTES",
     "SpeedTerm",
     "clock_factor",
     "fp8_linear_speedup",
+    "fp8_gemm_size",
+    "fp8_cast_bytes",
+    "fp8_routed_experts",
     "fp8_casts_fused",
     "kernel_efficiency",
     "path_efficiency",
@@ -33,22 +56,17 @@ __all__ = [
     "speed_terms",
 ]
 
-# Linear-layer GEMM speed-up of fp8 over bf16 per recipe, casts fused (torch.compile for torchao, Transformer
-# Engine's own kernels), derived from end-to-end ratios on Llama-3-8B, 8 x H100, seq 8192, compiled (the linears
-# are ~0.6 of that step in this model):
-#   tensorwise  torchtitan commit 7a04053 log: 5,760 -> 7,186 tok/s (1.25x e2e) -> 1.5x on the linears;
-#               bench/reference tt-8b-8gpu-FSDP+compile -> +float8: 6,667 -> 8,532 (1.28x e2e) agrees.
-#   rowwise     same log: 5,760 -> 6,424 (1.12x e2e) -> 1.2x on the linears (per-row scales, slower GEMM).
-#   blockwise   DeepSeek-V3-style 1x128 / 128x128 scales (Transformer Engine Float8BlockScaling): between rowwise
-#               and tensorwise, 1.3x.
-#   mxfp8       torchao MXFP8 on B200 (torchao README, Sept 2025: 1.28x e2e) -> 1.5x on the linears.
-# Every value stays below the datasheet fp8/bf16 ratio (2.0 on Hopper/Blackwell), which bounds it again at use.
-FP8_LINEAR_SPEEDUP: dict[str, float] = {"tensorwise": 1.5, "rowwise": 1.2, "blockwise": 1.3, "mxfp8": 1.5}
+# Stacks whose fp8 plans run the routed experts' grouped GEMMs in fp8 [fp8-experts]; others keep them bf16.
+FP8_ROUTED_EXPERTS: dict[str, bool] = {"megatron": True, "torch": False}
+
+# Bytes of scale per fp8 element the cast writes, per recipe [fp8-gemm].
+FP8_SCALE_BYTES: dict[str, float] = {"tensorwise": 0.0, "rowwise": 0.0, "blockwise": 4.0 / 128.0,
+                                     "mxfp8": 1.0 / 32.0}
 
 # HBM bytes per element of one dynamic fp8 cast of a bf16 tensor [torchao-f8]. Eager, each op materialises:
 # abs (read 2, write 2) + max (read 2) = 6; .to(float32) (read 2, write 4) + * scale (read 4, write 4) + clamp
 # (read 4, write 4) + .to(float8) (read 4, write 1) = 27; 33 in all. Fused (compiled / TE): amax read (2) + one
-# read-cast-write (2 + 1) = 5, already inside FP8_LINEAR_SPEEDUP's end-to-end derivation.
+# read-cast-write (2 + 1) = 5; the recipe's scales add FP8_SCALE_BYTES.
 EAGER_CAST_BYTES = 33.0
 FUSED_CAST_BYTES = 5.0
 
@@ -80,13 +98,32 @@ def fp8_casts_fused(scn: Scenario) -> bool:
 
 
 def fp8_linear_speedup(scn: Scenario) -> float:
-    """fp8 / bf16 speed of the linear-layer GEMMs for the scenario's recipe (FP8_LINEAR_SPEEDUP), bounded by the
-    GPU's datasheet fp8 / bf16 ratio; 1 where the GPU has no fp8. Eager casts are a separate cost
-    (timing: fp8 casts), not a smaller speed-up."""
-    gpu, tr = scn.cluster.gpu, scn.training
+    """fp8 / bf16 rate of the GEMMs an fp8 plan converts, large GEMMs: the GPU's datasheet fp8 / bf16 dense peak
+    ratio [fp8-gemm]; 1 where the GPU has no fp8. Smaller GEMMs gain less (fp8_gemm_size); the casts are their own
+    cost (fp8_cast_bytes)."""
+    gpu = scn.cluster.gpu
     if gpu.peak_tflops_fp8 is None:
         return 1.0
-    return float(min(FP8_LINEAR_SPEEDUP[tr.fp8_recipe_used], gpu.peak_tflops_fp8 / gpu.peak_tflops_bf16))
+    return float(gpu.peak_tflops_fp8 / gpu.peak_tflops_bf16)
+
+
+def fp8_gemm_size(scn: Scenario, cal: Calibration, gflop: Array) -> Array:
+    """The small-GEMM efficiency factor of fp8 GEMMs of `gflop` forward GFLOP per layer and micro-batch:
+    F / (F + r x half_efficiency_gflop), r = fp8_linear_speedup [fp8-gemm] (bf16's is F / (F + half))."""
+    out: Array = gflop / (gflop + fp8_linear_speedup(scn) * cal.half_efficiency_gflop)
+    return out
+
+
+def fp8_cast_bytes(scn: Scenario) -> float:
+    """HBM bytes per element of one fp8 cast: fused (EAGER_CAST_BYTES eager torchao) plus the recipe's scales
+    (FP8_SCALE_BYTES) [torchao-f8, fp8-gemm]."""
+    base = FUSED_CAST_BYTES if fp8_casts_fused(scn) else EAGER_CAST_BYTES
+    return base + FP8_SCALE_BYTES[scn.training.fp8_recipe_used]
+
+
+def fp8_routed_experts(scn: Scenario) -> bool:
+    """Whether the stack's fp8 plans run the routed experts in fp8 (FP8_ROUTED_EXPERTS) [fp8-experts]."""
+    return FP8_ROUTED_EXPERTS.get(scn.training.stack, False)
 
 
 def path_efficiency(rec: StackRecord, path: KernelPath) -> float:
@@ -136,14 +173,18 @@ def speed_terms(scn: Scenario, precision: str = "bf16", cal: Calibration | None 
         SpeedTerm("clock", f["clock"], f"{cl.gpu.name} TDP {cl.gpu.tdp_w or 'n/a'} W, {cap}: (cap/TDP)^(1/3)"),
     ]
     if precision == "fp8":
+        experts = "" if scn.model.moe is None else (
+            "; routed experts in fp8" if fp8_routed_experts(scn) else
+            "; routed experts stay bf16 (torchtitan converts them only with quantize.grouped_mm.float8.fqns)")
         terms.append(SpeedTerm("fp8_linears", fp8_linear_speedup(scn),
-                               f"recipe {tr.fp8_recipe_used}, linear-layer GEMMs only (FP8_LINEAR_SPEEDUP), <= "
-                               "datasheet fp8/bf16"))
+                               f"recipe {tr.fp8_recipe_used}: datasheet fp8/bf16 on large GEMMs, less on small ones "
+                               f"(the fixed part of a GEMM does not speed up){experts}"))
         fused = fp8_casts_fused(scn)
-        terms.append(SpeedTerm("fp8_casts", FUSED_CAST_BYTES if fused else EAGER_CAST_BYTES,
-                               "bytes/element per cast, " + ("fused into neighbouring kernels" if fused else
-                                                              "eager torchao casts, each op over HBM (torchtitan "
-                                                              "float8 needs compile to fuse them)")))
+        terms.append(SpeedTerm("fp8_casts", fp8_cast_bytes(scn),
+                               "bytes/element per cast (scales included), " + (
+                                   "fused into neighbouring kernels" if fused else
+                                   "eager torchao casts, each op over HBM (torchtitan float8 needs compile to fuse "
+                                   "them)")))
     terms.append(SpeedTerm("tp_overlap", 1.0 if tr.tp_overlap else 0.0,
                            f"TP collectives {'pipelined with their GEMMs in tp chunks' if tr.tp_overlap else 'exposed'}"
                            f" ({rec.cite('tp_comm_overlap_default')})"))

@@ -38,11 +38,11 @@ from stratagem.evaluators.experts import (
 from stratagem.evaluators.memory import recomputed_layers
 from stratagem.evaluators.schedules import critical_hops, p2p_hidden
 from stratagem.evaluators.speed import (
-    EAGER_CAST_BYTES,
-    FUSED_CAST_BYTES,
     compute_factors,
-    fp8_casts_fused,
+    fp8_cast_bytes,
+    fp8_gemm_size,
     fp8_linear_speedup,
+    fp8_routed_experts,
 )
 from stratagem.evaluators.stages import StageColumns, slowest_rank_s, stage_columns
 from stratagem.spaces.columns import PlanColumns
@@ -54,6 +54,7 @@ __all__ = [
     "step_context",
     "matmul_params_per_layer",
     "fp8_cast_elements",
+    "fp8_routed_cast_elements",
     "recompute_per_layer",
     "module_recompute_per_layer",
     "forward_repeats",
@@ -130,6 +131,22 @@ def fp8_cast_elements(m: ModelSpec, tokens: Array, tp: Array) -> Array:
     return (2.0 * tokens * per_token + 2.0 * weights) / tp
 
 
+def fp8_routed_cast_elements(scn: Scenario, pc: PlanColumns, tokens: Array) -> Array:
+    """Elements the routed experts' fp8 GEMMs cast per micro-batch on a rank, forward + backward, averaged over
+    layers, where the stack runs them in fp8 (speed.fp8_routed_experts), counted as fp8_cast_elements counts an MLP:
+    each token's top_k copies through one expert's fc1 / fc2 (inputs and output gradients twice each) and the rank's
+    local experts' weights twice (over ep x etp)."""
+    m = scn.model
+    moe = m.moe
+    if moe is None or not fp8_routed_experts(scn):
+        return np.zeros(len(pc))
+    h, f = float(m.hidden_size), float(moe.expert_ffn_hidden_size)
+    share = m.num_moe_layers() / m.num_layers
+    per_copy = (2.0 * h + f) + (2.0 * f + h)
+    weights = moe.num_experts * 3.0 * h * f / (pc.ep * pc.etp)
+    return share * (2.0 * tokens * moe.top_k * per_copy / pc.tp + 2.0 * weights)
+
+
 def step_context(scn: Scenario, pc: PlanColumns, cal: Calibration) -> StepContext:
     """The shared columns of `scn` x `pc` (compute of one micro-batch on the most loaded rank)."""
     m, tr, gpu = scn.model, scn.training, scn.cluster.gpu
@@ -139,19 +156,26 @@ def step_context(scn: Scenario, pc: PlanColumns, cal: Calibration) -> StepContex
     tokens = pc.micro_batch_size * tr.seq_len / c
     peak_bf16 = gpu.peak_tflops("bf16") * 1e12
     peak = np.where(pc.fp32, gpu.peak_tflops("fp32") * 1e12, peak_bf16)
-    peak_mm = np.where(pc.fp8, peak_bf16 * fp8_linear_speedup(scn), peak)  # fp8: the linear layers only
     layer_mm = 2.0 * tokens * matmul_params_per_layer(m) / t
     layer_attn = tokens * m.attention_flops_per_token(tr.seq_len) / t  # causal flash forward [FA2]
     head_mm = 2.0 * tokens * m.vocab_size * m.hidden_size / t
     size = layer_mm / (layer_mm + cal.half_efficiency_gflop * 1e9)  # small per-GPU matmuls run less efficiently
     f = compute_factors(scn, cal)  # kernel path (vs the calibrated one) x clock: printed by `explain`
-    mm_rate = peak_mm * cal.matmul_efficiency * f["kernels"] * f["clock"] * size
+    # fp8: the converted linears at the fp8 peak, their fixed part as long as at bf16 (evaluators.speed [fp8-gemm])
+    size_fp8 = fp8_gemm_size(scn, cal, layer_mm / 1e9)
+    bf16_rate = peak * cal.matmul_efficiency * f["kernels"] * f["clock"] * size
+    mm_rate = np.where(pc.fp8, peak_bf16 * fp8_linear_speedup(scn) * cal.matmul_efficiency * f["kernels"]
+                       * f["clock"] * size_fp8, bf16_rate)
     attn_rate = peak * cal.attention_efficiency * f["kernels"] * f["clock"] * size
     routed_mm = 2.0 * tokens * routed_matmul_per_layer(scn) / t  # routed experts (evaluators/experts.py)
-    layer_mm = layer_mm + routed_mm * (routed_time_factor(scn, pc, cal, size) - 1.0)
-    # eager fp8 (torchao without compile): each cast's extra HBM passes over the fused ones (evaluators.speed)
-    extra = 0.0 if fp8_casts_fused(scn) else EAGER_CAST_BYTES - FUSED_CAST_BYTES
-    casts = np.where(pc.fp8, fp8_cast_elements(m, tokens, t) * extra / (gpu.hbm_tbps * 1e12), 0.0)
+    routed_factor = routed_time_factor(scn, pc, cal, size)
+    # routed experts the stack leaves in bf16 in fp8 plans (speed.fp8_routed_experts): timed at the bf16 rate
+    bf16_experts = pc.fp8 & (not fp8_routed_experts(scn))
+    routed_factor = np.where(bf16_experts, routed_factor * mm_rate / bf16_rate, routed_factor)
+    layer_mm = layer_mm + routed_mm * (routed_factor - 1.0)
+    # fp8 casts over HBM: fused or eager, with the recipe's scales (speed.fp8_cast_bytes)
+    cast_elements = fp8_cast_elements(m, tokens, t) + fp8_routed_cast_elements(scn, pc, tokens)
+    casts = np.where(pc.fp8, cast_elements * fp8_cast_bytes(scn) / (gpu.hbm_tbps * 1e12), 0.0)
     # token permute / unpermute around the experts, HBM-bound (experts.permute_s), on MoE layers
     permute = moe_layer_fraction(scn) * permute_s(scn, pc)
     st = stage_columns(m, pc)  # evaluators/stages.py: the slowest rank decides (the last one also runs the head)

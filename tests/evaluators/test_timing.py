@@ -5,7 +5,7 @@ import pytest
 
 from stratagem.evaluators import Calibration, evaluate, evaluate_many
 from stratagem.evaluators.comm import all_reduce_s, group_link
-from stratagem.evaluators.speed import FP8_LINEAR_SPEEDUP, fp8_linear_speedup
+from stratagem.evaluators.speed import fp8_linear_speedup
 from stratagem.evaluators.step_parts import TIME_KEYS
 from stratagem.evaluators.step_terms import pipeline_poll_s
 from stratagem.evaluators.timing import (
@@ -124,7 +124,7 @@ def test_compute_terms(llama8b: Scenario) -> None:
     compiled = llama8b.model_copy(update={"training": llama8b.training.model_copy(update={"compile": True})})
     cc = cols(compiled, base, base.model_copy(update={"precision": "fp8"}))
     speedup = cc.compute_s[0] / cc.compute_s[1]
-    assert 1.0 < speedup < fp8_linear_speedup(compiled) == FP8_LINEAR_SPEEDUP["tensorwise"]
+    assert 1.0 < speedup < fp8_linear_speedup(compiled) == 2.0  # the H100's fp8 / bf16 datasheet peak
 
 
 def test_small_per_gpu_matmuls_run_less_efficiently() -> None:
