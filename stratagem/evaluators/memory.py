@@ -434,11 +434,13 @@ class EngineTerms(NamedTuple):
 
 def _stage_io(r: Rank) -> tuple[Array, Array, Array, Array]:
     """The last stage (or the only one) holds the final norm input and LM-head input (sbh each) and the logits at
-    the loss (vocab-parallel: / t), once more per multi-token-prediction module; pipeline send/receive buffers of the stage input and its gradient are
-    transient (2 x 2 sbh, / t with SP)."""
+    the loss (vocab-parallel: / t) at the stack's bytes per logit (StackRecord.loss_bytes, else the calibration's),
+    once more per multi-token-prediction module; pipeline send/receive buffers of the stage input and its gradient
+    are transient (2 x 2 sbh, / t with SP)."""
     pc, m = r.pc, r.scn.model
     heads = 1.0 + m.mtp_layers  # the output head runs once more per multi-token-prediction module
-    head = heads * (2 * r.sbh / r.sp_div * r.act_bytes + r.s * r.b * m.vocab_size / pc.tp * r.cal.logits_bytes)
+    logit_bytes = r.cal.logits_bytes if r.rec.loss_bytes is None else r.rec.loss_bytes
+    head = heads * (2 * r.sbh / r.sp_div * r.act_bytes + r.s * r.b * m.vocab_size / pc.tp * logit_bytes)
     p2p = np.where(pc.pp > 1, 2 * 2 * r.sbh / r.sp_div * r.act_bytes, 0.0)
     zero = np.zeros(len(pc))
     return np.where(r.has_head, head, 0.0), zero, p2p, zero

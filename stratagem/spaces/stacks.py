@@ -176,6 +176,12 @@ class StackRecord(BaseModel):
     (refused_by harness) and the exporters (refused_by export)."""
     moe_dispatchers: tuple[Dispatcher, ...] = ("alltoall",)
     """MoE token dispatchers the stack ships (TrainingSpec.moe_dispatcher); the first is the default."""
+    loss_bytes: float | None = None
+    """Bytes per logit element the loss keeps for its backward (vocabulary-parallel: per TP shard), where the
+    engine's code fixes it: Megatron's cross-entropy saves the fp32 softmax (megatron/core/tensor_parallel/
+    cross_entropy.py and fusions/fused_cross_entropy.py: save_for_backward(exp_logits, ...), 4 bytes; Transformer
+    Engine's fused one, --cross-entropy-fusion-impl te, an fp32 gradient, transformer_engine/pytorch/triton/
+    cross_entropy.py cross_entropy_forward). None: Calibration.logits_bytes, fitted or traced."""
     mtp: bool = False
     """Whether the stack builds multi-token-prediction modules (ModelSpec.mtp_layers: Megatron --mtp-num-layers,
     megatron/core/transformer/multi_token_prediction.py); without them its job trains the main model alone
@@ -412,6 +418,7 @@ _MEGATRON = StackRecord(
     p2p_overlap=True,
     kernel_paths=("fused",),
     moe_dispatchers=("alltoall", "deepep"),
+    loss_bytes=4.0,
     mtp=True,
     moe_probs_applied="activation",
     ep_comm_overlap=True,

@@ -224,3 +224,23 @@ def test_fused_optimizer_step_adds_nothing_to_the_traced_peak() -> None:
     scn = scn.model_copy(update={"training": scn.training.model_copy(update={"global_batch_size": 2})})
     f = evaluate_many(scn, [Plan(dp=2, zero_stage=0, activation_checkpointing="full")])
     assert f.peak_gib[0] - f.overhead_gib[0] == pytest.approx(134.42 - 0.78 + 2.02, abs=0.01)
+
+
+def test_megatron_loss_keeps_its_fp32_softmax_whatever_the_calibration() -> None:
+    """Megatron's cross-entropy saves exp_logits in fp32 (tensor_parallel/cross_entropy.py save_for_backward): 4
+    bytes per logit on the last stage, not the calibration's fitted logits_bytes, which other stacks read."""
+    from stratagem.evaluators.calibration import DEFAULT_CALIBRATION
+    from stratagem.evaluators.memory import rank_memory_columns
+
+    plan = PlanColumns.from_plans([Plan(dp=8)])
+    for stack, moved in (("megatron", False), ("nanotron", True)):
+        scn = _scn("tiny", stack)
+        acts = [float(rank_memory_columns(scn, plan, DEFAULT_CALIBRATION.model_copy(update={"logits_bytes": lb}),
+                                          "last")["activations"][0]) for lb in (0.0, 12.0)]
+        assert (acts[1] != acts[0]) == moved
+    scn = _scn("tiny", "megatron", seq_len=8)
+    one = DEFAULT_CALIBRATION.model_copy(update={"logits_bytes": 0.0})
+    a1 = float(rank_memory_columns(scn, plan, one, "last")["activations"][0])
+    bare = scn.model_copy(update={"model": scn.model.model_copy(update={"vocab_size": 128})})
+    a0 = float(rank_memory_columns(bare, plan, one, "last")["activations"][0])
+    assert a1 - a0 == pytest.approx(4.0 * 8 * 1 * 128)  # s 8, micro-batch 1: 128 more logits per token
