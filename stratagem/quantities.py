@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from stratagem.units import GIB, KIB, MIB, TIB
 
-__all__ = ["DASH", "sig", "count", "money", "percent", "memory_unit", "memory", "memory_in", "duration_unit",
+__all__ = ["DASH", "TIME_FLOOR_S", "sig", "count", "money", "percent", "memory_unit", "memory", "memory_in", "duration_unit",
            "duration", "duration_in", "seconds"]
 
 DASH = "–"
@@ -100,7 +100,8 @@ def memory(gib: float | None) -> str:
 def duration_unit(*seconds_: float | None) -> tuple[str, float]:
     """(unit name, seconds per unit) for durations shown together: by the largest, kept below 120 of a unit
     (90 s stays seconds, 30 min stays minutes, 50 h stays hours) and above 1 where it can."""
-    largest = max((abs(s) for s in seconds_ if s is not None and math.isfinite(s)), default=0.0)
+    largest = max((abs(s) for s in seconds_ if s is not None and math.isfinite(s) and abs(s) >= TIME_FLOOR_S),
+                  default=0.0)
     name, size = "s", 1.0
     for unit, unit_size in _DURATION_UNITS:
         if largest >= unit_size * (2.0 if unit_size > 1.0 else 1.0):
@@ -110,11 +111,16 @@ def duration_unit(*seconds_: float | None) -> tuple[str, float]:
     return name, size
 
 
+TIME_FLOOR_S = 1e-9
+"""Durations below a nanosecond print as 0: no step-time figure is that short (a kernel launch takes microseconds),
+so such a value is float round-off left by a subtraction (1.76e-15 s of DP traffic 'hidden')."""
+
+
 def duration_in(seconds_: float | None, unit: tuple[str, float], with_unit: bool = True) -> str:
-    """A duration in a chosen unit (`duration_unit`), 3 significant figures."""
+    """A duration in a chosen unit (`duration_unit`), 3 significant figures; below TIME_FLOOR_S, 0."""
     if seconds_ is None or _absent(seconds_):
         return DASH
-    text = sig(seconds_ / unit[1])
+    text = "0" if abs(seconds_) < TIME_FLOOR_S else sig(seconds_ / unit[1])
     return f"{text} {unit[0]}" if with_unit else text
 
 

@@ -43,3 +43,13 @@ def test_one_duration_unit_per_card() -> None:
     unit = q.duration_unit(80.9, 78.0, 1800.0)  # a checkpoint card: save, stall, interval in one unit
     assert unit[0] == "min"
     assert [q.duration_in(s, unit, False) for s in (80.9, 1800.0)] == ["1.35", "30.0"]
+
+
+def test_round_off_durations_print_as_zero() -> None:
+    """Issue 34 item 7: '1.76e-12 ms of it hidden' (DP traffic minus its exposed part, float round-off): below
+    quantities.TIME_FLOOR_S a duration is 0, and it does not pull the unit of the figures beside it to ms."""
+    from stratagem.quantities import TIME_FLOOR_S, duration, duration_in, duration_unit
+
+    assert duration(1.76e-15) == "0 s" and duration(-3e-13) == "0 s"
+    assert duration_unit(1.76e-15, 2.5) == ("s", 1.0) and duration_in(1.76e-15, ("ms", 1e-3)) == "0 ms"
+    assert duration(2 * TIME_FLOOR_S) != "0 s" and duration(0.0015) == "1.50 ms"

@@ -201,7 +201,8 @@ def _cards(info: ParetoInfo, open_first: int = 3) -> str:
 def _plain_table(head: list[str], rows: list[list[str]], cls: str, ident: str) -> str:
     th = "".join(f"<th>{_e(x)}</th>" for x in head)
     body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="data {cls}" id="{ident}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+    return (f'<div class="table-wrap"><table class="data {cls}" id="{ident}"><thead><tr>{th}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
 
 
 def _real_runs_section(info: ParetoInfo, runs: list[RealRun]) -> str:

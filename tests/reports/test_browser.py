@@ -345,3 +345,42 @@ def test_explorer_pins_two_plans_side_by_side(browser, info, tmp_path) -> None:
     expect(views).to_have_count(1)
     assert [m for m in loaded.console if m[0] in ("error", "pageerror")] == []
     page.close()
+
+
+def test_real_runs_fit_a_1280px_page_and_legends_count_what_the_page_counts(browser, tmp_path) -> None:
+    """Issue 34 item 7: the Real-runs table was wider than a 1280 px page; the parity legend counted 21 points
+    where the page said 24 runs (OOM and failed runs have no step to plot), and the Pareto legend left out the
+    plans without figures."""
+    from test_real_runs import measured
+
+    from report_studies import add, full_evaluation, new_study, plan, scenario
+
+    study = new_study(scenario())
+    longs = [plan(dp=1, tp=2, pp=4, zero_stage=1, sequence_parallel=True, pp_schedule="interleaved",
+                  virtual_stages=2, activation_checkpointing=ac) for ac in ("selective", "full", "none")]
+    for k, p in enumerate(longs):
+        pred = full_evaluation(p, tps=1_000_000 + k, headroom=20.0, loss=0.01)
+        add(study, pred)
+        status = ("ok", "oom", "failed")[k]
+        reason = "" if status == "ok" else ("peak 81.2 GiB over 79.6 GiB HBM on rank 7 of stage 3 " * 2).strip()
+        add(study, measured(p, pred, status=status, reason=reason))
+    add(study, full_evaluation(plan(zero_stage=2), tps=500_000, headroom=10.0, loss=0.02))  # feasible, dominated
+    add(study, full_evaluation(plan(zero_stage=0), tps=2_000_000, headroom=-5.0, loss=0.01, status="oom"))
+    info = pareto_info(study)
+    path = tmp_path / "runs.html"
+    path.write_text(render_html(info), encoding="utf-8")
+    page = load(browser, path).page
+    page.set_viewport_size({"width": 1280, "height": 900})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    table_w = page.evaluate("document.getElementById('runs-table').getBoundingClientRect().width")
+    wrap_w = page.evaluate("document.getElementById('runs-table').parentElement.clientWidth")
+    assert table_w <= wrap_w + 0.5, (table_w, wrap_w)
+    page.wait_for_selector("#parity-plot[data-drawn='1'] .legend", state="attached", timeout=10_000)
+    legend = page.evaluate("document.querySelector('#parity-plot .legend').textContent")
+    assert "(1 of 3 runs)" in legend, legend
+    assert "3 real runs of 3 plans" in page.inner_text("body")
+    page.wait_for_selector("#plot-risk .legend", state="attached", timeout=10_000)
+    pareto = page.evaluate("document.querySelector('#plot-risk .legend').textContent")
+    unplotted = sum(1 for p in info.plans if p.values is None)
+    assert unplotted and f"{unplotted} more without figures, not drawn" in pareto, pareto
+    page.close()

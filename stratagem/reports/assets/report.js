@@ -50,12 +50,13 @@
   var DUR_UNITS = [["ms", 1e-3], ["s", 1], ["min", 60], ["h", 3600], ["days", 86400]];
   function durUnit(secs) {
     var big = 0, u = DUR_UNITS[1];
-    secs.forEach(function (x) { if (x != null && isFinite(x)) big = Math.max(big, Math.abs(x)); });
+    secs.forEach(function (x) { if (x != null && isFinite(x) && Math.abs(x) >= 1e-9) big = Math.max(big, Math.abs(x)); });
     DUR_UNITS.forEach(function (d) { if (big >= d[1] * (d[1] > 1 ? 2 : 1)) u = d; });
     if (big > 0 && big < 1) u = DUR_UNITS[0];
     return u;
   }
-  function durIn(x, u) { return x == null || !isFinite(x) ? "–" : sig(x / u[1]); }
+  var TIME_FLOOR_S = 1e-9;  // quantities.TIME_FLOOR_S: below a nanosecond a duration is round-off and prints 0
+  function durIn(x, u) { return x == null || !isFinite(x) ? "–" : Math.abs(x) < TIME_FLOOR_S ? "0" : sig(x / u[1]); }
   // Plotly reads a few tags in hover text; escape data so it stays text there too.
   function plotlyText(s) { return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;"); }
 
@@ -94,9 +95,9 @@
     return lines.join("<br>");
   }
   function groups() {
-    var g = { infeasible: [], feasible: [], front: [] };
+    var g = { infeasible: [], feasible: [], front: [], unplotted: 0 };
     for (var i = 0; i < P.label.length; i++) {
-      if (!P.values[i]) continue;
+      if (!P.values[i]) { g.unplotted++; continue; }
       if (P.front[i]) g.front.push(i); else if (P.feasible[i]) g.feasible.push(i); else g.infeasible.push(i);
     }
     return g;
@@ -106,8 +107,11 @@
     var g = groups(), out = [], many = g.infeasible.length + g.feasible.length + g.front.length > GL_POINTS && hasWebGL();
     [["infeasible", "not feasible", 0.25, 5], ["feasible", "feasible", 0.55, 6], ["front", "Pareto front", 1, 10]].forEach(function (t) {
       var idx = g[t[0]];
+      // the plans without objective values (a broken rule, a failed run) are not drawn: the legend says how many,
+      // so the counts add up to the page's distinct plans
+      var extra = t[0] === "infeasible" && g.unplotted ? "; " + g.unplotted + " more without figures, not drawn" : "";
       var tr = {
-        type: zk != null ? "scatter3d" : many ? "scattergl" : "scatter", mode: "markers", name: t[1] + " (" + idx.length + ")",
+        type: zk != null ? "scatter3d" : many ? "scattergl" : "scatter", mode: "markers", name: t[1] + " (" + idx.length + extra + ")",
         x: idx.map(function (i) { return axisValue(xk, P.values[i][xk]); }),
         y: idx.map(function (i) { return axisValue(yk, P.values[i][yk]); }),
         text: idx.map(hoverText), customdata: idx, hovertemplate: "%{text}<extra></extra>",
@@ -213,11 +217,20 @@
     for (var k = 0; k < R.trial.length; k++) if (R.plan[k] === i && R.measured[k] != null) best = k;
     return best;
   }
+  function stepUnit(i) {  // the one duration unit of a card's step figures: parts, measured step, predicted vs measured
+    var secs = [], pr = P.prediction[String(i)], run = P.measured[i] ? latestRun(i) : null;
+    [P.time[i], pr && pr.time].forEach(function (row) {
+      var t = rec(row, F.time);
+      if (t) { secs.push(t.step_s); D.step_parts.forEach(function (p) { if (p.meaning === "exposed") secs.push(beforeOverlap(t, p)); }); }
+    });
+    if (run != null) secs.push(D.runs.measured[run], D.runs.high[run]);
+    return durUnit(secs);
+  }
   function timeBreakdown(i) {
     var time = P.time[i], tput = P.tput[i], pr = P.prediction[String(i)], run = P.measured[i] ? latestRun(i) : null;
-    var measuredLine = null;
+    var measuredLine = null, su = stepUnit(i);
     if (run != null) {
-      var R = D.runs, mu = durUnit([R.measured[run], R.high[run]]);
+      var R = D.runs, mu = su;
       measuredLine = h("p", { class: "measured-step", text: "Measured step " + durIn(R.measured[run], mu) + " " + mu[0] +
         (R.low[run] != null ? " (95% interval " + durIn(R.low[run], mu) + "–" + durIn(R.high[run], mu) + " " + mu[0] + ", n=" + R.n[run] + ")" : "") +
         ", trial " + R.trial[run] + (time ? "." : "; the parts below are the prediction's (a run times whole steps only).") });
@@ -226,7 +239,6 @@
     if (!time) return h("div", null, h("h4", { text: "Step time" }), measuredLine || h("p", { class: "note", text: "No step-time figures for this plan." }), throughputLine(tput));
     var t = rec(time, F.time), sum = 0, bar = h("div", { class: "stack" });
     var comms = D.step_parts.filter(function (p) { return p.meaning === "exposed"; });
-    var su = durUnit([t.step_s].concat(comms.map(function (p) { return beforeOverlap(t, p); })));
     var rows = [];
     stepTerms().forEach(function (p) {  // as explain: the terms above 0.05 % of the step
       var v = t[p.name] || 0, color = PART_COLORS[p.name] || "#7f8c8d"; sum += v;
@@ -253,7 +265,8 @@
     var c = rec(ckpt, F.ckpt);
     if (!c) return null;
     var mu = memUnit([c.state_gib]), du = durUnit([c.save_s, c.stall_s, c.interval_s]);  // one unit per line
-    return h("p", { class: "ckpt", text: "Checkpoint: " + memIn(c.state_gib, mu) + " " + mu[0] + " state, save " + durIn(c.save_s, du) + " " + du[0] + " (stall " + durIn(c.stall_s, du) + " " + du[0] + "), every " + durIn(c.interval_s, du) + " " + du[0] + "; job MTBF " + sig(c.job_mtbf_h) + " h; expected goodput loss " + percent(c.goodput_loss) + "." });
+    var mtbfU = durUnit([c.job_mtbf_h * 3600]);  // in its own unit, as the checkpoint zone's sentence says it
+    return h("p", { class: "ckpt", text: "Checkpoint: " + memIn(c.state_gib, mu) + " " + mu[0] + " state, save " + durIn(c.save_s, du) + " " + du[0] + " (stall " + durIn(c.stall_s, du) + " " + du[0] + "), every " + durIn(c.interval_s, du) + " " + du[0] + "; job MTBF " + durIn(c.job_mtbf_h * 3600, mtbfU) + " " + mtbfU[0] + "; expected goodput loss " + percent(c.goodput_loss) + "." });
   }
   var ZONE_TITLES = { hbm: "HBM", communication: "communication", bubbles: "pipeline bubbles", checkpoint: "checkpoint I/O" };
   function zonesView(z) {
@@ -295,7 +308,7 @@
       var err = p != null && m != null && m !== 0 ? (p - m) / m : null;
       rows.push(h("tr", null, h("td", { text: name }), h("td", { class: "num", text: show(p) }), h("td", { class: "num", text: show(m) }), h("td", { class: "num", text: err == null ? "–" : (err >= 0 ? "+" : "") + percent(err) })));
     }
-    var ppeak = pm && pm.peak_gib, mpeak = mm && mm.peak_gib, u = memUnit([ppeak, mpeak]), pstep = pt && pt.step_s, su = durUnit([pstep, mstep]);
+    var ppeak = pm && pm.peak_gib, mpeak = mm && mm.peak_gib, u = memUnit([ppeak, mpeak]), pstep = pt && pt.step_s, su = stepUnit(i);
     add("peak memory " + u[0], ppeak, mpeak, function (x) { return memIn(x, u); });
     add("step time " + su[0], pstep, mstep, function (x) { return durIn(x, su); });
     add("tokens/s", pu && pu.tokens_per_s, mu && mu.tokens_per_s, sig);
@@ -441,7 +454,8 @@
     var u = durUnit(all), top = Math.max.apply(null, all) / u[1] * 1.1;
     function trace(name, key, color, symbol) {
       var idx = ok.filter(function (k) { return R[key][k] != null; });
-      return { type: "scatter", mode: "markers", name: name + " (" + idx.length + ")", marker: { color: color, size: 9, symbol: symbol },
+      // counted against every run the page counts (runs_summary): an OOM or failed run has no step to plot
+      return { type: "scatter", mode: "markers", name: name + " (" + idx.length + " of " + R.trial.length + " runs)", marker: { color: color, size: 9, symbol: symbol },
         x: idx.map(function (k) { return R.measured[k] / u[1]; }), y: idx.map(function (k) { return R[key][k] / u[1]; }),
         error_x: { type: "data", symmetric: false, array: idx.map(function (k) { return R.high[k] == null ? 0 : (R.high[k] - R.measured[k]) / u[1]; }), arrayminus: idx.map(function (k) { return R.low[k] == null ? 0 : (R.measured[k] - R.low[k]) / u[1]; }), thickness: 1 },
         text: idx.map(function (k) { return "trial " + R.trial[k] + ": " + plotlyText(R.label[k]); }), hovertemplate: "%{text}<br>measured %{x:.3g}, predicted %{y:.3g} " + u[0] + "<extra></extra>" };
