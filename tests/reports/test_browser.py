@@ -351,9 +351,8 @@ def test_real_runs_fit_a_1280px_page_and_legends_count_what_the_page_counts(brow
     """Issue 34 item 7: the Real-runs table was wider than a 1280 px page; the parity legend counted 21 points
     where the page said 24 runs (OOM and failed runs have no step to plot), and the Pareto legend left out the
     plans without figures."""
-    from test_real_runs import measured
-
     from report_studies import add, full_evaluation, new_study, plan, scenario
+    from test_real_runs import measured
 
     study = new_study(scenario())
     longs = [plan(dp=1, tp=2, pp=4, zero_stage=1, sequence_parallel=True, pp_schedule="interleaved",
