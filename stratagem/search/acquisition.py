@@ -17,6 +17,14 @@ Sources:
            (Bishop, PRML sec. 3.3): Sigma' = Sigma - Sigma g g^T Sigma / (g^T Sigma g + noise^2), so plans that
            share the picked plan's uncertain terms lose variance (and expected improvement) and the next pick goes
            where a run teaches something else.
+  [PI]     Picheny, Wagner & Ginsbourger 2013, "A benchmark of kriging-based infill criteria for noisy
+           optimization", Struct. Multidisc. Optim. 48, sec. 3.1 ("plug-in" EI): where the incumbent is not a
+           measured value, the best value of the model's prediction stands for it. Before any measured plan fits
+           there is none, and EI over f* = 0 is the predictive mean x P(fit): a first run goes to a plan whose
+           expected tokens/s is high, not to one that can beat the best the model expects. The plug-in incumbent
+           is the best predicted median among plans predicted to fit at their median (the rule the believer
+           applies to its picks, [KB]) and not known to fail (measured OOM or failed): a first run is spent where
+           it is expected to beat what the model already promises.
   [LogEI]  Ament et al. 2023, "Unexpected Improvements to Expected Improvement for Bayesian Optimization", sec. 4:
            the expected improvement underflows far below the incumbent and its ranking is lost there; computed in
            log space (the tail through the Mills ratio) it stays ordered.
@@ -33,7 +41,7 @@ from numpy.typing import NDArray
 from stratagem.evaluators.posterior import LogNormalColumns, Predictive
 
 __all__ = ["log_normal_cdf", "log_expected_improvement", "expected_improvement", "log_probability_of_fit",
-           "log_acquisition", "believer_batch"]
+           "log_acquisition", "believer_batch", "plug_in_incumbent"]
 
 Array = NDArray[np.float64]
 
@@ -125,6 +133,18 @@ def log_acquisition(pred: Predictive, best: float, usable_gib: float) -> Array:
     """log(expected improvement x probability of fitting) per plan ([EGO] x [cEI]): the run order's score."""
     return (log_expected_improvement(pred.log_tokens.mean, pred.log_tokens.sd(), best)
             + log_probability_of_fit(pred.log_peak.mean, pred.log_peak.sd(), usable_gib))
+
+
+def plug_in_incumbent(pred: Predictive, usable_gib: float, eligible: NDArray[np.bool_],
+                      failed: Callable[[int], bool] | None = None) -> float:
+    """The incumbent before any measured plan fits ([PI]): the highest predicted median tokens/s,
+    exp(log_tokens.mean), among the eligible plans whose median peak is within `usable_gib` and that `failed(i)`
+    does not name (a plan whose run failed promises nothing); 0 when none is."""
+    fits = np.flatnonzero(eligible & (pred.log_peak.mean <= math.log(usable_gib)) & np.isfinite(pred.log_tokens.mean))
+    for i in fits[np.argsort(-pred.log_tokens.mean[fits], kind="stable")]:
+        if failed is None or not failed(int(i)):
+            return float(math.exp(float(pred.log_tokens.mean[i])))
+    return 0.0
 
 
 def _sd(col: LogNormalColumns, idx: NDArray[np.intp]) -> Array:

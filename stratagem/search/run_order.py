@@ -11,7 +11,8 @@ force:
      ranking.
 Step 1 by policy (RUN_ORDERS):
   "expected_improvement" (ExpectedImprovementOrder, the default): the plans whose run is expected to improve
-     most on the best measured tokens/s, times their probability of fitting, from every plan's predictive
+     most on the best measured tokens/s (before a measured plan fits: on the best the model promises, the
+     plug-in incumbent of search/acquisition.py), times their probability of fitting, from every plan's predictive
      distributions (evaluators/posterior.py), a batch for several workers by the kriging believer
      (search/acquisition.py);
   "ranked" (RankedOrder, the order before it): plans that may fit by predicted tokens/s, fastest first:
@@ -39,7 +40,7 @@ from optuna.trial import TrialState
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration, Evaluation, evaluate_many
 from stratagem.evaluators.posterior import Predictive, PredictiveBasis, predictive_basis
-from stratagem.search.acquisition import believer_batch
+from stratagem.search.acquisition import believer_batch, plug_in_incumbent
 from stratagem.search.calibrate import calibration_id
 from stratagem.search.claims import orphaned
 from stratagem.search.noise import best_measured, remeasure_due
@@ -210,7 +211,8 @@ Predict = Callable[[Scenario, PlanColumns, Calibration], Predictive]
 
 @dataclass
 class ExpectedImprovementOrder:
-    """New plans by expected improvement over the best measured plan times the probability of fitting, a batch
+    """New plans by expected improvement over the best measured plan (before one: acquisition.plug_in_incumbent)
+    times the probability of fitting, a batch
     for several workers by the kriging believer (search/acquisition.py), from the predictive distributions the
     calibration in force gives (evaluators/posterior.py); lost plans first and the due re-measurements after K
     plans as every policy (order_batch)."""
@@ -251,8 +253,12 @@ class ExpectedImprovementOrder:
             return admit(state, plan, self.skipped)
 
         eligible = np.isfinite(pred.log_tokens.mean) & np.isfinite(pred.log_peak.mean)
-        picks = believer_batch(pred, best.tokens_per_s if best is not None else 0.0, usable, eligible, want,
-                               runnable)
+        # the best measured plan that fits; before one, the plug-in incumbent (acquisition.plug_in_incumbent) among
+        # plans not measured (their runs failed: no measured plan fits) nor known not to run
+        failed = set(state.excluded) - set(state.claimed) | set(self.skipped)
+        incumbent = best.tokens_per_s if best is not None else plug_in_incumbent(
+            pred, usable, eligible, lambda i: job_key(state.scenario, plans.plan(i)) in failed)
+        picks = believer_batch(pred, incumbent, usable, eligible, want, runnable)
         fits = pred.log_peak.mean <= np.log(usable)
         return [(plans.plan(i), "candidate" if fits[i] else "boundary") for i in picks]
 

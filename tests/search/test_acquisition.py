@@ -21,6 +21,7 @@ from stratagem.search.acquisition import (
     log_expected_improvement,
     log_normal_cdf,
     log_probability_of_fit,
+    plug_in_incumbent,
 )
 from stratagem.search.events import Event
 from stratagem.search.records import plan_key
@@ -194,3 +195,40 @@ def test_a_new_posterior_of_the_multipliers_reorders_without_the_model(tmp_path:
     fresh = ExpectedImprovementOrder(candidates=cands, predict=predictive)
     assert before[0] == plan_key(PLANS[2]) and now[0] != before[0]
     assert now == [plan_key(p) for p, _ in fresh.next_batch(after, 3)]
+
+
+def test_the_plug_in_incumbent_is_the_best_median_predicted_to_fit() -> None:
+    """Before any measured plan fits, the incumbent is the highest predicted median tokens/s among eligible plans
+    whose median peak fits and whose run did not fail (Picheny et al. 2013's plug-in); 0 when none does."""
+    tokens = _columns([math.log(300.0), math.log(200.0), math.log(100.0)], [[1], [1], [1]], [0.1])
+    peak = _columns([math.log(3.0), math.log(0.9), math.log(0.5)], [[1], [1], [1]], [0.01])
+    pred = Predictive(log_tokens=tokens, log_peak=peak)
+    assert plug_in_incumbent(pred, 1.0, np.ones(3, dtype=bool)) == pytest.approx(200.0)
+    assert plug_in_incumbent(pred, 1.0, np.array([True, False, True])) == pytest.approx(100.0)
+    assert plug_in_incumbent(pred, 1.0, np.ones(3, dtype=bool), failed=lambda i: i == 1) == pytest.approx(100.0)
+    assert plug_in_incumbent(pred, 0.1, np.ones(3, dtype=bool)) == 0.0
+
+
+def test_the_first_run_goes_where_it_can_beat_what_the_model_promises(tmp_path: Path) -> None:
+    """Two candidates, nothing measured: one predicted at 200 tok/s with its median peak just under the usable
+    memory (P(fit) about 0.5), one at 110 tok/s that surely fits. Over an incumbent of 0 the expected improvement
+    is the mean x P(fit) (about 100 vs 110): the slow one runs, and it cannot be the best the model expects. Over
+    the plug-in incumbent (200 tok/s) only the fast one can improve: it runs first."""
+    s = _session(tmp_path)
+    fast, safe = PLANS[0], PLANS[1]
+    usable = s.usable_gib
+
+    def predict(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Predictive:
+        is_fast = np.array([plan_key(pc.plan(i)) == plan_key(fast) for i in range(len(pc))])
+        tokens = LogNormalColumns(mean=np.where(is_fast, math.log(200.0), math.log(110.0)),
+                                  shares=np.eye(len(pc)), cov=np.eye(len(pc)) * 0.01, noise_sd=0.0)
+        peak = LogNormalColumns(mean=np.log(np.where(is_fast, 0.999, 0.5) * usable), shares=np.ones((len(pc), 1)),
+                                cov=np.eye(1) * 0.05**2, noise_sd=0.0)
+        return Predictive(log_tokens=tokens, log_peak=peak)
+
+    pred = predict(s.scenario, PlanColumns.from_plans([fast, safe]), s.start_calibration)
+    at_zero = log_expected_improvement(pred.log_tokens.mean, pred.log_tokens.sd(), 0.0) + log_probability_of_fit(
+        pred.log_peak.mean, pred.log_peak.sd(), usable)
+    assert at_zero[1] > at_zero[0]  # an incumbent of 0 would run the safe, slower plan
+    order = ExpectedImprovementOrder(candidates=PlanColumns.from_plans([fast, safe]), predict=predict)
+    assert [plan_key(p) for p, _ in order.next_batch(_state(s), 1)] == [plan_key(fast)]
