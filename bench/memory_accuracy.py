@@ -149,7 +149,8 @@ def moe_fit_check(path: Path, cal: Calibration) -> tuple[int, int]:
         gpu = "h100-sxm-80g" if r["gpu"] in ("h800", "h100-sxm-80g") else r["gpu"]  # H800: H100 SXM's 80 GB
         training = {"seq_len": r["seq"], "global_batch_size": r["gbs"], "stack": "megatron",
                     "precision": r["precision"], "moe_dispatcher": r["dispatcher"], "ep_comm_overlap": r["a2a_overlap"],
-                    **{k: r[k] for k in ("activation_func_fp8_input_store", "optimizer_state_dtype") if k in r}}
+                    **{k: r[k] for k in ("activation_func_fp8_input_store", "optimizer_state_dtype", "grad_dtype",
+                                         "grad_reduce_dtype") if k in r}}
         scn = Scenario(model=r["model"], cluster=ClusterSpec(gpu=gpu_preset(gpu), num_nodes=r["gpus"] // 8,
                                                              gpus_per_node=8), training=training)
         plan = Plan(dp=r["gpus"] // (r["tp"] * r["pp"] * r["cp"]), tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"],

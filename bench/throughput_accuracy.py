@@ -181,6 +181,7 @@ def moe_points(ref: Path) -> list[Point]:
                                 ep_comm_overlap=r["a2a_overlap"],
                                 activation_func_fp8_input_store=bool(r.get("activation_func_fp8_input_store")),
                                 optimizer_state_dtype=r.get("optimizer_state_dtype") or "fp32",
+                                grad_dtype=r.get("grad_dtype"), grad_reduce_dtype=r.get("grad_reduce_dtype"),
                                 tp_comm_overlap=r.get("tp_comm_overlap"))
         scn = Scenario(model=MODEL_PRESETS[r["model"]], cluster=cluster, training=training)
         vp = r["vp"]
