@@ -61,3 +61,23 @@ def test_a_plan_in_a_bad_zone_loses_to_one_within_the_models_noise(tmp_path) -> 
     res = CliRunner().invoke(app, ["report", "--storage", storage, "--study", "far", "-f", "md"])
     assert res.exit_code == 0, res.output
     assert f"`{risky.short()}`" in _headline(res.stdout) and "kept although hbm bad" in res.stdout
+
+
+def test_export_best_tokens_is_risk_aware(tmp_path) -> None:
+    """Issue 34 item 1: `export --best tokens` over analytic trials applies the same rule as capacity and the
+    report: the plan in the bad HBM zone loses to the plan within the model's noise that is not."""
+    scn = scenario()
+    risky, safe = plan(zero_stage=1), plan(zero_stage=1, activation_checkpointing="selective")
+    figs = evaluate_many(scn, [risky, safe])
+    pred = predictive_from_figures(scn, figs).log_tokens
+    d = pred.shares[1] - pred.shares[0]
+    noise = GAP_Z * float((d @ pred.cov @ d) ** 0.5)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = new_study(scn, storage)
+    add(study, full_evaluation(risky, tps=100_000, headroom=3.0, loss=0.01))
+    add(study, full_evaluation(safe, tps=100_000 * (1 - noise / 4), headroom=20.0, loss=0.01))
+    res = CliRunner().invoke(app, ["export", "--storage", storage, "--study", "test", "--best", "tokens", "--to",
+                                   "torchrun", "-o", str(tmp_path / "out")], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "trial #1" in text and f"chosen over {risky.short()} (hbm bad)" in text, text

@@ -89,6 +89,8 @@ def choose_trial(study: optuna.Study, trial: int | None = None, best: str | None
         chosen = min(pool, key=lambda t: (sign * t.values[i], t.number))
         kind = "measured" if measured else "analytic"
         why = f"{kind}; best {BEST[key]} among {len(pool)} feasible {kind} trial(s)"
+        if key == "tokens" and not measured:  # the analytic pick is risk-aware, as capacity's and the report's
+            chosen, why = _risk_aware(study, scenario, sorted(pool, key=lambda t: t.number), chosen, why)
         if key == "tokens" and measured:  # the one rule for the best measured plan (search.noise)
             from stratagem.search.noise import best_measured
 
@@ -100,6 +102,36 @@ def choose_trial(study: optuna.Study, trial: int | None = None, best: str | None
     return Chosen(scenario=scenario, plan=plan, evaluation=ev, trial=chosen.number,
                   source=f"study {name} trial #{chosen.number} ({why})", steps=_steps(ev),
                   seed=_seed(ev), warmup=_warmup(ev), why=why)
+
+
+def _risk_aware(study: optuna.Study, scenario: Scenario, pool: list[optuna.trial.FrozenTrial],
+                fastest: optuna.trial.FrozenTrial, why: str) -> tuple[optuna.trial.FrozenTrial, str]:
+    """`fastest` unless evaluators.risk_pick.RISK_RULE prefers another of `pool` (analytic trials): a plan with a
+    zone at bad loses to the fastest with none within the model's noise of it (the study's calibration)."""
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from stratagem.evaluators.analytic import evaluate_many
+    from stratagem.evaluators.calibration import Calibration
+    from stratagem.evaluators.evaluation import ZONE_NAMES
+    from stratagem.evaluators.posterior import predictive_from_figures
+    from stratagem.evaluators.risk_pick import RISK_RULE, risk_aware_best
+    from stratagem.search.records import StudyKey, trial_evaluation, trial_plan
+
+    fitted = study.user_attrs.get(StudyKey.CALIBRATION)
+    cal = Calibration.model_validate(fitted) if fitted else None
+    plans = [trial_plan(t) for t in pool]
+    figs = evaluate_many(scenario, plans, cal)
+    pred = predictive_from_figures(scenario, figs, cal).log_tokens
+    evs = [trial_evaluation(t) for t in pool]
+    bad: dict[str, NDArray[np.bool_]] = {
+        z: np.array([ev is not None and ev.zones is not None and getattr(ev.zones, z).level == "bad" for ev in evs],
+                    dtype=bool) for z in ZONE_NAMES}
+    values = np.array([t.values[0] for t in pool], dtype=np.float64)
+    pick = risk_aware_best(values, np.ones(len(pool), dtype=bool), bad, pred.shares, pred.cov)
+    if pick is None or not pick.bad:
+        return fastest, why
+    return pool[pick.index], f"{why}; {pick.note(plans[pick.fastest].short())} ({RISK_RULE})"
 
 
 def _run(ev: Evaluation | None) -> HarnessResult | None:
