@@ -19,6 +19,17 @@ Sources:
   [DeepEP-SM] DeepEP's dispatch / combine kernels occupy a fixed number of SMs for their whole run
           (deep_ep/buffer.py Buffer.num_sms, 20 by default; Megatron moe_flex_dispatcher_num_sms, "historical
           default 20"): a compute kernel running beside them gets the other SMs only.
+  [MCore-host] The host issues a combined step's nodes in the order above from one thread, and the forward
+          dispatch blocks it: megatron/core/transformer/moe/fused_a2a.py FusedDispatch.forward ("the CPU will wait
+          for GPU's signal to arrive": DeepEP's dispatch returns the received token counts as a host list), the
+          all-to-all dispatcher's _maybe_dtoh_and_synchronize likewise. The wait ends when B's combine backward
+          (issued before it on the in-order communication stream) and A's pre-dispatch node are done; only then can
+          the host issue the rest of the step. So a combined step lasts at least the host time of one layer's
+          forward and backward plus that wait: the overlap moves the host work onto the critical path that the
+          exposed exchanges used to cover. Megatron's DeepSeek-V3 GB200 guide (docs/discussions/deepseek-v3-gb200-
+          optimization, Megatron-LM 1d9edcf8c7, sec. 3.2) names this cost ("divides the forward and backward into
+          multiple stages ... synchronization between different stages, which aggravates the CPU overhead"); its
+          size is the layer's host time (evaluators.host.layer_host_s).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from stratagem.evaluators.experts import (
     routed_matmul_per_layer,
     routed_time_factor,
 )
+from stratagem.evaluators.host import pre_dispatch_host_share
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
@@ -47,7 +59,9 @@ __all__ = [
     "a2a_overlap_refused",
     "dualpipe_paired",
     "a2a_overlap_layer_s",
+    "host_bound_layer_s",
     "ep_overlap_exposed",
+    "ep_overlap_host_wait",
 ]
 
 Array = NDArray[np.float64]
@@ -147,6 +161,28 @@ def a2a_overlap_layer_s(comm: tuple[Array, ...], comp: tuple[Array, ...],
     return out
 
 
+def host_bound_layer_s(host: Array, pre_share: float, a: Array, cb: Array) -> Array:
+    """Host-side length of one combined step [MCore-host]: the layer's forward + backward host time `host`, plus
+    the wait at the forward dispatch beyond the host's own pre-dispatch work (pre_share of `host`): the dispatch
+    returns once A's pre-dispatch node `a` and B's combine backward `cb` (the stream's earlier exchange) are done."""
+    out: Array = host + np.maximum(0.0, np.maximum(a, cb) - pre_share * host)
+    return out
+
+
+def _combined_nodes(scn: Scenario, pc: PlanColumns, cal: Calibration, total: Array, mm_rate: Array,
+                    fwd_layer: Array, attn_fwd: Array, layer_compute: Array) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
+    """(comm, comp) nodes of one combined step as a2a_overlap_layer_s takes them (see ep_overlap_exposed)."""
+    frac = moe_layer_fraction(scn)
+    pieces = exchange_pieces(scn, pc, cal)
+    scale = total / np.maximum(frac * sum(pieces), 1e-30)
+    comm = tuple(frac * x * scale for x in pieces)
+    e = expert_forward_s(scn, pc, cal, mm_rate)
+    a = np.maximum(0.0, fwd_layer - e)
+    rest = np.maximum(0.0, layer_compute - fwd_layer - 2.0 * e)
+    aw = np.minimum(rest, np.maximum(0.0, a - attn_fwd))
+    return comm, (a, e, e, e, rest - aw, aw)
+
+
 def ep_overlap_exposed(scn: Scenario, pc: PlanColumns, cal: Calibration, total: Array, micro: Array,
                        mm_rate: Array, fwd_layer: Array, attn_fwd: Array, layer_compute: Array,
                        sm_share: float) -> Array:
@@ -160,21 +196,29 @@ def ep_overlap_exposed(scn: Scenario, pc: PlanColumns, cal: Calibration, total: 
     the rest of `layer_compute` (recompute included) is the pre-dispatch backward, of which the delayed weight
     gradient Aw is one pass of a's GEMMs (a less the core attention `attn_fwd`). The four exchanges are
     exchange_pieces, scaled to sum to `total`. Calibration.overlap scales what a combined step hides (1: the graph's
-    bound; 0: nothing, as on gloo)."""
-    moe = scn.model.moe
-    if moe is None:
+    bound; 0: nothing, as on gloo). The step's host side is ep_overlap_host_wait's (the caller's launch floor)."""
+    if scn.model.moe is None:
         return total
-    frac = moe_layer_fraction(scn)
-    pieces = exchange_pieces(scn, pc, cal)
-    scale = total / np.maximum(frac * sum(pieces), 1e-30)
-    df, cf, db, cb = (frac * x * scale for x in pieces)
-    e = expert_forward_s(scn, pc, cal, mm_rate)
-    a = np.maximum(0.0, fwd_layer - e)
-    rest = np.maximum(0.0, layer_compute - fwd_layer - 2.0 * e)
-    aw = np.minimum(rest, np.maximum(0.0, a - attn_fwd))
-    step = a2a_overlap_layer_s((df, cf, db, cb), (a, e, e, e, rest - aw, aw), sm_share)
-    exposed_pair = np.minimum(total, np.maximum(0.0, step - (a + 3.0 * e + rest)))
+    comm, comp = _combined_nodes(scn, pc, cal, total, mm_rate, fwd_layer, attn_fwd, layer_compute)
+    step = a2a_overlap_layer_s(comm, comp, sm_share)
+    exposed_pair = np.minimum(total, np.maximum(0.0, step - sum(comp)))
     # Calibration.overlap: the share of the hideable time the calibration credits (1 on GPUs, 0 on gloo/CPU)
     exposed_pair = cal.overlap * exposed_pair + (1.0 - cal.overlap) * total
     paired = a2a_overlap_paired(pc, micro)
     return paired * exposed_pair + (1.0 - paired) * total
+
+
+def ep_overlap_host_wait(scn: Scenario, pc: PlanColumns, cal: Calibration, total: Array, micro: Array,
+                         mm_rate: Array, fwd_layer: Array, attn_fwd: Array, layer_compute: Array,
+                         host: Array) -> Array:
+    """Host seconds per layer and micro-batch, averaged over the rank's layer passes, that the combined steps add to
+    the layer's host time `host` (forward + backward): the wait at the forward dispatch [MCore-host]
+    (host_bound_layer_s - host) on the paired passes, with the nodes of ep_overlap_exposed. A combined step lasts at
+    least host + this: the overlap moves the host work onto the critical path, so on a host-bound layer it gains
+    nothing and may lose this wait (Megatron's GB200 guide: "the overall benefit is negative")."""
+    if scn.model.moe is None:
+        return np.zeros(len(pc))
+    comm, comp = _combined_nodes(scn, pc, cal, total, mm_rate, fwd_layer, attn_fwd, layer_compute)
+    wait = host_bound_layer_s(host, pre_dispatch_host_share(scn, cal), comp[0], comm[3]) - host
+    out: Array = a2a_overlap_paired(pc, micro) * cal.overlap * wait
+    return out

@@ -25,10 +25,6 @@ Sources:
           GEMM (GroupedLinear, behind TEGroupedMLP) runs one cuBLAS GEMM per local expert, round-robin over
           transformer_engine/common/util/multi_stream.cpp num_compute_streams = 4 streams (multi_stream_cublas_gemm);
           the single-kernel CUTLASS grouped GEMM only with NVTE_USE_CUTLASS_GROUPED_GEMM=1 on Hopper (off by default).
-  [MCore-sync] megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize
-          (d2h_event.synchronize(): the host waits for the token counts before the all-to-all) and _DeepepManager
-          (fused_dispatch returns host token counts; permute(num_out_tokens=tokens_per_expert.sum().item())): every
-          MoE layer's forward blocks the host once, so the host cannot run ahead of the GPU across MoE layers.
   [Switch] Fedus et al. 2021, sec. 2.2: capacity = capacity_factor x tokens x top_k / experts; tokens beyond it
           are dropped, so no expert processes more.
 """
@@ -61,12 +57,6 @@ __all__ = [
     "permute_s",
     "GEMM_TILE_ROWS",
     "grouped_gemm_concurrency",
-    "HOST_OPS",
-    "moe_host_ops_ratio",
-    "layer_host_factor",
-    "TE_GROUPED_MLP_HOST_S_PER_EXPERT",
-    "expert_host_s",
-    "layer_host_s",
     "moe_layer_fraction",
     "routed_matmul_per_layer",
 ]
@@ -156,94 +146,6 @@ def expert_gemm_size(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
     rows = np.maximum(per_expert, 1e-9)
     fill = rows / (np.ceil(rows / GEMM_TILE_ROWS) * GEMM_TILE_ROWS)
     return group / (group + cal.half_efficiency_gflop * 1e9) * fill
-
-
-# Host operations (Python-level calls that launch kernels, a collective or a host sync) one transformer layer issues
-# per micro-batch in Megatron-Core with Transformer Engine, fused router and fused permute, (forward, backward),
-# counted in the engine's code; backward counts the autograd nodes the forward's ops leave.
-HOST_OPS: dict[str, tuple[int, int, str]] = {
-    "attention": (8, 8, "megatron/core/transformer/attention.py SelfAttention.forward: linear_qkv "
-                        "(TELayerNormColumnParallelLinear), q/k layernorm, apply_rotary_pos_emb on q and k, "
-                        "TEDotProductAttention, linear_proj; transformer_layer.py self_attn_bda"),
-    "mlp": (4, 4, "megatron/core/transformer/mlp.py MLP.forward: linear_fc1 (pre-MLP norm fused), bias_swiglu, "
-                  "linear_fc2; transformer_layer.py mlp_bda"),
-    "moe_norm": (1, 1, "models/gpt/gpt_layer_specs.py: MoE layers keep pre_mlp_layernorm as its own TENorm"),
-    "router": (10, 5, "moe/router.py TopKRouter.forward: cast to moe_router_dtype, gating linear, "
-                      "fused topk_with_score_function, compute_routing_scores_for_aux_loss, tokens per expert, "
-                      "switch_load_balancing_loss_func (3), save_to_aux_losses_tracker, MoEAuxLossAutoScaler"),
-    "dispatch_alltoall": (21, 4, "moe/token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess (9 count ops + the "
-                                 "all-gather of counts over tp x ep), _maybe_dtoh_and_synchronize (4 D2H copies, "
-                                 "record, synchronize), permute (fused, 2), token_dispatch (2 all-to-alls: tokens, "
-                                 "probs), dispatch_postprocess sort_chunks_by_idxs"),
-    "dispatch_deepep": (9, 2, "moe/token_dispatcher.py _DeepepManager: setup_metadata topk, probs to fp32, "
-                              "fused_dispatch (dispatch layout + dispatch; the host waits for the counts), "
-                              "fused_indices_to_multihot, tokens_per_expert.sum().item(), permute (fused, 2)"),
-    "experts": (5, 3, "moe/experts.py TEGroupedMLP.forward: split + GroupedLinear fc1, weighted bias_swiglu with "
-                      "the routing probs, split + GroupedLinear fc2 (each GroupedLinear one host call; its "
-                      "per-expert cuBLAS launches run in C++ [TE-multi])"),
-    "combine_alltoall": (3, 3, "moe/token_dispatcher.py combine_preprocess sort_chunks_by_idxs, token_combine "
-                               "all-to-all, combine_postprocess unpermute (fused)"),
-    "combine_deepep": (2, 2, "moe/token_dispatcher.py _DeepepManager unpermute (fused), fused_combine"),
-    "moe_bda": (1, 1, "transformer_layer.py mlp_bda"),
-}
-
-
-def _ops(*blocks: str) -> int:
-    return sum(HOST_OPS[b][0] + HOST_OPS[b][1] for b in blocks)
-
-
-def moe_host_ops_ratio(scn: Scenario) -> float:
-    """Host operations of an MoE layer over a dense layer's, forward + backward (HOST_OPS): attention + the MoE block
-    (its own norm, router, dispatch, grouped experts, combine) with the scenario's dispatcher, over attention + MLP.
-    The counts are Megatron-Core's; other stacks' MoE layers (router, token reordering, all-to-all whose split
-    sizes the host reads, grouped GEMM) are taken at the same count. 1 for dense models."""
-    if scn.model.moe is None:
-        return 1.0
-    d = "deepep" if scn.training.dispatcher == "deepep" else "alltoall"
-    moe = _ops("attention", "moe_norm", "router", f"dispatch_{d}", "experts", f"combine_{d}", "moe_bda")
-    return moe / _ops("attention", "mlp")
-
-
-def layer_host_factor(scn: Scenario) -> float:
-    """Host launch time of the average layer over a dense layer's (Calibration.layer_floor_ms describes a dense
-    layer): 1 + MoE share x (moe_host_ops_ratio - 1), each host operation costing the same. Every MoE layer's
-    forward blocks the host on its token counts [MCore-sync], so the host cannot work ahead across MoE layers: a
-    layer takes at least its own host time (evaluators.timing applies it per layer and micro-batch)."""
-    return 1.0 + moe_layer_fraction(scn) * (moe_host_ops_ratio(scn) - 1.0)
-
-
-# Host seconds Transformer Engine's grouped MLP spends per local expert, forward + backward: TE issue #2897
-# ("Reduce CPU overhead in grouped MLP block", 2026-04): 64 experts at hidden size 128 on GB200 (host-bound) take
-# ~1.2 ms forward and ~2.1 ms backward, i.e. 3.3 ms / 64 experts (per-expert GEMM setup and launch, per-expert
-# quantizer and wgrad allocations; TE issue #1499: torch.split and 2 x num_gemms torch.empty calls). Measured on a
-# Grace host with the fused MXFP8 path: an upper bound for x86 hosts.
-TE_GROUPED_MLP_HOST_S_PER_EXPERT = (1.2e-3 + 2.1e-3) / 64.0
-
-
-def expert_host_s(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
-    """Host seconds of one MoE layer's local experts per micro-batch, forward + backward, beyond HOST_OPS' one call
-    per grouped GEMM: Transformer Engine loops its local experts on the host (TE_GROUPED_MLP_HOST_S_PER_EXPERT each
-    [TE-multi]); torch._grouped_mm takes them in one call (0); without a grouped GEMM each expert is its own MLP
-    call (HOST_OPS["mlp"] operations at the dense layer's cost per operation). Averaged over layers."""
-    moe = scn.model.moe
-    if moe is None:
-        return np.zeros(len(pc))
-    local = np.maximum(1.0, moe.num_experts / pc.ep)
-    rec = scn.training.record
-    if not rec.grouped_gemm:
-        per_op = cal.layer_floor_ms * 1e-3 / _ops("attention", "mlp")
-        per_expert = _ops("mlp") * per_op
-    else:
-        per_expert = TE_GROUPED_MLP_HOST_S_PER_EXPERT if GROUPED_GEMM_STREAMS.get(rec.kernels) else 0.0
-    return moe_layer_fraction(scn) * local * per_expert
-
-
-def layer_host_s(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
-    """Host seconds to launch one layer's forward + backward per micro-batch, averaged over layers: the dense layer's
-    (Calibration.layer_floor_ms) scaled by the MoE layers' host operations (layer_host_factor), plus the local
-    experts' host loop (expert_host_s). A layer takes at least this long: MoE layers block the host once per forward
-    [MCore-sync], so it cannot work ahead of the GPU across them (evaluators.timing's launch floor)."""
-    return cal.layer_floor_ms * 1e-3 * layer_host_factor(scn) + expert_host_s(scn, pc, cal)
 
 
 def moe_layer_fraction(scn: Scenario) -> float:

@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, p2p_s, reduce_scatter_s
-from stratagem.evaluators.ep_overlap import ep_overlap_exposed
+from stratagem.evaluators.ep_overlap import ep_overlap_exposed, ep_overlap_host_wait
 from stratagem.evaluators.experts import (
     dispatch_s,
     moe_layer_fraction,
@@ -35,6 +35,7 @@ from stratagem.evaluators.experts import (
     routed_matmul_per_layer,
     routed_time_factor,
 )
+from stratagem.evaluators.host import layer_host_s
 from stratagem.evaluators.memory import recomputed_layers
 from stratagem.evaluators.schedules import critical_hops, p2p_hidden
 from stratagem.evaluators.speed import (
@@ -63,6 +64,7 @@ __all__ = [
     "fp8_gather_width",
     "tp_gemm_shares",
     "ep_layer_s",
+    "layer_floor_s",
     "comm_sm_share",
     "GPU_SMS",
     "DEEPEP_SMS",
@@ -367,6 +369,20 @@ def ep_layer_s(ctx: StepContext, layer_compute: Array) -> tuple[Array, Array]:
     exposed = ep_overlap_exposed(scn, pc, ctx.cal, total, ctx.micro, ctx.mm_rate, ctx.fwd_layer, ctx.attn_fwd,
                                  layer_compute, comm_sm_share(scn))
     return exposed, total
+
+
+def layer_floor_s(ctx: StepContext, layer_compute: Array) -> Array:
+    """Seconds a layer takes at least per micro-batch, whatever its GPU work: the host time to launch it
+    (host.layer_host_s; a third more with full recompute, which re-issues the forward), plus, with the EP overlap,
+    the host's wait at the combined steps' forward dispatch (ep_overlap.ep_overlap_host_wait)."""
+    scn, pc = ctx.scn, ctx.pc
+    host = layer_host_s(scn, pc, ctx.cal)
+    floor = host * (1.0 + pc.recompute_is("full") / 3.0)
+    if not scn.training.ep_overlap or scn.model.moe is None:
+        return floor
+    total = moe_layer_fraction(scn) * dispatch_s(scn, pc, ctx.cal) * (1.0 + 0.5 * forward_repeats(ctx))
+    return floor + ep_overlap_host_wait(scn, pc, ctx.cal, total, ctx.micro, ctx.mm_rate, ctx.fwd_layer,
+                                        ctx.attn_fwd, layer_compute, host)
 
 
 # Streaming multiprocessors per GPU (NVIDIA datasheets / whitepapers: A100 108, H100 / H200 / H800 SXM 132,

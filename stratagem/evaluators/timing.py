@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, reduce_scatter_s
-from stratagem.evaluators.experts import expert_data_parallel, expert_dp_link, layer_host_s
+from stratagem.evaluators.experts import expert_data_parallel, expert_dp_link
 from stratagem.evaluators.memory import training_optimizer_bytes
 from stratagem.evaluators.schedules import critical_hops, idle_slots, phases, rank_actions
 from stratagem.evaluators.speed import (
@@ -33,6 +33,7 @@ from stratagem.evaluators.step_terms import (
     StepContext,
     cp_layer_s,
     ep_layer_s,
+    layer_floor_s,
     matmul_params_per_layer,
     pp_step_s,
     recompute_mb,
@@ -296,9 +297,9 @@ def time_columns(scn: Scenario, pc: PlanColumns, cal: Calibration) -> dict[str, 
     tp_exposed, tp_total = tp_layer_s(ctx)
     ep_exposed, ep_total = ep_layer_s(ctx, layer_compute)
     cp_layer = cp_layer_s(ctx)
-    # a layer takes at least the host time to launch its kernels (layer_floor_ms; a third more with full
-    # recompute); the GPU idles for the difference
-    floor = layer_host_s(scn, pc, cal) * (1.0 + pc.recompute_is("full") / 3.0)
+    # a layer takes at least the host time to launch its kernels (step_terms.layer_floor_s); the GPU idles for the
+    # difference
+    floor = layer_floor_s(ctx, layer_compute)
     idle_mb = layers * np.maximum(0.0, floor - (layer_compute + tp_exposed + ep_exposed + cp_layer))
     dp_traffic, dp_exposed = dp_terms(ctx, rec_mb, idle_mb)
     slot = ctx.compute_mb + rec_mb + layers * (tp_exposed + ep_exposed + cp_layer) + idle_mb

@@ -7,15 +7,18 @@ from typing import Any
 import pytest
 
 from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate_many
-from stratagem.evaluators.experts import (
+from stratagem.evaluators.experts import expert_gemm_size, grouped_gemm_concurrency
+from stratagem.evaluators.host import (
     HOST_OPS,
+    MBRIDGE_B200_LAYER_HOST_S,
+    MOE_OP_HOST_RATIO,
     TE_GROUPED_MLP_HOST_S_PER_EXPERT,
-    expert_gemm_size,
+    dense_op_host_s,
     expert_host_s,
-    grouped_gemm_concurrency,
-    layer_host_factor,
     layer_host_s,
-    moe_host_ops_ratio,
+    moe_layer_host_s,
+    moe_op_host_s,
+    recompute_host_s,
 )
 from stratagem.spaces import MODEL_PRESETS, Plan, PlanColumns, Scenario, TrainingSpec, cluster_preset
 
@@ -54,34 +57,54 @@ def test_intra_node_tp4_ep8_runs_smaller_expert_gemms_than_cross_node_ep32() -> 
     assert small == pytest.approx(f / (f + CAL.half_efficiency_gflop * 1e9))
 
 
-def test_moe_layer_issues_more_host_work_than_a_dense_layer() -> None:
+def test_moe_layer_host_work_is_its_operations_at_their_prices() -> None:
     dense = scn("llama3-8b", gpus=8)
-    assert moe_host_ops_ratio(dense) == 1.0 and layer_host_factor(dense) == 1.0
-    a2a = moe_host_ops_ratio(scn("qwen3-235b-a22b", dispatcher="alltoall"))
-    deepep = moe_host_ops_ratio(scn("qwen3-235b-a22b", dispatcher="deepep"))
-    # the alltoall dispatcher computes its splits on the host side of a D2H sync; DeepEP's kernels do it on the GPU
-    assert a2a > deepep > 1.0
-    # forward + backward: attention 16 + own norm 2 + router 15 + alltoall dispatch 25 + grouped MLP 8 + combine 6
-    # + bias-dropout-add 2 = 74 host operations against attention 16 + MLP 8 = 24
+    one = PlanColumns.from_plans([Plan(dp=8)])
+    # a dense layer: the calibration's layer_floor_ms, its 24 host operations (attention 16 + MLP 8)
     assert sum(HOST_OPS["attention"][:2]) + sum(HOST_OPS["mlp"][:2]) == 24
-    assert a2a == pytest.approx(74 / 24)
+    assert layer_host_s(dense, one, CAL)[0] == pytest.approx(CAL.layer_floor_ms * 1e-3)
+    # an MoE layer: attention at the dense price, its MoE block (norm, router, dispatcher, grouped MLP, combine,
+    # bias-dropout-add) at the MoE block's price; the alltoall dispatcher computes its splits on the host side of a
+    # D2H sync, DeepEP's kernels do it on the GPU
+    a2a = moe_layer_host_s(scn("qwen3-235b-a22b", dispatcher="alltoall"), CAL)
+    deepep = moe_layer_host_s(scn("qwen3-235b-a22b", dispatcher="deepep"), CAL)
+    assert a2a == pytest.approx(16 * dense_op_host_s(CAL) + (2 + 15 + 25 + 8 + 6 + 2) * moe_op_host_s(CAL))
+    assert a2a > deepep > CAL.layer_floor_ms * 1e-3
     # DeepSeek-V3: 58 of 61 layers are MoE layers (first_k_dense_replace = 3)
     dsv3 = scn("deepseek-v3", dispatcher="deepep")
-    assert layer_host_factor(dsv3) == pytest.approx(1 + 58 / 61 * (moe_host_ops_ratio(dsv3) - 1))
+    pcs = PlanColumns.from_plans([Plan(dp=256, ep=64)])
+    base = layer_host_s(dsv3, pcs, CAL)[0] - expert_host_s(dsv3, pcs, CAL)[0]
+    assert base == pytest.approx(3 / 61 * CAL.layer_floor_ms * 1e-3 + 58 / 61 * moe_layer_host_s(dsv3, CAL))
+    # a calibration that measures this host's dense layer scales the MoE price with it
+    slow = CAL.model_copy(update={"layer_floor_ms": 2 * CAL.layer_floor_ms})
+    assert moe_op_host_s(slow) == pytest.approx(2 * moe_op_host_s(CAL))
 
 
-def test_moe_host_time_matches_a_published_host_bound_run() -> None:
+def test_moe_operation_price_reproduces_the_published_host_bound_run() -> None:
     # Megatron-Bridge docs/performance-summary.md, 26.02 container, DGX-B200: Qwen3-30B-A3B on 8 GPUs, EP8, MBS 1,
-    # GBS 512, 9,691 tok/s/GPU: 512 x 4096 / (9,691 x 8) s per step over 64 micro-batches x 48 layers = 8.8 ms per
-    # MoE layer and micro-batch. The same table's DGX-B300 row at MBS 8 (29,521 tok/s/GPU) needs 2.9 ms per 4,096
-    # tokens: the MBS 1 run waits on its host. Its recipe graphs the router and preprocess (cuda_graph_scope
-    # moe_router, moe_preprocess), so the eager layer's host time is at least this.
+    # GBS 512, 9,691 tok/s/GPU: 8.8 ms per MoE layer and micro-batch; the same table's DGX-B300 row at MBS 8
+    # (29,521 tok/s/GPU) needs 2.9 ms per 4,096 tokens: the MBS 1 run waits on its host. Its recipe graphs the
+    # router and the dispatcher's preprocess: the eager rest of its layer at the prices is the run's host time
     per_layer = 512 * 4096 / (9691 * 8) / (64 * 48)
     gpu_per_4096 = 512 * 4096 / (29521 * 8) / (8 * 48) / 8
     assert per_layer > 2.5 * gpu_per_4096
-    host = layer_host_s(scn("qwen3-30b-a3b", gpus=8, dispatcher="alltoall"), PlanColumns.from_plans([Plan(dp=8, ep=8)]),
-                        CAL)[0]
-    assert host == pytest.approx(per_layer, rel=0.25)
+    assert MBRIDGE_B200_LAYER_HOST_S == pytest.approx(per_layer)
+    eager_moe_ops = (2 + 15 + 25 + 8 + 6 + 2) - 15 - 10  # router (forward + backward), preprocess (forward) graphed
+    rebuilt = 16 * dense_op_host_s(CAL) + eager_moe_ops * moe_op_host_s(CAL) + 16 * TE_GROUPED_MLP_HOST_S_PER_EXPERT
+    assert rebuilt == pytest.approx(per_layer)
+    # an MoE-block call (router, dispatcher, TE grouped MLP) costs more host time than an attention or MLP call
+    assert 1.0 < MOE_OP_HOST_RATIO < 2.0
+
+
+def test_recomputed_modules_issue_their_forward_again() -> None:
+    s = scn("qwen3-235b-a22b", dispatcher="deepep")
+    pcs = PlanColumns.from_plans([Plan(dp=256, ep=32),
+                                  Plan(dp=256, ep=32, activation_checkpointing="selective",
+                                       recompute_modules=("layernorm", "moe_act"))])
+    extra = recompute_host_s(s, pcs, CAL)
+    assert extra[0] == 0.0
+    assert extra[1] == pytest.approx(2 * dense_op_host_s(CAL) + moe_op_host_s(CAL))
+    assert layer_host_s(s, pcs, CAL)[1] - layer_host_s(s, pcs, CAL)[0] == pytest.approx(extra[1])
 
 
 def test_local_experts_cost_host_time_where_the_engine_loops_them() -> None:
@@ -91,7 +114,7 @@ def test_local_experts_cost_host_time_where_the_engine_loops_them() -> None:
     assert list(expert_host_s(scn("qwen3-235b-a22b", stack="torch"), pcs, CAL)) == [0.0, 0.0]  # one _grouped_mm
     # DeepSpeed's Experts.forward calls each local expert's MLP in a Python loop: a dense MLP's host work each
     loop = expert_host_s(scn("qwen3-235b-a22b", stack="deepspeed"), pcs, CAL)
-    assert loop[0] == pytest.approx(16 * 8 / 24 * CAL.layer_floor_ms * 1e-3)
+    assert loop[0] == pytest.approx(16 * 8 * dense_op_host_s(CAL))
     assert list(expert_host_s(scn("llama3-8b", gpus=8), pcs, CAL)) == [0.0, 0.0]
 
 
@@ -99,7 +122,7 @@ def test_local_experts_cost_host_time_where_the_engine_loops_them() -> None:
 def test_cross_node_ep32_beats_intra_node_tp4_ep8_as_published() -> None:
     # Megatron-MoE-ModelZoo best_practice/qwen3/readme.md, 256 H100, Qwen3-235B-A22B bf16, GBS 2048, force-balanced:
     # TP2 x PP8 (VPP4) x EP32 DeepEP 19.7 s per step vs TP4 x PP8 (VPP4) x EP8 DeepEP 29.0 s: 1.47x. The TP4 layout
-    # runs twice the micro-batches of half the tokens, each MoE layer costing its host work (layer_host_factor),
+    # runs twice the micro-batches of half the tokens, each MoE layer costing its host work (host.layer_host_s),
     # and 16 local experts of 512 rows in TE's 4-stream grouped GEMM (expert_gemm_size).
     s = Scenario(model=MODEL_PRESETS["qwen3-235b-a22b"], cluster=cluster_preset("h100-sxm-80g", 256, 8),
                  training=TrainingSpec(seq_len=4096, global_batch_size=2048, stack="megatron", moe_dispatcher="deepep",
