@@ -14,7 +14,8 @@ When no size answers, `binding_limit` names the limit that binds, each found by 
   global batch  the scenario's global batch, larger by x2 ... x16 sequences (training tokens unchanged), lets a
                 size tried train in time: data parallelism is capped by the batch, so more nodes stop helping
   nodes         tokens/s grew by r from the largest size with at most half the largest's nodes to the largest; at
-                that rate one more step of the same ratio in size would train in time (an extrapolation, stated)
+                that rate up to EXTRAPOLATE_STEPS more steps of the same ratio in size would train in time (an
+                extrapolation, stated)
   budget        the cheapest size tried costs more than the budget
 """
 
@@ -31,11 +32,14 @@ from stratagem.spaces.scenario import Scenario
 if TYPE_CHECKING:
     from stratagem.evaluators.calibration import Calibration
 
-__all__ = ["REVERSE_MAX_NODES", "BATCH_FACTORS", "reverse_nodes", "refined", "binding_limit", "answer_line",
+__all__ = ["REVERSE_MAX_NODES", "BATCH_FACTORS", "EXTRAPOLATE_STEPS", "reverse_nodes", "refined", "binding_limit", "answer_line",
            "reverse_answer"]
 
 REVERSE_MAX_NODES = 1024
 """The largest cluster the reverse questions (--days, --budget) try without --nodes."""
+
+EXTRAPOLATE_STEPS = 3
+"""How many more steps of the largest sizes' ratio the nodes extrapolation tries (1,024 -> 8,192 nodes)."""
 
 BATCH_FACTORS = (2, 4, 8, 16)
 """How much larger a global batch `binding_limit` tries before it says the batch is not what binds."""
@@ -141,15 +145,16 @@ def binding_limit(cap: CapacityInfo, calibration: Calibration | None, days: floa
         return (f"the limit is the scenario's fixed global batch of {tr.global_batch_size} sequences "
                 f"({q.count(tr.global_batch_size * tr.seq_len)} tokens){growth}; {bigger}")
     pair = _pair(fitted)
-    if pair is not None:
+    if pair is not None and pair[1].days is not None:
         a, b = pair
         r = (b.tokens_per_s or 0.0) / (a.tokens_per_s or 1.0)
-        more = round(b.num_nodes * b.num_nodes / a.num_nodes)
-        if r > 1 and fastest.days / r <= days:
-            return (f"the limit is the sizes tried{growth}; at that rate {more} nodes would take about "
-                    f"{q.sig(fastest.days / r)} days: try more nodes (--nodes ...,{more})")
-    return (f"no limit relaxed here reaches it{growth}, and a global batch up to {BATCH_FACTORS[-1]}x larger does "
-            "not either; give a longer time")
+        for k in range(1, EXTRAPOLATE_STEPS + 1) if r > 1 else ():
+            if b.days / r**k <= days:
+                more = round(b.num_nodes * (b.num_nodes / a.num_nodes) ** k)
+                return (f"the limit is the sizes tried{growth}; at that rate about {more:,} nodes would take "
+                        f"{q.sig(b.days / r**k)} days (an extrapolation): try more nodes (--nodes ...,{more})")
+    return (f"none of the limits tried binds alone{growth}; a global batch up to {BATCH_FACTORS[-1]}x larger and "
+            f"{EXTRAPOLATE_STEPS} more steps of that growth do not reach it either: give a longer time")
 
 
 def _pair(fitted: list[CapacityRow]) -> tuple[CapacityRow, CapacityRow] | None:

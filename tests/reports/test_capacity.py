@@ -240,3 +240,19 @@ def test_reverse_query_names_memory_when_nothing_fits() -> None:
     assert res.exit_code == 0, res.output
     assert "no size of 1-1 nodes tried trains in 30.0 days; the limit is memory: no plan fits in HBM" in " ".join(
         res.output.split())
+
+
+def test_reverse_query_names_the_sizes_tried_when_speed_still_scales() -> None:
+    """Issue 34 item 2: the 405B example in 30 days over 512 and 1,024 nodes: no larger batch reaches it, tokens/s
+    still grows x1.78 per doubling, so the line says more nodes, with the extrapolation's figures."""
+    from stratagem.spaces import load_scenario
+
+    res = CliRunner().invoke(app, ["capacity", "examples/llama3-405b-1024xh100.yaml", "--nodes", "512,1024",
+                                   "--days", "30"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    line = " ".join(res.output.split()).split("no size of 512-1024 nodes tried trains in 30.0 days; ")[1]
+    assert line.startswith("the limit is the sizes tried"), line
+    rows = capacity_plan(load_scenario("examples/llama3-405b-1024xh100.yaml"), [512, 1024]).rows
+    r = rows[1].tokens_per_s / rows[0].tokens_per_s
+    k = next(k for k in range(1, 4) if rows[1].days / r**k <= 30)
+    assert f"about {1024 * 2**k:,} nodes would take {sig(rows[1].days / r**k)} days (an extrapolation)" in line
