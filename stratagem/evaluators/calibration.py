@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stratagem.evaluators.evaluation import BLOCKS
+from stratagem.evaluators.rate_tables import RateTables
 
 __all__ = ["LogMultipliers", "Calibration", "DEFAULT_CALIBRATION", "DEVICE_CALIBRATIONS", "default_calibration", "default_label"]
 
@@ -132,6 +133,10 @@ class Calibration(BaseModel):
     """What measured step times taught about each step-time term (evaluators.step_parts.TIME_TERMS); None: all 1."""
     memory_multipliers: LogMultipliers | None = None
     """What measured peaks (and OOMs) taught about each memory block (evaluation.BLOCKS); None: all 1."""
+    rate_tables: RateTables | None = None
+    """Measured collective bus bandwidths and GEMM efficiencies (evaluators.rate_tables, written by `stratagem
+    calibrate`): the comm terms read a collective's time from them and the compute terms a GEMM's efficiency,
+    where they cover it; None: the formulas only."""
 
     @model_validator(mode="after")
     def _multiplier_names(self) -> Calibration:

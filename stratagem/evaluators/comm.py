@@ -34,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.rate_tables import RateTables, collective_time_s
 from stratagem.spaces.hardware import NVLS_EFFICIENCY, ClusterSpec
 
 __all__ = [
@@ -71,6 +72,10 @@ class Link:
     """Group members per node (k)."""
     nvls: Array
     """NCCL's NVLS efficiency of the GPU's NVSwitch (spaces.hardware.NVLS_EFFICIENCY; 0: no NVLS)."""
+    tables: RateTables | None = None
+    """Measured bus bandwidths (Calibration.rate_tables): a collective they cover takes its measured time."""
+    inside: NDArray[np.bool_] | bool = True
+    """Whether the group lies inside one node (which measured curves apply)."""
 
 
 def group_link(cluster: ClusterSpec, cal: Calibration, n: Array | float, stride: Array | float) -> Link:
@@ -87,18 +92,19 @@ def group_link(cluster: ClusterSpec, cal: Calibration, n: Array | float, stride:
     full = np.ones_like(n_arr)
     return Link(n=n_arr, bandwidth=bandwidth, alpha=alpha, intra_bandwidth=intra * full,
                 inter_bandwidth=np.where(inside, intra, inter) * full, per_node=k,
-                nvls=NVLS_EFFICIENCY.get(cluster.gpu.name, 0.0) * full)
+                nvls=NVLS_EFFICIENCY.get(cluster.gpu.name, 0.0) * full, tables=cal.rate_tables, inside=inside)
 
 
 def all_gather_s(link: Link, size: Array | float) -> Array:
     """Ring all-gather of a `size`-byte result: (n-1) alpha + (n-1)/n size / B [Ring sec. 3]; 0 when n = 1."""
     n = link.n
-    return np.where(n > 1, (n - 1) * link.alpha + (n - 1) / n * size / link.bandwidth, 0.0)
+    ring = np.where(n > 1, (n - 1) * link.alpha + (n - 1) / n * size / link.bandwidth, 0.0)
+    return collective_time_s(link.tables, "all_gather", n, link.inside, size, ring)
 
 
 def reduce_scatter_s(link: Link, size: Array | float) -> Array:
     """Ring reduce-scatter of a `size`-byte input: same cost as all-gather [Ring sec. 3]."""
-    return all_gather_s(link, size)
+    return collective_time_s(link.tables, "reduce_scatter", link.n, link.inside, size, all_gather_s(link, size))
 
 
 def all_reduce_s(link: Link, size: Array | float) -> Array:
@@ -121,7 +127,8 @@ def all_reduce_s(link: Link, size: Array | float) -> Array:
     nvls_tree = (1.0 + 2.0 * np.log2(nodes)) * link.alpha + bus / np.maximum(np.minimum(nvls_bw, network), 1e-30)
     tree = 2.0 * (k - 1.0 + np.log2(nodes)) * link.alpha + bus / link.bandwidth
     other = np.where(nodes > 1.0, np.where(link.nvls > 0, nvls_tree, tree), np.where(link.nvls > 0, one_node, ring))
-    return np.where(n > 1, np.minimum(ring, other), 0.0)
+    best = np.where(n > 1, np.minimum(ring, other), 0.0)
+    return collective_time_s(link.tables, "all_reduce", n, link.inside, size, best)
 
 
 def p2p_s(link: Link, size: Array | float, active: NDArray[np.bool_] | bool = True) -> Array:
@@ -135,7 +142,8 @@ def all_to_all_s(link: Link, size: Array | float) -> Array:
     n, k = link.n, link.per_node
     local = (k - 1) / n * size / link.intra_bandwidth
     remote = (n - k) / n * size / link.inter_bandwidth
-    return np.where(n > 1, (n - 1) * link.alpha + local + remote, 0.0)
+    pairwise = np.where(n > 1, (n - 1) * link.alpha + local + remote, 0.0)
+    return collective_time_s(link.tables, "all_to_all", n, link.inside, size, pairwise)
 
 
 def bus_bandwidth_gbps(

@@ -1,0 +1,167 @@
+"""Measure this node's collective bus bandwidths and GEMM efficiencies as tables (evaluators.rate_tables), the way
+nccl-tests and cuBLAS benchmarks do, through torch.distributed (gloo on CPU, NCCL on GPUs: the same code path).
+
+    tables = measure_rate_tables(world=2, ranks=(2,), sizes=(4096, 65536), shapes=((1, 64, 64, 64),),
+                                 peak_tflops=0.05, dtype="fp32", source="...")
+
+Collectives [NCCL-T] (nccl-tests src/common.cu BenchTime and doc/PERFORMANCE.md): for each group size n (the
+first n ranks, dist.new_group) and message size S: `warmup` untimed calls, then `iters` calls timed together
+after a barrier; t = elapsed / iters, the slowest rank's; algbw = S / t, busbw = algbw x f(n) (rate_tables.
+bus_factor). S is the gathered output (all_gather_into_tensor), the input (reduce_scatter_tensor), the buffer
+(all_reduce) and each rank's send buffer (all_to_all_single), as nccl-tests' `size` column.
+
+GEMMs (cuBLAS benchmarks' convention): a (m x k) @ (k x n) matmul timed over `iters` calls on every rank at once
+(each rank's share of the node, as in training), 2 m n k / t over the datasheet peak, the slowest rank's. A
+grouped GEMM of g groups runs torch._grouped_mm where torch has it on the device, else one matmul per group
+(torchtitan's experts for-loop path, torchtitan/models/moe/moe.py _run_experts_for_loop).
+
+Placement: ranks launched on one node (launch.runners.local) measure `intra_node` curves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from stratagem.evaluators.rate_tables import (
+    COLLECTIVES,
+    CollectiveTable,
+    GemmTable,
+    Placement,
+    RateTables,
+    bus_factor,
+)
+
+__all__ = ["bench_rank", "measure_rate_tables", "tables_from_samples"]
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _sync(torch: Any) -> None:
+    """Wait for the device's queued work (no-op on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _max_over_ranks(torch: Any, dist: Any, value: float, device: Any) -> float:
+    """The slowest rank's time (nccl-tests reports the time every rank saw; the collective ends with the last)."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _timed(torch: Any, dist: Any, group: Any, fn: Any, warmup: int, iters: int) -> float:
+    """Seconds per call of fn() after `warmup` calls, the calls timed together after a barrier."""
+    for _ in range(warmup):
+        fn()
+    _sync(torch)
+    if group is not None:
+        dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(torch)
+    return (time.perf_counter() - t0) / iters
+
+
+def _collective_call(torch: Any, dist: Any, name: str, n: int, size: int, group: Any, device: Any) -> Any:
+    """A closure running collective `name` once on a message of `size` bytes (nccl-tests' size convention)."""
+    elems = max(n, size // 4 // n * n)  # float32, divisible by n
+    # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single; older torch has the old names
+    if name == "all_gather":
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        out, inp = torch.empty(elems, device=device), torch.ones(elems // n, device=device)
+        return lambda: gather(out, inp, group=group)
+    if name == "reduce_scatter":
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        out, inp = torch.empty(elems // n, device=device), torch.ones(elems, device=device)
+        return lambda: scatter(out, inp, group=group)
+    if name == "all_reduce":
+        buf = torch.ones(elems, device=device)
+        return lambda: dist.all_reduce(buf, group=group)
+    out, inp = torch.empty(elems, device=device), torch.ones(elems, device=device)
+    return lambda: dist.all_to_all_single(out, inp, group=group)
+
+
+def _gemm_call(torch: Any, shape: tuple[int, int, int, int], dtype: Any, device: Any) -> Any:
+    """A closure running one (grouped) GEMM of shape (groups, m, n, k)."""
+    g, m, n, k = shape
+    a = torch.randn(g * m, k, dtype=dtype, device=device)
+    b = torch.randn(g, k, n, dtype=dtype, device=device)
+    if g == 1:
+        return lambda: torch.matmul(a, b[0])
+    offs = torch.arange(m, g * m + 1, m, dtype=torch.int32, device=device)
+    grouped = getattr(torch, "_grouped_mm", None)
+    if grouped is not None and device.type == "cuda":
+        return lambda: grouped(a, b, offs=offs)
+    chunks = a.split(m)
+    return lambda: [torch.matmul(chunks[i], b[i]) for i in range(g)]
+
+
+def bench_rank(rank: int, ranks: Sequence[int], sizes: Sequence[int], shapes: Sequence[tuple[int, int, int, int]],
+               dtype: str, warmup: int, iters: int) -> dict[str, Any]:
+    """On every rank (launch.runners.local.run_local): the collectives at each group size and message size, then
+    the GEMMs; returns {"collectives": {(name, n, size): busbw GB/s}, "gemms": {shape: seconds}}, the slowest
+    rank's figures (identical on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device(f"cuda:{rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    world = dist.get_world_size()
+    coll: dict[tuple[str, int, int], float] = {}
+    for n in ranks:
+        group = dist.new_group(list(range(n))) if n < world else dist.group.WORLD  # every rank calls new_group
+        if rank < n:
+            for name in COLLECTIVES:
+                for size in sizes:
+                    call = _collective_call(torch, dist, name, n, size, group, device)
+                    t = _timed(torch, dist, group, call, warmup, iters)
+                    coll[(name, n, size)] = t
+        dist.barrier()
+    slowest = {key: _max_over_ranks(torch, dist, coll.get(key, 0.0), device)
+               for key in ((c, n, s) for n in ranks for c in COLLECTIVES for s in sizes)}
+    busbw = {key: s / t * float(bus_factor(c, n)) / 1e9 for key, t in slowest.items() for c, n, s in [key]}
+    gemms: dict[tuple[int, int, int, int], float] = {}
+    for shape in shapes:
+        call = _gemm_call(torch, shape, getattr(torch, _DTYPES[dtype]), device)
+        gemms[tuple(shape)] = _max_over_ranks(torch, dist, _timed(torch, dist, None, call, warmup, iters), device)
+    return {"collectives": busbw, "gemms": gemms}
+
+
+def tables_from_samples(samples: dict[str, Any], placement: Placement, peak_tflops: float, dtype: str,
+                        source: str) -> RateTables:
+    """RateTables from bench_rank's figures: one curve per (collective, n), GEMM efficiency 2 g m n k / t / peak
+    per kind (dense: one group; grouped: several)."""
+    curves: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for (name, n, size), bw in samples["collectives"].items():
+        curves.setdefault((name, n), []).append((float(size), bw))
+    collectives = tuple(CollectiveTable(collective=name, ranks=n, placement=placement,  # type: ignore[arg-type]
+                                        sizes_bytes=tuple(s for s, _ in sorted(pts)),
+                                        busbw_gbps=tuple(b for _, b in sorted(pts)))
+                        for (name, n), pts in sorted(curves.items()))
+    gemms = []
+    for kind in ("dense", "grouped"):
+        pts = sorted(((2.0 * g * m * n * k, (g, m, n, k), 2.0 * g * m * n * k / t / (peak_tflops * 1e12))
+                      for (g, m, n, k), t in samples["gemms"].items() if (g == 1) == (kind == "dense")))
+        if pts:
+            gemms.append(GemmTable(kind=kind, shapes=tuple(s for _, s, _ in pts),  # type: ignore[arg-type]
+                                   efficiency=tuple(e for _, _, e in pts), peak_tflops=peak_tflops, dtype=dtype))
+    return RateTables(source=source, collectives=collectives, gemms=tuple(gemms))
+
+
+def measure_rate_tables(world: int, ranks: Sequence[int], sizes: Sequence[int],
+                        shapes: Sequence[tuple[int, int, int, int]], peak_tflops: float, dtype: str, source: str,
+                        warmup: int = 2, iters: int = 5, timeout_s: float = 300.0) -> RateTables:
+    """Launch `world` local ranks (launch.runners.local.run_local), measure, and return the node's tables
+    (intra_node curves: every rank is on this node)."""
+    from stratagem.launch.runners.local import run_local
+
+    bad = [n for n in ranks if not 2 <= n <= world]
+    if bad:
+        raise ValueError(f"group sizes {bad} must lie in 2..{world}")
+    per_rank = run_local(bench_rank, world, args=(tuple(ranks), tuple(sizes), tuple(shapes), dtype, warmup, iters),
+                         timeout_s=timeout_s, pg_timeout_s=min(120.0, timeout_s))
+    return tables_from_samples(per_rank[0], "intra_node", peak_tflops, dtype, source)

@@ -1,0 +1,107 @@
+"""Measured rate tables: interpolation, nccl-tests' bus-bandwidth conventions, and the comm terms reading them
+(unchanged bit for bit without tables)."""
+
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from stratagem.evaluators import Calibration
+from stratagem.evaluators.comm import all_gather_s, all_reduce_s, all_to_all_s, group_link, reduce_scatter_s
+from stratagem.evaluators.rate_tables import (
+    CollectiveTable,
+    GemmTable,
+    RateTables,
+    bus_factor,
+    collective_busbw_gbps,
+    collective_time_s,
+    gemm_efficiency,
+    tables_summary,
+)
+from stratagem.spaces import ClusterSpec, gpu_preset
+
+H100 = gpu_preset("h100-sxm-80g")
+
+
+def curve(coll: str, n: int, placement: str = "intra_node", bws: tuple[float, ...] = (10.0, 100.0)) -> CollectiveTable:
+    return CollectiveTable(collective=coll, ranks=n, placement=placement, sizes_bytes=(1e3, 1e6)[:len(bws)],
+                           busbw_gbps=bws)
+
+
+def test_bus_factor_is_nccl_tests() -> None:
+    # nccl-tests doc/PERFORMANCE.md: all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n
+    assert float(bus_factor("all_reduce", 8)) == pytest.approx(2 * 7 / 8)
+    for c in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert float(bus_factor(c, 4)) == pytest.approx(3 / 4)
+
+
+def test_busbw_linear_in_log_size_flat_beyond() -> None:
+    t = RateTables(source="t", collectives=(curve("all_gather", 2),))
+    mid = math.sqrt(1e3 * 1e6)  # halfway in log size
+    bw = collective_busbw_gbps(t, "all_gather", np.array([2.0, 2.0, 2.0, 2.0]), True,
+                               np.array([1e3, mid, 1e6, 1e9]))
+    np.testing.assert_allclose(bw, [10.0, 55.0, 100.0, 100.0])
+    assert collective_busbw_gbps(t, "all_gather", 2.0, True, 1.0) == pytest.approx(10.0)  # flat below
+
+
+def test_busbw_interpolates_group_size_in_log_and_nearest_beyond() -> None:
+    t = RateTables(source="t", collectives=(curve("all_reduce", 2, bws=(10.0,)), curve("all_reduce", 8, bws=(40.0,))))
+    bw = collective_busbw_gbps(t, "all_reduce", np.array([2.0, 4.0, 8.0, 64.0]), True, 1e3)
+    np.testing.assert_allclose(bw, [10.0, 25.0, 40.0, 40.0])  # log2 4 is halfway between log2 2 and log2 8
+
+
+def test_placement_without_curve_is_nan() -> None:
+    t = RateTables(source="t", collectives=(curve("all_gather", 2),))
+    bw = collective_busbw_gbps(t, "all_gather", np.array([2.0, 2.0]), np.array([True, False]), 1e3)
+    assert bw[0] == pytest.approx(10.0) and np.isnan(bw[1])
+    assert np.isnan(collective_busbw_gbps(t, "all_to_all", 2.0, True, 1e3))
+
+
+def test_gemm_efficiency_log_flops() -> None:
+    g = GemmTable(kind="dense", shapes=((1, 10, 10, 10), (1, 100, 100, 100)), efficiency=(0.2, 0.8), peak_tflops=1.0)
+    t = RateTables(source="t", gemms=(g,))
+    mid = math.sqrt(2e3 * 2e6)
+    np.testing.assert_allclose(gemm_efficiency(t, "dense", np.array([1.0, mid, 1e12])), [0.2, 0.5, 0.8])
+    assert gemm_efficiency(t, "grouped", 1e6) is None
+    assert gemm_efficiency(None, "dense", 1e6) is None
+
+
+def test_tables_refuse_bad_points() -> None:
+    with pytest.raises(ValidationError, match="increasing"):
+        CollectiveTable(collective="all_gather", ranks=2, placement="intra_node", sizes_bytes=(2.0, 1.0),
+                        busbw_gbps=(1.0, 1.0))
+    with pytest.raises(ValidationError, match="one value per point"):
+        CollectiveTable(collective="all_gather", ranks=2, placement="intra_node", sizes_bytes=(1.0,),
+                        busbw_gbps=(1.0, 2.0))
+    with pytest.raises(ValidationError, match="same"):
+        RateTables(source="t", collectives=(curve("all_gather", 2), curve("all_gather", 2)))
+
+
+def _times(cal: Calibration, cluster: ClusterSpec, n: np.ndarray, stride: np.ndarray,
+           size: np.ndarray) -> list[np.ndarray]:
+    link = group_link(cluster, cal, n, stride)
+    return [all_gather_s(link, size), reduce_scatter_s(link, size), all_reduce_s(link, size), all_to_all_s(link, size)]
+
+
+def test_no_tables_bit_for_bit_and_measured_time_where_covered() -> None:
+    cluster = ClusterSpec(gpu=H100, num_nodes=4, gpus_per_node=8)
+    n = np.array([1.0, 2.0, 8.0, 16.0, 32.0])
+    stride = np.array([1.0, 1.0, 1.0, 8.0, 1.0])
+    size = np.array([1e6, 1e7, 1e8, 1e9, 1e9])
+    base = Calibration()
+    before = _times(base, cluster, n, stride, size)
+    # without tables the formula's own array comes back (the same object: bit for bit)
+    assert group_link(cluster, base, n, stride).tables is None
+    formula = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert collective_time_s(None, "all_gather", n, True, size, formula) is formula
+    curves = tuple(curve(c, r, bws=(50.0, 50.0)) for c in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+                   for r in (2, 8))
+    cal = base.model_copy(update={"rate_tables": RateTables(source="t", collectives=curves)})
+    after = _times(cal, cluster, n, stride, size)
+    inside = np.array([True, True, True, False, False])  # 16 ranks 8 apart and 32 ranks span nodes
+    for name, b, a in zip(("all_gather", "reduce_scatter", "all_reduce", "all_to_all"), before, after, strict=True):
+        assert a[0] == 0.0  # one rank: nothing to move
+        expect = size * bus_factor(name, n) / 50e9  # t = S x f(n) / busbw [NCCL-T]
+        np.testing.assert_allclose(a[1:3], expect[1:3], rtol=1e-12)  # measured where covered (inside a node)
+        np.testing.assert_array_equal(a[~inside], b[~inside])  # across nodes: no curve, the formula as it was
