@@ -18,10 +18,11 @@ from stratagem.cli.app import ScenarioArg, app, console
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration
 from stratagem.evaluators.calibration_file import resolve_calibration, runs_dir
+from stratagem.evaluators.rate_tables import RateTables
 from stratagem.spaces import Scenario, load_scenario
 
 __all__ = ["calibrate_cmd", "check_device", "check_room", "CalibrationOpt", "scenario_calibration", "errors_line",
-           "moved_constants"]
+           "moved_constants", "node_rate_tables", "rates_lines"]
 
 CalibrationOpt = Annotated[Path | None, typer.Option(
     "--calibration", help="Calibration file from `stratagem calibrate` (default: the scenario's "
@@ -105,6 +106,43 @@ def check_room(out: Path, scn: Scenario, option: str = "-o") -> None:
             os.unlink(probe)
 
 
+def node_rate_tables(scn: Scenario, gpus: int) -> RateTables:
+    """This node's collective and GEMM tables (launch/harness/collectives_bench.py): every collective at each group
+    size of `gpus` ranks (none on one rank) over the node's grid of message sizes, and the GEMM grid, efficiencies
+    against the GPU preset's datasheet peak."""
+    import datetime as dt
+
+    import torch
+
+    from stratagem.launch.harness.collectives_bench import group_sizes, measure_rate_tables, node_grid
+    from stratagem.launch.runners.local import LocalRunError
+
+    on_gpu = torch.cuda.is_available()
+    sizes, shapes, dtype = node_grid(on_gpu)
+    when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    source = (f"stratagem calibrate on {gpus} {scn.cluster.gpu.name} rank(s) of one node, "
+              f"{'nccl' if on_gpu else 'gloo'}, torch {torch.__version__}, {when}")
+    try:
+        return measure_rate_tables(gpus, group_sizes(gpus), sizes, shapes, scn.cluster.gpu.peak_tflops(dtype), dtype,
+                                   source)
+    except LocalRunError as e:
+        raise StratagemError(f"calibrate: measuring collectives and GEMMs on {gpus} rank(s) failed: "
+                             f"{str(e).strip().splitlines()[-1][:300]}; rerun, or check the node") from None
+
+
+def rates_lines(tables: RateTables) -> list[str]:
+    """What the measured tables hold, one line per collective curve (bus bandwidth at the smallest and largest
+    size) and per GEMM table (efficiency at the smallest and largest shape)."""
+    lines = []
+    for c in tables.collectives:
+        lines.append(f"  {c.collective:15} {c.ranks:3} ranks {c.placement}: busbw {q.sig(c.busbw_gbps[0], 3)} GB/s at "
+                     f"{int(c.sizes_bytes[0]):,} B .. {q.sig(c.busbw_gbps[-1], 3)} GB/s at {int(c.sizes_bytes[-1]):,} B")
+    for g in tables.gemms:
+        lines.append(f"  {g.kind} GEMM {g.dtype}: efficiency {q.sig(g.efficiency[0], 3)} at {g.shapes[0]} .. "
+                     f"{q.sig(g.efficiency[-1], 3)} at {g.shapes[-1]} (vs {g.peak_tflops:g} TFLOP/s)")
+    return lines
+
+
 @app.command("calibrate")
 def calibrate_cmd(
     scenario: ScenarioArg,
@@ -135,8 +173,17 @@ def calibrate_cmd(
     check_room(out, scn)
     check_device(scn)
     n = gpus if gpus is not None else default_gpus(scn)
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False)
+
+    say(f"calibrate: collectives and GEMMs on {n} rank(s) (nccl-tests / cuBLAS conventions) ...")
+    tables = node_rate_tables(scn, n)
+    for line in rates_lines(tables):
+        say(line)
+    # the runs are predicted (and the constants fitted) with the measured tables in force
     outcome = run_calibration(scn, n, budget_minutes * 60.0, out, steps=steps, warmup=warmup, force=force,
-                              log=lambda line: console.print(line, markup=False, highlight=False))
+                              log=say, base=Calibration(rate_tables=tables))
     cf = outcome.file
     console.print(outcome.table, markup=False, highlight=False, soft_wrap=True)
     console.print(errors_line(cf.errors, len(outcome.fit.runs), len(outcome.runs)), markup=False)

@@ -15,6 +15,7 @@ from stratagem.cli.calibrate import CalibrationOpt, scenario_calibration
 from stratagem.cli.plans import Picked, TrialOpt, pick_plan
 from stratagem.errors import StratagemError
 from stratagem.evaluators import BLOCKS, Calibration, Evaluation, TimeBreakdown, evaluate
+from stratagem.evaluators.rate_tables import tables_summary
 from stratagem.evaluators.step_parts import STEP_PARTS, before_overlap
 from stratagem.evaluators.taught import taught_lines
 from stratagem.evaluators.zones import bottleneck_label, placement_words
@@ -159,6 +160,8 @@ def explain_cmd(scenario: ScenarioArg, plan: PlanOpt = None, trial: TrialOpt = N
         raise StratagemError(ev.reason)
     advice = advise(scn, pl, ev, cal)
     taught = taught_lines(cal, scn.cluster.gpu.name)  # what a study's runs taught per term (evaluators.taught)
+    tables = cal.rate_tables if cal is not None else None  # measured collective / GEMM rates (evaluators.rate_tables)
+    taught += [f"measured tables ({tables.source}):", *(f"  {line}" for line in tables_summary(tables))] if tables else []
     if as_json:
         print(json.dumps({"evaluation": ev.model_dump(mode="json"), "calibration": cal_label, "taught": taught,
                           "advice": [a.model_dump(mode="json") for a in advice]}, indent=2))

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["Collective", "Placement", "GemmKind", "COLLECTIVES", "BUS_FACTOR", "CollectiveTable", "GemmTable",
            "RateTables", "bus_factor", "interp_log", "collective_busbw_gbps", "collective_time_s",
-           "gemm_efficiency", "tables_summary"]
+           "gemm_efficiency", "gemm_size", "LAYER_GEMMS", "EXPERT_GEMMS", "tables_summary"]
 
 Array = NDArray[np.float64]
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
@@ -188,6 +188,27 @@ def gemm_efficiency(tables: RateTables | None, kind: GemmKind, flops: Array | fl
     if table is None:
         return None
     return interp_log(table.flops(), table.efficiency, flops)
+
+
+# GEMMs one transformer layer's forward runs (Megatron-Core with Transformer Engine: attention linear_qkv and
+# linear_proj, MLP linear_fc1 (gate and up fused) and linear_fc2; megatron/core/transformer/attention.py, mlp.py),
+# and the grouped GEMMs of the routed experts (moe/experts.py TEGroupedMLP: linear_fc1, linear_fc2).
+LAYER_GEMMS = 4.0
+EXPERT_GEMMS = 2.0
+
+
+def gemm_size(tables: RateTables | None, kind: GemmKind, flops: Array, gemms: float, ceiling: float,
+              half_flops: float) -> Array:
+    """The size factor of `flops` FLOPs of GEMMs (a layer's `gemms` GEMMs together) relative to the efficiency
+    ceiling: without a `kind` table the formula F / (F + half_flops) (evaluators.step_terms: small GEMMs fill fewer
+    tiles and waves), computed as before; with one, the measured efficiency of a GEMM of F / gemms FLOPs over the
+    ceiling, so the GEMMs run at the measured efficiency (and what scales with the size factor, attention and the
+    routed experts' relative size, follows the measured curve)."""
+    measured = gemm_efficiency(tables, kind, flops / gemms)
+    if measured is None:
+        out: Array = flops / (flops + half_flops)
+        return out
+    return measured / ceiling
 
 
 def tables_summary(tables: RateTables) -> list[str]:

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from stratagem.evaluators import Calibration
 from stratagem.evaluators.comm import all_gather_s, all_reduce_s, all_to_all_s, group_link, reduce_scatter_s
 from stratagem.evaluators.rate_tables import (
+    LAYER_GEMMS,
     CollectiveTable,
     GemmTable,
     RateTables,
@@ -17,6 +18,7 @@ from stratagem.evaluators.rate_tables import (
     collective_busbw_gbps,
     collective_time_s,
     gemm_efficiency,
+    gemm_size,
     tables_summary,
 )
 from stratagem.spaces import ClusterSpec, gpu_preset
@@ -65,6 +67,7 @@ def test_gemm_efficiency_log_flops() -> None:
     np.testing.assert_allclose(gemm_efficiency(t, "dense", np.array([1.0, mid, 1e12])), [0.2, 0.5, 0.8])
     assert gemm_efficiency(t, "grouped", 1e6) is None
     assert gemm_efficiency(None, "dense", 1e6) is None
+    assert tables_summary(t) == ["dense GEMM efficiency: measured at 2 shape(s) (bf16, vs 1 TFLOP/s)"]
 
 
 def test_tables_refuse_bad_points() -> None:
@@ -105,3 +108,14 @@ def test_no_tables_bit_for_bit_and_measured_time_where_covered() -> None:
         expect = size * bus_factor(name, n) / 50e9  # t = S x f(n) / busbw [NCCL-T]
         np.testing.assert_allclose(a[1:3], expect[1:3], rtol=1e-12)  # measured where covered (inside a node)
         np.testing.assert_array_equal(a[~inside], b[~inside])  # across nodes: no curve, the formula as it was
+
+
+def test_gemm_size_without_table_is_the_formula_bit_for_bit() -> None:
+    f = np.array([1e6, 3.3e9, 7.7e12])
+    half = Calibration().half_efficiency_gflop * 1e9
+    assert gemm_size(None, "dense", f, LAYER_GEMMS, 0.62, half).tobytes() == (f / (f + half)).tobytes()
+    # a table of the other kind leaves this kind on the formula
+    grouped = RateTables(source="t", gemms=(GemmTable(kind="grouped", shapes=((2, 8, 8, 8),), efficiency=(0.1,),
+                                                      peak_tflops=1.0),))
+    assert gemm_size(grouped, "dense", f, LAYER_GEMMS, 0.62, half).tobytes() == (f / (f + half)).tobytes()
+

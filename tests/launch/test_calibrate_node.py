@@ -105,6 +105,10 @@ def test_real_cpu_calibration_improves_errors_and_is_used_by_explain(tmp_path: P
     assert e["step_error_after"] < e["step_error_before"] and e["peak_error_after"] < e["peak_error_before"]
     assert cf.provenance.gpu_name == "cpu" and cf.provenance.torch and cf.provenance.date
     assert all((tmp_path / r.result_file).is_file() for r in cf.runs if r.result_file)
+    # the node's GEMM tables (one rank: no collective) are in the file, and explain says they are in force
+    tables = cf.calibration.rate_tables
+    assert tables is not None and [g.kind for g in tables.gemms] == ["dense", "grouped"] and not tables.collectives
+    assert "dense GEMM" in run.stdout
 
     # The file changes explain's prediction, by --calibration and by cluster.calibration (relative path).
     default = _cli("explain", str(scn), "--json")
@@ -118,6 +122,8 @@ def test_real_cpu_calibration_improves_errors_and_is_used_by_explain(tmp_path: P
         assert r.returncode == 0, r.stderr
     assert "defaults" in json.loads(default.stdout)["calibration"]
     assert str(cal) in json.loads(given.stdout)["calibration"]
+    assert any("dense GEMM efficiency: measured" in line for line in json.loads(given.stdout)["taught"])
+    assert not any("measured tables" in line for line in json.loads(default.stdout)["taught"])
     assert str(cal) in json.loads(from_scenario.stdout)["calibration"]
     assert _step(given.stdout) == pytest.approx(_step(from_scenario.stdout))
     # explain predicted with the file's constants, and they move the prediction away from the published ones.
@@ -138,6 +144,9 @@ def test_real_cpu_calibration_with_node_runs(tmp_path: Path) -> None:
     cf = load_calibration(tmp_path / "calibration.yaml")
     node = [r for r in cf.runs if r.world_size == 2]
     assert len(node) == 4 and all(r.status == "ok" for r in node)
+    tables = cf.calibration.rate_tables
+    assert tables is not None and {(c.collective, c.ranks) for c in tables.collectives} == {
+        (c, 2) for c in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")}
     assert cf.errors["step_error_after"] < cf.errors["step_error_before"]
 
 

@@ -32,8 +32,9 @@ from stratagem.evaluators.rate_tables import (
     RateTables,
     bus_factor,
 )
+from stratagem.spaces.hardware import Dtype
 
-__all__ = ["bench_rank", "measure_rate_tables", "tables_from_samples"]
+__all__ = ["bench_rank", "measure_rate_tables", "tables_from_samples", "group_sizes", "node_grid"]
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -127,7 +128,7 @@ def bench_rank(rank: int, ranks: Sequence[int], sizes: Sequence[int], shapes: Se
     gemms: dict[tuple[int, int, int, int], float] = {}
     for shape in shapes:
         call = _gemm_call(torch, shape, getattr(torch, _DTYPES[dtype]), device)
-        gemms[tuple(shape)] = _max_over_ranks(torch, dist, _timed(torch, dist, None, call, warmup, iters), device)
+        gemms[shape] = _max_over_ranks(torch, dist, _timed(torch, dist, None, call, warmup, iters), device)
     return {"collectives": busbw, "gemms": gemms}
 
 
@@ -147,9 +148,30 @@ def tables_from_samples(samples: dict[str, Any], placement: Placement, peak_tflo
         pts = sorted(((2.0 * g * m * n * k, (g, m, n, k), 2.0 * g * m * n * k / t / (peak_tflops * 1e12))
                       for (g, m, n, k), t in samples["gemms"].items() if (g == 1) == (kind == "dense")))
         if pts:
-            gemms.append(GemmTable(kind=kind, shapes=tuple(s for _, s, _ in pts),  # type: ignore[arg-type]
+            gemms.append(GemmTable(kind=kind, shapes=tuple(s for _, s, _ in pts),
                                    efficiency=tuple(e for _, _, e in pts), peak_tflops=peak_tflops, dtype=dtype))
     return RateTables(source=source, collectives=collectives, gemms=tuple(gemms))
+
+
+# The grid `stratagem calibrate` measures. GPUs: nccl-tests' usual sweep (-b 64K -e 1G -f 4) and square bf16 GEMMs
+# 1K-8K as cuBLAS benchmarks run them, grouped: 8 experts' GEMMs of a Mixtral-like expert (h 4096, ffn 14336 / 8
+# rows per expert 512-4096); CPU ranks: sizes and shapes small enough for a few seconds on gloo.
+GPU_SIZES = tuple(1 << e for e in range(16, 31, 2))
+CPU_SIZES = tuple(1 << e for e in range(12, 21, 2))
+GPU_SHAPES = ((1, 1024, 1024, 1024), (1, 2048, 2048, 2048), (1, 4096, 4096, 4096), (1, 8192, 8192, 8192),
+              (8, 512, 1792, 4096), (8, 2048, 1792, 4096), (8, 4096, 1792, 4096))
+CPU_SHAPES = ((1, 64, 64, 64), (1, 128, 128, 128), (1, 256, 256, 256), (4, 32, 128, 128), (4, 128, 128, 128))
+
+
+def group_sizes(world: int) -> tuple[int, ...]:
+    """Group sizes measured on `world` ranks: the powers of two from 2 below it, and `world` itself."""
+    return tuple(sorted({*(1 << e for e in range(1, world.bit_length()) if (1 << e) < world), world})) \
+        if world >= 2 else ()
+
+
+def node_grid(on_gpu: bool) -> tuple[tuple[int, ...], tuple[tuple[int, int, int, int], ...], Dtype]:
+    """(message sizes, GEMM shapes, dtype) `stratagem calibrate` measures on a GPU node or on CPU ranks."""
+    return (GPU_SIZES, GPU_SHAPES, "bf16") if on_gpu else (CPU_SIZES, CPU_SHAPES, "fp32")
 
 
 def measure_rate_tables(world: int, ranks: Sequence[int], sizes: Sequence[int],
