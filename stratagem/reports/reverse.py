@@ -147,12 +147,13 @@ def binding_limit(cap: CapacityInfo, calibration: Calibration | None, days: floa
     pair = _pair(fitted)
     if pair is not None and pair[1].days is not None:
         a, b = pair
+        b_days = pair[1].days
         r = (b.tokens_per_s or 0.0) / (a.tokens_per_s or 1.0)
         for k in range(1, EXTRAPOLATE_STEPS + 1) if r > 1 else ():
-            if b.days / r**k <= days:
+            if b_days / r**k <= days:
                 more = round(b.num_nodes * (b.num_nodes / a.num_nodes) ** k)
                 return (f"the limit is the sizes tried{growth}; at that rate about {more:,} nodes would take "
-                        f"{q.sig(b.days / r**k)} days (an extrapolation): try more nodes (--nodes ...,{more})")
+                        f"{q.sig(b_days / r**k)} days (an extrapolation): try more nodes (--nodes ...,{more})")
     return (f"none of the limits tried binds alone{growth}; a global batch up to {BATCH_FACTORS[-1]}x larger and "
             f"{EXTRAPOLATE_STEPS} more steps of that growth do not reach it either: give a longer time")
 
