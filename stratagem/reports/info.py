@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
+from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
 from stratagem.evaluators.taught import taught_lines
 from stratagem.quantities import memory
@@ -155,6 +156,9 @@ class ParetoInfo:
     counts: StudyCounts | None = None
     """The study's counts by the one counting rule (`search.counts.study_counts`), as search and status print
     them (None: read from no study)."""
+    in_force: Calibration | None = None
+    """The calibration in force: the study's latest adopted refit (constants and per-term multipliers, what the
+    search writes to runs/STUDY/calibration.yaml); None while no refit was adopted (the starting one stands)."""
 
     @property
     def feasible(self) -> list[int]:
@@ -354,6 +358,8 @@ def pareto_info(
         best_measured=top.note if top else "", best_measured_trial=top.trial.number if top else None,
         history=tuple(calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))), counts=study_counts(study),
         taught=tuple(taught_lines(calibration, scn.cluster.gpu.name)),
+        in_force=calibration if any(h.adopted for h in calibration_history(
+            attrs.get(StudyKey.CALIBRATION_HISTORY))) else None,
     )
 
 

@@ -1,7 +1,8 @@
-"""The study's real runs as the report shows them: every measured trial (ok, oom, failed,
-timeout, infra) with its plan, the prediction it was run on (the calibration in force then) and, when a later
-calibration re-predicted the plan, the prediction now, against what the run measured (step time with its 95 %
-interval, tokens/s, peak memory).
+"""The study's real runs as the report shows them: every measured trial (ok, oom, failed, timeout, infra) with
+its plan, the prediction it was run on (the calibration in force then) and, once a refit was adopted, the plan
+re-predicted with the calibration in force now (`ParetoInfo.in_force`: the refitted constants and per-term
+multipliers the search writes to runs/STUDY/calibration.yaml), against what the run measured (step time with its
+95 % interval, tokens/s, peak memory). The errors are taken against the re-prediction where there is one.
 
 Read from `ParetoInfo.trials` (every finished trial, superseded ones included): a re-measured plan lists each
 run. The measured step is the run's stored median (`measurements["step_s"]`), its spread the stored
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stratagem import quantities as q
+from stratagem.evaluators import evaluate
 from stratagem.evaluators.evaluation import Evaluation
 from stratagem.evaluators.spread import StepSpread, spread_of
 from stratagem.reports.info import ParetoInfo, TrialRecord
@@ -27,7 +29,7 @@ class Figure:
     before: float | None
     """The prediction the run was chosen on (the calibration in force when it ran)."""
     after: float | None
-    """The prediction of a later re-prediction of the plan (a refitted calibration); None when none."""
+    """The plan re-predicted with the calibration in force (an adopted refit); None while none was adopted."""
     measured: float | None
 
     def error(self, which: str = "before") -> float | None:
@@ -83,17 +85,11 @@ def _predicted(ev: Evaluation | None) -> tuple[float | None, float | None, float
             ev.memory.peak_gib if ev.memory else None)
 
 
-def _later_prediction(info: ParetoInfo, run: TrialRecord) -> Evaluation | None:
-    """The plan's latest analytic trial stored after the run (a re-prediction with a refitted calibration)."""
-    plan = info.plans[info.plan_of_trial[run.number]]
-    later = [info_trial for info_trial in _records(info, plan.trial_numbers)
-             if info_trial.fidelity == "analytic" and info_trial.number > run.number]
-    return later[-1].evaluation if later else None
-
-
-def _records(info: ParetoInfo, numbers: tuple[int, ...]) -> list[TrialRecord]:
-    wanted = set(numbers)
-    return [t for t in info.trials if t.number in wanted]
+def _repredicted(info: ParetoInfo, run: TrialRecord) -> Evaluation | None:
+    """The run's plan predicted with the calibration in force (None while no refit was adopted)."""
+    if info.in_force is None:
+        return None
+    return evaluate(info.scenario, run.plan, info.in_force)
 
 
 def real_runs(info: ParetoInfo) -> list[RealRun]:
@@ -104,7 +100,7 @@ def real_runs(info: ParetoInfo) -> list[RealRun]:
             continue
         ev = t.evaluation
         before = _predicted(ev.prediction if ev else None)
-        after = _predicted(_later_prediction(info, t))
+        after = _predicted(_repredicted(info, t))
         measured = (measured_step_s(ev), ev.throughput.tokens_per_s if ev and ev.throughput else None,
                     ev.memory.peak_gib if ev and ev.memory else None)
         figs = [Figure(b, a, m) for b, a, m in zip(before, after, measured, strict=True)]
