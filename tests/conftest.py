@@ -1,6 +1,20 @@
+import os
+import tempfile
+
 import pytest
 
+from stratagem.search.noise_floor import NOISE_DIR_ENV
 from stratagem.spaces import Scenario, cluster_preset, model_preset
+
+# The host's noise file (search/noise_floor.py) pools every study's repeated runs: tests never write the user's,
+# and each test starts from an empty one (a stand-in's injected noise must not leak into another test's estimate).
+# Set at import, before any test module copies os.environ for its subprocesses.
+os.environ[NOISE_DIR_ENV] = tempfile.mkdtemp(prefix="stratagem-noise-")
+
+
+@pytest.fixture(autouse=True)
+def _own_noise_file(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(NOISE_DIR_ENV, str(tmp_path_factory.mktemp("noise")))
 
 
 @pytest.fixture

@@ -209,14 +209,24 @@ def reproduce_cmd(
     retry: RetryOpt = None,
 ) -> None:
     """Rerun a measured trial with the same harness, plan and seed; compare tokens/s, step time, peak memory
-    and losses with the record. Exit 0 reproduced, 1 differences beyond the original run's noise, 3 the
-    environment differs so the comparison is meaningless."""
-    from stratagem.launch.reproduce import reproduce_trial
+    and losses with its record (all runs of the plan pooled). Exit 0 reproduced, 1 not reproduced (differences
+    beyond the run-to-run noise, or the rerun ended oom/failed/timeout), 3 the environment differs so the
+    comparison is meaningless, 4 an infrastructure error (Ray did not start or lost the rerun: no verdict)."""
+    from stratagem.launch.reproduce import RerunNotStarted, reproduce_trial
     from stratagem.search.view import StudyView
 
     view = StudyView.open(*study_location("reproduce", searched, storage, study))
-    rep = reproduce_trial(view.study, trial, result_file=result, address=ray_address)
-    console.print(f"[bold]trial #{rep.trial}[/bold]  plan: {rep.plan}  logs: {rep.log_dir}")
+    try:
+        rep = reproduce_trial(view.study, trial, result_file=result, address=ray_address)
+    except RerunNotStarted as e:
+        Console(stderr=True).print(f"infrastructure error, no verdict: {e}", markup=False, soft_wrap=True)
+        raise typer.Exit(4) from None
+    record = f" (its plan's record: trial #{rep.record})" if rep.record not in (-1, rep.trial) else ""
+    console.print(f"[bold]trial #{rep.trial}[/bold]{record}  plan: {rep.plan}  logs: {rep.log_dir}")
+    if rep.rerun:
+        console.print(f"the rerun ended {rep.rerun}", markup=False)
+        console.print("[red]not reproduced")
+        raise typer.Exit(1)
     if rep.environment:
         for line in rep.environment:
             console.print(f"[red]environment differs[/red] {line}")

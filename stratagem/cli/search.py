@@ -39,9 +39,9 @@ def search_cmd(
                                                   "seconds.")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Rows of the front to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print counts and the front as JSON.")] = False,
-    real_runs: Annotated[int, typer.Option("--real-runs", min=0, help="After screening, measure up to K different "
-                                           "plans as short real training runs through Ray (0: analytic "
-                                           "only).")] = 0,
+    real_runs: Annotated[int, typer.Option("--real-runs", min=0, help="After screening, measure up to K plans not "
+                                           "measured before as short real training runs through Ray: on a resumed "
+                                           "study, K more than it holds (0: analytic only).")] = 0,
     remeasure: Annotated[int, typer.Option("--remeasure", min=0, help="Then up to R more runs re-measuring the "
                                            "best plan and those within its noise (0: never run a plan "
                                            "twice).")] = 2,  # search.session.DEFAULT_REMEASURE, not
@@ -88,7 +88,8 @@ def search_cmd(
     out = Console(stderr=True) if as_json else console
     with view.EventPrinter(out, progress=not as_json) as printer:
         session = SearchSession(setup.scenario, setup.url, setup.name, calibration=setup.calibration,
-                                sampler=setup.sampler, listener=printer, calibration_source=setup.calibration_label)
+                                sampler=setup.sampler, listener=printer, calibration_source=setup.calibration_label,
+                                host_noise=bool(real_runs))
         session.screen(n_trials=None if real_runs else n_trials, timeout=None if real_runs else timeout)
         result = session.store()
         if traced:  # the traced fidelity (stratagem/search/traced.py): refits logits_bytes, re-screens

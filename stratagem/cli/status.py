@@ -92,7 +92,12 @@ def _render(out: Console, s: StudyStatus, counts: list[str], plans: int) -> None
     """The count lines (`reports.counts.count_lines`, as search and report print them), then the status;
     `plans`: the measured plans, which K counts."""
     ended = " (ended)" if s.finished else ""
-    of_k = f"{plans} of K={s.k} done" if s.k is not None else f"{plans} done (K not recorded)"
+    if s.target is not None:
+        of_k = f"{plans} of {s.target} done (the last call's --real-runs {s.k}: {s.k} more than it found)"
+    elif s.k is not None:
+        of_k = f"{plans} done (--real-runs {s.k})"
+    else:
+        of_k = f"{plans} done (K not recorded)"
     lines = [
         *counts,
         f"measured plans: {of_k}; {s.claimed} claimed now",
@@ -105,7 +110,9 @@ def _render(out: Console, s: StudyStatus, counts: list[str], plans: int) -> None
         "calibration (measured: step-time / peak-memory median error): "
         + (", ".join(f"{n}: {percent(t)}/{percent(m)}" for n, t, m in s.calibration_trend[-6:]) or DASH),
         *s.taught,  # what the runs taught per term and block (evaluators.taught)
-        f"real runs{ended}: {_minutes(s.elapsed_s)} spent, {_minutes(s.budget_left_s)} left of the budget",
+        f"real runs{ended}: {_minutes(s.run_s)} of run time (the sum of {s.runs} runs' durations); "
+        f"{_minutes(s.elapsed_s)} since the first began (wall span, gaps between calls included); "
+        f"{_minutes(s.budget_left_s)} left of the budget",
         *(f"budget window {i} of {len(s.windows)} ({m:g} min): {_minutes(spent)} spent, {_minutes(left)} left"
           for i, (m, spent, left) in enumerate(s.windows, 1)),
     ]

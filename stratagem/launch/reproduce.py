@@ -8,9 +8,15 @@ intervals overlap (`spread.distinct` is false): the rerun's median then lies wit
 widened by the rerun's own half-interval on that side, and that band, relative to the recorded median, is
 the row's threshold. A result without per-step times (nothing to build an interval from) falls back to a 2 %
 band. Those intervals say how well each run pins its own median, not how far a whole rerun moves (host load,
-placement, node: search/noise.py); when the study has re-measured plans, its run-to-run noise gives the band a
-rerun of a plan measured k times lands in (95 %, `RunNoise.rerun_band`), and the time rows are flagged only
-beyond both. Without any plan measured twice the run-to-run noise is unknown and the verdict says so. Peak memory: 1% or the allocation granularity, whichever is larger (2 MiB CUDA blocks; 64 KiB of small
+placement, node: search/noise.py); the run-to-run noise, pooled over every plan measured more than once in this
+study and the host's other studies (search/noise_floor.py, stated with its dof), gives the band a rerun of a plan
+measured k times lands in (95 %, `RunNoise.rerun_band`), and the time rows are flagged only beyond both. Without
+any plan measured twice the run-to-run noise is unknown and the verdict says so. The recorded tokens/s prints as
+the record prints everywhere (`search.noise.RecordFigure.text`: pooled over its runs, the interval widened to the
+run-to-run noise); `--trial` names any run of the plan, the comparison is with its record (re-measurements pool
+into it). A Ray rerun that did not start (Ray start-up, lost actors: infra) is no verdict: `RerunNotStarted`
+(the CLI exits 4); one that ended oom, failed or timeout did not reproduce. A Ray rerun that reproduced the
+environment joins the host's noise file as one more run of the plan. Peak memory: 1% or the allocation granularity, whichever is larger (2 MiB CUDA blocks; 64 KiB of small
 buffers on CPU);
 losses must agree to 1e-5 relative (same seed, same data, same arithmetic).
 The environment is compared first: a different device kind/name or world size, or a different torch
@@ -20,7 +26,8 @@ major.minor makes the comparison meaningless and is reported as such (the CLI ex
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,9 +39,18 @@ from stratagem.quantities import memory_in, memory_unit, percent, sig
 if TYPE_CHECKING:
     import optuna
 
+    from stratagem.search.noise import RecordFigure
+    from stratagem.search.records import Standing
     from stratagem.spaces.model import ModelSpec
+    from stratagem.spaces.plan import Plan
 
-__all__ = ["Comparison", "Reproduction", "environment_differences", "compare_results", "reproduce_trial"]
+__all__ = ["Comparison", "Reproduction", "RerunNotStarted", "environment_differences", "compare_results",
+           "reproduce_trial"]
+
+
+class RerunNotStarted(Exception):
+    """The rerun could not be made (Ray did not start, the cluster lost its ranks): an infrastructure error, no
+    verdict on the trial."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,8 @@ class Comparison:
     time row."""
     unit: str = ""
     """How the figures print: "GiB" (memory, unit by magnitude), "s", "" (a plain figure)."""
+    recorded_text: str = ""
+    """The recorded figure as the record prints everywhere (search.noise.RecordFigure.text); '' : `band`."""
 
     @property
     def rel_diff(self) -> float:
@@ -100,6 +118,8 @@ class Comparison:
     def band(self, which: str = "recorded") -> str:
         """`0.281 s (0.262-0.301, n=12)`: a median with its interval and steps (3 significant figures, memory in
         its unit: stratagem.quantities), for the table."""
+        if which == "recorded" and self.recorded_text:
+            return self.recorded_text
         band = self.recorded_band if which == "recorded" else self.now_band
         value = self.recorded if which == "recorded" else self.now
         if band is None:
@@ -123,6 +143,10 @@ class Reproduction:
     log_dir: str = ""
     noise_note: str = ""
     """The study's run-to-run noise behind the time rows' band (search/noise.py RunNoise.describe)."""
+    rerun: str = ""
+    """How the rerun ended when it produced no figures ("oom: ..."), '' when it did."""
+    record: int = -1
+    """The record compared with (the plan's first measured trial: records.Standing.number)."""
     host_load: tuple[float | None, float | None] = (None, None)
     """The host's 1-minute load average during the timed steps, recorded and now (a CPU host's steps stretch
     with load: harness.budget's measurements), None where the result has none."""
@@ -138,7 +162,8 @@ class Reproduction:
     @property
     def reproduced(self) -> bool:
         """Same environment, no flagged figure, and the losses did not differ."""
-        return not self.environment and not any(r.flagged for r in self.rows) and self.losses_match is not False
+        return (not self.environment and not self.rerun and not any(r.flagged for r in self.rows)
+                and self.losses_match is not False)
 
 
 def _memory_granularity(result: HarnessResult, model: ModelSpec | None = None) -> float:
@@ -220,63 +245,112 @@ def _time_rows(recorded: HarnessResult, now: HarnessResult, run_band: float | No
                        now_band=(cur.low_s, cur.high_s), steps=steps, run_band=run_band, unit="s")]
 
 
-def _recorded_result(trial: optuna.trial.FrozenTrial) -> HarnessResult:
-    from stratagem.search.records import TrialKey, trial_fidelity
+def _record(study: optuna.Study, number: int) -> Standing:
+    """The plan of trial `number` (any of its runs) as it stands: its record."""
+    from stratagem.search.records import standings
 
-    ev = trial.user_attrs.get(TrialKey.EVALUATION) or {}
-    result = ev.get("measurements")
-    if trial_fidelity(trial) != "measured" or not result:
-        raise StratagemError(f"--trial {trial.number}: an analytic trial has no run to reproduce; pick a measured "
-                             "trial (stratagem search ... --real-runs K records them)")
-    return parse_result(result, f"--trial {trial.number}: the recorded run")
+    for st in standings(study.get_trials(deepcopy=False)).values():
+        if any(t.number == number for t in st.trials):
+            if st.fidelity != "measured":
+                break
+            return st
+    if not any(t.number == number for t in study.get_trials(deepcopy=False)):
+        raise StratagemError(f"--trial ({number}): no such trial in study {study.study_name!r}")
+    raise StratagemError(f"--trial {number}: an analytic trial has no run to reproduce; pick a measured trial "
+                         "(stratagem search ... --real-runs K records them)")
+
+
+def _recorded_result(trial: optuna.trial.FrozenTrial, number: int) -> HarnessResult:
+    from stratagem.search.records import TrialKey
+
+    result = (trial.user_attrs.get(TrialKey.EVALUATION) or {}).get("measurements")
+    if not result:
+        raise StratagemError(f"--trial {number}: the plan's run ended {trial.user_attrs.get(TrialKey.STATUS)} and "
+                             "recorded no result to compare with; pick a trial that measured its plan")
+    return parse_result(result, f"--trial {number}: the recorded run")
+
+
+def _rerun(study: optuna.Study, plan: Plan, recorded: HarnessResult, number: int, run_dir: str | Path | None,
+           address: str | None) -> tuple[HarnessResult | None, str, str]:
+    """(the rerun's result or None, how it ended when not ok, its log dir) through Ray; RerunNotStarted when Ray
+    did not start or lost the run."""
+    from stratagem.launch.runners.ray_runner import RayRunner
+    from stratagem.search.records import study_scenario
+
+    scenario = study_scenario(study)
+    try:
+        runner = RayRunner(run_dir or Path("runs") / study.study_name / "reproduce", address=address,
+                           num_cpus=max(plan.world_size, 1) if address is None else None)
+    except Exception as e:  # whatever ray.init raised: the cluster's failure, not the trial's
+        raise RerunNotStarted(f"Ray did not start ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                              "nothing was rerun or compared; retry (a loaded host can miss Ray's start-up window)"
+                              ) from None
+    try:
+        cap = scenario.cluster.gpu.hbm_gib if scenario.cluster.gpu.kind == "cpu" else None
+        run = runner.run(scenario, plan, steps=recorded.steps if recorded.steps is not None else 6,
+                         warmup=recorded.warmup if recorded.warmup is not None else 2, seed=recorded.seed or 0,
+                         memory_cap_gib=cap, name=f"reproduce-trial{number}")
+    finally:
+        runner.shutdown()
+    first = run.reason.splitlines()[0] if run.reason else ""
+    if run.status == "infra":
+        raise RerunNotStarted(f"the rerun was lost to the cluster ({first}; logs in {run.log_dir}); nothing was "
+                              "compared; retry")
+    if run.status != "ok" or run.result is None:
+        return None, f"{run.status}: {first}", run.log_dir
+    return parse_result(run.result, f"reproduce: the rerun's result ({run.log_dir})"), "", run.log_dir
 
 
 def reproduce_trial(study: optuna.Study, number: int, result_file: str | Path | None = None,
                     run_dir: str | Path | None = None, address: str | None = None) -> Reproduction:
-    """Rerun trial `number` through Ray (or read `result_file`) and compare with what was recorded."""
-    from stratagem.search.noise import pooled_runs, run_noise
+    """Rerun trial `number`'s plan through Ray (or read `result_file`) and compare with its record."""
+    from stratagem.search.noise import pooled_runs, record_figures, record_noise, run_noise, study_groups
     from stratagem.search.records import study_scenario, trial_evaluation, trial_plan
     from stratagem.spaces.plan import format_plan
 
-    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
-    if not found:
-        raise StratagemError(f"--trial ({number}): no such trial in study {study.study_name!r}")
-    trial = found[0]
-    recorded = _recorded_result(trial)
+    st = _record(study, number)
+    trial = st.trial
+    recorded = _recorded_result(trial, number)
     plan = trial_plan(trial)
     if result_file is not None:
-        now = read_result(result_file)
-        log_dir = str(Path(result_file).parent)
+        now: HarnessResult | None = read_result(result_file)
+        ended, log_dir = "", str(Path(result_file).parent)
     else:
-        from stratagem.launch.runners.ray_runner import RayRunner
-
-        scenario = study_scenario(study)
-        runner = RayRunner(run_dir or Path("runs") / study.study_name / "reproduce", address=address,
-                           num_cpus=max(plan.world_size, 1) if address is None else None)
-        try:
-            cap = scenario.cluster.gpu.hbm_gib if scenario.cluster.gpu.kind == "cpu" else None
-            run = runner.run(scenario, plan, steps=recorded.steps if recorded.steps is not None else 6,
-                             warmup=recorded.warmup if recorded.warmup is not None else 2,
-                             seed=recorded.seed or 0,
-                             memory_cap_gib=cap, name=f"reproduce-trial{number}")
-        finally:
-            runner.shutdown()
-        if run.status != "ok" or run.result is None:
-            raise StratagemError(f"reproduce: the rerun ended {run.status}: {run.reason.splitlines()[0]} "
-                                 f"(logs in {run.log_dir})")
-        now, log_dir = parse_result(run.result, f"reproduce: the rerun's result ({run.log_dir})"), run.log_dir
+        now, ended, log_dir = _rerun(study, plan, recorded, number, run_dir, address)
+    if now is None:
+        return Reproduction(number, format_plan(plan), [], log_dir=log_dir, rerun=ended, record=st.number)
     env = environment_differences(recorded, now)
     if env:
-        return Reproduction(number, format_plan(plan), env, log_dir=log_dir)
+        return Reproduction(number, format_plan(plan), env, log_dir=log_dir, record=st.number)
     noise = run_noise(study)
     ev = trial_evaluation(trial)
     runs = int(pooled_runs(ev).get("runs") or 1) if ev is not None else 1
     rows, match = compare_results(recorded, now, study_scenario(study).model, noise.rerun_band(runs))
-    note = noise.describe() + (f"; the recorded figure pools {runs} runs" if runs > 1 else "")
+    figure = next((f for f in record_figures(study, noise) if f.standing.key == st.key), None)
+    if figure is not None and figure.interval is not None:
+        rows = [_as_record(r, figure) for r in rows]
+    note = noise.describe() + (f"; the record pools {runs} runs" if runs > 1 else "")
     if noise.sd is None:
         note += ": judged on the two runs' own intervals, which understate how far a rerun moves"
-    return Reproduction(number, format_plan(plan), [], rows, match, log_dir, note, (_load(recorded), _load(now)))
+    if result_file is None and now.step_s > 0:  # a rerun on this host: one more run of the plan (noise_floor.py)
+        group = next((g for g in study_groups(study) if g.plan == st.key), None)
+        if group is not None:
+            record_noise(study, group.model_copy(update={"runs": {**group.runs,
+                                                                   f"reproduce {time.time():.0f}": math.log(now.step_s)}}))
+    return Reproduction(number, format_plan(plan), [], rows, match, log_dir, note, record=st.number,
+                        host_load=(_load(recorded), _load(now)))
 
+
+def _as_record(row: Comparison, figure: RecordFigure) -> Comparison:
+    """The tokens/s and step-time rows against the record's interval (as every view prints it), not the one
+    run's own."""
+    if figure.interval is None or row.metric not in ("tokens/s", "step time") or row.recorded_band is None:
+        return row
+    lo, hi = figure.interval
+    if row.metric == "tokens/s":
+        return replace(row, recorded_band=(lo, hi), recorded_text=figure.text())
+    per_step = row.recorded * figure.tokens  # step time x tokens/s = tokens per step
+    return replace(row, recorded_band=(per_step / hi, per_step / lo))
 
 
 def _load(result: HarnessResult) -> float | None:

@@ -140,7 +140,8 @@ class ParetoInfo:
     """The best measured plan by the search's one rule (`search.noise.best_measured`): its tokens/s with the
     95 % interval, runs, and whether other plans are within its noise ('' when no measured plan fits)."""
     best_measured_trial: int | None = None
-    """The trial that stands for it (None: no measured plan fits)."""
+    """The number of its record (its first measured trial, kept through re-measurements; None: no measured plan
+    fits)."""
     headline_note: str = ""
     """What the risk-aware headline rules did to best["tokens_per_s"] (reports.headline), '' when nothing."""
     not_run: tuple[str, ...] = ()
@@ -355,7 +356,7 @@ def pareto_info(
         trials=tuple(sorted((t for ts in by_key.values() for t in ts), key=lambda t: t.number)),
         plan_of_trial={t.number: r.index for r in rows for t in by_key[r.key]}, advice_limit=advice_limit,
         calibration=_calibration_text(attrs), not_run=_not_run_lines(attrs),
-        best_measured=top.note if top else "", best_measured_trial=top.trial.number if top else None,
+        best_measured=top.note if top else "", best_measured_trial=top.number if top else None,
         history=tuple(calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))), counts=study_counts(study),
         taught=tuple(taught_lines(calibration, scn.cluster.gpu.name)),
         in_force=calibration if any(h.adopted for h in calibration_history(

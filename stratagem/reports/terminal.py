@@ -185,21 +185,21 @@ class EventPrinter:
         self.console.print(text, markup=False, soft_wrap=True, highlight=False)
 
 
-def _spread_cell(ev: Any) -> str:
-    from stratagem.evaluators.spread import spread_of
-
-    spread = spread_of(ev.measurements)
-    if spread is None:
-        return DASH
-    from stratagem.search.noise import pooled_runs
-
-    runs = int(pooled_runs(ev).get("runs", 1))
-    return f"±{percent(spread.relative_half_width)}" + (f" x{runs}" if runs > 1 else "")
+def _record_cells(figure: Any, tokens: float | None) -> list[str]:
+    """tok/s measured and its 95 % interval as the record prints everywhere (search.noise.RecordFigure.parts:
+    pooled over its runs, x<runs> when more than one; the interval widened to the run-to-run noise); a run
+    without a record (oom, failed) shows its figure alone."""
+    if figure is None:
+        return [sig(tokens), DASH]
+    value, interval = figure.parts()
+    return [value, (interval.removeprefix("95% ") or DASH) + (f" x{figure.runs}" if figure.runs > 1 else "")]
 
 
-def _run_figures(scenario: Any, t: Any, ev: Any, calibration: Any) -> tuple[list[str], list[float | None]]:
-    """One measured trial's cells before memory (number, plan, role, status, tok/s measured, its interval,
-    predicted, calibrated) and its peaks in GiB (measured, predicted, calibrated)."""
+def _run_figures(scenario: Any, t: Any, ev: Any, calibration: Any, number: int,
+                 figure: Any) -> tuple[list[str], list[float | None]]:
+    """One measured plan's cells before memory (its record's number: the first measured trial, kept through
+    re-measurements; plan, role, status, tok/s measured, its interval (`figure`: its RecordFigure, None when
+    it has none), predicted, calibrated) and its peaks in GiB (measured, predicted, calibrated)."""
     from stratagem.evaluators import evaluate
 
     pred = ev.prediction
@@ -210,22 +210,25 @@ def _run_figures(scenario: Any, t: Any, ev: Any, calibration: Any) -> tuple[list
         status = status[:47] + "…"
     tokens = [e.throughput.tokens_per_s if e is not None and e.throughput else None for e in (ev, pred, cal)]
     peaks = [e.memory.peak_gib if e is not None and e.memory else None for e in (ev, pred, cal)]
-    cells = [str(t.number), ev.plan.short(), str(t.user_attrs.get(TrialKey.ROLE, "")), status, sig(tokens[0]),
-             _spread_cell(ev), sig(tokens[1]), sig(tokens[2])]
+    cells = [str(number), ev.plan.short(), str(t.user_attrs.get(TrialKey.ROLE, "")), status,
+             *_record_cells(figure, tokens[0]), sig(tokens[1]), sig(tokens[2])]
     return cells, peaks
 
 
 def print_measured(console: Console, mf: MeasureResult) -> None:
     """The real runs of a multi-fidelity search: measured (with the 95 % interval of its step) vs predicted per
     plan, and the calibration; memory in one unit for the table (stratagem.quantities)."""
-    from stratagem.search.records import study_scenario
+    from stratagem.search.noise import record_figures
+    from stratagem.search.records import record_numbers, study_scenario
     from stratagem.search.run_order import measured_trials
 
     study = mf.search.study
     if study is None:
         return
     scenario = study_scenario(study)
-    rows = [_run_figures(scenario, t, ev, mf.calibration)
+    numbers = record_numbers(study.get_trials(deepcopy=False))
+    figures = {f.standing.trial.number: f for f in record_figures(study)}
+    rows = [_run_figures(scenario, t, ev, mf.calibration, numbers.get(t.number, t.number), figures.get(t.number))
             for t in sorted(measured_trials(study).values(), key=lambda t: t.number)
             if (ev := trial_evaluation(t)) is not None]
     unit = memory_unit(*(g for _, peaks in rows for g in peaks))

@@ -2,8 +2,8 @@
 Which plans run is the RunOrder policy's (search/run_order.py); this module only drives it.
 
 Budget loop (`Measurement.run`): before each batch it stops when the budget window is spent, the call's
---timeout or --n-trials is reached, or the study holds K measured plans and this call has no re-measurement
-left to spend (R runs a call, `--remeasure`: the best and the plans within its noise, search/noise.py); it expires dead workers' claims, asks the
+--timeout or --n-trials is reached, or the study holds its target of measured plans and this call has no
+re-measurement left to spend (R runs a call, `--remeasure`: the best and the plans within its noise, search/noise.py); it expires dead workers' claims, asks the
 policy for plans, drops those that could not finish in the budget left (the evaluator's predicted run time), and
 claims as many as the cluster runs at once (slots // widest plan, re-read each batch). While other workers hold
 the remaining plans it waits for them (or for their claims to expire).
@@ -12,8 +12,11 @@ the runs in flight are stopped) -> finish each claim as its measured trial, or r
 stopped) for a retry -> refit the calibration's constants and then its per-term multipliers (each adopted only
 when it predicts held-out runs better: calibrate.refit_step, multiplier_refit.refit_multipliers) -> one BatchDone
 event. A re-measured plan's trial holds the figures of all its runs
-pooled (search/noise.py). K counts measured plans (distinct jobs), across all workers; re-measurements are
-counted apart, R per call (each worker's call), so `--real-runs 6` measures six different jobs.
+pooled (search/noise.py). K counts plans not measured before (distinct jobs): the call's target is the plans
+the study held measured when it started plus K (`--real-runs 4` on a resumed study measures four more), or
+the target of a worker measuring the same study now with the same K, which a worker started beside it joins
+(workers share one target, as they share a budget window). Re-measurements are counted apart, R per call
+(each worker's call), so `--real-runs 6` measures six different jobs.
 SIGINT/SIGTERM (main thread): the runs in flight are killed, their claims released, and Stopped is raised.
 """
 
@@ -37,7 +40,7 @@ from stratagem.search.calibrate import CalibrationStep, calibration_history, cal
 from stratagem.search.claims import Claim, claim, expire_claims, finish, live_claims, release, renewing
 from stratagem.search.events import RESULT_STATUSES, BatchDone, Phase, RunDone
 from stratagem.search.multiplier_refit import refit_multipliers, with_multipliers
-from stratagem.search.noise import pooled_evaluation, run_noise
+from stratagem.search.noise import pooled_evaluation, record_noise, run_noise
 from stratagem.search.records import (
     StudyKey,
     TrialKey,
@@ -48,13 +51,14 @@ from stratagem.search.records import (
     trial_plan,
 )
 from stratagem.search.run_order import Pick, RunOrder, RunState, measured_trials
-from stratagem.search.status import BUDGET_RELEASE
+from stratagem.search.status import BUDGET_RELEASE, live_heartbeats
 from stratagem.search.study import evaluation_trial, provenance
 
 if TYPE_CHECKING:
     from stratagem.search.open_session import OpenSession
 
-__all__ = ["Measurement", "Stopped", "stop_on_signals", "measured_runs", "traced_over_limit", "repredict", "POLL_S"]
+__all__ = ["Measurement", "Stopped", "stop_on_signals", "measured_runs", "traced_over_limit", "repredict", "target",
+           "POLL_S"]
 
 POLL_S = 5.0
 """Seconds between looks while other workers hold the remaining plans."""
@@ -93,6 +97,17 @@ def measured_runs(study: optuna.Study) -> int:
                if trial_fidelity(t) == "measured")
 
 
+def target(study: optuna.Study, k: int, now: float | None = None) -> tuple[int, bool]:
+    """(measured plans the study is to hold at the end of a call with --real-runs K, whether that joins another
+    worker's target): the target of a worker measuring now with the same K (its heartbeat, search/status.py),
+    else the plans measured so far + K. Under the lock."""
+    joined = [int(b["target"]) for b in live_heartbeats(study, now) if b.get("k") == k
+              and isinstance(b.get("target"), int)]
+    if joined:
+        return max(joined), True
+    return len(measured_trials(study)) + k, False
+
+
 def traced_over_limit(study: optuna.Study, usable_gib: float) -> dict[str, str]:
     """Plan key -> why not to run it, for each plan whose standing trial is traced and does not fit: the traced
     step (the harness's own code at full size) is closer to a real run than the analytic prediction, so no real
@@ -129,8 +144,10 @@ class Measurement:
     """One call's real-run phase on an open session (see the module docstring)."""
 
     def __init__(self, session: OpenSession, evaluator: MeasuringEvaluator, order: RunOrder, k: int,
-                 recalibrate: bool, deadline: Deadline, remeasure: int = 0) -> None:
+                 recalibrate: bool, deadline: Deadline, remeasure: int = 0, target: int | None = None) -> None:
         self.s, self.evaluator, self.order, self.k = session, evaluator, order, k
+        self.target = k if target is None else target
+        """Measured plans the study is to hold when the call ends (the plans held at its start + K: `target`)."""
         self.remeasure = remeasure
         """Re-measurement runs this call may spend after the K plans (--remeasure)."""
         self.recalibrate, self.deadline = recalibrate, deadline
@@ -175,7 +192,7 @@ class Measurement:
             done = measured_trials(s.study)
             claimed = live_claims(s.study)
             new_claims = [t for t in claimed.values() if t.user_attrs.get(TrialKey.ROLE) != "remeasured"]
-            left = self.k - len(done) - len(new_claims)
+            left = self.target - len(done) - len(new_claims)
             again = self.remeasure - self.tally.remeasured
             if left <= 0 and again <= 0:
                 return [], False
@@ -219,12 +236,15 @@ class Measurement:
             done: list[RunDone] = []
             for c, ev in zip(batch, evaluations, strict=True):
                 done.append(self._settle(c, ev))
+            if s.host_noise:  # the host's noise file: plans measured twice (search/noise_floor.py)
+                record_noise(s.study)
             step = self._refit()
         self.order.update(evaluations)
         self.tally.runs += len(batch)
         plans = len(measured_trials(s.study))
-        s.emit(BatchDone(measured=plans, target=self.k, runs=tuple(done), step=step))
-        s.emit(Phase("real runs", min(self.k, plans), self.k))
+        s.emit(BatchDone(measured=plans, target=self.target, runs=tuple(done), step=step))
+        start = self.target - self.k
+        s.emit(Phase("real runs", min(self.k, max(0, plans - start)), self.k))
 
     def _evaluate(self, batch: list[Claim]) -> list[Evaluation]:
         """Run the batch with its claims renewed; the budget's end stops it; a signal releases it and re-raises."""

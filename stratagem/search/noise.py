@@ -15,11 +15,12 @@ the runs' intervals (when every run has one; else the spread stays unknown).
 Run-to-run noise (`run_noise`): the interval of one run's median says how well its steps pin that run's
 median, not what a second run of the same job gives: a different host load, process placement or node moves
 the whole run (measured here: the demo's best plan rerun at the same load moved -10 % against a within-run
-+-6.7 %). The study estimates that spread from its own repeated runs: for every plan measured more than once,
-the log of each run's median step about the plan's mean (one-way random-effects, the pooled within-plan
-variance of run medians; Montgomery, *Design and Analysis of Experiments*, 9th ed., sec. 3.9), so
-s^2 = sum_plans sum_runs (x - mean_plan)^2 / sum_plans (runs - 1), x = ln(run median step), with
-dof = sum (runs - 1) degrees of freedom. A plan's figure pooled over k runs is then uncertain by
++-6.7 %). It is estimated from repeated runs: for every plan measured more than once, the log of each run's
+median step about the plan's mean, pooled (the within-plan mean square of a one-way layout; Montgomery,
+*Design and Analysis of Experiments*, 9th ed., sec. 3.3.1), so s^2 = sum_plans sum_runs (x - mean_plan)^2 /
+sum_plans (runs - 1), x = ln(run median step), with dof = sum (runs - 1) degrees of freedom, over the plans of
+this study and of every other study driven from this host on the same device (search/noise_floor.py: one study's
+two re-measurements give 2 dof, with which no rerun could be told apart). A plan's figure pooled over k runs is then uncertain by
 t(dof) * s / sqrt(k) in log terms (Student's t at 97.5 %: the prediction interval of a mean of k runs when s
 comes from dof degrees of freedom). Each plan's tokens/s interval is its within-run interval widened to at
 least that (`plan_interval`). Without any plan measured twice the run-to-run noise is unknown and said so.
@@ -44,9 +45,12 @@ import optuna
 
 from stratagem.evaluators.evaluation import Evaluation, Throughput
 from stratagem.evaluators.spread import SPREAD_KEY, StepSpread, spread_of, spread_of_samples
+from stratagem.search.noise_floor import NoiseGroup, pooled, read_groups, record_groups
 from stratagem.search.records import (
     Standing,
+    StudyKey,
     standings,
+    study_scenario,
     trial_evaluation,
     trial_fidelity,
     trial_plan,
@@ -55,7 +59,8 @@ from stratagem.search.records import (
 from stratagem.spaces.plan import Plan
 
 __all__ = ["MAX_RUNS", "POOLED_KEY", "pooled_runs", "timed_steps", "pooled_evaluation", "BestMeasured", "best_measured",
-           "remeasure_due", "tokens_interval", "RunNoise", "run_noise", "plan_interval", "t_975"]
+           "remeasure_due", "tokens_interval", "RunNoise", "run_noise", "plan_interval", "t_975", "study_groups",
+           "record_noise", "RecordFigure", "record_figures"]
 
 POOLED_KEY = "pooled"
 """Provenance key of a pooled trial's runs (`pooled_runs`)."""
@@ -159,6 +164,8 @@ class RunNoise:
     """Degrees of freedom behind `sd` (sum over re-measured plans of runs - 1)."""
     plans: int
     """Plans measured more than once."""
+    studies: int = 0
+    """Studies those plans belong to (this one and others driven from this host on the same device)."""
 
     def half_width(self, runs: int = 1) -> float | None:
         """95 % half-width, in ln terms, of a plan's figure pooled over `runs` runs; None when unknown."""
@@ -176,36 +183,56 @@ class RunNoise:
     def describe(self) -> str:
         """`run-to-run noise 4.2 % (2 plans measured again, 2 dof)` or why it is unknown."""
         if self.sd is None:
-            return "run-to-run noise unknown (no plan measured twice)"
-        return (f"run-to-run noise {100 * math.expm1(self.sd):.2g} % ({self.plans} plan(s) measured again, "
-                f"{self.dof} dof)")
+            return "run-to-run noise unknown (no plan measured twice on this host)"
+        studies = f"{self.studies} stud{'y' if self.studies == 1 else 'ies'}"
+        return (f"run-to-run noise {100 * math.expm1(self.sd):.2g} % (pooled over {self.plans} plan(s) measured "
+                f"again in {studies} on this host, {self.dof} dof)")
 
 
-def run_noise(study: optuna.Study) -> RunNoise:
-    """The study's run-to-run noise from its plans measured more than once (module docstring)."""
-    squares, dof, plans = 0.0, 0, 0
+def _study_id(study: optuna.Study) -> str:
+    """The study in the host's noise file: its name and when its real runs began (unique on a host)."""
+    return f"{study.study_name}@{study.user_attrs.get(StudyKey.REAL_RUNS_STARTED)}"
+
+
+def study_groups(study: optuna.Study) -> list[NoiseGroup]:
+    """One group per measured plan of the study: the ln of each ok run's median step, by trial."""
+    device = study_scenario(study).cluster.gpu.name
+    sid, out = _study_id(study), []
     for s in standings(study.get_trials(deepcopy=False)).values():
         if s.fidelity != "measured":
             continue
-        logs = [math.log(m) for m in _run_medians(s) if m > 0]
-        if len(logs) < 2:
-            continue
-        mean = sum(logs) / len(logs)
-        squares += sum((x - mean) ** 2 for x in logs)
-        dof += len(logs) - 1
-        plans += 1
-    return RunNoise(sd=math.sqrt(squares / dof) if dof else None, dof=dof, plans=plans)
+        runs = {f"trial {t.number}": math.log(m) for t, m in _run_medians(s) if m > 0}
+        if runs:
+            out.append(NoiseGroup(study=sid, plan=s.key, device=device, runs=runs))
+    return out
 
 
-def _run_medians(s: Standing) -> list[float]:
-    """Each ok measured run's own median step (seconds), oldest first."""
+def record_noise(study: optuna.Study, extra: NoiseGroup | None = None) -> None:
+    """Keep the study's plans measured more than once (and `extra`: a rerun's group) in the host's noise file."""
+    record_groups([*study_groups(study), *([extra] if extra is not None else [])])
+
+
+def run_noise(study: optuna.Study) -> RunNoise:
+    """Run-to-run noise pooled over this study's plans measured more than once and those of the other studies
+    in the host's noise file on the same device (module docstring; search/noise_floor.py)."""
+    own = {(g.study, g.plan): g for g in study_groups(study)}
+    groups = []
+    for g in read_groups(study_scenario(study).cluster.gpu.name):
+        mine = own.pop((g.study, g.plan), None)  # the study's own trials are read from it: current
+        groups.append(g if mine is None else mine.model_copy(update={"runs": {**g.runs, **mine.runs}}))
+    sd, dof, plans, studies = pooled([*groups, *own.values()])
+    return RunNoise(sd=sd, dof=dof, plans=plans, studies=studies)
+
+
+def _run_medians(s: Standing) -> list[tuple[optuna.trial.FrozenTrial, float]]:
+    """Each ok measured run of the plan with its own median step (seconds), oldest first."""
     out = []
     for t in s.trials:
         if trial_fidelity(t) != "measured" or trial_status(t) != "ok":
             continue
         ev = trial_evaluation(t)
         if ev is not None and ev.measurements:
-            out.append(_own_step(ev))
+            out.append((t, _own_step(ev)))
     return out
 
 
@@ -223,12 +250,41 @@ def plan_interval(tokens_per_s: float, spread: StepSpread | None, runs: int,
 
 
 @dataclass(frozen=True)
-class _Ranked:
+class RecordFigure:
+    """A measured plan's record as every view prints it (`text`): tokens/s pooled over its runs with its 95 %
+    interval (`plan_interval`: within-run, widened to the run-to-run noise), its runs and timed steps."""
+
     standing: Standing
     tokens: float
+    """Tokens/s of the record (pooled over its ok runs)."""
     spread: StepSpread | None
+    """The pooled step-time spread (None: unknown)."""
     runs: int
+    """Measured ok runs of the plan."""
     interval: tuple[float, float] | None
+    """Tokens/s 95 % interval (None: spread unknown)."""
+
+    @property
+    def number(self) -> int:
+        """The record's trial number (records.Standing.number: the plan's first measured trial)."""
+        return self.standing.number
+
+    def parts(self) -> tuple[str, str]:
+        """(`1,310`, `95% 1,090-1,740`): the figure and its interval as every view prints them ("range" for fewer
+        than 6 steps: no 95 % interval of the median, evaluators/spread.py; '' without a spread)."""
+        if self.spread is None or self.interval is None:
+            return f"{self.tokens:,.0f}", ""
+        lo, hi = self.interval
+        return f"{self.tokens:,.0f}", f"{'95%' if self.spread.confident else 'range'} {lo:,.0f}-{hi:,.0f}"
+
+    def text(self, note: str = "") -> str:
+        """`1,310 tok/s (95% 1,090-1,740, 2 runs, n=24)`, `note` added inside the brackets after a ';';
+        `(spread unknown)` without a spread."""
+        figure, interval = self.parts()
+        if not interval or self.spread is None:
+            return f"{figure} tok/s (spread unknown)"
+        return (f"{figure} tok/s ({interval}, {self.runs} run{'s' if self.runs != 1 else ''}, n={self.spread.n}"
+                f"{'; ' + note if note else ''})")
 
 
 @dataclass(frozen=True)
@@ -249,10 +305,14 @@ class BestMeasured:
     note: str
     """One line: the plan, its figure with its interval, and whether the ranking is settled."""
     noise: RunNoise = RunNoise(sd=None, dof=0, plans=0)
-    """The study's run-to-run noise behind the interval."""
+    """The run-to-run noise behind the interval."""
+    number: int = -1
+    """The record's trial number (its first measured trial: re-measurements keep it)."""
 
 
-def _ranked(study: optuna.Study, noise: RunNoise) -> list[_Ranked]:
+def record_figures(study: optuna.Study, noise: RunNoise | None = None) -> list[RecordFigure]:
+    """Every measured feasible plan's record, highest tokens/s first (`noise`: default `run_noise(study)`)."""
+    noise = run_noise(study) if noise is None else noise
     out = []
     for s in standings(study.get_trials(deepcopy=False)).values():
         if s.fidelity != "measured" or not s.feasible or not s.trial.values:
@@ -261,11 +321,11 @@ def _ranked(study: optuna.Study, noise: RunNoise) -> list[_Ranked]:
         runs = sum(trial_fidelity(t) == "measured" and trial_status(t) == "ok" for t in s.trials)
         tokens = float(s.trial.values[0])
         spread = spread_of(ev.measurements) if ev else None
-        out.append(_Ranked(s, tokens, spread, runs, plan_interval(tokens, spread, runs, noise)))
+        out.append(RecordFigure(s, tokens, spread, runs, plan_interval(tokens, spread, runs, noise)))
     return sorted(out, key=lambda r: (-r.tokens, r.standing.trial.number))
 
 
-def _overlapping(best: _Ranked, others: Sequence[_Ranked]) -> list[_Ranked]:
+def _overlapping(best: RecordFigure, others: Sequence[RecordFigure]) -> list[RecordFigure]:
     if best.interval is None:
         return []
     lo = best.interval[0]
@@ -277,36 +337,31 @@ def best_measured(study: optuna.Study) -> BestMeasured | None:
     noise (within-run and run-to-run); None when no measured plan fits. The one rule front, report, status and
     `export --best` use."""
     noise = run_noise(study)
-    ranked = _ranked(study, noise)
+    ranked = record_figures(study, noise)
     if not ranked:
         return None
     best, rest = ranked[0], ranked[1:]
     close = _overlapping(best, rest)
     plan = best.standing.trial
-
     label = trial_plan(plan).short()
-    if best.spread is None or best.interval is None:
-        figure = f"{best.tokens:,.0f} tok/s (spread unknown)"
-        verdict = "ranking not judged for noise"
+    if best.interval is None:
+        figure, verdict = best.text(), "ranking not judged for noise"
     else:
-        lo, hi = best.interval
-        what = "95%" if best.spread.confident else "range"  # fewer than 6 steps: no 95 % interval (spread.py)
-        figure = (f"{best.tokens:,.0f} tok/s ({what} {lo:,.0f}-{hi:,.0f}, {best.runs} run(s), n={best.spread.n}; "
-                  f"{noise.describe()})")
+        figure = best.text(noise.describe())
         verdict = ("distinct from every other measured plan" if not close else
                    f"within noise of {len(close)} plan(s): " + ", ".join(
                        trial_plan(r.standing.trial).short() for r in close[:3]) + (" ..." if len(close) > 3 else ""))
     return BestMeasured(plan=trial_plan(plan), key=best.standing.key, trial=plan, tokens_per_s=best.tokens,
                         spread=best.spread, runs=best.runs,
                         within_noise=tuple(trial_plan(r.standing.trial).short() for r in close),
-                        note=f"best measured: {label}: {figure}; {verdict}", noise=noise)
+                        note=f"best measured: {label}: {figure}; {verdict}", noise=noise, number=best.number)
 
 
 def remeasure_due(study: optuna.Study, limit: int) -> list[tuple[Plan, str]]:
     """Up to `limit` (plan, "remeasured") to run again: the best measured plan when it ran once (one run cannot
     show how far a rerun moves), and the plans within its noise, each measured fewer than MAX_RUNS times, the
     fewest runs first (the best first among equals). Only plans with a known spread."""
-    ranked = _ranked(study, run_noise(study))
+    ranked = record_figures(study)
     if not ranked or limit <= 0 or ranked[0].interval is None:
         return []
     best = ranked[0]

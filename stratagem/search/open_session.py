@@ -31,6 +31,7 @@ class OpenSession(Protocol):
     space: SearchSpace
     usable_gib: float
     screening: Screening | None
+    host_noise: bool
 
     @property
     def start_calibration(self) -> Calibration:

@@ -34,7 +34,9 @@ Trial:
                                 who runs a measured trial and how a claim on it ended (search/claims.py)
 Which trial stands for a plan (`standing`, the one rule every reader uses): among the plan's finished trials
 (COMPLETE or PRUNED, or any trial holding an evaluation), the highest fidelity wins, and within one fidelity the
-latest trial (a recalibrated prediction replaces the first one). It is feasible when it is COMPLETE with finite
+latest trial (a recalibrated prediction replaces the first one). The number that names a measured plan's record
+(`Standing.number`) is its first measured run's: a re-measurement's trial holds the pooled figures and stands
+for the plan, but the plan keeps its number in every table, status line and `reproduce --trial`. It is feasible when it is COMPLETE with finite
 objective values, its status is "ok" and every constraint is <= 0.
 Study (added by search):
   user_attrs["space_digest"]    SearchSpace.digest(): scenario + search section; a study serves one space
@@ -90,6 +92,7 @@ __all__ = [
     "Standing",
     "standing",
     "standings",
+    "record_numbers",
     "trial_fidelity",
     "trial_key",
     "trial_status",
@@ -328,6 +331,14 @@ class Standing:
     """Every finished trial of the plan, by number."""
 
     @property
+    def number(self) -> int:
+        """The number that names the plan's record: its first measured trial once measured (re-measurements add
+        trials that pool the runs, the plan keeps its number), else the standing trial's."""
+        if trial_fidelity(self.trial) == "measured":
+            return next(t.number for t in self.trials if trial_fidelity(t) == "measured")
+        return self.trial.number
+
+    @property
     def fidelity(self) -> Fidelity:
         """The standing trial's fidelity."""
         return trial_fidelity(self.trial)
@@ -366,6 +377,16 @@ def standings(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, Standing]
         if _holds_result(t):
             grouped.setdefault(trial_key(t), []).append(t)
     return {k: Standing(key=k, trial=standing(ts), trials=tuple(ts)) for k, ts in grouped.items()}
+
+
+def record_numbers(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[int, int]:
+    """Trial number -> the number of the record it belongs to (`Standing.number`), for every finished trial of a
+    plan that was measured (a re-measurement's trial maps to its plan's first measured trial); other trials map
+    to themselves."""
+    out: dict[int, int] = {}
+    for s in standings(trials).values():
+        out.update({t.number: s.number for t in s.trials})
+    return out
 
 
 def front_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

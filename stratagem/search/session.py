@@ -4,7 +4,7 @@
     session.screen()                  # the analytic screening (in memory)
     session.store()                   # the front and a bounded sample as trials -> SearchResult
     session.trace(k, tracer)          # optional: K traced trials, refit logits_bytes, re-screen and store
-    session.measure(k, evaluator)     # optional: real runs until the study holds K (search/measure.py)
+    session.measure(k, evaluator)     # optional: real runs measuring K more plans (search/measure.py)
 
 The session holds what every step shares, resolved once: the storage spec and its lock, the open storage and
 study, the search space, the usable memory (HBM - search.memory_margin_gib) and the calibration the predictions
@@ -33,7 +33,7 @@ from stratagem.search.budget import Deadline, check_run_timeout, close_window, o
 from stratagem.search.calibrate import CalibrationStep, calibration_history, calibration_id
 from stratagem.search.counts import screening_attr
 from stratagem.search.events import Event, Listener, Notice, Phase, WindowOpened
-from stratagem.search.measure import Measurement, measured_runs
+from stratagem.search.measure import Measurement, measured_runs, target
 from stratagem.search.noise import best_measured
 from stratagem.search.records import (
     OBJECTIVES,
@@ -111,7 +111,10 @@ class MeasureResult:
     repredicted: int = 0
     """Trials re-predicted with the latest calibration at the end of this call."""
     plans: int = 0
-    """Measured plans (distinct jobs) in the study now: what K counts."""
+    """Measured plans (distinct jobs) in the study now."""
+    target: int = 0
+    """Measured plans the call aimed the study at: those held when it started + K (or the target of a worker
+    measuring beside it with the same K, joined)."""
     remeasured: int = 0
     """Re-measurement runs this call spent (at most its --remeasure)."""
     stopped: int = 0
@@ -144,6 +147,10 @@ class SearchSession:
     listener: Listener = _stderr
     calibration_source: str = ""
     """Which calibration the predictions start from, in words (recorded with the study when given)."""
+    host_noise: bool = False
+    """Keep the study's plans measured more than once in this host's noise file (search/noise_floor.py), where
+    every later study's run-to-run noise pools them: real runs on this host (the CLI's) do; a replayed table or a
+    stand-in evaluator must not. The noise is read from the file either way."""
     space: SearchSpace = field(init=False)
     usable_gib: float = field(init=False)
     screening: Screening | None = field(init=False, default=None)
@@ -272,7 +279,8 @@ class SearchSession:
                 budget_minutes: float | None = None, n_trials: int | None = None, timeout: float | None = None,
                 recalibrate: bool = True, run_timeout_s: float | None = None,
                 candidates: PlanColumns | None = None, remeasure: int = DEFAULT_REMEASURE) -> MeasureResult:
-        """Real runs until the study holds K measured plans, then up to `remeasure` runs re-measuring the best and
+        """Real runs measuring K plans not measured before (the study's target: the plans it holds now + K, or the
+        target of a worker measuring beside it with the same K), then up to `remeasure` runs re-measuring the best and
         the plans within its noise (search/measure.py, search/noise.py). `budget_minutes`: the budget
         window this call counts against (search/budget.py); `n_trials` / `timeout`: this call's runs / seconds;
         `run_timeout_s`: recorded with the study (the evaluator applies it); `candidates`: the default order
@@ -289,11 +297,23 @@ class SearchSession:
         order = order or RUN_ORDERS[DEFAULT_RUN_ORDER](candidates=candidates)
         deadline = Deadline(call_end=None if timeout is None else time.monotonic() + timeout, max_runs=n_trials)
         window_index = self._begin_measure(budget_minutes, run_timeout_s, deadline)
-        m = Measurement(self, evaluator, order, k, recalibrate, deadline, remeasure)
-        with beating(self.study, k):  # this worker's heartbeat for `stratagem status` (search/status.py)
+        with self.lock():
+            goal, joined = target(self.study, k)
+        self._say_target(k, goal, joined)
+        m = Measurement(self, evaluator, order, k, recalibrate, deadline, remeasure, goal)
+        with beating(self.study, k, goal):  # this worker's heartbeat for `stratagem status` (search/status.py)
             m.run()
         repredicted = m.finish()
-        return self._measure_result(m, k, window_index, repredicted, time.perf_counter() - t0)
+        return self._measure_result(m, window_index, repredicted, time.perf_counter() - t0)
+
+    def _say_target(self, k: int, goal: int, joined: bool) -> None:
+        """One line when --real-runs K does not start from an empty study: K more plans, or a joined target."""
+        if joined:
+            self.say(f"real runs: joining the target of another worker measuring this study with --real-runs {k}: "
+                     f"{goal} measured plans")
+        elif goal > k:
+            self.say(f"real runs: {k} more plan(s) (--real-runs {k}): the study holds {goal - k} measured plan(s), "
+                     f"its target is now {goal}")
 
     def calibration_file(self) -> CalibrationFile | None:
         """The study's calibration in force after its real runs (refitted constants, per-term multipliers) with the
@@ -330,14 +350,14 @@ class SearchSession:
         self.emit(WindowOpened(index=index, minutes=budget_minutes, left_s=window.left_s(), joined=joined))
         return index
 
-    def _measure_result(self, m: Measurement, k: int, window_index: int, repredicted: int,
+    def _measure_result(self, m: Measurement, window_index: int, repredicted: int,
                         seconds: float) -> MeasureResult:
         study = self.study
         with self.lock():
             done = measured_trials(study)
             runs = measured_runs(study)
             left = m.deadline.seconds_left()
-            if window_index and ((left is not None and left <= 0) or len(done) >= k):
+            if window_index and ((left is not None and left <= 0) or len(done) >= m.target):
                 close_window(study, window_index)
             history = calibration_history(study.user_attrs.get(StudyKey.CALIBRATION_HISTORY))
         statuses: dict[str, int] = {}
@@ -348,11 +368,11 @@ class SearchSession:
             statuses["infra"] = m.tally.infra
         best = best_measured(study)
         note = best.note if best is not None else ""
-        if best is not None and best.within_noise and len(done) >= k and m.tally.remeasured >= m.remeasure:
+        if best is not None and best.within_noise and len(done) >= m.target and m.tally.remeasured >= m.remeasure:
             note += "; no re-measurement left to settle it (raise --remeasure)"
         skipped = m.order.skipped
         return MeasureResult(
-            search=self.result(), runs=m.tally.runs, measured=runs, plans=len(done),
+            search=self.result(), runs=m.tally.runs, measured=runs, plans=len(done), target=m.target,
             remeasured=m.tally.remeasured, statuses=statuses, calibration=m.calibration,
             history=history, seconds=seconds, skipped=len(skipped), skipped_example=next(iter(skipped.values()), ""),
             ok_runs=m.tally.ok, results=m.tally.results, first_failure=m.tally.first_failure,

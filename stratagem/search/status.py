@@ -5,8 +5,9 @@ Read-only. Counts: analytic trials stored; measured trials by status (ok, oom, f
 real runs asked for), live claims, lost runs (released for an infrastructure failure, released by a signal,
 expired claims) with the retries still pending and those done; the workers alive by their heartbeat (a study
 attribute each worker refreshes every WORKER_BEAT_S, whether it is measuring or waiting for others) and the
-claim holders; the best plan measured and predicted; the calibration error after each batch; time since the
-real-run phase started (frozen when the search has ended) and what is left of its budget.
+claim holders; the best plan measured and predicted; the calibration error after each batch; the run time (the
+sum of the measured runs' own durations: what the runs cost, whatever the gaps between calls), the time since
+the real-run phase started (frozen when the search has ended) and what is left of its budget.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from stratagem.search.noise import best_measured
 from stratagem.search.records import StudyKey, TrialKey, front_trials, trial_evaluation, trial_status
 from stratagem.search.study import worker_alive, worker_id
 
-__all__ = ["StudyStatus", "study_status", "beating", "WORKER_BEAT_S", "WORKER_STALE_S"]
+__all__ = ["StudyStatus", "study_status", "beating", "live_heartbeats", "run_seconds", "WORKER_BEAT_S",
+           "WORKER_STALE_S"]
 
 WORKER_BEAT_S = 15.0
 """How often a worker refreshes its heartbeat."""
@@ -70,11 +72,20 @@ class StudyStatus:
     taught: list[str] = field(default_factory=list)
     """What the runs taught per term and block (evaluators.taught.taught_lines of the study's calibration)."""
     elapsed_s: float | None = None
-    """Seconds since the real-run phase started, up to its end once no worker is alive (None: not started)."""
+    """Wall seconds since the real-run phase started, up to its end once no worker is alive (None: not started):
+    a span that includes the gaps between calls; the runs' own time is `run_s`."""
+    run_s: float = 0.0
+    """The sum of the measured runs' durations (`run_seconds`)."""
+    runs: int = 0
+    """Measured runs that ended (every status, lost runs included): what `run_s` sums."""
     budget_left_s: float | None = None
     """Seconds left of --budget-minutes (None: no budget)."""
     k: int | None = None
-    """Measured runs the search was asked for (--real-runs; None: unknown, no worker recorded it)."""
+    """The --real-runs K of the latest worker (plans to measure beyond those held when it started; None: unknown,
+    no worker recorded it)."""
+    target: int | None = None
+    """Measured plans the latest worker's call aims the study at: the plans held when it started + K (None:
+    unknown)."""
     signal_released: int = 0
     """Runs released because their worker was stopped by SIGINT/SIGTERM (their plans are retried)."""
     budget_released: int = 0
@@ -142,6 +153,34 @@ def _heartbeats(attrs: dict[str, Any]) -> list[dict[str, Any]]:
     return [v for k, v in attrs.items() if k.startswith(StudyKey.WORKER_PREFIX) and isinstance(v, dict)]
 
 
+def live_heartbeats(study: optuna.Study, now: float | None = None) -> list[dict[str, Any]]:
+    """The heartbeats of the workers still at work on `study` (fresh, measuring or waiting, not known dead)."""
+    now = time.time() if now is None else now
+    return [b for b in _heartbeats(study.user_attrs) if _beating(b, now)]
+
+
+def run_seconds(trials: list[FrozenTrial]) -> tuple[float, int]:
+    """(seconds, runs): the sum of the durations of the measured runs that ended (COMPLETE, PRUNED or FAIL):
+    each run's own wall time as its evaluator recorded it (provenance "wall_s": Ray start of the ranks to their
+    end), else its trial's span from claim to finish. Concurrent runs each count their own time."""
+    total, runs = 0.0, 0
+    for t in trials:
+        if t.user_attrs.get(TrialKey.FIDELITY) != "measured" or t.state not in _ENDED:
+            continue
+        wall = ((t.user_attrs.get(TrialKey.EVALUATION) or {}).get("provenance") or {}).get("wall_s")
+        if isinstance(wall, int | float) and wall > 0:
+            total += float(wall)
+        elif t.datetime_start is not None and t.datetime_complete is not None:
+            total += max(0.0, (t.datetime_complete - t.datetime_start).total_seconds())
+        else:
+            continue
+        runs += 1
+    return total, runs
+
+
+_ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
 def _beating(beat: dict[str, Any], now: float) -> bool:
     """A heartbeat of a worker still at work: fresh, not ended, and its process not known dead."""
     if beat.get("phase") not in ("measuring", "waiting") or float(beat.get("seen", 0.0)) < now - WORKER_STALE_S:
@@ -179,12 +218,17 @@ def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
         left = 0.0 if finished else windows[-1].left_s(now)
     trend = [(h.measured, h.step_error_after, h.memory_error_after)
              for h in calibration_history(attrs.get(StudyKey.CALIBRATION_HISTORY))]
-    ks = [int(b["k"]) for b in beats if isinstance(b.get("k"), int)]
+    latest = max((b for b in beats if isinstance(b.get("k"), int)), key=lambda b: float(b.get("started", 0.0)),
+                 default=None)
+    run_s, runs = run_seconds(trials)
     return StudyStatus(study=study.study_name, analytic=analytic, measured=measured, claimed=len(live_claims(study)),
                        infra=lost.infra, expired=lost.expired, workers=sorted(alive),
                        best_measured=_best_measured(study),
                        best_predicted=_describe(max(predicted, key=_tokens) if predicted else None),
-                       calibration_trend=trend, taught=_taught(attrs), elapsed_s=elapsed, budget_left_s=left, k=max(ks) if ks else None,
+                       calibration_trend=trend, taught=_taught(attrs), elapsed_s=elapsed, budget_left_s=left,
+                       k=None if latest is None else int(latest["k"]),
+                       target=None if latest is None or not isinstance(latest.get("target"), int) else int(latest["target"]),
+                       run_s=run_s, runs=runs,
                        signal_released=lost.signal, budget_released=lost.budget, retries_pending=pending,
                        retries_done=done, finished=finished,
                        windows=[(w.minutes, w.spent_s(end), 0.0 if finished else w.left_s(now)) for w in windows])
@@ -205,7 +249,7 @@ def _best_measured(study: optuna.Study) -> str:
     best = best_measured(study)
     if best is None:
         return ""
-    return f"{best.note.removeprefix('best measured: ')} (trial {best.trial.number})"
+    return f"{best.note.removeprefix('best measured: ')} (trial {best.number})"
 
 
 def _describe(t: FrozenTrial | None) -> str:
@@ -220,13 +264,13 @@ class Heartbeat:
     """This worker's heartbeat in a study (`beating`): phase "measuring" or "waiting" while it works (set
     `phase`), "done" or "stopped: <why>" at the end; refreshed every WORKER_BEAT_S by a daemon thread."""
 
-    def __init__(self, study: optuna.Study, k: int | None) -> None:
+    def __init__(self, study: optuna.Study, k: int | None, target: int | None = None) -> None:
         me = worker_id()
         self.key = f"{StudyKey.WORKER_PREFIX}{me['host']}:{me['pid']}"
         self.study = study
         self.phase = "measuring"
         self.runs = 0
-        self._record: dict[str, Any] = {"worker": me, "started": time.time(), "k": k}
+        self._record: dict[str, Any] = {"worker": me, "started": time.time(), "k": k, "target": target}
         self._lock = threading.Lock()
 
     def write(self) -> None:
@@ -237,12 +281,13 @@ class Heartbeat:
 
 
 @contextlib.contextmanager
-def beating(study: optuna.Study, k: int | None = None) -> Iterator[Heartbeat]:
-    """Keep this worker's heartbeat fresh in `study` for the block (the measuring loop); `k` is --real-runs.
+def beating(study: optuna.Study, k: int | None = None, target: int | None = None) -> Iterator[Heartbeat]:
+    """Keep this worker's heartbeat fresh in `study` for the block (the measuring loop); `k` is --real-runs,
+    `target` the measured plans the call aims the study at (measure.target: another worker with the same K joins it).
     Ends as phase "done", or "stopped: <exception>" when the block raises (a signal, an outage past the
     window). A refresh that fails (the storage unreachable past its window) stops the refreshes: the loop meets
     the same storage and reports it."""
-    beat = Heartbeat(study, k)
+    beat = Heartbeat(study, k, target)
     beat.write()
     stop = threading.Event()
 

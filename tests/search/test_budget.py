@@ -40,9 +40,9 @@ def test_a_rerun_opens_a_new_window_and_a_same_budget_worker_joins(tmp_path: Pat
     windows = budget_windows(first.study)
     assert len(windows) == 1 and windows[0].minutes == 30 and windows[0].ended is not None  # K reached: closed
     assert [e.index for e in events if isinstance(e, WindowOpened)] == [1]
-    again = _session(url, events)  # "continue tonight with 2 more hours": K raised, a new window
+    again = _session(url, events)  # "continue tonight with 2 more hours": one more plan, a new window
     assert again.run_timeout(None) == 90.0 and again.run_timeout(30.0) == 30.0  # --run-timeout kept with the study
-    mf = again.measure(2, KnownConstants(), RankedOrder(candidates=PLANS), budget_minutes=120)
+    mf = again.measure(1, KnownConstants(), RankedOrder(candidates=PLANS), budget_minutes=120)
     assert mf.measured == 2 and mf.runs == 1
     opened = [e for e in events if isinstance(e, WindowOpened)]
     assert (opened[-1].index, opened[-1].joined, opened[-1].minutes) == (2, False, 120)

@@ -425,3 +425,36 @@ def test_an_oom_only_real_run_search_exits_0(tmp_path) -> None:
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     assert f"measured 1/1: {first.short()} oom" in out and "0% -> 0%" not in out, out[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_resumed_real_run_search_measures_k_more_plans(tmp_path) -> None:
+    """Issue 34 item 6, through Ray and the CLI: a second `search --real-runs 1` measures one more plan and says
+    so ("measured 2/2", not "measured 2/1" with nothing run); the plan re-measured in the first call keeps its
+    trial number in the run table and in status, which reports run time as the sum of the runs' durations."""
+    import re
+
+    path = tmp_path / "resume.yaml"
+    path.write_text(yaml.safe_dump(RAY_SCENARIO))
+    common = [str(path), "--no-report", "--steps", "6", "--storage", f"sqlite:///{tmp_path / 'r.db'}", "--study", "r"]
+    first = subprocess.run([*CLI, *common, "--real-runs", "1", "--remeasure", "1"], capture_output=True, text=True,
+                           env=ENV, cwd=ROOT, timeout=400)
+    out1 = first.stdout + first.stderr
+    assert first.returncode == 0, out1[-3000:]
+    best = re.search(r"\(trial (\d+)\)", subprocess.run(
+        [sys.executable, "-m", "stratagem.cli", "status", "--storage", f"sqlite:///{tmp_path / 'r.db'}", "--study",
+         "r"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120).stdout)
+    assert best is not None, out1[-3000:]
+    second = subprocess.run([*CLI, *common, "--real-runs", "1", "--remeasure", "0"], capture_output=True, text=True,
+                            env=ENV, cwd=ROOT, timeout=400)
+    out2 = second.stdout + second.stderr
+    assert second.returncode == 0, out2[-3000:]
+    assert "real runs: 1 more plan(s) (--real-runs 1): the study holds 1 measured plan(s), its target is now 2" in out2
+    assert "measured 2/2: " in out2, out2[-3000:]
+    table = out2[out2.index("Real runs: 2 plans"):]
+    assert re.search(rf"^\s*{best.group(1)}\s", table, re.M), table  # the re-measured plan kept its number
+    status = subprocess.run([sys.executable, "-m", "stratagem.cli", "status", "--storage",
+                             f"sqlite:///{tmp_path / 'r.db'}", "--study", "r"], capture_output=True, text=True,
+                            env=ENV, cwd=ROOT, timeout=120).stdout
+    assert "2 of 2 done (the last call's --real-runs 1" in status and "(the sum of 3 runs' durations)" in status, status

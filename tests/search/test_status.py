@@ -71,11 +71,11 @@ def test_status_tells_heartbeats_retries_signal_releases_and_freezes_elapsed(tmp
     study = optuna.load_study(study_name="s", storage=backend)
     s = study_status(study)
     assert s.retries_done == 2 and s.retries_pending == 0 and s.signal_released == 0  # each measured after infra
-    with beating(study, k=3):  # a worker waiting for others: no claim, yet alive
+    with beating(study, k=3, target=5):  # a worker waiting for others: no claim, yet alive
         s = study_status(study)
         assert s.workers == [f"{socket.gethostname()}:{os.getpid()}"] and s.k == 3 and not s.finished
     s = study_status(study)
-    assert s.workers == [] and s.finished and s.k == 3
+    assert s.workers == [] and s.finished and s.k == 3 and s.target == 5
     later = study_status(study, now=time.time() + 3600)
     assert later.elapsed_s == s.elapsed_s  # frozen at the end, not the clock of whoever asks
     left = [p for p in PLANS if plan_key(p) not in measured_trials(study)]
@@ -84,7 +84,7 @@ def test_status_tells_heartbeats_retries_signal_releases_and_freezes_elapsed(tmp
     assert s.signal_released == 1 and s.retries_pending == 1 and s.infra == 2
     res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
     assert res.exit_code == 0, res.output
-    assert "2 of K=3 done" in res.output and "1 released by a signal" in res.output, res.output
+    assert "2 of 5 done (the last call's --real-runs 3" in res.output and "1 released by a signal" in res.output, res.output
     assert "retries: 1 pending, 2 done" in res.output and "real runs (ended)" in res.output, res.output
 
 
