@@ -249,7 +249,7 @@ def _best_measured(study: optuna.Study) -> str:
     best = best_measured(study)
     if best is None:
         return ""
-    return f"{best.note.removeprefix('best measured: ')} (trial {best.number})"
+    return f"trial {best.number}: {best.note.removeprefix('best measured: ')}"  # the number on its own plan
 
 
 def _describe(t: FrozenTrial | None) -> str:

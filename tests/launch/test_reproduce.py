@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,9 +106,9 @@ def test_a_rerun_moved_42_percent_is_not_reproduced(study, tmp_path: Path) -> No
     status = _cli("status", "--storage", url, "--study", "one")
     assert status.returncode == 0, status.stderr
     line = next(x for x in status.stdout.splitlines() if x.startswith("best measured:"))
-    figure = line.split(": ", 2)[2].split(" tok/s (")[0] + " tok/s ("
-    shown = line[line.index(figure):].split(";")[0]  # "1,310 tok/s (95% 1,090-1,740, 1 run, n=12"
-    assert shown in far.stdout and f"(trial {number})" in line, (shown, far.stdout)
+    assert line.startswith(f"best measured: trial {number}: "), line
+    shown = re.search(r"[\d,]+ tok/s \([^;)]*", line)  # "1,310 tok/s (95% 1,090-1,740, 1 run, n=12"
+    assert shown is not None and shown.group(0).endswith("n=12") and shown.group(0) in far.stdout, (line, far.stdout)
 
 
 def test_ray_that_does_not_start_is_an_infrastructure_error(study, tmp_path: Path) -> None:

@@ -442,7 +442,7 @@ def test_a_resumed_real_run_search_measures_k_more_plans(tmp_path) -> None:
                            env=ENV, cwd=ROOT, timeout=400)
     out1 = first.stdout + first.stderr
     assert first.returncode == 0, out1[-3000:]
-    best = re.search(r"\(trial (\d+)\)", subprocess.run(
+    best = re.search(r"best measured: trial (\d+): ", subprocess.run(
         [sys.executable, "-m", "stratagem.cli", "status", "--storage", f"sqlite:///{tmp_path / 'r.db'}", "--study",
          "r"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120).stdout)
     assert best is not None, out1[-3000:]

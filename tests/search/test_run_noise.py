@@ -178,5 +178,5 @@ def test_real_runs_on_resume_are_k_more_plans_and_records_keep_their_numbers(tmp
     assert res.exit_code == 0, res.output
     assert "(the sum of 5 runs' durations)" in res.output and "4 of 4 done (the last call's --real-runs 2" in \
         res.output, res.output
-    assert f"(trial {best_measured(s.study).number})" in res.output  # type: ignore[union-attr]
+    assert f"best measured: trial {best_measured(s.study).number}: " in res.output  # type: ignore[union-attr]
     assert read_groups("cpu") == []  # a stand-in's runs never join the host's noise file (host_noise off)

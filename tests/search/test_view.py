@@ -79,7 +79,7 @@ def test_the_report_states_the_best_measured_plan_by_the_one_rule(tmp_path: Path
     best = view.best_measured()
     assert best is not None
     md = build_report(view.study, "md").text
-    assert f"Best measured: {best.plan.short()}" in md and f"(trial {best.number})" in md
+    assert f"Best measured (trial {best.number}): {best.plan.short()}" in md
     doc = json.loads(build_report(view.study, "json").text)
     assert doc["best_measured"] == {"trial": best.number, "note": best.note}
     stored = {t.number: t.user_attrs["plan"] for t in view.trials() if "plan" in t.user_attrs}
