@@ -8,16 +8,47 @@ import contextlib
 import errno
 import fcntl
 import os
+import threading
 import time
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stratagem.errors import StratagemError
 from stratagem.search.retry import outages_for, transient
 
-__all__ = ["file_lock", "db_lock", "first_line", "sqlalchemy_errors"]
+__all__ = ["file_lock", "db_lock", "first_line", "sqlalchemy_errors", "LockWaits", "lock_waits"]
+
+
+@dataclass(frozen=True)
+class LockWaits:
+    """This process's waits for storage locks so far (what another holder of the same lock cost it)."""
+
+    taken: int
+    """Locks taken."""
+    seconds: float
+    """Seconds spent waiting to take them, in all."""
+    longest: float
+    """The longest single wait, seconds."""
+
+
+_waits = {"taken": 0, "seconds": 0.0, "longest": 0.0}
+_waits_guard = threading.Lock()
+
+
+def lock_waits() -> LockWaits:
+    """This process's lock waits so far."""
+    with _waits_guard:
+        return LockWaits(taken=int(_waits["taken"]), seconds=_waits["seconds"], longest=_waits["longest"])
+
+
+def _waited(seconds: float) -> None:
+    with _waits_guard:
+        _waits["taken"] += 1
+        _waits["seconds"] += seconds
+        _waits["longest"] = max(_waits["longest"], seconds)
 
 
 def first_line(e: BaseException) -> str:
@@ -36,7 +67,8 @@ def file_lock(path: Path, timeout: float) -> Iterator[None]:
         raise StratagemError(f"storage lock ({path}): cannot create it: {e.strerror}; the storage's directory "
                              "must be writable") from None
     try:
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = t0 + timeout
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -48,6 +80,7 @@ def file_lock(path: Path, timeout: float) -> Iterator[None]:
                     raise StratagemError(f"storage lock ({path}): still held by another search after "
                                          f"{timeout:.0f} s; wait for it or remove a stale lock holder") from None
                 time.sleep(0.05)
+        _waited(time.monotonic() - t0)
         try:
             yield
         finally:
@@ -79,8 +112,10 @@ def db_lock(url: str, timeout: float, connect_args: dict[str, int]) -> Iterator[
         raise StratagemError(f"storage lock ({url}): database driver {getattr(e, 'name', '?')!r} is not "
                              "installed") from None
     try:
+        t0 = time.monotonic()
         with sqlalchemy_errors(url):
             conn = outages_for(url).run("rdb", lambda: _acquire_db_lock(engine, url, timeout))
+        _waited(time.monotonic() - t0)
         try:
             yield
         finally:
