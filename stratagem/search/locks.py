@@ -1,6 +1,9 @@
-"""The cross-process locks behind `stratagem.search.storage.storage_lock`: flock on a file beside a file
-storage (sqlite, journal), the database's advisory lock (pg_advisory_lock, GET_LOCK) for an RDB one; and
-SQLAlchemy errors as one line (`first_line`, `sqlalchemy_errors`), which the storage's checks share."""
+"""The cross-process locks behind `stratagem.search.storage.storage_lock`, one per scope (a study, or the
+storage's own for creating its tables), so writers of different studies never wait on each other: a byte-range
+lock on one file beside a file storage (sqlite, journal: the scope's key is the byte), the database's advisory
+lock keyed by the scope (pg_advisory_lock, GET_LOCK) for an RDB one; what waiting for them cost this process
+(`lock_waits`); and SQLAlchemy errors as one line (`first_line`, `sqlalchemy_errors`), which the storage's
+checks share."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import struct
 import threading
 import time
 import zlib
@@ -19,7 +23,7 @@ from typing import Any
 from stratagem.errors import StratagemError
 from stratagem.search.retry import outages_for, transient
 
-__all__ = ["file_lock", "db_lock", "first_line", "sqlalchemy_errors", "LockWaits", "lock_waits"]
+__all__ = ["file_lock", "db_lock", "lock_key", "first_line", "sqlalchemy_errors", "LockWaits", "lock_waits"]
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,22 @@ def first_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
+def lock_key(scope: str) -> int:
+    """The 32-bit key of a lock scope (CRC-32 of its name): the byte a file lock takes, the database lock's key.
+    Two scopes whose keys collide share one lock: they serialise, never exclude less."""
+    return zlib.crc32(scope.encode("utf-8"))
+
+
+_OFD = getattr(fcntl, "F_OFD_SETLK", None)  # Linux >= 3.15: byte-range locks owned by the open file (fcntl(2))
+
+
 @contextlib.contextmanager
-def file_lock(path: Path, timeout: float) -> Iterator[None]:
-    """flock on `path` (created if missing) for the block, polled until `timeout` s; released by the kernel if
-    the holder dies."""
+def file_lock(path: Path, timeout: float, key: int = 0) -> Iterator[None]:
+    """An exclusive lock on byte `key` of `path` (created if missing) for the block, polled until `timeout` s;
+    released by the kernel if the holder dies. Locks on other bytes of the file (other scopes) do not wait for
+    it. An open-file-description lock (F_OFD_SETLK, fcntl(2)): owned by this open of the file, so two threads or
+    two scopes of one process exclude each other like two processes, and closing another descriptor of the
+    file releases nothing. Where the kernel has none, flock on the whole file (every scope serialised)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
@@ -69,24 +85,31 @@ def file_lock(path: Path, timeout: float) -> Iterator[None]:
     try:
         t0 = time.monotonic()
         deadline = t0 + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() > deadline:
-                    raise StratagemError(f"storage lock ({path}): still held by another search after "
-                                         f"{timeout:.0f} s; wait for it or remove a stale lock holder") from None
-                time.sleep(0.05)
+        delay = 0.001
+        while not _try_lock(fd, key):
+            if time.monotonic() > deadline:
+                raise StratagemError(f"storage lock ({path}): still held by another search after "
+                                     f"{timeout:.0f} s; wait for it or remove a stale lock holder")
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
         _waited(time.monotonic() - t0)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        yield  # closing the descriptor releases the lock (either kind)
     finally:
         os.close(fd)
+
+
+def _try_lock(fd: int, key: int) -> bool:
+    """Take the lock without waiting; False when another holder has it."""
+    try:
+        if _OFD is None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:  # struct flock {short l_type, l_whence; off_t l_start, l_len; pid_t l_pid (0 for OFD)}
+            fcntl.fcntl(fd, _OFD, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, key, 1, 0))
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -101,63 +124,93 @@ def sqlalchemy_errors(url: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def db_lock(url: str, timeout: float, connect_args: dict[str, int]) -> Iterator[None]:
-    """The database's advisory lock on its own connection, taken through an outage (retried like the storage's calls).
-    A lock whose connection died in the block died with it on the server: releasing it is then skipped."""
+def db_lock(url: str, timeout: float, connect_args: dict[str, int], key: int = 0) -> Iterator[None]:
+    """The database's advisory lock `key` on a pooled connection of this process, taken through an outage
+    (retried like the storage's calls): other keys (other scopes) do not wait for it. A lock whose connection
+    died in the block died with it on the server: releasing it is then skipped, and a connection whose release
+    failed is discarded, never pooled holding a lock."""
+    engine = _engine(url, connect_args)
+    t0 = time.monotonic()
+    with sqlalchemy_errors(url):
+        conn = outages_for(url).run("rdb", lambda: _acquire_db_lock(engine, url, timeout, key))
+    _waited(time.monotonic() - t0)
+    try:
+        yield
+    finally:
+        try:
+            _release_db_lock(conn, key)
+            conn.close()
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+            if not transient(e, "rdb"):
+                raise
+
+
+_ENGINES: dict[tuple[int, str], Any] = {}
+_ENGINES_GUARD = threading.Lock()
+
+
+def _engine(url: str, connect_args: dict[str, int]) -> Any:
+    """This process's engine for the locks of `url` (one pool per process: a lock costs no new connection)."""
     from sqlalchemy import create_engine
 
-    try:
-        engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
-    except ImportError as e:
-        raise StratagemError(f"storage lock ({url}): database driver {getattr(e, 'name', '?')!r} is not "
-                             "installed") from None
-    try:
-        t0 = time.monotonic()
-        with sqlalchemy_errors(url):
-            conn = outages_for(url).run("rdb", lambda: _acquire_db_lock(engine, url, timeout))
-        _waited(time.monotonic() - t0)
-        try:
-            yield
-        finally:
+    with _ENGINES_GUARD:
+        found = _ENGINES.get((os.getpid(), url))  # a forked child builds its own: a pool is not shared across fork
+        if found is None:
             try:
-                _release_db_lock(conn)
-            except Exception as e:
-                if not transient(e, "rdb"):
-                    raise
-            finally:
-                with contextlib.suppress(Exception):
-                    conn.close()
-    finally:
-        engine.dispose()
+                found = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+            except ImportError as e:
+                raise StratagemError(f"storage lock ({url}): database driver {getattr(e, 'name', '?')!r} is not "
+                                     "installed") from None
+            _ENGINES[(os.getpid(), url)] = found
+        return found
 
 
-_DB_LOCK_KEY = zlib.crc32(b"stratagem-search")
+_DB_LOCK_SPACE = zlib.crc32(b"stratagem-search") - (1 << 31)
+"""PostgreSQL's two-int4 advisory lock key space: (this, the scope's key), apart from other applications'."""
 
 
-def _acquire_db_lock(engine: Any, url: str, timeout: float) -> Any:
+def _int4(key: int) -> int:
+    return key - (1 << 32) if key >= 1 << 31 else key
+
+
+def _mysql_name(key: int) -> str:
+    return f"stratagem-search-{key:08x}"
+
+
+def _acquire_db_lock(engine: Any, url: str, timeout: float, key: int) -> Any:
     from sqlalchemy import text
 
     conn = engine.connect()
     try:
         if engine.dialect.name == "postgresql":
             conn.execute(text(f"SET lock_timeout = '{int(timeout * 1000)}ms'"))
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _DB_LOCK_KEY})
+            try:
+                conn.execute(text("SELECT pg_advisory_lock(:s, :k)"), {"s": _DB_LOCK_SPACE, "k": _int4(key)})
+            except Exception as e:
+                if getattr(getattr(e, "orig", None), "sqlstate", None) == "55P03":  # lock_not_available
+                    raise StratagemError(f"storage lock ({url}): still held by another search after {timeout:.0f} s; "
+                                         "wait for it or stop the search holding it") from None
+                raise
         elif engine.dialect.name in ("mysql", "mariadb"):
-            got = conn.execute(text("SELECT GET_LOCK('stratagem-search', :t)"), {"t": int(timeout)}).scalar()
+            got = conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": _mysql_name(key), "t": int(timeout)}).scalar()
             if got != 1:
                 raise StratagemError(f"storage lock ({url}): not acquired within {timeout:.0f} s")
+        conn.commit()  # the lock is the session's: it outlives the transaction, which must not stay open
     except BaseException:
         with contextlib.suppress(Exception):
-            conn.close()
+            conn.invalidate()
         raise
     return conn
 
 
-def _release_db_lock(conn: Any) -> None:
+def _release_db_lock(conn: Any, key: int) -> None:
     from sqlalchemy import text
 
     name = conn.engine.dialect.name
     if name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _DB_LOCK_KEY})
+        conn.execute(text("SELECT pg_advisory_unlock(:s, :k)"), {"s": _DB_LOCK_SPACE, "k": _int4(key)})
     elif name in ("mysql", "mariadb"):
-        conn.execute(text("SELECT RELEASE_LOCK('stratagem-search')"))
+        conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": _mysql_name(key)})
+    conn.commit()

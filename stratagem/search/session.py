@@ -54,7 +54,7 @@ from stratagem.search.runner import SearchResult, select_plans
 from stratagem.search.screening import Mode, Screening, screen
 from stratagem.search.status import beating
 from stratagem.search.storage import check_storage, open_storage, parse_storage, storage_lock
-from stratagem.search.study import evaluation_trial, held_keys, open_study, provenance
+from stratagem.search.study import evaluation_trial, held_keys, open_study, provenance, store_trials
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
@@ -174,14 +174,16 @@ class SearchSession:
         return self.calibration
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
-        """The storage's lock (claims, counts and attribute read-modify-writes happen under it)."""
-        return storage_lock(self.spec)
+        """The study's lock (its claims, counts and attribute read-modify-writes happen under it; other studies'
+        writers never wait for it)."""
+        return storage_lock(self.spec, self.study_name)
 
     def open(self) -> optuna.Study:
         """Open the storage and create or resume the study (once; later calls return it)."""
         if self._study is None:
+            with storage_lock(self.spec):  # the storage's own lock: two processes must not create tables at once
+                self._backend = open_storage(self.spec)
             with self.lock():
-                self._backend = open_storage(self.spec)  # inside the lock: two processes must not create tables at once
                 self._study = open_study(self._backend, self.spec, self.study_name, self.scenario, self.space)
         return self._study
 
@@ -231,24 +233,24 @@ class SearchSession:
         prov = provenance(self.scenario, self.space, screening=screening.mode,
                           calibration=calibration_id(self.start_calibration))
         study = self.open()
-        with self.lock():
-            held = held_keys(study)
-            keyed = [(i, role, screening.plan(i)) for i, role in chosen]
-            todo = [(i, role, plan) for i, role, plan in keyed if plan_key(plan) not in held]
-            state = {"what": "screened plans", "planned": len(keyed)}
-            if todo:  # a search killed while storing leaves this unfinished: reports say so
+        held = held_keys(study)  # a first look, without the lock: only the plans missing are evaluated
+        keyed = [(i, role, screening.plan(i)) for i, role in chosen]
+        todo = [(plan_key(plan), evaluation_trial(self.space, evaluator.evaluate(self.scenario, plan), self.usable_gib,
+                                                  role, prov, screening.pruned_reason(i)))
+                for i, role, plan in keyed if plan_key(plan) not in held]
+        state = {"what": "screened plans", "planned": len(keyed)}
+        if todo:  # a search killed while storing leaves this unfinished: reports say so
+            with self.lock():
                 study.set_user_attr(StudyKey.SEARCH_STATE, {**state, "finished": False})
-            for n, (i, role, plan) in enumerate(todo):
-                study.add_trial(evaluation_trial(self.space, evaluator.evaluate(self.scenario, plan), self.usable_gib,
-                                                 role, prov, screening.pruned_reason(i)))
-                self._progress("store", n + 1, len(todo))
+        written = store_trials(study, self.lock, todo, lambda done, total: self._progress("store", done, total))
+        with self.lock():
             study.set_user_attr(StudyKey.COUNTS, screening_attr(screening))  # search/counts.py
             study.set_user_attr(StudyKey.SCREENING, screening.mode)
             if self.calibration_source:
                 study.set_user_attr(StudyKey.CALIBRATION_SOURCE, self.calibration_source)
             if todo or not study.user_attrs.get(StudyKey.SEARCH_STATE, {}).get("finished", True):
                 study.set_user_attr(StudyKey.SEARCH_STATE, {**state, "finished": True})
-        self._stored = (len(todo), len(keyed) - len(todo))
+        self._stored = (written, len(keyed) - written)
         return self.result()
 
     def result(self) -> SearchResult:

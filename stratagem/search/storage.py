@@ -1,5 +1,6 @@
-"""Where a study lives: an Optuna storage named by a URL, checked before anything is written, and a lock
-that serialises the few writes that must not interleave (creating the study, storing the screened plans).
+"""Where a study lives: an Optuna storage named by a URL, checked before anything is written, and a lock per
+study that serialises the few writes of that study that must not interleave (creating it, claims, slices of
+its analytic store); writers of different studies never wait on each other.
 
 URLs:
   sqlite:///PATH.db              a SQLite file (the default: stratagem.db beside the scenario)
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from stratagem.errors import StratagemError
 from stratagem.search.journal import FlockJournalLock, SafeJournalBackend, repair_journal
-from stratagem.search.locks import db_lock, file_lock, first_line, sqlalchemy_errors
+from stratagem.search.locks import db_lock, file_lock, first_line, lock_key, sqlalchemy_errors
 from stratagem.search.retry import RetryingStorage, check_minutes, outages_for
 from stratagem.search.schema import rdb_layout, schema_verdict, sqlite_layout, sqlite_readonly_url
 
@@ -363,16 +364,19 @@ def _schema_race(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def storage_lock(spec: StorageSpec, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Exclusive across processes (and hosts sharing the file or database) for the block.
+def storage_lock(spec: StorageSpec, study: str | None = None, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Exclusive across processes (and hosts sharing the file or database) for the block, for one scope:
+    `study` names a study (its claims, counts, attribute read-modify-writes and each slice of its analytic
+    store take it; writers of other studies do not wait); None: the storage's own (creating its tables).
 
-    Files (sqlite, journal): flock on `<file>.stratagem-lock`, released by the kernel if the holder dies.
-    PostgreSQL: pg_advisory_lock; MySQL: GET_LOCK (both released when the holder's connection drops).
+    Files (sqlite, journal): a byte-range lock on `<file>.stratagem-lock`, released by the kernel if the holder
+    dies. PostgreSQL: pg_advisory_lock; MySQL: GET_LOCK (both released when the holder's connection drops).
     Other databases have no lock: concurrent searches may then store a plan twice.
     """
+    key = lock_key("storage" if study is None else f"study:{study}")
     if spec.path is not None:
-        with file_lock(Path(f"{spec.path}.stratagem-lock"), timeout):
+        with file_lock(Path(f"{spec.path}.stratagem-lock"), timeout, key):
             yield
         return
-    with db_lock(spec.url, timeout, _connect_args(spec.url)):
+    with db_lock(spec.url, timeout, _connect_args(spec.url), key):
         yield

@@ -159,7 +159,7 @@ def test_two_concurrent_searches_share_one_study(tmp_path, kind) -> None:
         assert p.returncode == 0, stderr
         outs.append(json.loads(stdout))
     chosen, front = expected(path)
-    assert sorted(o["stored"] for o in outs) == [0, len(chosen)]  # one stored everything, the other nothing
+    assert sum(o["stored"] for o in outs) == len(chosen)  # together every plan, none twice (slices of one lock)
     assert outs[0]["front"] == outs[1]["front"]
     check_complete(url, "c", chosen, front)
 
