@@ -159,7 +159,8 @@ def _engine(url: str, connect_args: dict[str, int]) -> Any:
         found = _ENGINES.get((os.getpid(), url))  # a forked child builds its own: a pool is not shared across fork
         if found is None:
             try:
-                found = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+                found = create_engine(url, connect_args=connect_args, pool_pre_ping=True,
+                                      isolation_level="AUTOCOMMIT")  # the locks are the session's: no transaction
             except ImportError as e:
                 raise StratagemError(f"storage lock ({url}): database driver {getattr(e, 'name', '?')!r} is not "
                                      "installed") from None
@@ -184,10 +185,10 @@ def _acquire_db_lock(engine: Any, url: str, timeout: float, key: int) -> Any:
 
     conn = engine.connect()
     try:
-        if engine.dialect.name == "postgresql":
-            conn.execute(text(f"SET lock_timeout = '{int(timeout * 1000)}ms'"))
+        if engine.dialect.name == "postgresql":  # one round trip (an autocommit connection: no BEGIN/COMMIT)
             try:
-                conn.execute(text("SELECT pg_advisory_lock(:s, :k)"), {"s": _DB_LOCK_SPACE, "k": _int4(key)})
+                conn.execute(text("SELECT set_config('lock_timeout', :t, false), pg_advisory_lock(:s, :k)"),
+                             {"t": f"{int(timeout * 1000)}ms", "s": _DB_LOCK_SPACE, "k": _int4(key)})
             except Exception as e:
                 if getattr(getattr(e, "orig", None), "sqlstate", None) == "55P03":  # lock_not_available
                     raise StratagemError(f"storage lock ({url}): still held by another search after {timeout:.0f} s; "
@@ -197,7 +198,6 @@ def _acquire_db_lock(engine: Any, url: str, timeout: float, key: int) -> Any:
             got = conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": _mysql_name(key), "t": int(timeout)}).scalar()
             if got != 1:
                 raise StratagemError(f"storage lock ({url}): not acquired within {timeout:.0f} s")
-        conn.commit()  # the lock is the session's: it outlives the transaction, which must not stay open
     except BaseException:
         with contextlib.suppress(Exception):
             conn.invalidate()
@@ -213,4 +213,3 @@ def _release_db_lock(conn: Any, key: int) -> None:
         conn.execute(text("SELECT pg_advisory_unlock(:s, :k)"), {"s": _DB_LOCK_SPACE, "k": _int4(key)})
     elif name in ("mysql", "mariadb"):
         conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": _mysql_name(key)})
-    conn.commit()

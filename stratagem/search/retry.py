@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import random
 import sys
 import threading
 import time
@@ -43,6 +44,11 @@ _OS_TRANSIENT = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ECONNRESET, err
 _SQLITE_TRANSIENT = ("database is locked",)
 """A local SQLite file has no outages, only a lock another process holds; its "disk I/O error" is a full disk
 or a file-size limit (EFBIG, ENOSPC), which waiting does not mend: one line at once."""
+CONTENTION_QUIET_S = 10.0
+"""SQLite's file lock held by another writer (another study's or worker's transaction: tens of ms each; a
+transaction that read before writing gets SQLITE_BUSY at once when another writer is ahead of it, without
+waiting: sqlite.org/lockingv3.html section 5) is retried without a line for this long; held longer (a stuck
+program), it is an outage with its lines."""
 
 T = TypeVar("T")
 _window_minutes: float | None = None
@@ -201,6 +207,7 @@ class Outages:
         when the error of a retry says the first try had landed after all (its result)."""
         delay = _FIRST_DELAY_S
         retried = False
+        first_failure: float | None = None
         while True:
             try:
                 out = fn()
@@ -210,6 +217,11 @@ class Outages:
                     if landed is not None:
                         self.recovered()
                         return landed
+                first_failure = time.monotonic() if first_failure is None else first_failure
+                if kind == "sqlite" and transient(e, kind) and time.monotonic() - first_failure < CONTENTION_QUIET_S:
+                    time.sleep(random.uniform(0.005, 0.05))  # another writer's transaction: its turn, then ours
+                    retried = True
+                    continue
                 if not transient(e, kind):
                     if isinstance(e, optuna.exceptions.StorageInternalError) or type(e).__module__.startswith(
                             "sqlalchemy"):  # disk full, a read-only file, a dropped table: one line, exit 2
