@@ -24,8 +24,10 @@ SCENARIO = ROOT / "examples" / "tiny-cpu.yaml"
 _HOLD = ("import sys\nfrom stratagem.search.storage import parse_storage, storage_lock\n"
          "with storage_lock(parse_storage(sys.argv[1]), sys.argv[2]):\n"
          "    print('held', flush=True)\n    sys.stdin.read()\n")
-_STORE = ("import sys\nfrom stratagem.search import run_search\nfrom stratagem.spaces import load_scenario\n"
-          "r = run_search(load_scenario(sys.argv[3]), sys.argv[1], sys.argv[2])\nprint('stored', r.stored)\n")
+_STORE = ("import sys\nfrom stratagem.search.session import SearchSession\n"
+          "from stratagem.spaces.scenario import load_scenario\n"
+          "s = SearchSession(load_scenario(sys.argv[3]), sys.argv[1], sys.argv[2], listener=lambda e: None)\n"
+          "print('stored', s.store().stored)\n")
 _TRY = ("import sys\nfrom stratagem.errors import StratagemError\n"
         "from stratagem.search.storage import parse_storage, storage_lock\n"
         "try:\n    with storage_lock(parse_storage(sys.argv[1]), sys.argv[2], timeout=float(sys.argv[3])):\n"
@@ -55,7 +57,7 @@ def test_a_study_writer_does_not_wait_on_another_studys_lock(url: str) -> None:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held", holder.stderr
         other = _py(_STORE, url, "B", str(SCENARIO))  # a whole search's store into study B, storage opened too
         assert other.returncode == 0, other.stderr
-        assert int(other.stdout.split("stored")[1]) > 0
+        assert int(other.stdout.split("stored")[-1]) > 0
         same = _py(_TRY, url, "A", "0.5")  # study A's own lock is still exclusive across processes
         assert "still held by another search" in same.stdout, same
         assert holder.poll() is None  # all of the above happened while A's lock was held
