@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stratagem.errors import StratagemError  # noqa: E402
 from stratagem.spaces import Plan, Scenario, scenario_from_dict  # noqa: E402
+from stratagem.spaces.groups import micro_batches
 from stratagem.spaces.rules import violations  # noqa: E402
 
 PRESETS = {"llama3-8b": (1, 8), "llama3-70b": (8, 8), "llama3-405b": (64, 8)}  # (nodes, gpus per node)
@@ -90,7 +91,7 @@ def sample_plans(n: int, seed: int) -> list[tuple[str, Scenario, Plan]]:
             continue
         try:
             check_applicable(plan, scn.model, torch.device("cpu"))
-            check_microbatches(plan, plan.grad_accumulation(GLOBAL_BATCH))
+            check_microbatches(plan, micro_batches(plan, GLOBAL_BATCH))
         except StratagemError:
             continue
         seen.add(key)

@@ -28,6 +28,7 @@ from stratagem.evaluators.zones import THRESHOLDS
 from stratagem.quantities import memory_in, memory_unit
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.factors import divisors
+from stratagem.spaces.groups import shard_group
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import violations
 from stratagem.spaces.scenario import Scenario
@@ -173,7 +174,7 @@ def _communication(scn: Scenario, p: Plan) -> Iterator[_Candidate]:
     yield _Candidate("communication", _with(p, micro_batch_size=p.micro_batch_size * 2),
                      f"A bigger micro-batch means fewer, larger collectives (less latency per byte){fewer}, and "
                      "more compute to hide traffic behind.")
-    shard = p.dp * p.cp // p.dp_replicate
+    shard = shard_group(p)
     if p.zero_stage >= 2 and shard * p.tp > g and scn.cluster.num_nodes > 1:
         need = -(-p.dp * p.cp * p.tp // g)
         reps = [r for r in divisors(p.dp) if r >= need and (p.dp * p.cp // r) * p.tp <= g]

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from stratagem.evaluators.memory import training_optimizer_bytes
 from stratagem.evaluators.timing import rank_params
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import shard_group
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import StackRecord, stack_record
 from stratagem.units import GIB
@@ -84,7 +85,7 @@ def checkpoint_columns(scn: Scenario, pc: PlanColumns) -> dict[str, Array]:
     # Largest per-rank write: its share of weights (replicas deduplicated: written once per dp group) and of
     # the optimizer (sharded over dp x cp from ZeRO-1 on).
     dense, expert = rank_params(scn, pc)
-    shard_n = pc.dp * pc.cp / pc.dp_replicate
+    shard_n = shard_group(pc)
     z = pc.zero_stage
     held = dense + expert
     weights_sharded = z >= weights_sharded_from(stack_record(tr.stack))

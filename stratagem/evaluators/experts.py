@@ -38,10 +38,10 @@ from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.comm import Link, all_gather_s, deepep_rdma_bandwidth, group_link
 from stratagem.evaluators.routing import expected_token_nodes
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import expert_data_parallel
 from stratagem.spaces.scenario import Scenario
 
 __all__ = [
-    "expert_data_parallel",
     "ep_link",
     "expert_dp_link",
     "moe_tokens_per_rank",
@@ -66,11 +66,6 @@ Array = NDArray[np.float64]
 # Rows of one grouped-GEMM tile: CUTLASS / cuBLAS Hopper grouped GEMMs (TE GroupedLinear, torch._grouped_mm) tile M
 # in 128 rows; an expert's rows are padded to whole tiles.
 GEMM_TILE_ROWS = 128.0
-
-
-def expert_data_parallel(pc: PlanColumns) -> Array:
-    """edp = tp*dp*cp / (ep*etp) [MCore-fold]."""
-    return pc.tp * pc.dp * pc.cp / (pc.ep * pc.etp)
 
 
 def ep_link(scn: Scenario, cal: Calibration, pc: PlanColumns) -> Link:

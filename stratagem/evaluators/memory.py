@@ -32,13 +32,13 @@ from numpy.typing import NDArray
 from stratagem.evaluators import memory_engine as eng
 from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.evaluation import BLOCKS
-from stratagem.evaluators.experts import expert_data_parallel
 from stratagem.evaluators.memory_activations import layer_bytes, layer_elements
 from stratagem.evaluators.memory_copies import fp8_weight_cache_bytes, optimizer_step_bytes
 from stratagem.evaluators.memory_pipeline import in_flight, pipeline_layers
 from stratagem.evaluators.memory_rank import Rank
 from stratagem.evaluators.stages import stage_columns, trained_scenario
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import expert_shard_group, kept_gathered_with_pp, micro_batches, shard_group
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import OPTIMIZER, STACKS, StateTerm, stack_record
@@ -302,13 +302,13 @@ def _rank(scn: Scenario, pc: PlanColumns, cal: Calibration, last: bool) -> Rank:
     first_layers, last_layers = pipeline_layers(scn, pc)
     layers = last_layers if last else first_layers
     dense, expert, unit, layer_linear = _stage_params(scn, pc, layers, last)
-    microbatches = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
+    microbatches = micro_batches(pc, tr.global_batch_size)
     return Rank(
         scn=scn, pc=pc, cal=cal, rec=stack_record(tr.stack), last=last, fp32=pc.fp32, layers=layers,
         redone=recomputed_layers(pc, layers),  # partial recompute: the other layers keep everything
         dense=dense, expert=expert, unit=unit, layer_linear=layer_linear,
-        shard=pc.dp * pc.cp / pc.dp_replicate,  # ZeRO/FSDP shard group (torchtitan: dp_shard x cp)
-        expert_shard=np.maximum(1.0, expert_data_parallel(pc) / pc.dp_replicate),  # edp = tp*dp*cp / (ep*etp)
+        shard=shard_group(pc),  # ZeRO/FSDP shard group (torchtitan: dp_shard x cp)
+        expert_shard=expert_shard_group(pc),
         opt_bytes=training_optimizer_bytes(scn), microbatches=microbatches,
         in_flight=in_flight(pc, microbatches, last), act_bytes=np.where(pc.fp32, 4.0, 2.0),
         s=tr.seq_len / pc.cp + np.zeros(len(pc)), b=pc.micro_batch_size,
@@ -349,7 +349,7 @@ def _kept_gathered(r: Rank, engine: EngineTerms, blocks: dict[str, Array]) -> di
     if r.rec.reshard_after_forward_with_pp:
         return blocks
     pc = r.pc
-    kept = (pc.zero_stage >= 2) & (pc.pp > 1) & (pc.dp * pc.cp > 1)
+    kept = kept_gathered_with_pp(pc, r.rec)
     held = r.dense + r.expert
     reduce_b = np.where(r.fp32, 4.0, r.scn.training.grad_reduce_bytes)
     out = dict(blocks)

@@ -62,6 +62,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.experts import load_imbalance
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import sp_divisor
 from stratagem.spaces.plan import RecomputeModule
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import stack_record
@@ -171,7 +172,7 @@ def layer_elements(scn: Scenario, pc: PlanColumns, s: Array | float, b: Array | 
     none = sum((x.elements + z for x in saved), z)
     selective = sum((x.elements + z for x in saved if x.selective), z)
     modules = sum((np.where(_kept_by_modules(pc, x), x.elements, 0.0) for x in saved), z)
-    full = s * b * scn.model.hidden_size / np.where(pc.sequence_parallel > 0, pc.tp, 1.0) + z
+    full = s * b * scn.model.hidden_size / sp_divisor(pc) + z
     return none, np.where(pc.by_module, modules, selective), full
 
 
@@ -194,7 +195,7 @@ def layer_bytes(scn: Scenario, pc: PlanColumns, s: Array | float, b: Array | flo
     none = sum((x.elements * width(x) for x in saved), z)
     selective = sum((x.elements * width(x) for x in saved if x.selective), z)
     modules = sum((np.where(_kept_by_modules(pc, x), x.elements * width(x), 0.0) for x in saved), z)
-    full = s * b * scn.model.hidden_size / np.where(pc.sequence_parallel > 0, pc.tp, 1.0) * act_bytes + z
+    full = s * b * scn.model.hidden_size / sp_divisor(pc) * act_bytes + z
     return none, np.where(pc.by_module, modules, selective), full
 
 

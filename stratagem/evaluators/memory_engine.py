@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 from stratagem.evaluators.memory_rank import Rank
 from stratagem.evaluators.stages import distinct_rows
 from stratagem.spaces.columns import PlanColumns
-from stratagem.spaces.groups import uses_fsdp
+from stratagem.spaces.groups import dp_shard, sp_divisor, uses_fsdp
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import stack_record
@@ -83,7 +83,7 @@ def autocast_layer_bytes(scn: Scenario, pc: PlanColumns, s: Array, b: Array) -> 
     input). A fully recomputed layer keeps its fp32 input: + 2 sbh (/ t with SP)."""
     m = scn.model
     sbh = s * b * m.hidden_size
-    sp_div = np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
+    sp_div = sp_divisor(pc)
     extra_casts = 2.0 + (1.0 if m.mlp == "swiglu" else 0.0)
     whole = 2 * sbh / sp_div * 2.0 + extra_casts * sbh * 2.0
     return whole, sbh / sp_div * 2.0
@@ -168,7 +168,7 @@ def zero1_worst_fraction(scn: Scenario, pc: PlanColumns, layers: Array, first: b
     """Fraction of a stage's parameters whose optimizer states the fullest ZeroRedundancyOptimizer rank holds
     [ZRO] (1/shard when the parameters split evenly; the largest tensor's share when it alone exceeds 1/shard).
     `first` / `last`: whether the stage holds the embedding / the output projection (both when pp = 1)."""
-    shard = (pc.dp / pc.dp_replicate).astype(np.int64)
+    shard = dp_shard(pc).astype(np.int64)
     cols = [np.broadcast_to(layers, pc.tp.shape).astype(np.int64), pc.tp.astype(np.int64), pc.ep.astype(np.int64),
             shard, pc.pp.astype(np.int64)]
     first_index, inverse = distinct_rows(cols)  # each distinct (layers, tp, ep, shard, pp) once

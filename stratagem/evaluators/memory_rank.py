@@ -9,6 +9,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import sp_divisor
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.stacks import StackRecord
 
@@ -66,7 +67,7 @@ class Rank:
     @property
     def sp_div(self) -> Array:
         """tp with sequence parallelism, else 1: what sequence-sharded tensors are divided by."""
-        return np.where(self.pc.sequence_parallel > 0, self.pc.tp, 1.0)
+        return sp_divisor(self.pc)
 
     @property
     def has_head(self) -> NDArray[np.bool_]:

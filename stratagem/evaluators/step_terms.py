@@ -47,6 +47,7 @@ from stratagem.evaluators.speed import (
 )
 from stratagem.evaluators.stages import StageColumns, slowest_rank_s, stage_columns
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import micro_batches, sp_divisor
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.scenario import Scenario
 
@@ -154,7 +155,7 @@ def step_context(scn: Scenario, pc: PlanColumns, cal: Calibration) -> StepContex
     m, tr, gpu = scn.model, scn.training, scn.cluster.gpu
     t, p, c = pc.tp, pc.pp, pc.cp
     act_bytes = np.where(pc.fp32, 4.0, 2.0)
-    micro = tr.global_batch_size / (pc.dp * pc.micro_batch_size)
+    micro = micro_batches(pc, tr.global_batch_size)
     tokens = pc.micro_batch_size * tr.seq_len / c
     peak_bf16 = gpu.peak_tflops("bf16") * 1e12
     peak = np.where(pc.fp32, gpu.peak_tflops("fp32") * 1e12, peak_bf16)
@@ -431,7 +432,7 @@ def pp_step_s(ctx: StepContext) -> Array:
     (evaluators.schedules.p2p_hidden); plus host polling per micro-batch [NT-P2P]."""
     scn, pc, cal = ctx.scn, ctx.pc, ctx.cal
     link = group_link(scn.cluster, cal, pc.pp, pc.tp * pc.cp * pc.dp)
-    boundary = ctx.activation / np.where(pc.sequence_parallel > 0, pc.tp, 1.0)
+    boundary = ctx.activation / sp_divisor(pc)
     send = p2p_s(link, boundary, pc.pp > 1)
     hidden = p2p_hidden(pc, scn.training.record.p2p_overlap)
     send = np.where(hidden, np.maximum(0.0, send - cal.overlap * ctx.compute_mb), send)

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration, default_calibration
 from stratagem.evaluators.comm import Link, all_gather_s, all_reduce_s, group_link, reduce_scatter_s
-from stratagem.evaluators.experts import expert_data_parallel, expert_dp_link
+from stratagem.evaluators.experts import expert_dp_link
 from stratagem.evaluators.memory import training_optimizer_bytes
 from stratagem.evaluators.schedules import critical_hops, idle_slots, phases, rank_actions
 from stratagem.evaluators.speed import (
@@ -41,7 +41,7 @@ from stratagem.evaluators.step_terms import (
     tp_layer_s,
 )
 from stratagem.spaces.columns import PlanColumns
-from stratagem.spaces.expert_grid import expert_data_parallel as plan_edp
+from stratagem.spaces.groups import expert_data_parallel, shard_group
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
@@ -95,7 +95,7 @@ def speed_rows(scn: Scenario, plan: Plan, cal: Calibration | None = None) -> lis
     if plan.pp > 1:
         rows.append(pipeline_row(scn, plan, cols))
     if scn.model.moe is not None and plan.zero_stage == 3:
-        edp = plan_edp(plan.tp, plan.dp, plan.cp, plan.ep, plan.etp)
+        edp = expert_data_parallel(plan)
         how = scn.training.record.expert_zero3
         rows.append(("expert shards (ZeRO-3)", f"edp {edp}",
                      f"{how}: each unit's experts gathered and their gradients reduce-scattered every micro-batch "
@@ -197,10 +197,10 @@ def dp_terms(ctx: StepContext, rec_mb: Array, idle_mb: Array) -> tuple[Array, Ar
     """
     scn, pc, cal = ctx.scn, ctx.pc, ctx.cal
     cl, tr, rec = scn.cluster, scn.training, scn.training.record
-    t, d, c, z = pc.tp, pc.dp, pc.cp, pc.zero_stage
+    t, z = pc.tp, pc.zero_stage
     grad_bytes = np.where(pc.fp32, 4.0, tr.grad_reduce_bytes)
     dense, expert = rank_params(scn, pc)
-    shard_n = d * c / pc.dp_replicate
+    shard_n = shard_group(pc)
     shard_link = group_link(cl, cal, shard_n, t)
     rep_link = group_link(cl, cal, pc.dp_replicate, t * shard_n)
     fsdp_zero2_keeps = not rec.master_weights
@@ -247,7 +247,7 @@ def optimizer_s(ctx: StepContext) -> Array:
     tr, gpu = scn.training, scn.cluster.gpu
     z = pc.zero_stage
     dense, expert = rank_params(scn, pc)
-    shard_n = pc.dp * pc.cp / pc.dp_replicate
+    shard_n = shard_group(pc)
     updated = (dense / np.where(z >= 1, shard_n, 1.0)
                + expert / np.where(z >= 1, np.maximum(1.0, expert_data_parallel(pc)), 1.0))
     grad_bytes = np.where(pc.fp32, 4.0, tr.grad_reduce_bytes)

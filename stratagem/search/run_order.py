@@ -47,6 +47,7 @@ from stratagem.search.noise import best_measured, remeasure_due
 from stratagem.search.records import DIRECTIONS, plan_key, standings, trial_evaluation
 from stratagem.search.screening import Screening, screen
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import usable_gib
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
@@ -240,7 +241,7 @@ class ExpectedImprovementOrder:
         """Up to `want` new plans by the kriging believer; plans the evaluator refuses go to `skipped`. Roles:
         "candidate" (predicted to fit at the mean), "boundary" (predicted over the limit)."""
         plans, pred = self._predicted(state)
-        usable = state.scenario.cluster.gpu.hbm_gib - state.space.config.memory_margin_gib
+        usable = usable_gib(state.scenario, state.space.config)
         best = best_measured(state.study)
         taken = set(excluded) | set(self.skipped)
 
@@ -391,7 +392,7 @@ def screen_candidates(scenario: Scenario, space: SearchSpace, calibration: Calib
     # As given, not SearchSpace.canonical_columns: a table of measured runs (bench/search_regret.py,
     # evaluators/table.py) looks its plans up by their own text; canonical rows would miss it.
     plans = _unique(candidates)
-    usable = scenario.cluster.gpu.hbm_gib - space.config.memory_margin_gib
+    usable = usable_gib(scenario, space.config)
     columns = _evaluate(scenario, plans, calibration, None)
     feasible = _feasible(columns, usable)
     front = _front(columns, usable)

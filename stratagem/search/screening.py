@@ -19,6 +19,7 @@ from stratagem.search.pareto import nondominated
 from stratagem.search.records import CONSTRAINT, DIRECTIONS, OBJECTIVES
 from stratagem.search.samplers import ProjectingSampler, make_sampler
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import usable_gib
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
@@ -150,7 +151,7 @@ def screen(
         plans = space.enumerate()
     else:
         plans = space.decode(space.sample_numbers(max(1, cfg.exhaustive_limit // 10)))
-    usable = scenario.cluster.gpu.hbm_gib - cfg.memory_margin_gib
+    usable = usable_gib(scenario, cfg)
     columns = _evaluate(scenario, plans, calibration, progress)
     if mode != "exhaustive":
         seeds = _front(columns, usable)

@@ -56,6 +56,7 @@ from stratagem.search.status import beating
 from stratagem.search.storage import check_storage, open_storage, parse_storage, storage_lock
 from stratagem.search.study import evaluation_trial, held_keys, open_study, provenance, store_trials
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import usable_gib
 from stratagem.spaces.scenario import Scenario
 from stratagem.spaces.space import SearchSpace
 
@@ -163,7 +164,7 @@ class SearchSession:
         self.spec = parse_storage(self.storage)
         check_storage(self.spec)  # a storage problem is one line before any screening (no work lost to it)
         self.space = SearchSpace(self.scenario)
-        self.usable_gib = self.scenario.cluster.gpu.hbm_gib - self.space.config.memory_margin_gib
+        self.usable_gib = usable_gib(self.scenario, self.space.config)
         self.calibration = self.calibration or default_calibration(self.scenario.cluster.gpu.name)
 
     # -- shared state ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stratagem.spaces.groups import dp_shard, micro_batches
 from stratagem.spaces.pipeline_split import chunk_layers, rank_layers, split_problem
 from stratagem.spaces.plan import Plan
 
@@ -97,7 +98,7 @@ def sharding_stage(rec: StackRecord, pp: int, zero_stage: int) -> int:
 
 
 def _micro_batches(scenario: Scenario, plan: Plan) -> int:
-    return max(1, plan.grad_accumulation(scenario.training.global_batch_size))
+    return max(1, micro_batches(plan, scenario.training.global_batch_size))
 
 
 def _chunks(scenario: Scenario, plan: Plan) -> tuple[int, ...]:
@@ -120,7 +121,7 @@ def job_description(scenario: Scenario, plan: Plan) -> Job:
     ac = plan.activation_checkpointing
     k = plan.recompute_layers
     redone = tuple(0 if ac == "none" else (n if k <= 0 else min(k, n)) for n in chunks)
-    mesh = (("pp", plan.pp), ("dp_replicate", plan.dp_replicate), ("dp_shard", plan.dp // plan.dp_replicate),
+    mesh = (("pp", plan.pp), ("dp_replicate", plan.dp_replicate), ("dp_shard", dp_shard(plan)),
             ("cp", plan.cp), ("tp", plan.tp), ("ep", plan.ep), ("etp", plan.etp))
     return Job(
         mesh=mesh, chunks=chunks, embedding_chunk=0, loss_chunk=len(chunks) - 1,

@@ -15,12 +15,7 @@ from __future__ import annotations
 from stratagem.spaces.factors import divisors
 from stratagem.spaces.model import ModelSpec
 
-__all__ = ["expert_grid_problem", "grid_layout_problem", "expert_data_parallel", "expert_layouts"]
-
-
-def expert_data_parallel(tp: int, dp: int, cp: int, ep: int, etp: int) -> int:
-    """edp = tp*dp*cp / (ep*etp): replicas of each expert shard."""
-    return tp * dp * cp // (ep * etp)
+__all__ = ["expert_grid_problem", "grid_layout_problem", "expert_layouts"]
 
 
 def expert_grid_problem(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, etp: int,

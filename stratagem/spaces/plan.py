@@ -107,10 +107,6 @@ class Plan(BaseModel):
             return tuple(sorted(set(value), key=lambda v: (known.get(v, len(known)), str(v))))
         return value
 
-    def grad_accumulation(self, global_batch_size: int) -> int:
-        """Micro-batches per optimizer step per pipeline: global_batch / (dp * micro_batch)."""
-        return global_batch_size // (self.dp * self.micro_batch_size)
-
     @property
     def world_size(self) -> int:
         """Ranks the plan needs: dp*tp*pp*cp (ep and etp fold into them)."""

@@ -6,10 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from stratagem.errors import StratagemError
 from stratagem.spaces.exclusions import PlanExclusion, PlanFacts
 from stratagem.spaces.expert_grid import expert_grid_problem, grid_layout_problem
 from stratagem.spaces.factors import divisors
+from stratagem.spaces.groups import micro_batches
 from stratagem.spaces.pipeline_split import split_problem
 from stratagem.spaces.plan import RECOMPUTES, SCHEDULES, Plan
 from stratagem.spaces.recompute import modules_problem
@@ -103,7 +106,7 @@ def _virtual(s: Scenario, p: Plan) -> str | None:
         if p.pp == 1 or p.virtual_stages < 2:
             return (f"pp_schedule interleaved needs pp > 1 and virtual_stages >= 2 "
                     f"(got pp={p.pp}, virtual_stages={p.virtual_stages})")
-        m = p.grad_accumulation(s.training.global_batch_size)
+        m = micro_batches(p, s.training.global_batch_size)
         if m % p.pp:
             return (f"pp_schedule interleaved needs micro-batches per step ({m}) divisible by pp ({p.pp}); "
                     "change micro_batch_size or dp")
@@ -209,7 +212,7 @@ def column_facts(pc: PlanColumns, moe: bool, global_batch_size: int, seq_len: in
                      dp_replicate=pc.dp_replicate, offload=pc.optimizer_offload == 1,
                      sequence_parallel=pc.sequence_parallel != 0, one_f_one_b=pc.pp_schedule == SCHEDULES.index("1f1b"),
                      selective=pc.activation_checkpointing == RECOMPUTES.index("selective"),
-                     microbatches=global_batch_size // (pc.dp * pc.micro_batch_size), seq_len=seq_len)
+                     microbatches=np.floor(micro_batches(pc, global_batch_size)), seq_len=seq_len)
 
 
 def exclusion_problem(s: Scenario, p: Plan) -> str | None:
@@ -217,7 +220,7 @@ def exclusion_problem(s: Scenario, p: Plan) -> str | None:
     engine cannot run, with the engine code. The "export" ones are no validity rule: the harness runs them as planned
     and evaluate/explain judge them; the space leaves them out and the exporter converts them, with a note."""
     rec = stack_record(s.training.stack)
-    facts = plan_facts(p, s.model.moe is not None, p.grad_accumulation(s.training.global_batch_size),
+    facts = plan_facts(p, s.model.moe is not None, micro_batches(p, s.training.global_batch_size),
                        s.training.seq_len)
     ex: PlanExclusion | None = rec.plan_exclusion(facts, "harness")
     if ex is None:

@@ -8,12 +8,12 @@ from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate, evaluate_many
 from stratagem.evaluators.experts import (
     dispatch_s,
     ep_link,
-    expert_data_parallel,
     expert_gemm_size,
     load_imbalance,
 )
 from stratagem.spaces import MODEL_PRESETS, MoESpec, Plan, PlanColumns, Scenario, cluster_preset, violations
 from stratagem.spaces.expert_grid import expert_grid_problem, expert_layouts
+from stratagem.spaces.groups import expert_data_parallel
 
 CAL = DEFAULT_CALIBRATION
 

@@ -24,6 +24,7 @@ from stratagem.errors import StratagemError
 from stratagem.launch.export import export_plan, layout
 from stratagem.launch.export.automodel import pipeline_settings
 from stratagem.spaces import ClusterSpec, Plan, Scenario, gpu_preset, parse_plan, scenario_from_dict
+from stratagem.spaces.groups import micro_batches
 from stratagem.spaces.rules import capability_violations, plan_facts
 from stratagem.spaces.stacks import stack_record
 
@@ -36,7 +37,7 @@ _SCNS = {k: scenario_from_dict(v, source=k) for k, v in _DATA["scenarios"].items
 def _runs(scn: Scenario, plan: Plan) -> bool:
     """Whether Automodel runs the plan (FSDP2 ZeRO-3 or DDP alone, no expert TP, no offload, ...)."""
     rec = stack_record("automodel")
-    facts = plan_facts(plan, scn.model.moe is not None, plan.grad_accumulation(scn.training.global_batch_size))
+    facts = plan_facts(plan, scn.model.moe is not None, micro_batches(plan, scn.training.global_batch_size))
     return not capability_violations(rec, plan) and rec.plan_exclusion(facts, "harness") is None
 
 
@@ -120,7 +121,7 @@ def test_the_export_is_the_plan(name: str) -> None:
     assert st["global_batch_size"] == scn.training.global_batch_size
     micro = st["local_batch_size"] // (d["pipeline"]["pp_microbatch_size"] if plan.pp > 1 else st["local_batch_size"])
     assert st["global_batch_size"] // (st["local_batch_size"] * plan.dp) * micro == \
-        plan.grad_accumulation(scn.training.global_batch_size)
+        micro_batches(plan, scn.training.global_batch_size)
     assert doc["model"]["torch_dtype"] == ("float32" if plan.precision == "fp32" else "bfloat16")
     assert ("te_fp8" in doc["model"]["backend"]) == (plan.precision == "fp8")
     opt = doc["optimizer"]["_target_"]  # the optimizer whose states the memory model counts
@@ -227,5 +228,5 @@ def test_automodel_own_parsers_read_back_every_case() -> None:
         assert r["dims"] == {"pp": plan.pp, "dp_replicate": plan.dp_replicate,
                              "dp_shard": plan.dp // plan.dp_replicate, "cp": plan.cp, "tp": plan.tp}, name
         assert r["moe"] == ([plan.dp * plan.cp * plan.tp // plan.ep, plan.ep] if plan.ep > 1 else None), name
-        assert r["accum"] == plan.grad_accumulation(scn.training.global_batch_size), name
+        assert r["accum"] == micro_batches(plan, scn.training.global_batch_size), name
         assert tuple(r["chunks"]) == layout(scn, plan).stage_layers, name

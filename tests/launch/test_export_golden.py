@@ -16,6 +16,7 @@ import yaml
 from stratagem.launch.export import TARGETS, export_plan
 from stratagem.launch.export.bundle import TARGET_STACK
 from stratagem.spaces import parse_plan, scenario_from_dict
+from stratagem.spaces.groups import micro_batches
 from stratagem.spaces.rules import capability_violations, plan_facts
 from stratagem.spaces.stacks import stack_record
 
@@ -32,7 +33,7 @@ def _runs(name: str, target: str) -> bool:
     plan = parse_plan(case["plan"])
     scn = scenario_from_dict(_DATA["scenarios"][case["scenario"]], source=case["scenario"])
     rec = stack_record(TARGET_STACK[target])
-    facts = plan_facts(plan, scn.model.moe is not None, plan.grad_accumulation(scn.training.global_batch_size))
+    facts = plan_facts(plan, scn.model.moe is not None, micro_batches(plan, scn.training.global_batch_size))
     return target != "automodel" or not (capability_violations(rec, plan) or rec.plan_exclusion(facts, "harness"))
 
 

@@ -37,6 +37,7 @@ from stratagem.launch.export.model_fields import model_constants, throughput_ste
 from stratagem.spaces import Plan, Scenario, load_scenario, parse_plan, scenario_from_dict
 from stratagem.spaces.canonical import job_description
 from stratagem.spaces.columns import PlanColumns
+from stratagem.spaces.groups import micro_batches
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.rules import capability_violations, plan_facts, violations
 from stratagem.spaces.stacks import stack_record
@@ -250,7 +251,7 @@ def test_torchtitan(name: str) -> None:
     if plan.pp > 1:
         micro = tr["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
         assert par["pipeline_parallel_microbatch_size"] == plan.micro_batch_size
-        assert accum * micro == plan.grad_accumulation(scn.training.global_batch_size)
+        assert accum * micro == micro_batches(plan, scn.training.global_batch_size)
         parts = par["module_fqns_per_model_part"]
         assert len(parts) % plan.pp == 0
         flat = [n for part in parts for n in part]
@@ -260,7 +261,7 @@ def test_torchtitan(name: str) -> None:
             assert len(parts) == plan.pp * plan.virtual_stages
     else:
         assert tr["local_batch_size"] == plan.micro_batch_size
-        assert accum == plan.grad_accumulation(scn.training.global_batch_size)
+        assert accum == micro_batches(plan, scn.training.global_batch_size)
     mode = {"op": "selective"}.get(plan.activation_checkpointing, plan.activation_checkpointing)
     if plan.recompute_layers and plan.activation_checkpointing == "full":  # full AC on every k-th layer
         mode = "selective"
@@ -370,7 +371,7 @@ def test_deepspeed_own_parser_accepts_every_case() -> None:
         assert "error" not in r, f"{name}: {r.get('error')}"
         assert (r["stage"], r["train_batch_size"], r["micro"], r["accum"]) == (
             plan.zero_stage, scn.training.global_batch_size, plan.micro_batch_size,
-            plan.grad_accumulation(scn.training.global_batch_size)), name
+            micro_batches(plan, scn.training.global_batch_size)), name
         assert r["bf16"] == (plan.precision != "fp32"), name
         assert r["offload"] == ("cpu" if plan.optimizer_offload == "cpu" else None), name
         assert r["autotp"] == (plan.tp if plan.tp > 1 else 0), name
@@ -485,7 +486,7 @@ def test_megatron_option_table_rejects_unknown_options() -> None:
 # the cases each target's engine runs (the others are refused with the capability line: test_stacks.py)
 def _target_runs(target: str, scn: Scenario, plan: Plan) -> bool:
     rec = stack_record(TARGET_STACK[target])
-    facts = plan_facts(plan, scn.model.moe is not None, plan.grad_accumulation(scn.training.global_batch_size))
+    facts = plan_facts(plan, scn.model.moe is not None, micro_batches(plan, scn.training.global_batch_size))
     # the automodel export also refuses the combinations Automodel's own code refuses (spaces/exclusions.py)
     refused = target == "automodel" and rec.plan_exclusion(facts, "harness") is not None
     return not capability_violations(rec, plan) and not refused

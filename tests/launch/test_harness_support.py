@@ -12,6 +12,7 @@ import pytest
 from stratagem.errors import StratagemError
 from stratagem.launch.harness.support import refusals, unsupported
 from stratagem.spaces import Scenario, load_scenario, parse_plan
+from stratagem.spaces.groups import micro_batches
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -230,7 +231,7 @@ def test_an_export_exclusion_is_run_by_the_harness_and_converted_by_the_exporter
         tiny = tiny.model_copy(update={"training": tiny.training.model_copy(update={"seq_len": int(seq)})})
     plan = parse_plan(f"{text},precision=fp32")
     rec = stack_record("torch")
-    facts = plan_facts(plan, False, plan.grad_accumulation(tiny.training.global_batch_size), tiny.training.seq_len)
+    facts = plan_facts(plan, False, micro_batches(plan, tiny.training.global_batch_size), tiny.training.seq_len)
     found = [ex.name for ex in rec.plan_exclusions if ex.applies(facts)]
     sched = rec.schedule_exclusion(plan.pp_schedule, plan.cp, plan.virtual_stages) if plan.pp > 1 else None
     found += [f"{sched.schedule} {sched.when}"] if sched is not None else []

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from stratagem.errors import StratagemError
 from stratagem.spaces import PRECISIONS, RECOMPUTES, SCHEDULES, Plan, format_plan, parse_plan
+from stratagem.spaces.groups import micro_batches
 
 plans = st.builds(
     Plan,
@@ -43,7 +44,7 @@ def test_compact_label() -> None:
     plan = Plan(dp=4, tp=2, pp=2, zero_stage=1, micro_batch_size=2, sequence_parallel=True,
                 activation_checkpointing="full", pp_schedule="interleaved", virtual_stages=2)
     assert plan.short() == "dp4 tp2 pp2 z1 mb2 bf16 sp full-ac interleavedx2"
-    assert Plan(dp=8).grad_accumulation(64) == 8
+    assert micro_batches(Plan(dp=8), 64) == 8
     assert plan.world_size == 16
 
 

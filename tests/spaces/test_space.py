@@ -23,6 +23,7 @@ from stratagem.spaces import (
     violations,
 )
 from stratagem.spaces.canonical import canonical_plan
+from stratagem.spaces.groups import micro_batches
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.plan import PIPELINE_SPLITS
 from stratagem.spaces.rules import plan_facts
@@ -91,7 +92,7 @@ def _excluded(s: Scenario, plan: Plan) -> bool:
     """Whether an exclusion of the stack's record covers the plan (spaces/exclusions.py): the "export" ones are no
     validity rule (the harness runs them), but the space leaves them out with the "harness" ones."""
     rec = s.training.record
-    facts = plan_facts(plan, s.model.moe is not None, plan.grad_accumulation(s.training.global_batch_size),
+    facts = plan_facts(plan, s.model.moe is not None, micro_batches(plan, s.training.global_batch_size),
                        s.training.seq_len)
     return (rec.plan_exclusion(facts) is not None or plan.pp > 1 and rec.schedule_exclusion(
         plan.pp_schedule, plan.cp, plan.virtual_stages, recompute=plan.activation_checkpointing) is not None)

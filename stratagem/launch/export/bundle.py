@@ -15,6 +15,7 @@ from stratagem.errors import StratagemError
 from stratagem.evaluators.evaluation import Evaluation
 from stratagem.files import check_inside, check_owned, disk_error, stamped
 from stratagem.spaces.factors import divisors
+from stratagem.spaces.groups import micro_batches
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.plan import Plan, format_plan
 from stratagem.spaces.rules import capability_violations, check_plan
@@ -151,7 +152,7 @@ def layout(scenario: Scenario, plan: Plan, nodes: int | None = None, source: str
     steps = -(-int(scenario.training.training_tokens) // tokens_per_step)
     return Layout(
         scenario=scenario, plan=plan, nodes=n, procs_per_node=world // n,
-        grad_accum=plan.grad_accumulation(scenario.training.global_batch_size),
+        grad_accum=micro_batches(plan, scenario.training.global_batch_size),
         stage_layers=stages, train_steps=max(1, steps), source=source,
         run_steps=run_steps if run_steps is not None else throughput_steps(),
     )

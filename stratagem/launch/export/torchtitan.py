@@ -34,6 +34,7 @@ from stratagem.launch.export.bundle import (
 from stratagem.launch.export.model_fields import THROUGHPUT_WARMUP, model_constants
 from stratagem.launch.export.rope import torchtitan_rope_comment
 from stratagem.spaces.canonical import sharding_stage
+from stratagem.spaces.groups import dp_shard
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.pipeline_split import chunk_layers
 from stratagem.spaces.rules import plan_facts
@@ -269,7 +270,7 @@ def _data_parallel(d: _Draft, lay: Layout, par: dict[str, Any]) -> None:
     """[parallelism] dp degrees: ZeRO over dp*cp / dp_replicate is torchtitan's FSDP over dp_shard x cp,
     dp_replicate the HSDP replicas; [training] enable_cpu_offload for optimizer offload."""
     p = lay.plan
-    shard = p.dp // p.dp_replicate if p.zero_stage >= 1 else 1
+    shard = dp_shard(p) if p.zero_stage >= 1 else 1
     if _converts(lay, "zero0_with_ep"):
         # torchtitan/models/llama4/infra/parallelize.py: FSDP whenever ep > 1, the experts over efsdp (dp_shard x cp
         # x tp / (ep x etp)): the dp ranks shard so that ep can fold over them

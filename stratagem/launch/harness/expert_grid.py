@@ -7,7 +7,7 @@
 
 The experts are split over ep (and etp) by expert parallelism; the rest of a pipeline stage's ranks, edp =
 dp*cp*tp / (ep*etp), hold the same expert shard (expert data parallelism; Megatron-Core parallel folding,
-stratagem.evaluators.experts `expert_data_parallel`). Under ZeRO-2/3 FSDP2 shards the experts over those edp
+stratagem.spaces.groups `expert_data_parallel`). Under ZeRO-2/3 FSDP2 shards the experts over those edp
 ranks, in an FSDP unit of their own nested in the block's [torchtitan, experiments/llama4/infra/parallelize.py
 `apply_fsdp` of Aug 2025 (commit 7354848): fully_shard(transformer_block.moe.experts, mesh=dp_mod_ep_mesh);
 torchtitan/distributed/fsdp.py `apply_fsdp_to_decoder` today: the routed experts on the sparse mesh (dp_replicate,
@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from stratagem.spaces.groups import uses_fsdp
+from stratagem.spaces.groups import expert_data_parallel, uses_fsdp
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
@@ -36,15 +36,10 @@ def uses_expert_mesh(plan: Plan, spec: ModelSpec) -> bool:
     return spec.moe is not None and (plan.ep > 1 or plan.tp > 1)
 
 
-def _edp(plan: Plan) -> int:
-    """Ranks of a pipeline stage holding the same expert shard: dp*cp*tp / (ep*etp) [MCore parallel folding]."""
-    return plan.dp * plan.cp * plan.tp // (plan.ep * plan.etp)
-
-
 def expert_replicas(plan: Plan) -> int:
     """Expert replicas under HSDP: dp_replicate when it splits the edp ranks evenly (each replica then holds
     whole ep groups, as torchtitan's sparse mesh (dp_replicate, efsdp, ep) requires), else 1."""
-    edp = _edp(plan)
+    edp = expert_data_parallel(plan)
     return plan.dp_replicate if edp % plan.dp_replicate == 0 else 1
 
 
@@ -59,7 +54,7 @@ def expert_mesh(plan: Plan, device_type: str) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     rep = expert_replicas(plan)
-    shape = (plan.pp, rep, _edp(plan) // rep, plan.ep, plan.etp)
+    shape = (plan.pp, rep, expert_data_parallel(plan) // rep, plan.ep, plan.etp)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", "edp_replicate", "edp_shard", "ep", "etp"))
     mesh["edp_replicate", "edp_shard"]._flatten("edp")
     return mesh
@@ -69,7 +64,7 @@ def shards_experts(plan: Plan, spec: ModelSpec) -> bool:
     """Whether FSDP2 shards the experts over their edp ranks (ZeRO-2/3 with more than one expert shard per
     replica, the replicas splitting edp evenly: torchtitan's efsdp = dp_shard*cp*tp/ep); else they are kept whole
     on each edp rank, outside DDP/FSDP (memory.py's expert shard max(1, edp / dp_replicate) is then 1)."""
-    edp = _edp(plan)
+    edp = expert_data_parallel(plan)
     return uses_expert_mesh(plan, spec) and uses_fsdp(plan) and edp % plan.dp_replicate == 0 \
         and edp // plan.dp_replicate > 1
 
@@ -118,7 +113,7 @@ def expert_layout(plan: Plan, spec: ModelSpec) -> str:
     """How the harness places the experts, in words (the result file's `expert_parallel`)."""
     if not uses_expert_mesh(plan, spec):
         return "none"
-    edp = _edp(plan)
+    edp = expert_data_parallel(plan)
     out = f"experts sharded over ep={plan.ep} (DTensor Shard(0))" + (" and etp (Shard on f)" if plan.etp > 1 else "")
     if plan.ep > 1:
         out += ", all_to_all_single dispatch/combine"

@@ -39,7 +39,7 @@ from stratagem.launch.harness.model import Transformer
 from stratagem.launch.harness.moe import MoE
 from stratagem.launch.harness.support import optimizer_refusal, plan_refusals
 from stratagem.launch.harness.tensor_parallel import apply_tp
-from stratagem.spaces.groups import uses_fsdp
+from stratagem.spaces.groups import dp_shard, uses_fsdp
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 
@@ -76,7 +76,7 @@ def build_mesh(plan: Plan, device_type: str) -> Any:
     ParallelDims builds it (dp = dp_replicate * dp_shard)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape = (plan.pp, plan.dp_replicate, plan.dp // plan.dp_replicate, plan.cp, plan.tp)
+    shape = (plan.pp, plan.dp_replicate, dp_shard(plan), plan.cp, plan.tp)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
     mesh["dp_replicate", "dp_shard"]._flatten("dp")
     if plan.cp > 1:  # torchtitan's dp_shard_cp: gradients are reduced over the dp and cp ranks together

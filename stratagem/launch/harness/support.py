@@ -15,6 +15,7 @@ only the harness itself can see.
 from __future__ import annotations
 
 from stratagem.spaces.exclusions import PlanExclusion
+from stratagem.spaces.groups import micro_batches
 from stratagem.spaces.model import ModelSpec
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.rules import plan_facts
@@ -150,7 +151,7 @@ def token_split_refusal(plan: Plan, spec: ModelSpec, seq_len: int) -> str | None
 
 
 def _microbatches(plan: Plan, training: TrainingSpec) -> int:
-    return plan.grad_accumulation(training.global_batch_size)
+    return micro_batches(plan, training.global_batch_size)
 
 
 def unsupported(scenario: Scenario, plan: Plan, device_type: str | None = None) -> str | None:

@@ -48,7 +48,7 @@ from stratagem.launch.harness.pipeline import (
     rank_chunks,
 )
 from stratagem.launch.harness.support import DEFAULT_LR, token_split_refusal
-from stratagem.spaces.groups import uses_fsdp
+from stratagem.spaces.groups import dp_shard, micro_batches, uses_fsdp
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 
@@ -102,7 +102,7 @@ def build_job(scenario: Scenario, plan: Plan, device: torch.device, seed: int, l
     spec, training = scenario.model, scenario.training
     check_supported(spec)
     check_applicable(plan, spec, device)
-    micro = plan.grad_accumulation(training.global_batch_size)
+    micro = micro_batches(plan, training.global_batch_size)
     check_microbatches(plan, micro)
     split = token_split_refusal(plan, spec, training.seq_len)
     if split:
@@ -296,11 +296,11 @@ def mechanisms(job: Job) -> dict[str, str]:
     elif uses_fsdp(plan):
         dp = f"FSDP2 fully_shard(reshard_after_forward={plan.zero_stage == 3 and plan.pp == 1})"
         if plan.dp_replicate > 1:
-            dp += f" on a 2-D (replicate {plan.dp_replicate}, shard {plan.dp // plan.dp_replicate}) mesh (HSDP)"
+            dp += f" on a 2-D (replicate {plan.dp_replicate}, shard {dp_shard(plan)}) mesh (HSDP)"
     else:
         dp = "DDP(gradient_as_bucket_view=True)"
         if plan.zero_stage == 1:
-            dp += " + ZeroRedundancyOptimizer" + (f" over dp_shard ({plan.dp // plan.dp_replicate})"
+            dp += " + ZeroRedundancyOptimizer" + (f" over dp_shard ({dp_shard(plan)})"
                                                  if plan.dp_replicate > 1 else "")
     tp = "none" if plan.tp == 1 else "DTensor parallelize_module (Colwise/Rowwise" + \
         (" + SequenceParallel)" if plan.sequence_parallel else ")")

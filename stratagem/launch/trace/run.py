@@ -66,7 +66,7 @@ from stratagem.launch.trace.fake_group import (
     watch_outputs,
 )
 from stratagem.launch.trace.kernels import bounded_routing, gpu_step
-from stratagem.spaces.groups import uses_fsdp
+from stratagem.spaces.groups import micro_batches, uses_fsdp
 from stratagem.spaces.plan import Plan
 from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
@@ -194,7 +194,7 @@ def _check_traceable(scenario: Scenario, plan: Plan) -> int:
     spec, training = scenario.model, scenario.training
     check_supported(spec)
     check_applicable(plan, spec, _DEVICE)
-    micro = plan.grad_accumulation(training.global_batch_size)
+    micro = micro_batches(plan, training.global_batch_size)
     check_microbatches(plan, micro)
     split = token_split_refusal(plan, spec, training.seq_len)
     if split:
