@@ -24,6 +24,10 @@ of n ranks whose neighbours are `stride` ranks apart has k = min(n, max(1, G / s
 G GPUs. Inside one node (k = n) a ring runs on NVLink; across nodes NCCL runs one ring per channel and each
 node boundary of a channel takes its own NIC, so the ring's bandwidth is min(NVLink, k x NIC) [NCCL-T; this
 reproduces the playbook's measured busbw trend, tests/evaluators/test_comm.py].
+
+Measured tables. With Calibration.rate_tables (`stratagem calibrate`), all-gather, reduce-scatter, all-reduce and
+all-to-all take the measured bus bandwidth's time, size x f(n) / busbw [NCCL-T], where a curve covers the group's
+placement (evaluators.rate_tables); the formulas above elsewhere.
 """
 
 from __future__ import annotations

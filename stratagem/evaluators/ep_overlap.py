@@ -49,6 +49,7 @@ from stratagem.evaluators.experts import (
     routed_time_factor,
 )
 from stratagem.evaluators.host import pre_dispatch_host_share
+from stratagem.evaluators.rate_tables import LAYER_GEMMS, gemm_size
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
 
@@ -90,7 +91,8 @@ def expert_forward_s(scn: Scenario, pc: PlanColumns, cal: Calibration, mm_rate: 
         return np.zeros(len(pc))
     tokens = pc.micro_batch_size * scn.training.seq_len / pc.cp
     dense_mm = 2.0 * tokens * m.mean_matmul_params_per_layer() / pc.tp
-    size = dense_mm / (dense_mm + cal.half_efficiency_gflop * 1e9)
+    size = gemm_size(cal.rate_tables, "dense", dense_mm, LAYER_GEMMS, cal.matmul_efficiency,
+                     cal.half_efficiency_gflop * 1e9)
     routed = 2.0 * tokens * routed_matmul_per_layer(scn) / pc.tp
     return routed * routed_time_factor(scn, pc, cal, size) / mm_rate
 

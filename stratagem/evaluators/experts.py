@@ -36,6 +36,7 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
 from stratagem.evaluators.comm import Link, all_gather_s, deepep_rdma_bandwidth, group_link
+from stratagem.evaluators.rate_tables import EXPERT_GEMMS, gemm_size
 from stratagem.evaluators.routing import expected_token_nodes
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.groups import expert_data_parallel
@@ -136,11 +137,13 @@ def expert_gemm_size(scn: Scenario, pc: PlanColumns, cal: Calibration) -> Array:
     mats = 3.0 if m.mlp == "swiglu" else 2.0
     flops = 2.0 * per_expert * mats * m.hidden_size * moe.expert_ffn_hidden_size / pc.etp
     if not scn.training.record.grouped_gemm:
-        return flops / (flops + cal.half_efficiency_gflop * 1e9)
+        return gemm_size(cal.rate_tables, "dense", flops, EXPERT_GEMMS, cal.matmul_efficiency,
+                         cal.half_efficiency_gflop * 1e9)
     group = flops * grouped_gemm_concurrency(scn, pc)
     rows = np.maximum(per_expert, 1e-9)
     fill = rows / (np.ceil(rows / GEMM_TILE_ROWS) * GEMM_TILE_ROWS)
-    return group / (group + cal.half_efficiency_gflop * 1e9) * fill
+    half = cal.half_efficiency_gflop * 1e9
+    return gemm_size(cal.rate_tables, "grouped", group, EXPERT_GEMMS, cal.matmul_efficiency, half) * fill
 
 
 def moe_layer_fraction(scn: Scenario) -> float:

@@ -37,6 +37,7 @@ from stratagem.evaluators.experts import (
 )
 from stratagem.evaluators.host import layer_host_s
 from stratagem.evaluators.memory import recomputed_layers
+from stratagem.evaluators.rate_tables import LAYER_GEMMS, gemm_size
 from stratagem.evaluators.schedules import critical_hops, p2p_hidden
 from stratagem.evaluators.speed import (
     compute_factors,
@@ -162,7 +163,9 @@ def step_context(scn: Scenario, pc: PlanColumns, cal: Calibration) -> StepContex
     layer_mm = 2.0 * tokens * matmul_params_per_layer(m) / t
     layer_attn = tokens * m.attention_flops_per_token(tr.seq_len) / t  # causal flash forward [FA2]
     head_mm = 2.0 * tokens * m.vocab_size * m.hidden_size / t
-    size = layer_mm / (layer_mm + cal.half_efficiency_gflop * 1e9)  # small per-GPU matmuls run less efficiently
+    # small per-GPU matmuls run less efficiently: F / (F + half), or the measured GEMM table (evaluators.rate_tables)
+    size = gemm_size(cal.rate_tables, "dense", layer_mm, LAYER_GEMMS, cal.matmul_efficiency,
+                     cal.half_efficiency_gflop * 1e9)
     f = compute_factors(scn, cal)  # kernel path (vs the calibrated one) x clock: printed by `explain`
     # fp8: the converted linears at the fp8 peak, their fixed part as long as at bf16 (evaluators.speed [fp8-gemm])
     size_fp8 = fp8_gemm_size(scn, cal, layer_mm / 1e9)

@@ -2,6 +2,7 @@
 (unchanged bit for bit without tables)."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,11 @@ from stratagem.evaluators.rate_tables import (
     gemm_size,
     tables_summary,
 )
-from stratagem.spaces import ClusterSpec, gpu_preset
+from stratagem.evaluators.speed import compute_factors
+from stratagem.evaluators.step_terms import step_context
+from stratagem.spaces import ClusterSpec, Plan, PlanColumns, gpu_preset, load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
 
 H100 = gpu_preset("h100-sxm-80g")
 
@@ -119,3 +124,16 @@ def test_gemm_size_without_table_is_the_formula_bit_for_bit() -> None:
                                                       peak_tflops=1.0),))
     assert gemm_size(grouped, "dense", f, LAYER_GEMMS, 0.62, half).tobytes() == (f / (f + half)).tobytes()
 
+
+def test_step_context_runs_gemms_at_the_measured_efficiency() -> None:
+    scn = load_scenario(ROOT / "examples" / "llama3-8b-8xh100.yaml")
+    pc = PlanColumns.from_plans([Plan(tp=2, dp=4, micro_batch_size=1)])
+    base = Calibration()
+    eff = 0.4
+    table = GemmTable(kind="dense", shapes=((1, 1024, 1024, 1024),), efficiency=(eff,), peak_tflops=989.0)
+    cal = base.model_copy(update={"rate_tables": RateTables(source="t", gemms=(table,))})
+    plain, read = step_context(scn, pc, base), step_context(scn, pc, cal)
+    f = compute_factors(scn, cal)
+    peak = scn.cluster.gpu.peak_tflops("bf16") * 1e12
+    np.testing.assert_allclose(read.mm_rate, peak * eff * f["kernels"] * f["clock"], rtol=1e-12)
+    assert not np.allclose(plain.mm_rate, read.mm_rate)
