@@ -17,12 +17,14 @@ from stratagem import quantities as q
 from stratagem.cli.app import ScenarioArg, app, console
 from stratagem.errors import StratagemError
 from stratagem.evaluators import Calibration
+from stratagem.evaluators.calibration import default_calibration
 from stratagem.evaluators.calibration_file import resolve_calibration, runs_dir
+from stratagem.evaluators.rate_defaults import published_tables
 from stratagem.evaluators.rate_tables import RateTables
 from stratagem.spaces import Scenario, load_scenario
 
 __all__ = ["calibrate_cmd", "check_device", "check_room", "CalibrationOpt", "scenario_calibration", "errors_line",
-           "moved_constants", "node_rate_tables", "rates_lines"]
+           "moved_constants", "node_rate_tables", "node_grid_sizes", "rates_lines"]
 
 CalibrationOpt = Annotated[Path | None, typer.Option(
     "--calibration", help="Calibration file from `stratagem calibrate` (default: the scenario's "
@@ -130,13 +132,23 @@ def node_rate_tables(scn: Scenario, gpus: int) -> RateTables:
                              f"{str(e).strip().splitlines()[-1][:300]}; rerun, or check the node") from None
 
 
-def rates_lines(tables: RateTables) -> list[str]:
+def node_grid_sizes(tables: RateTables) -> tuple[float, ...]:
+    """The message sizes the tables' collective curves were measured at (the first curve's; all share them)."""
+    return tables.collectives[0].sizes_bytes if tables.collectives else ()
+
+
+def rates_lines(tables: RateTables, published: RateTables | None = None) -> list[str]:
     """What the measured tables hold, one line per collective curve (bus bandwidth at the smallest and largest
-    size) and per GEMM table (efficiency at the smallest and largest shape)."""
+    size, beside the model default's (evaluators.rate_defaults) at the largest where `published` has the curve) and per GEMM table
+    (efficiency at the smallest and largest shape)."""
+    shipped = {(c.collective, c.ranks, c.placement): c for c in (published.collectives if published else ())}
     lines = []
     for c in tables.collectives:
+        p = shipped.get((c.collective, c.ranks, c.placement))
+        versus = f" (model default {q.sig(p.busbw_gbps[-1], 3)})" if p and p.sizes_bytes == c.sizes_bytes else ""
         lines.append(f"  {c.collective:15} {c.ranks:3} ranks {c.placement}: busbw {q.sig(c.busbw_gbps[0], 3)} GB/s at "
-                     f"{int(c.sizes_bytes[0]):,} B .. {q.sig(c.busbw_gbps[-1], 3)} GB/s at {int(c.sizes_bytes[-1]):,} B")
+                     f"{int(c.sizes_bytes[0]):,} B .. {q.sig(c.busbw_gbps[-1], 3)} GB/s at {int(c.sizes_bytes[-1]):,} B"
+                     f"{versus}")
     for g in tables.gemms:
         lines.append(f"  {g.kind} GEMM {g.dtype}: efficiency {q.sig(g.efficiency[0], 3)} at {g.shapes[0]} .. "
                      f"{q.sig(g.efficiency[-1], 3)} at {g.shapes[-1]} (vs {g.peak_tflops:g} TFLOP/s)")
@@ -179,7 +191,9 @@ def calibrate_cmd(
 
     say(f"calibrate: collectives and GEMMs on {n} rank(s) (nccl-tests / cuBLAS conventions) ...")
     tables = node_rate_tables(scn, n)
-    for line in rates_lines(tables):
+    published = published_tables(scn.cluster, default_calibration(scn.cluster.gpu.name),
+                                 sorted({c.ranks for c in tables.collectives}), node_grid_sizes(tables))
+    for line in rates_lines(tables, published):
         say(line)
     # the runs are predicted (and the constants fitted) with the measured tables in force
     outcome = run_calibration(scn, n, budget_minutes * 60.0, out, steps=steps, warmup=warmup, force=force,

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from stratagem.evaluators import Calibration
 from stratagem.evaluators.comm import all_gather_s, all_reduce_s, all_to_all_s, group_link, reduce_scatter_s
+from stratagem.evaluators.rate_defaults import published_tables
 from stratagem.evaluators.rate_tables import (
     LAYER_GEMMS,
     CollectiveTable,
@@ -137,3 +138,20 @@ def test_step_context_runs_gemms_at_the_measured_efficiency() -> None:
     peak = scn.cluster.gpu.peak_tflops("bf16") * 1e12
     np.testing.assert_allclose(read.mm_rate, peak * eff * f["kernels"] * f["clock"], rtol=1e-12)
     assert not np.allclose(plain.mm_rate, read.mm_rate)
+
+
+def test_published_tables_read_back_as_the_formulas() -> None:
+    # the shipped curves are hardware.py's links through comm.py: read back, the formula's time at each size
+    cluster = ClusterSpec(gpu=H100, num_nodes=4, gpus_per_node=8)
+    cal = Calibration()
+    sizes = (1e4, 1e6, 1e8)
+    shipped = published_tables(cluster, cal, (2, 4, 8), sizes)
+    assert {(c.ranks, c.placement) for c in shipped.collectives} == {
+        (2, "intra_node"), (4, "intra_node"), (8, "intra_node"), (2, "inter_node"), (4, "inter_node")}
+    assert "hardware.py h100-sxm-80g" in shipped.source
+    with_tables = cal.model_copy(update={"rate_tables": shipped})
+    size = np.array(sizes)
+    for n, stride in ((8.0, 1.0), (4.0, 8.0)):
+        plain, read = _times(cal, cluster, n, stride, size), _times(with_tables, cluster, n, stride, size)
+        for a, b in zip(plain, read, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-9)
