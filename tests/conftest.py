@@ -73,6 +73,9 @@ INTEGRATION: dict[str, str] = {
     "tests/search/test_status.py::test_status_watch_waits_out_a_database_outage": "a PostgreSQL restart (19 s)",
     "tests/search/test_status.py::test_ctrl_c_during_an_outage_ends_the_watch": "a 12 s PostgreSQL outage",
     "tests/search/test_storage.py::test_past_the_window_an_outage_is_one_line": "a PostgreSQL outage (8 s)",
+    # narrow locks: test_locks.py's sqlite case (four processes, two studies) and the in-process scopes stay default
+    "tests/search/test_locks.py::test_a_study_writer_does_not_wait_on_another_studys_lock[journal]": "4 processes",
+    "tests/search/test_locks.py::test_a_study_writer_does_not_wait_on_another_studys_lock[postgresql]": "4 processes",
     # torchrun: test_harness_cli.py::test_torchrun stays default
     "tests/launch/test_export_cli.py::test_exported_torchrun_command_runs_the_harness": "an exported run.sh run",
     "tests/search/test_multifidelity.py::test_workers_on_one_study_measure_each_plan_once": "worker processes",
