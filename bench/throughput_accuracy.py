@@ -47,7 +47,7 @@ from overlap_pairs import pairs_report  # noqa: E402
 
 from stratagem.evaluators import DEFAULT_CALIBRATION, Calibration, evaluate_many  # noqa: E402
 from stratagem.evaluators.comm import bus_bandwidth_gbps  # noqa: E402
-from stratagem.evaluators.speed import FP8_ROUTED_EXPERTS, FP8_SCALE_BYTES  # noqa: E402
+from stratagem.evaluators.speed import FP8_SCALE_BYTES  # noqa: E402
 from stratagem.evaluators.timing import megatron_flops_per_token  # noqa: E402
 from stratagem.spaces import (  # noqa: E402
     MODEL_PRESETS,
@@ -417,7 +417,7 @@ def main() -> None:
         f"{r.name} kernels {r.kernel_efficiency:g} compile x{r.compile_gain:g}" for r in STACKS.values())
         + "; fp8: datasheet fp8/bf16 peak with the small-GEMM term, scale bytes "
         + ", ".join(f"{k} {v:.3g}" for k, v in FP8_SCALE_BYTES.items())
-        + ", routed experts in fp8 on " + ", ".join(k for k, v in FP8_ROUTED_EXPERTS.items() if v))
+        + ", routed experts in fp8 on " + ", ".join(r.name for r in STACKS.values() if r.fp8_routed_experts))
     for line in nccl_report(ref, cal):
         print(line)
     print(f"\nworst {args.worst} (measured -> predicted; predicted step terms as % of step):")

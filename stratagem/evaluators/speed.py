@@ -39,7 +39,6 @@ from stratagem.spaces.stacks import KernelPath, StackRecord, stack_record
 Array = NDArray[np.float64]
 
 __all__ = [
-    "FP8_ROUTED_EXPERTS",
     "FP8_SCALE_BYTES",
     "EAGER_CAST_BYTES",
     "FUSED_CAST_BYTES",
@@ -56,8 +55,6 @@ __all__ = [
     "speed_terms",
 ]
 
-# Stacks whose fp8 plans run the routed experts' grouped GEMMs in fp8 [fp8-experts]; others keep them bf16.
-FP8_ROUTED_EXPERTS: dict[str, bool] = {"megatron": True, "torch": False}
 
 # Bytes of scale per fp8 element the cast writes, per recipe [fp8-gemm].
 FP8_SCALE_BYTES: dict[str, float] = {"tensorwise": 0.0, "rowwise": 0.0, "blockwise": 4.0 / 128.0,
@@ -122,8 +119,8 @@ def fp8_cast_bytes(scn: Scenario) -> float:
 
 
 def fp8_routed_experts(scn: Scenario) -> bool:
-    """Whether the stack's fp8 plans run the routed experts in fp8 (FP8_ROUTED_EXPERTS) [fp8-experts]."""
-    return FP8_ROUTED_EXPERTS.get(scn.training.stack, False)
+    """Whether the stack's fp8 plans run the routed experts in fp8 (StackRecord.fp8_routed_experts) [fp8-experts]."""
+    return scn.training.record.fp8_routed_experts
 
 
 def path_efficiency(rec: StackRecord, path: KernelPath) -> float:

@@ -225,6 +225,9 @@ class StackRecord(BaseModel):
     """Hybrid sharding: shard inside dp_shard groups, replicate across dp_replicate."""
     pp_splits: tuple[str, ...]
     """Pipeline split modes (Plan.pp_split): layers only, or embedding and loss counted as layers."""
+    fp8_routed_experts: bool = False
+    """Whether the stack's fp8 plans run the routed experts' grouped GEMMs in fp8 (Megatron-Core TEGroupedMLP
+    under --fp8-format); False: they stay bf16 (evaluators.speed [fp8-experts])."""
     expert_zero3: str = "ZeRO-3 over the expert dp group"
     """How the stack shards the routed experts under ZeRO-3, in words (explain's expert-shards row)."""
     expert_grid: Literal["folding", "etp_1_or_tp", "data_parallel"] = "folding"
@@ -387,6 +390,7 @@ _TORCH = StackRecord(
 )
 
 _MEGATRON = StackRecord(
+    fp8_routed_experts=True,
     expert_zero3="Megatron-FSDP over the expert data-parallel group",
     name="megatron",
     summary="Megatron-Core with Transformer Engine and the distributed optimizer",
