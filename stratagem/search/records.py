@@ -249,7 +249,7 @@ def trial_evaluation(trial: optuna.trial.FrozenTrial) -> Evaluation | None:
 
 def study_scenario(study: optuna.Study) -> Scenario:
     """The Scenario a study was created for."""
-    data = study.user_attrs.get("scenario")
+    data = study.user_attrs.get(StudyKey.SCENARIO)
     if data is None:
         from stratagem.errors import StratagemError
 

@@ -88,6 +88,18 @@ def test_status_tells_heartbeats_retries_signal_releases_and_freezes_elapsed(tmp
     assert "retries: 1 pending, 2 done" in res.output and "real runs (ended)" in res.output, res.output
 
 
+def test_status_of_a_study_nothing_has_written_yet(tmp_path: Path) -> None:
+    """A watch may start before the search stores its scenario: no measured plan, no device, nothing to pool."""
+    from stratagem.search.records import DIRECTIONS
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    optuna.create_study(storage=url, study_name="w", directions=list(DIRECTIONS))
+    s = study_status(optuna.load_study(study_name="w", storage=url))
+    assert s.best_measured == "" and s.measured == {}
+    res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "w", "--json"])
+    assert res.exit_code == 0, res.output
+
+
 def test_status_on_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
     for url in (f"sqlite:///{tmp_path / 'typo.db'}", f"journal:{tmp_path / 'typo.log'}"):
         res = CliRunner().invoke(app, ["status", "--storage", url, "--study", "s"])
