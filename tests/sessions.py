@@ -46,7 +46,7 @@ def run_multifidelity(scenario: Scenario, storage: str, study_name: str, evaluat
                       real_runs: int, budget_minutes: float | None = None, sampler: Mode = "auto",
                       progress: Progress | None = None, on_batch: Callable[[BatchDone], None] | None = None, *,
                       candidates: PlanColumns | None = None, initial_calibration: Calibration | None = None,
-                      recalibrate: bool = True, n_trials: int | None = None, timeout: float | None = None,
+                      recalibrate: bool = True, max_runs: int | None = None, timeout: float | None = None,
                       on_message: Callable[[str], None] | None = None, run_timeout_s: float | None = None,
                       remeasure: int = DEFAULT_REMEASURE) -> MeasureResult:
     """The session's `screen`, `store` and `measure` steps: the analytic search, then measured runs until the
@@ -57,7 +57,7 @@ def run_multifidelity(scenario: Scenario, storage: str, study_name: str, evaluat
         check_candidates(session.space, candidates)  # before anything is written
     session.screen()
     session.store()
-    return session.measure(real_runs, evaluator, budget_minutes=budget_minutes, n_trials=n_trials, timeout=timeout,
+    return session.measure(real_runs, evaluator, budget_minutes=budget_minutes, max_runs=max_runs, timeout=timeout,
                            recalibrate=recalibrate, run_timeout_s=run_timeout_s, candidates=candidates,
                            remeasure=remeasure)
 

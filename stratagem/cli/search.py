@@ -5,6 +5,7 @@ result: ok, oom, timeout); 1 only when nothing could be measured (the line says 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -33,15 +34,18 @@ def search_cmd(
     study: StudyOpt = None,
     storage_retry_minutes: RetryOpt = None,
     sampler: Annotated[str, typer.Option("--sampler", help="auto | exhaustive | nsga2 | tpe | random.")] = "auto",
-    n_trials: Annotated[int | None, typer.Option("--n-trials", min=0, help="Plans the sampler proposes (nsga2/random "
-                                                 "default 2000, tpe 300); measured runs: runs in this call.")] = None,
-    timeout: Annotated[float | None, typer.Option("--timeout", help="Stop the sampler / measured runs after S "
-                                                  "seconds.")] = None,
+    n_trials: Annotated[int | None, typer.Option("--n-trials", min=0, help="Plans the sampler proposes when the "
+                                                 "space is sampled (nsga2/random default 2000, tpe 300).")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="End this call after S seconds: screening, "
+                                                  "then its real runs, on one clock.")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Rows of the front to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print counts and the front as JSON.")] = False,
     real_runs: Annotated[int, typer.Option("--real-runs", min=0, help="After screening, measure up to K plans not "
                                            "measured before as short real training runs through Ray: on a resumed "
                                            "study, K more than it holds (0: analytic only).")] = 0,
+    max_runs: Annotated[int | None, typer.Option("--max-runs", min=0, help="Start at most N real runs in this call "
+                                                 "(re-measurements and retries included; default: as --real-runs "
+                                                 "and --remeasure need).")] = None,
     remeasure: Annotated[int, typer.Option("--remeasure", min=0, help="Then up to R more runs re-measuring the "
                                            "best plan and those within its noise (0: never run a plan "
                                            "twice).")] = 2,  # search.session.DEFAULT_REMEASURE, not
@@ -90,12 +94,13 @@ def search_cmd(
         session = SearchSession(setup.scenario, setup.url, setup.name, calibration=setup.calibration,
                                 sampler=setup.sampler, listener=printer, calibration_source=setup.calibration_label,
                                 host_noise=bool(real_runs))
-        session.screen(n_trials=None if real_runs else n_trials, timeout=None if real_runs else timeout)
+        call_end = None if timeout is None else time.monotonic() + timeout  # one clock for the whole call
+        session.screen(n_trials=n_trials, timeout=timeout)
         result = session.store()
         if traced:  # the traced fidelity (stratagem/search/traced.py): refits logits_bytes, re-screens
             result = _traced(session, traced, out)
         measured = _real_runs(session, setup.runs, (real_runs, remeasure), ray_address, steps, budget_minutes,
-                              run_timeout, n_trials, timeout, out, run_order) if real_runs else None
+                              run_timeout, max_runs, call_end, out, run_order) if real_runs else None
     _show(session, result, measured, setup, out, as_json, top)
 
 
@@ -226,10 +231,11 @@ def _write_learnt(session: SearchSession, runs: Path, out: Console) -> None:
 
 def _real_runs(session: SearchSession, runs: Path, k_r: tuple[int, int], ray_address: str | None,
                steps: int | None,
-               budget_minutes: float | None, run_timeout: float | None, n_trials: int | None,
-               timeout: float | None, out: Console, run_order: str | None = None) -> MeasureResult:
+               budget_minutes: float | None, run_timeout: float | None, max_runs: int | None,
+               call_end: float | None, out: Console, run_order: str | None = None) -> MeasureResult:
     """The real runs through Ray (SearchSession.measure); a signal: the runs in flight killed and released, exit
-    128 + N. Run logs under `runs`/<this worker's folder> (stratagem/cli/runs_dir.py)."""
+    128 + N. Run logs under `runs`/<this worker's folder> (stratagem/cli/runs_dir.py). `call_end`: when --timeout
+    ends the call (time.monotonic()); the runs get what screening left of it."""
     from stratagem.cli.runs_dir import worker_folder
     from stratagem.launch.runners.real import open_ray_evaluator
     from stratagem.search.measure import Stopped
@@ -244,7 +250,8 @@ def _real_runs(session: SearchSession, runs: Path, k_r: tuple[int, int], ray_add
         with open_ray_evaluator(run_dir, ray_address, num_cpus, steps, session.start_calibration,
                                 run_timeout) as evaluator:
             order = RUN_ORDERS[run_order or DEFAULT_RUN_ORDER](candidates=None)
-            return session.measure(k_r[0], evaluator, order, budget_minutes=budget_minutes, n_trials=n_trials,
-                                   timeout=timeout, run_timeout_s=run_timeout, remeasure=k_r[1])
+            left = None if call_end is None else max(call_end - time.monotonic(), 1e-3)  # (spent: no run starts)
+            return session.measure(k_r[0], evaluator, order, budget_minutes=budget_minutes, max_runs=max_runs,
+                                   timeout=left, run_timeout_s=run_timeout, remeasure=k_r[1])
     except Stopped as stop:
         raise typer.Exit(128 + stop.signum) from None

@@ -279,17 +279,17 @@ class SearchSession:
         return given if given is not None else (float(stored) if stored is not None else None)
 
     def measure(self, k: int, evaluator: MeasuringEvaluator, order: RunOrder | None = None, *,
-                budget_minutes: float | None = None, n_trials: int | None = None, timeout: float | None = None,
+                budget_minutes: float | None = None, max_runs: int | None = None, timeout: float | None = None,
                 recalibrate: bool = True, run_timeout_s: float | None = None,
                 candidates: PlanColumns | None = None, remeasure: int = DEFAULT_REMEASURE) -> MeasureResult:
         """Real runs measuring K plans not measured before (the study's target: the plans it holds now + K, or the
         target of a worker measuring beside it with the same K), then up to `remeasure` runs re-measuring the best and
         the plans within its noise (search/measure.py, search/noise.py). `budget_minutes`: the budget
-        window this call counts against (search/budget.py); `n_trials` / `timeout`: this call's runs / seconds;
+        window this call counts against (search/budget.py); `max_runs` / `timeout`: this call's runs / seconds;
         `run_timeout_s`: recorded with the study (the evaluator applies it); `candidates`: the default order
         runs only these plans."""
         t0 = time.perf_counter()
-        _check_measure(k, evaluator, n_trials, timeout, budget_minutes)
+        _check_measure(k, evaluator, max_runs, timeout, budget_minutes)
         if remeasure < 0:
             raise StratagemError(f"--remeasure ({remeasure}): must be >= 0 (0: never run a plan twice)")
         check_run_timeout(run_timeout_s)
@@ -298,7 +298,7 @@ class SearchSession:
         if self._study is None:
             self.store()
         order = order or RUN_ORDERS[DEFAULT_RUN_ORDER](candidates=candidates)
-        deadline = Deadline(call_end=None if timeout is None else time.monotonic() + timeout, max_runs=n_trials)
+        deadline = Deadline(call_end=None if timeout is None else time.monotonic() + timeout, max_runs=max_runs)
         window_index = self._begin_measure(budget_minutes, run_timeout_s, deadline)
         with self.lock():
             goal, joined = target(self.study, k)
@@ -384,14 +384,14 @@ class SearchSession:
             stopped=m.tally.stopped, taught=tuple(taught_lines(m.calibration, self.scenario.cluster.gpu.name)))
 
 
-def _check_measure(k: int, evaluator: MeasuringEvaluator, n_trials: int | None, timeout: float | None,
+def _check_measure(k: int, evaluator: MeasuringEvaluator, max_runs: int | None, timeout: float | None,
                    budget_minutes: float | None) -> None:
     if k < 0:
         raise StratagemError(f"--real-runs ({k}): must be >= 0")
     if budget_minutes is not None and not budget_minutes > 0:
         raise StratagemError(f"--budget-minutes ({budget_minutes}): must be > 0")
-    if n_trials is not None and n_trials < 0:
-        raise StratagemError(f"--n-trials ({n_trials}): must be >= 0")
+    if max_runs is not None and max_runs < 0:
+        raise StratagemError(f"--max-runs ({max_runs}): must be >= 0")
     if timeout is not None and timeout <= 0:
         raise StratagemError(f"--timeout ({timeout}): must be > 0 seconds")
     if evaluator.fidelity != "measured":

@@ -29,7 +29,7 @@ def test_tiny_moe_search_measures_expert_parallel_plans(tmp_path: Path) -> None:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     out = subprocess.run(
         [sys.executable, "-m", "stratagem.cli", "search", str(scenario), "--real-runs",
-         "2", "--remeasure", "0", "--steps", "3", "--n-trials", "60", "--storage", url, "--no-report"],
+         "2", "--remeasure", "0", "--steps", "3", "--max-runs", "60", "--storage", url, "--no-report"],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "skipped" not in out.stdout, out.stdout[-3000:]  # "skipped N plan(s) the harness cannot run, e.g. ..."

@@ -71,7 +71,7 @@ def test_a_lost_plan_runs_again_before_the_ranking_moves_on(tmp_path: Path) -> N
     url = f"sqlite:///{tmp_path / 'o.db'}"
     plans = [Plan(dp=4), Plan(dp=2, tp=2, sequence_parallel=True, zero_stage=2), Plan(dp=2, pp=2, zero_stage=2)]
     cols = PlanColumns.from_plans(plans)
-    first = run_multifidelity(scn, url, "o", KnownConstants(), real_runs=1, candidates=cols, n_trials=0)
+    first = run_multifidelity(scn, url, "o", KnownConstants(), real_runs=1, candidates=cols, max_runs=0)
     backend = open_storage(parse_storage(url))
     study = optuna.load_study(study_name="o", storage=backend)
     top = run_multifidelity(scn, f"sqlite:///{tmp_path / 'p.db'}", "p", KnownConstants(), real_runs=1,

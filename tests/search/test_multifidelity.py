@@ -97,11 +97,11 @@ def test_infra_failure_is_retried_not_stored_as_the_plans_verdict(tmp_path: Path
     assert failed.user_attrs["released"].startswith("infra: ActorUnavailableError")
 
 
-def test_n_trials_and_timeout_bound_one_call(tmp_path: Path) -> None:
+def test_max_runs_and_timeout_bound_one_call(tmp_path: Path) -> None:
     scn = load_scenario(SCENARIO)
     url = f"sqlite:///{tmp_path / 'n.db'}"
     plans = PlanColumns.from_plans(PLANS)
-    first = run_multifidelity(scn, url, "n", KnownConstants(), real_runs=4, candidates=plans, n_trials=1)
+    first = run_multifidelity(scn, url, "n", KnownConstants(), real_runs=4, candidates=plans, max_runs=1)
     assert first.runs == 1 and first.measured == 1
     timed = run_multifidelity(scn, url, "n", KnownConstants(delay_s=1.5), real_runs=4, candidates=plans,
                               timeout=1.0)
