@@ -143,7 +143,7 @@ def _front_row(rank: int, p: PlanResult, unit: tuple[str, float]) -> str:
     tp = ev.throughput if ev else None
     ck = ev.checkpoint if ev else None
     return (
-        f'<tr data-plan="{p.index}" data-rank="{rank}"><td class="num" data-v="{p.trial_number}">{p.trial_number}</td>'
+        f'<tr data-plan="{p.index}" data-rank="{rank}"><td class="num" data-v="{p.number}">{p.number}</td>'
         f'<td class="plan-label">{_e(p.label)}</td><td>{_e(p.fidelity)}</td>'
         + _td(p.value("tokens_per_s"))
         + _td(tp.tokens_per_s_per_gpu if tp else None)

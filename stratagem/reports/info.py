@@ -69,6 +69,9 @@ class PlanResult:
     """plan.short(): the compact human label."""
     trial_number: int
     """The trial that stands for the plan (records.standing: highest fidelity, then latest)."""
+    number: int
+    """The number that names the plan's record (records.Standing.number: its first measured trial once measured),
+    the `#` every view prints and `--trial` takes."""
     trial_numbers: tuple[int, ...]
     """Every trial of this plan, ascending."""
     fidelity: str
@@ -318,7 +321,7 @@ def pareto_info(
         chosen, prediction = _pick(stand[key], records)
         rows.append(PlanResult(
             index=len(rows), plan=chosen.plan, key=key, label=chosen.plan.short(),
-            trial_number=chosen.number, trial_numbers=tuple(t.number for t in trials),
+            trial_number=chosen.number, number=stand[key].number, trial_numbers=tuple(t.number for t in trials),
             fidelity=chosen.fidelity, status=chosen.status, reason=chosen.reason, values=chosen.values,
             constraint=chosen.constraint, feasible=chosen.feasible, on_front=False,
             evaluation=chosen.evaluation, prediction=prediction, advice=None,

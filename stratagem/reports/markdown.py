@@ -62,7 +62,7 @@ def _front_rows(info: ParetoInfo) -> list[list[str]]:
         tp = ev.throughput if ev else None
         mem = ev.memory if ev else None
         z = ev.zones if ev else None
-        rows.append([str(p.trial_number), f"`{_md(p.label)}`", p.fidelity, fmt(p.value("tokens_per_s")),
+        rows.append([str(p.number), f"`{_md(p.label)}`", p.fidelity, fmt(p.value("tokens_per_s")),
                      fmt(tp.tokens_per_s_per_gpu if tp else None), pct(tp.mfu if tp else None),
                      q.memory_in(mem.peak_gib if mem else None, unit), q.memory_in(p.value("headroom_gib"), unit),
                      pct(p.value("goodput_loss")), bottleneck_label(z) if z else "–"])

@@ -95,7 +95,7 @@ def _plans(info: ParetoInfo) -> dict[str, Any]:
     out: dict[str, Any] = {
         "label": [r.label for r in rows],
         "key": [r.key for r in rows],
-        "trial": [r.trial_number for r in rows],
+        "trial": [r.number for r in rows],
         "measured": [int(r.fidelity == "measured") for r in rows],
         "status": [r.status for r in rows],
         "why": [r.why_infeasible for r in rows],

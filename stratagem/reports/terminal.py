@@ -59,6 +59,7 @@ def front_table(result: SearchResult, top: int) -> Table:
     table.add_column("#", justify="right", no_wrap=True, min_width=2)
     table.add_column("plan", min_width=22)
     shown = [(t, trial_evaluation(t)) for t in result.front[:top]]
+    numbers = _record_numbers(result)
     unit = memory_unit(*(ev.memory.hbm_gib for _, ev in shown if ev is not None and ev.memory is not None),
                        result.screening.space.scenario.cluster.gpu.hbm_gib)
     for col in ("tok/s/GPU", "MFU", f"peak/HBM {unit[0]}", f"free {unit[0]}", "ckpt loss", "bottleneck"):
@@ -67,12 +68,20 @@ def front_table(result: SearchResult, top: int) -> Table:
         m = ev.memory if ev is not None else None
         tp = ev.throughput if ev is not None else None
         ckpt = ev.checkpoint if ev is not None else None
-        table.add_row(str(t.number), trial_plan(t).short(), sig(tp.tokens_per_s_per_gpu) if tp else DASH,
+        table.add_row(str(numbers.get(t.number, t.number)), trial_plan(t).short(), sig(tp.tokens_per_s_per_gpu) if tp else DASH,
                       percent(tp.mfu) if tp else DASH,
                       f"{memory_in(m.peak_gib, unit)}/{memory_in(m.hbm_gib, unit)}" if m else DASH,
                       memory_in(m.headroom_gib, unit) if m else DASH, percent(ckpt.goodput_loss) if ckpt else DASH,
                       bottleneck_label(ev.zones) if ev is not None and ev.zones else DASH)
     return table
+
+
+def _record_numbers(result: SearchResult) -> dict[int, int]:
+    """Trial number -> its record's number (records.record_numbers: a re-measured plan keeps its first measured
+    trial's number), the `#` status, report and reproduce print."""
+    from stratagem.search.records import record_numbers
+
+    return {} if result.study is None else record_numbers(result.study.get_trials(deepcopy=False))
 
 
 def print_result(console: Console, result: SearchResult, top: int) -> None:
@@ -101,10 +110,10 @@ def summary_lines(result: SearchResult) -> list[str]:
 def result_json(result: SearchResult) -> str:
     """The search's counts and front as JSON (`search --json`)."""
     c = result.counts
-    front = []
+    front, numbers = [], _record_numbers(result)
     for t in result.front:
         ev = trial_evaluation(t)
-        front.append({"number": t.number, "plan": trial_key(t), "params": t.params,
+        front.append({"number": numbers.get(t.number, t.number), "plan": trial_key(t), "params": t.params,
                       "values": t.values, "fidelity": trial_fidelity(t),
                       "bottleneck": bottleneck_label(ev.zones) if ev is not None and ev.zones else None})
     return json.dumps({

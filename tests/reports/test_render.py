@@ -92,7 +92,7 @@ def test_json_has_every_trial(info) -> None:
     assert [t["trial"] for t in doc["trials"]] == [t.number for t in info.trials]
     superseded = [t for t in doc["trials"] if t["superseded_by"] is not None]
     assert len(superseded) == 1 and not superseded[0]["on_front"]
-    assert sorted(doc["front"]) == sorted(info.plans[i].trial_number for i in info.front)
+    assert sorted(doc["front"]) == sorted(info.plans[i].number for i in info.front)
     assert doc["trials"][0]["evaluation"]["memory"]["hbm_gib"] == 79.6
     assert doc["scenario"]["model"]["name"] == EVIL  # data formats keep the string as it is
 
