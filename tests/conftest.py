@@ -96,6 +96,8 @@ INTEGRATION: dict[str, str] = {
     "tests/search/test_session.py::test_one_set_of_repredicted_trials_per_calibration": "two real-run loops (12 s)",
     "tests/launch/test_export_parsers.py::test_no_plan_field_is_dropped_silently[torchrun]":
         "exports every plan field to torchrun (17 s; the other targets stay)",
+    "tests/test_user_paths.py::test_a_capacity_planners_path_agrees_with_explain_and_the_reverse_question[deepseek-v3":
+        "DeepSeek-V3 capacity at 128 and 256 nodes screens 400,000 plans (about 80 s of CPU)",
     "tests/search/test_user_path_demo.py":
         "demo -> status -> report -> reproduce -> resume through the real CLI (real runs)",
 }
