@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
+import test_cli
 import tomllib
 import yaml
 
-from stratagem import cli
 from stratagem.spaces import parse_plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -33,15 +32,8 @@ DSV3 = {"model": "deepseek-v3",
 
 
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """`stratagem ARGS` in-process through main(); (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["stratagem", *args])
-    monkeypatch.setenv("COLUMNS", "200")
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
+    """`stratagem ARGS` in-process (test_cli.run); never a traceback."""
+    code, out, err = test_cli.run(monkeypatch, capsys, *args)
     assert "Traceback" not in out + err, out + err
     return code, out, err
 
