@@ -23,9 +23,9 @@ from stratagem.evaluators.evaluation import BLOCKS, Evaluation, MemoryBreakdown
 from stratagem.evaluators.taught import taught_lines
 from stratagem.quantities import memory
 from stratagem.reports.advice import AdviceView, advice_for, study_calibration
-from stratagem.reports.headline import headline_tokens
 from stratagem.search.calibrate import CalibrationStep, calibration_history
 from stratagem.search.counts import StudyCounts, study_counts
+from stratagem.search.headline import headline_tokens
 from stratagem.search.noise import best_measured
 from stratagem.search.pareto import nondominated
 from stratagem.search.records import (

@@ -24,13 +24,26 @@ from optuna.trial import FrozenTrial, TrialState
 
 from stratagem.errors import StratagemError
 from stratagem.evaluators.calibration import Calibration
+from stratagem.evaluators.evaluation import Evaluation
 from stratagem.evaluators.taught import taught_lines
 from stratagem.search.budget import budget_windows
 from stratagem.search.calibrate import calibration_history
 from stratagem.search.claims import live_claims
+from stratagem.search.headline import headline_tokens
 from stratagem.search.noise import best_measured
-from stratagem.search.records import StudyKey, TrialKey, front_trials, trial_evaluation, trial_status
+from stratagem.search.records import (
+    StudyKey,
+    TrialKey,
+    front_trials,
+    standings,
+    study_scenario,
+    trial_evaluation,
+    trial_feasible,
+    trial_fidelity,
+    trial_status,
+)
 from stratagem.search.study import worker_alive, worker_id
+from stratagem.spaces.plan import Plan
 
 __all__ = ["StudyStatus", "study_status", "beating", "live_heartbeats", "run_seconds", "WORKER_BEAT_S",
            "WORKER_STALE_S"]
@@ -66,7 +79,8 @@ class StudyStatus:
     """The best measured plan ('' when none): `noise.best_measured`'s line (tokens/s with its interval, runs,
     whether other plans are within its noise) and its trial."""
     best_predicted: str
-    """The predicted front's highest tokens/s plan ('' when none)."""
+    """The predicted front's headline plan by the report's rules (search.headline: risk-aware; '' when none), with
+    what the rules did when they passed over a faster plan."""
     calibration_trend: list[tuple[int, float, float]] = field(default_factory=list)
     """Per batch: (measured trials, median step-time error, median peak-memory error) after refitting."""
     taught: list[str] = field(default_factory=list)
@@ -224,7 +238,7 @@ def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
     return StudyStatus(study=study.study_name, analytic=analytic, measured=measured, claimed=len(live_claims(study)),
                        infra=lost.infra, expired=lost.expired, workers=sorted(alive),
                        best_measured=_best_measured(study),
-                       best_predicted=_describe(max(predicted, key=_tokens) if predicted else None),
+                       best_predicted=_best_predicted(study, predicted),
                        calibration_trend=trend, taught=_taught(attrs), elapsed_s=elapsed, budget_left_s=left,
                        k=None if latest is None else int(latest["k"]),
                        target=None if latest is None or not isinstance(latest.get("target"), int) else int(latest["target"]),
@@ -258,6 +272,50 @@ def _describe(t: FrozenTrial | None) -> str:
     ev = trial_evaluation(t)
     name = ev.plan.short() if ev is not None else str(t.user_attrs.get(TrialKey.PLAN, t.number))
     return f"{name} ({_tokens(t):,.0f} tok/s, trial {t.number})"
+
+
+@dataclass(frozen=True)
+class _Standing:
+    """A plan as search.headline's rules read it (headline.PlanStanding)."""
+
+    index: int
+    plan: Plan
+    fidelity: str
+    status: str
+    values: tuple[float, ...] | None
+    feasible: bool
+    evaluation: Evaluation | None
+    prediction: Evaluation | None
+    label: str
+
+
+def _standing(index: int, t: FrozenTrial, prediction: Evaluation | None = None) -> _Standing | None:
+    ev = trial_evaluation(t)
+    if ev is None:
+        return None
+    return _Standing(index=index, plan=ev.plan, fidelity=trial_fidelity(t), status=trial_status(t),
+                     values=tuple(t.values) if t.values else None, feasible=trial_feasible(t), evaluation=ev,
+                     prediction=prediction, label=ev.plan.short())
+
+
+def _best_predicted(study: optuna.Study, predicted: list[FrozenTrial]) -> str:
+    """The predicted front's headline pick (search.headline, the report's rules under the study's calibration):
+    the measured plans that ran out of memory take part in its first rule, never as a pick."""
+    if not predicted:
+        return ""
+    oomed = []
+    for s in standings(study.get_trials(deepcopy=False)).values():
+        if s.fidelity == "measured" and trial_status(s.trial) == "oom":
+            analytic = [t for t in s.trials if trial_fidelity(t) == "analytic"]
+            oomed.append((s.trial, trial_evaluation(analytic[-1]) if analytic else None))
+    plans = [p for i, t in enumerate(predicted) if (p := _standing(i, t)) is not None]
+    refuted = [p for i, (t, pred) in enumerate(oomed) if (p := _standing(len(predicted) + i, t, pred)) is not None]
+    stored = study.user_attrs.get(StudyKey.CALIBRATION)
+    pick, note = headline_tokens([*plans, *refuted], study_scenario(study),
+                                 Calibration.model_validate(stored) if stored else None)
+    if pick is None:
+        return ""
+    return _describe(predicted[pick]) + (f"; {note}" if note else "")
 
 
 class Heartbeat:

@@ -15,6 +15,13 @@ def _headline(md: str) -> str:
     return next(line for line in md.splitlines() if line.startswith("| highest tokens/s |"))
 
 
+def _best_predicted(storage: str, study: str = "test") -> str:
+    """`status`'s "best predicted:" line (the same rules as the report's headline: search.headline)."""
+    res = CliRunner().invoke(app, ["status", "--storage", storage, "--study", study], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    return " ".join(next(x for x in res.stdout.split("\n\n") if "best predicted:" in x).split())
+
+
 def _report(storage: str) -> str:
     res = CliRunner().invoke(app, ["report", "--storage", storage, "--study", "test", "-f", "md"],
                              env={"COLUMNS": "200"})
@@ -37,6 +44,8 @@ def test_an_unmeasured_plan_in_the_bad_hbm_zone_where_a_run_oomed_is_not_the_hea
     md = _report(storage)
     assert f"`{safe.short()}`" in _headline(md) and fast.short() not in _headline(md)
     assert "1 unmeasured plan(s) left out: an unmeasured plan predicted in the HBM zone's bad level" in md
+    status = _best_predicted(storage)
+    assert f"best predicted: {safe.short()} (" in status and "1 unmeasured plan(s) left out" in status, status
 
 
 def test_a_plan_in_a_bad_zone_loses_to_one_within_the_models_noise(tmp_path) -> None:
@@ -54,6 +63,8 @@ def test_a_plan_in_a_bad_zone_loses_to_one_within_the_models_noise(tmp_path) -> 
     md = _report(storage)
     assert f"`{safe.short()}`" in _headline(md), _headline(md)
     assert f"chosen over {risky.short()} (hbm bad)" in md and "risk-aware pick" in md
+    status = _best_predicted(storage)
+    assert f"best predicted: {safe.short()} (" in status and f"chosen over {risky.short()} (hbm bad)" in status, status
     # outside the noise the faster plan stays, and the report says it was kept although bad
     study2 = new_study(scn, storage, name="far")
     add(study2, full_evaluation(risky, tps=100_000, headroom=3.0, loss=0.01))

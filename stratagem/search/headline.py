@@ -1,4 +1,5 @@
-"""The report's headline "highest tokens/s" pick: risk-aware, as capacity's (evaluators.risk_pick).
+"""The headline "highest tokens/s" pick the report and `status` print: risk-aware, as capacity's
+(evaluators.risk_pick).
 
 Two rules, in order, over the feasible plans (measured values where measured, predicted otherwise):
 1. A plan no real run measured is not a headline pick while its predicted HBM zone is bad and a real run of a plan
@@ -32,8 +33,7 @@ __all__ = ["OOM_RULE", "PlanStanding", "headline_tokens"]
 
 
 class PlanStanding(Protocol):
-    """What the rules read of a plan's standing trial (reports.info.PlanResult, whose module calls them: typed
-    here so that this module imports no info)."""
+    """What the rules read of a plan's standing trial (reports.info.PlanResult; search.status builds its own)."""
 
     @property
     def index(self) -> int:
