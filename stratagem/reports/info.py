@@ -146,7 +146,7 @@ class ParetoInfo:
     """The number of its record (its first measured trial, kept through re-measurements; None: no measured plan
     fits)."""
     headline_note: str = ""
-    """What the risk-aware headline rules did to best["tokens_per_s"] (reports.headline), '' when nothing."""
+    """What the risk-aware headline rules did to best["tokens_per_s"] (search.headline), '' when nothing."""
     not_run: tuple[str, ...] = ()
     """Why the real runs left plans out, one line each (the harness cannot run them; their traced memory does
     not fit), from the study attribute "not_run"."""
