@@ -13,7 +13,7 @@ from stratagem.spaces.scenario import Scenario
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["AdviceView", "advice_for", "study_calibration"]
+__all__ = ["AdviceView", "MEASURED_ADVICE_TITLE", "advice_for", "study_calibration"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,11 @@ class AdviceView:
     """The neighbouring plan's short label ('' when only the checkpoint policy changes)."""
     effect: str
     """The change and its predicted effect, e.g. `zero_stage 1 -> 3: peak 92.1 -> 61.3 GiB, step +4%`."""
+
+
+MEASURED_ADVICE_TITLE = "Advice (effects from the model's prediction of this plan, not from its runs)"
+"""A measured plan's advice heading: advice reasons from the analytic model (`advice_for`), so its effects start
+from the plan's prediction while the card's zones are the runs'."""
 
 
 def _view(item: Advice, own_label: str) -> AdviceView:

@@ -8,6 +8,7 @@ from html import escape
 
 from stratagem import quantities as q
 from stratagem.evaluators.zones import bottleneck_label
+from stratagem.reports.advice import MEASURED_ADVICE_TITLE
 from stratagem.reports.capacity import RISK_NOTE, CapacityInfo, pick_lines, risk_cells, risk_text
 from stratagem.reports.counts import count_lines_of
 from stratagem.reports.html import fmt, pct
@@ -87,7 +88,7 @@ def _zones(p: PlanResult, unit: tuple[str, float]) -> list[str]:
     else:
         out += ["No zone verdicts stored for this plan.", ""]
     if p.advice:
-        out += ["Advice:"] + [f"- [{_md(a.zone)}] {_md(a.rationale)}" + (f" -> `{_md(a.plan)}`" if a.plan else "")
+        out += [f"{MEASURED_ADVICE_TITLE}:" if p.fidelity == "measured" else "Advice:"] + [f"- [{_md(a.zone)}] {_md(a.rationale)}" + (f" -> `{_md(a.plan)}`" if a.plan else "")
                               + (f" ({_md(a.effect)})" if a.effect else "") for a in p.advice] + [""]
     if p.fidelity == "measured" and p.prediction is not None and ev is not None:
         pr = p.prediction

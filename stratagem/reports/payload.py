@@ -22,6 +22,7 @@ from stratagem.evaluators.evaluation import (
 )
 from stratagem.evaluators.step_parts import STEP_PARTS
 from stratagem.evaluators.zones import bottleneck_label
+from stratagem.reports.advice import MEASURED_ADVICE_TITLE
 from stratagem.reports.capacity import CapacityInfo
 from stratagem.reports.info import ParetoInfo, PlanResult
 from stratagem.spaces.plan import Plan
@@ -149,7 +150,7 @@ def report_payload(info: ParetoInfo, capacity: CapacityInfo | None = None) -> di
             "zones": list(ZONE_NAMES),
         },
         "explorer_axes": list(EXPLORER_AXES),
-        "advice_limit": info.advice_limit,
+        "advice_limit": info.advice_limit, "advice_measured_title": MEASURED_ADVICE_TITLE,
         "plans": _plans(info),
         "front": list(info.front),
         "best": dict(info.best),

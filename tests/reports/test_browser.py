@@ -17,6 +17,7 @@ from report_studies import EVIL, add_many, small_study
 
 from stratagem.quantities import sig
 from stratagem.reports import capacity_plan, pareto_info, render_html
+from stratagem.reports.advice import MEASURED_ADVICE_TITLE
 
 CHROMIUM = os.environ.get("STRATAGEM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
@@ -190,6 +191,9 @@ def test_cards_render_when_opened(report, info) -> None:
         page.locator(f"details.card[data-plan='{info.measured[0]}'] summary").click()
     expect(measured).to_contain_text("60,000")
     expect(measured).to_contain_text("95,000")
+    # advice reasons from the model: a measured card says its effects start from the prediction, not the runs
+    card = page.locator(f"details.card[data-plan='{info.measured[0]}']")
+    expect(card.locator("h4", has_text="Advice")).to_have_text(MEASURED_ADVICE_TITLE)
 
 
 def test_capacity_section(report) -> None:

@@ -291,7 +291,9 @@
       "No advice: the plan breaks a validity rule (see above)." :
       "This report computed advice for its " + D.advice_limit + " leading plans (the front first); for this one run: stratagem explain SCENARIO.yaml --plan " + P.key[i] }));
     if (!a.length) return h("div", null, h("h4", { text: "Advice" }), h("p", { text: "Nothing to change: no zone calls for a neighbouring plan." }));
-    return h("div", null, h("h4", { text: "Advice" }), h("ul", { class: "advice" }, a.map(function (x) {
+    // advice reasons from the model (reports.advice.advice_for): a measured plan's effects start from its prediction
+    var title = P.measured[i] ? D.advice_measured_title : "Advice";
+    return h("div", null, h("h4", { text: title }), h("ul", { class: "advice" }, a.map(function (x) {
       var j = x[2] ? labelIndex()[x[2]] : undefined, target = null;
       if (x[2]) target = j === undefined ? h("span", { class: "plan-label", text: " → " + x[2] }) :
         h("span", null, " → ", h("button", { type: "button", class: "near plan-label", title: "evaluated in this study: open it in the explorer", onclick: function () { Explorer.show(j, true); }, text: x[2] }));
