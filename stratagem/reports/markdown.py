@@ -88,8 +88,9 @@ def _zones(p: PlanResult, unit: tuple[str, float]) -> list[str]:
     else:
         out += ["No zone verdicts stored for this plan.", ""]
     if p.advice:
-        out += [f"{MEASURED_ADVICE_TITLE}:" if p.fidelity == "measured" else "Advice:"] + [f"- [{_md(a.zone)}] {_md(a.rationale)}" + (f" -> `{_md(a.plan)}`" if a.plan else "")
-                              + (f" ({_md(a.effect)})" if a.effect else "") for a in p.advice] + [""]
+        title = MEASURED_ADVICE_TITLE if p.fidelity == "measured" else "Advice"
+        out += [f"{title}:"] + [f"- [{_md(a.zone)}] {_md(a.rationale)}" + (f" -> `{_md(a.plan)}`" if a.plan else "")
+                                + (f" ({_md(a.effect)})" if a.effect else "") for a in p.advice] + [""]
     if p.fidelity == "measured" and p.prediction is not None and ev is not None:
         pr = p.prediction
 

@@ -68,8 +68,8 @@ def front_table(result: SearchResult, top: int) -> Table:
         m = ev.memory if ev is not None else None
         tp = ev.throughput if ev is not None else None
         ckpt = ev.checkpoint if ev is not None else None
-        table.add_row(str(numbers.get(t.number, t.number)), trial_plan(t).short(), sig(tp.tokens_per_s_per_gpu) if tp else DASH,
-                      percent(tp.mfu) if tp else DASH,
+        table.add_row(str(numbers.get(t.number, t.number)), trial_plan(t).short(),
+                      sig(tp.tokens_per_s_per_gpu) if tp else DASH, percent(tp.mfu) if tp else DASH,
                       f"{memory_in(m.peak_gib, unit)}/{memory_in(m.hbm_gib, unit)}" if m else DASH,
                       memory_in(m.headroom_gib, unit) if m else DASH, percent(ckpt.goodput_loss) if ckpt else DASH,
                       bottleneck_label(ev.zones) if ev is not None and ev.zones else DASH)

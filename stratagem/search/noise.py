@@ -196,17 +196,15 @@ def _study_id(study: optuna.Study) -> str:
 
 def study_groups(study: optuna.Study) -> list[NoiseGroup]:
     """One group per measured plan of the study: the ln of each ok run's median step, by trial."""
-    sid, found = _study_id(study), []
+    device = study_scenario(study).cluster.gpu.name
+    sid, out = _study_id(study), []
     for s in standings(study.get_trials(deepcopy=False)).values():
         if s.fidelity != "measured":
             continue
         runs = {f"trial {t.number}": math.log(m) for t, m in _run_medians(s) if m > 0}
         if runs:
-            found.append((s.key, runs))
-    if not found:  # (nothing measured: a study need not hold a scenario yet, e.g. one `status` watches from the start)
-        return []
-    device = study_scenario(study).cluster.gpu.name
-    return [NoiseGroup(study=sid, plan=key, device=device, runs=runs) for key, runs in found]
+            out.append(NoiseGroup(study=sid, plan=s.key, device=device, runs=runs))
+    return out
 
 
 def record_noise(study: optuna.Study, extra: NoiseGroup | None = None) -> None:
@@ -217,9 +215,9 @@ def record_noise(study: optuna.Study, extra: NoiseGroup | None = None) -> None:
 def run_noise(study: optuna.Study) -> RunNoise:
     """Run-to-run noise pooled over this study's plans measured more than once and those of the other studies
     in the host's noise file on the same device (module docstring; search/noise_floor.py)."""
-    own = {(g.study, g.plan): g for g in study_groups(study)}
-    if not own and StudyKey.SCENARIO not in study.user_attrs:  # a bare study: no device to pool other studies' noise on
+    if StudyKey.SCENARIO not in study.user_attrs:  # no search wrote into it yet (a watch may start first): no device
         return RunNoise(sd=None, dof=0, plans=0, studies=0)
+    own = {(g.study, g.plan): g for g in study_groups(study)}
     groups = []
     for g in read_groups(study_scenario(study).cluster.gpu.name):
         mine = own.pop((g.study, g.plan), None)  # the study's own trials are read from it: current

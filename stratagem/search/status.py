@@ -238,7 +238,7 @@ def study_status(study: optuna.Study, now: float | None = None) -> StudyStatus:
     return StudyStatus(study=study.study_name, analytic=analytic, measured=measured, claimed=len(live_claims(study)),
                        infra=lost.infra, expired=lost.expired, workers=sorted(alive),
                        best_measured=_best_measured(study),
-                       best_predicted=_best_predicted(study, predicted),
+                       best_predicted=_best_predicted(study, trials, predicted),
                        calibration_trend=trend, taught=_taught(attrs), elapsed_s=elapsed, budget_left_s=left,
                        k=None if latest is None else int(latest["k"]),
                        target=None if latest is None or not isinstance(latest.get("target"), int) else int(latest["target"]),
@@ -298,13 +298,13 @@ def _standing(index: int, t: FrozenTrial, prediction: Evaluation | None = None) 
                      prediction=prediction, label=ev.plan.short())
 
 
-def _best_predicted(study: optuna.Study, predicted: list[FrozenTrial]) -> str:
+def _best_predicted(study: optuna.Study, trials: list[FrozenTrial], predicted: list[FrozenTrial]) -> str:
     """The predicted front's headline pick (search.headline, the report's rules under the study's calibration):
     the measured plans that ran out of memory take part in its first rule, never as a pick."""
     if not predicted:
         return ""
     oomed = []
-    for s in standings(study.get_trials(deepcopy=False)).values():
+    for s in standings(trials).values():
         if s.fidelity == "measured" and trial_status(s.trial) == "oom":
             analytic = [t for t in s.trials if trial_fidelity(t) == "analytic"]
             oomed.append((s.trial, trial_evaluation(analytic[-1]) if analytic else None))
