@@ -63,6 +63,7 @@ __all__ = [
     "forward_repeats",
     "tp_layer_s",
     "tp_traffic_s",
+    "mlp_tp_share",
     "fp8_gather_width",
     "tp_gemm_shares",
     "ep_layer_s",
@@ -294,17 +295,28 @@ def fp8_gather_width(ctx: StepContext, backward: bool = False) -> Array:
     return np.where(ctx.pc.fp8 & cast_first, 0.5, 1.0)
 
 
+def mlp_tp_share(scn: Scenario) -> float:
+    """Share of layers whose MLP side runs TP collectives (the attention side always does): every dense layer, and
+    the MoE layers unless the stack sends their routed tokens through the dispatcher alone and they have no shared
+    experts (StackRecord.moe_tp_collectives)."""
+    moe = scn.model.moe
+    if moe is None or moe.shared_experts > 0 or scn.training.record.moe_tp_collectives == "whole_block":
+        return 1.0
+    return 1.0 - moe_layer_fraction(scn)
+
+
 def tp_traffic_s(ctx: StepContext, link: Link) -> Array:
-    """Seconds of one layer's TP collectives per micro-batch over `link`: with sequence parallelism forward 2
-    all-gathers + 2 reduce-scatters, backward 2 + 2, a recomputed forward's again [MLM-TP], all-gathers at
-    fp8_gather_width; without it 2 all-reduces forward and 2 backward [MLM-TP], each as NCCL runs it
-    (comm.all_reduce_s: NVLS inside an NVSwitch node)."""
+    """Seconds of one layer's TP collectives per micro-batch over `link`, averaged over layers: with sequence
+    parallelism forward 2 all-gathers + 2 reduce-scatters (one of each around attention, one around the MLP),
+    backward 2 + 2, a recomputed forward's again [MLM-TP], all-gathers at fp8_gather_width; without it 2
+    all-reduces forward and 2 backward [MLM-TP], each as NCCL runs it (comm.all_reduce_s: NVLS inside an NVSwitch
+    node). The MLP's half where its layer runs them (mlp_tp_share)."""
     s = ctx.activation
     forward = 2.0 * all_gather_s(link, s * fp8_gather_width(ctx)) + 2.0 * reduce_scatter_s(link, s)
     backward = 2.0 * all_gather_s(link, s * fp8_gather_width(ctx, backward=True)) + 2.0 * reduce_scatter_s(link, s)
     sp = forward * (1.0 + forward_repeats(ctx)) + backward
     ar = 2.0 * all_reduce_s(link, s) * (2.0 + forward_repeats(ctx))
-    out: Array = np.where(ctx.pc.sequence_parallel > 0, sp, ar)
+    out: Array = np.where(ctx.pc.sequence_parallel > 0, sp, ar) * (1.0 + mlp_tp_share(ctx.scn)) / 2.0
     return out
 
 

@@ -236,6 +236,13 @@ class StackRecord(BaseModel):
     when etp = 1) plus part of dp (torchtitan ParallelDims); data_parallel = ep divides dp*cp, etp is 1 or tp."""
     moe_tp_requires_sp: bool = False
     """True when MoE layers with tp > 1 train only with sequence parallelism (Megatron-Core raises otherwise)."""
+    moe_tp_collectives: Literal["shared_experts", "whole_block"] = "whole_block"
+    """The TP collectives on an MoE layer's MLP side (with sequence parallelism an all-gather before it and a
+    reduce-scatter after it; without, one all-reduce). whole_block: the MoE block's input is gathered over TP and
+    its output reduce-scattered as a dense MLP's are (torchtitan parallelize.py apply_moe_ep_tp:
+    PrepareModuleInputOutput Shard(1) -> Replicate, Partial -> Shard(1)). shared_experts: only the shared experts'
+    MLP runs them; the routed tokens leave their sequence shard through the dispatcher alone (permute, all-to-all
+    over ep, all-gather over etp: evaluators.experts.dispatch_s)."""
     uneven_stages: bool
     """Explicit first/last stage layer counts (Plan.first_stage_layers / last_stage_layers)."""
     fp8_recipes: tuple[str, ...]
@@ -435,6 +442,7 @@ _MEGATRON = StackRecord(
     expert_parallel=True,
     expert_tensor_parallel=True,
     moe_tp_requires_sp=True,
+    moe_tp_collectives="shared_experts",
     optimizer_offload=True,
     hsdp=False,
     pp_splits=("layers", "embedding_loss"),
@@ -456,6 +464,9 @@ _MEGATRON = StackRecord(
                        "(expert grid order tp-ep-dp-pp)",
         "moe_tp_requires_sp": "megatron/core/transformer/moe/moe_layer.py MoELayer.forward: raises ValueError in "
                               "training when the attention TP group > 1 without sequence_parallel",
+        "moe_tp_collectives": "megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher "
+                              "(permute -> A2A(EP) -> AG(TP) over expt_tp_group, none at etp 1; the flex/DeepEP "
+                              "dispatcher likewise) and moe/shared_experts.py SharedExpertMLP (a TP MLP)",
         "optimizer_offload": "megatron/core/optimizer/cpu_offloading (--optimizer-cpu-offload)",
         "hsdp": "Megatron-Core's distributed optimizer shards over the whole dp x cp group (no replicate dim)",
         "pp_splits": "megatron/training/arguments.py --account-for-embedding-in-pipeline-split / "

@@ -5,12 +5,14 @@ import numpy as np
 import pytest
 
 from stratagem.evaluators import DEFAULT_CALIBRATION, evaluate, evaluate_many
+from stratagem.evaluators.comm import group_link
 from stratagem.evaluators.experts import (
     dispatch_s,
     ep_link,
     expert_gemm_size,
     load_imbalance,
 )
+from stratagem.evaluators.step_terms import mlp_tp_share, step_context, tp_traffic_s
 from stratagem.spaces import MODEL_PRESETS, MoESpec, Plan, PlanColumns, Scenario, cluster_preset, violations
 from stratagem.spaces.expert_grid import expert_grid_problem, expert_layouts
 from stratagem.spaces.groups import expert_data_parallel
@@ -202,3 +204,25 @@ def test_deepep_internode_runs_at_its_published_rate() -> None:
     assert logical == pytest.approx(DEEPEP_INTERNODE_GBPS[32] * 1e9)  # the H100's NIC is CX7's 50 GB/s
     # faster than the same bytes at NCCL's achieved fraction of the line rate (link_efficiency 0.7)
     assert DEEPEP_INTERNODE_GBPS[32] / 50.0 > CAL.link_efficiency
+
+
+def test_megatron_moe_layers_run_tp_collectives_around_attention_only() -> None:
+    """Megatron's dispatcher takes the routed tokens out of their sequence shard itself (all-to-all over ep, then
+    all-gather over etp: none at etp 1; moe/token_dispatcher.py), so an MoE layer without shared experts runs TP
+    collectives around its attention only; shared experts are a TP MLP (moe/shared_experts.py); torchtitan gathers
+    the MoE block's input and reduce-scatters its output as a dense MLP's (parallelize.py apply_moe_ep_tp)."""
+    pc = PlanColumns.from_plans([Plan(tp=4, dp=4, ep=8, sequence_parallel=True)])
+
+    def traffic(scn: Scenario) -> float:
+        ctx = step_context(scn, pc, CAL)
+        return float(tp_traffic_s(ctx, group_link(scn.cluster, CAL, pc.tp, 1.0))[0])
+
+    mixtral = MODEL_PRESETS["mixtral-8x7b"]
+    assert mixtral.moe is not None and mixtral.num_moe_layers() == mixtral.num_layers
+    megatron, torch = traffic(scenario()), traffic(scenario(stack="torch"))
+    assert megatron == pytest.approx(torch / 2)  # attention's all-gather + reduce-scatter of the layer's four
+    shared = mixtral.moe.model_copy(update={"shared_experts": 1, "shared_ffn": mixtral.moe.expert_ffn_hidden_size})
+    assert traffic(scenario(moe=shared)) == pytest.approx(torch)
+    dense = Scenario(model=MODEL_PRESETS["llama3-8b"], cluster=cluster_preset("h100-sxm-80g", 16, 8),
+                     training={"seq_len": 4096, "global_batch_size": 64, "stack": "megatron"})
+    assert mlp_tp_share(dense) == 1.0 and mlp_tp_share(scenario()) == 0.0
