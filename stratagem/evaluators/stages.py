@@ -16,6 +16,7 @@ the output head once more for each (Megatron multi_token_prediction.py mtp_on_th
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -116,7 +117,26 @@ def _key(cols: list[NDArray[np.int64]], i: int) -> tuple[int, int, int, int, int
 
 
 def stage_columns(model: ModelSpec, pc: PlanColumns) -> StageColumns:
-    """The StageColumns of every plan in `pc` (each distinct pipeline split computed once, and cached)."""
+    """The StageColumns of every plan in `pc` (each distinct pipeline split computed once, and cached; the columns
+    of the last few plan sets kept, read-only: one evaluation asks for them from the memory and the time terms
+    alike, nine times for the same plans)."""
+    key = (id(pc), model)
+    kept = _KEPT.get(key)
+    if kept is not None and kept[0]() is pc:
+        return kept[1]
+    out = _stage_columns(model, pc)
+    if len(_KEPT) >= _KEEP:
+        del _KEPT[next(iter(_KEPT))]  # the oldest
+    _KEPT[key] = (weakref.ref(pc), out)
+    return out
+
+
+_KEEP = 8
+"""Plan sets whose StageColumns stage_columns keeps (by identity: the PlanColumns object, alive, and the model)."""
+_KEPT: dict[tuple[int, ModelSpec], tuple[weakref.ref[PlanColumns], StageColumns]] = {}
+
+
+def _stage_columns(model: ModelSpec, pc: PlanColumns) -> StageColumns:
     if len(pc) == 0:
         empty = np.zeros(0)
         return StageColumns(*([empty] * 10))
@@ -124,8 +144,9 @@ def stage_columns(model: ModelSpec, pc: PlanColumns) -> StageColumns:
             (pc.pp, pc.virtual_stages, pc.first_stage_layers, pc.last_stage_layers, pc.pp_split)]
     first_index, inverse = distinct_rows(cols)
     table = np.array([_rank_sums(model, _key(cols, int(i))) for i in first_index])
-    rows = table[inverse]
-    return StageColumns(*(np.ascontiguousarray(rows[:, j]) for j in range(10)))
+    rows = np.take(table.T, inverse, axis=1)  # (10, n): each figure's row contiguous, as the plans' columns are
+    rows.setflags(write=False)
+    return StageColumns(*rows)
 
 
 def slowest_rank_s(st: StageColumns, pp: Array, layer_s: Array, head_s: Array) -> Array:

@@ -102,3 +102,21 @@ def test_distinct_rows_is_numpys_unique_over_rows() -> None:
     assert np.array_equal(rows[first], uniq) and np.array_equal(first, np_first)
     assert np.array_equal(inverse, np.asarray(np_inverse).reshape(-1))
     assert np.array_equal(rows[first][inverse], rows)
+
+
+def test_stage_columns_are_kept_per_plan_set_and_equal_a_fresh_split() -> None:
+    """One evaluation asks for the same plans' stage columns from its memory and time terms alike: they are
+    computed once per PlanColumns object (read-only, so no caller can change another's), and equal those of an
+    equal but new object."""
+    scn = scenario("llama3-70b", 64)
+    plans = [Plan(dp=8, tp=8), Plan(dp=4, tp=8, pp=2), Plan(dp=2, tp=8, pp=4, pp_schedule="interleaved",
+                                                          virtual_stages=2)]
+    pc = PlanColumns.from_plans(plans)
+    first = stage_columns(scn.model, pc)
+    assert stage_columns(scn.model, pc) is first
+    again = stage_columns(scn.model, PlanColumns.from_plans(plans))
+    assert again is not first
+    for name in first.__dataclass_fields__:
+        assert np.array_equal(getattr(first, name), getattr(again, name))
+        with pytest.raises(ValueError):
+            getattr(first, name)[0] = 1.0
