@@ -27,7 +27,7 @@ loaded host's outliers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -50,7 +50,7 @@ from stratagem.units import GIB
 
 __all__ = ["CalibrationStep", "calibration_history", "CalibrationFit", "fit_calibration", "refit_step",
            "calibration_id", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS", "HELD_OUT", "usable_runs", "oom_runs",
-           "memory_error", "oom_shortfall"]
+           "memory_error", "oom_shortfall", "STACKED_FIELDS"]
 
 Array = NDArray[np.float64]
 TIME_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s")
@@ -218,25 +218,46 @@ class _Predictions:
         """Predicted step seconds of the ok runs: evaluate_many's step_s, without the memory, checkpoint and
         zone columns a time fit does not read (time_columns is independent of them), summed as time_columns sums
         it: the other terms, then overhead = (step_overhead_s + the launch waits) x its multiplier."""
-        rest, waits = self.terms(cal)
-        overhead = cal.step_overhead_s + waits
-        if cal.time_multipliers is not None:
-            overhead = overhead * time_factors(cal)["overhead_s"]
-        out: Array = rest + overhead
-        return out
+        return _summed(cal, *self.terms(cal))
+
+    def steps(self, cals: Sequence[Calibration]) -> list[Array]:
+        """`step` of each calibration, those not yet known evaluated together (`_stacked_terms`)."""
+        bare = [_bare(c) for c in cals]
+        keys = [b.model_dump_json() for b in bare]
+        missing = {k: b for k, b in zip(keys, bare, strict=True) if k not in self._terms}
+        groups: dict[str, list[tuple[str, Calibration]]] = {}
+        for k, b in missing.items():
+            groups.setdefault(b.model_dump_json(exclude=set(STACKED_FIELDS)), []).append((k, b))
+        for group in groups.values():
+            self._terms.update(self._stacked_terms(group))
+        return [_summed(c, *self._terms[k]) for c, k in zip(cals, keys, strict=True)]
 
     def terms(self, cal: Calibration) -> tuple[Array, Array]:
         """(compute + recompute + exposed comm + bubble + optimizer, in time_columns' order; the overhead column
         less step_overhead_s, before its multiplier) at `cal`, computed once per value of the other constants:
         time_columns at step_overhead_s 0 and an overhead multiplier of exactly 1 (exp(0))."""
-        bare = cal.model_copy(update={"step_overhead_s": 0.0,
-                                      "time_multipliers": _overhead_at_one(cal.time_multipliers)})
+        bare = _bare(cal)
         key = bare.model_dump_json()
         if key not in self._terms:
-            cols = time_columns(self.scenario, self.pc, bare)
-            rest = cols["compute_s"] + cols["recompute_s"] + cols["exposed_comm_s"] + cols["bubble_s"] + cols["optimizer_s"]
-            self._terms[key] = (rest, cols["overhead_s"])
+            self._terms[key] = _rest_and_waits(time_columns(self.scenario, self.pc, bare))
         return self._terms[key]
+
+    def _stacked_terms(self, group: Sequence[tuple[str, Calibration]]) -> dict[str, tuple[Array, Array]]:
+        """`terms` of calibrations that differ only in STACKED_FIELDS, by key, from one time_columns call over the
+        runs' rows repeated once per calibration with each of those constants a column (exact: the model computes
+        each row alone). Should the model read one of them other than row by row (an error), each is evaluated
+        alone."""
+        n = len(self.pc)
+        if len(group) == 1 or n == 0:
+            return {k: _rest_and_waits(time_columns(self.scenario, self.pc, b)) for k, b in group}
+        pc = PlanColumns(**{f.name: np.tile(getattr(self.pc, f.name), len(group)) for f in fields(self.pc)})
+        stacked = group[0][1].model_copy(update={
+            f: np.repeat(np.array([getattr(b, f) for _, b in group], dtype=np.float64), n) for f in STACKED_FIELDS})
+        try:
+            rest, waits = _rest_and_waits(time_columns(self.scenario, pc, stacked))
+        except (TypeError, ValueError):
+            return {k: _rest_and_waits(time_columns(self.scenario, self.pc, b)) for k, b in group}
+        return {k: (rest[j * n:(j + 1) * n], waits[j * n:(j + 1) * n]) for j, (k, _) in enumerate(group)}
 
     def stage_blocks(self, cal: Calibration, ooms: bool) -> tuple[Array, Array]:
         """Both end stages' blocks without the overhead block, at `cal`'s constants other than the fitted memory
@@ -301,13 +322,49 @@ class _Data:
         return memory_error(peak_pred, measured, oom_pred, self.bound)
 
     def time_loss(self, cal: Calibration) -> float:
-        return float(np.mean((np.log(self.predict_step(cal)) - np.log(self.step)) ** 2))
+        return self._time_loss(self.predict_step(cal))
+
+    def time_losses(self, cals: Sequence[Calibration]) -> list[float]:
+        """`time_loss` of each calibration, evaluated together (`_Predictions.steps`)."""
+        return [self._time_loss(step[self.rows]) for step in self.predictions.steps(cals)]
+
+    def _time_loss(self, pred: Array) -> float:
+        return float(np.mean((np.log(pred) - np.log(self.step)) ** 2))
 
     def memory_loss(self, cal: Calibration) -> float:
         loss = float(np.sum((np.log(self.predict_peak(cal)) - np.log(self.peak)) ** 2))
         if self.ooms:
             loss += lower_bound_loss(self.predict_ooms(cal), self.bound)
         return loss / (len(self.runs) + len(self.ooms))
+
+
+STACKED_FIELDS: tuple[str, ...] = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop",
+                                   "layer_floor_ms")
+"""The time constants the model reads row by row only (the compute rates of evaluators.step_terms step_context, the
+launch floors of evaluators.host): `_Predictions.steps` evaluates calibrations that differ only in these in one
+call, each a column over the runs' rows (tests/search/test_calibrate.py holds the stacked figures to the plain ones
+bit for bit)."""
+
+
+def _bare(cal: Calibration) -> Calibration:
+    """`cal` at step_overhead_s 0 and an overhead multiplier of exactly 1 (what `_Predictions.terms` evaluates)."""
+    return cal.model_copy(update={"step_overhead_s": 0.0, "time_multipliers": _overhead_at_one(cal.time_multipliers)})
+
+
+def _rest_and_waits(cols: dict[str, Array]) -> tuple[Array, Array]:
+    """(compute + recompute + exposed comm + bubble + optimizer, as time_columns sums them; the overhead column)."""
+    rest = cols["compute_s"] + cols["recompute_s"] + cols["exposed_comm_s"] + cols["bubble_s"] + cols["optimizer_s"]
+    return rest, cols["overhead_s"]
+
+
+def _summed(cal: Calibration, rest: Array, waits: Array) -> Array:
+    """Step seconds under `cal` from `_rest_and_waits` at its bare calibration: overhead = (step_overhead_s + the
+    launch waits) x its multiplier, added last, as time_columns adds it."""
+    overhead = cal.step_overhead_s + waits
+    if cal.time_multipliers is not None:
+        overhead = overhead * time_factors(cal)["overhead_s"]
+    out: Array = rest + overhead
+    return out
 
 
 def _overhead_at_one(m: LogMultipliers | None) -> LogMultipliers | None:
@@ -342,7 +399,8 @@ def _peak_gib(stages: tuple[Array, Array], cal: Calibration) -> Array:
 
 
 def _fit(data: _Data, start: Calibration, sweeps: int = 8) -> Calibration:
-    fitted = descend(start, fields_to_fit(TIME_FIELDS, len(data.runs)), data.time_loss, sweeps=sweeps)
+    fitted = descend(start, fields_to_fit(TIME_FIELDS, len(data.runs)), data.time_loss, sweeps=sweeps,
+                     losses=data.time_losses)
     return descend(fitted, fields_to_fit(MEMORY_FIELDS, len(data.runs) + len(data.ooms)), data.memory_loss,
                     sweeps=sweeps)
 

@@ -271,3 +271,56 @@ def test_the_fits_cached_step_times_are_the_models_step_times() -> None:
             want = time_columns(scn, PlanColumns.from_plans([PLANS[i] for i in rows]), cal)["step_s"]
             assert np.array_equal(d.predict_step(cal), want)
     assert len(data.predictions._terms) == 3  # one model evaluation per constants but step_overhead_s
+
+
+def test_the_fits_stacked_step_times_are_the_models_step_times(monkeypatch) -> None:
+    """A descent judges one field's trials together (search.calibrate _Predictions.steps: calibrations that differ
+    only in STACKED_FIELDS evaluated in one call, each constant a column): the step times equal time_columns' for
+    each calibration alone, bit for bit, on a dense and a MoE scenario (experts, EP overlap, pipelines), with and
+    without term multipliers."""
+    from stratagem.evaluators.timing import time_columns
+    from stratagem.search import calibrate
+    from stratagem.search.calibrate import _Data
+
+    calls: list[int] = []
+    monkeypatch.setattr(calibrate, "time_columns", lambda *a: calls.append(1) or time_columns(*a))
+    moe = [Plan(dp=4), Plan(dp=2, ep=2), Plan(dp=2, ep=2, zero_stage=3), Plan(dp=2, pp=2, ep=2),
+           Plan(dp=1, tp=2, ep=2, pp=2, pp_schedule="interleaved", virtual_stages=2)]
+    for path, plans in (("examples/tiny-cpu.yaml", PLANS), ("examples/tiny-moe-cpu.yaml", moe)):
+        scn = load_scenario(path)
+        base = default_calibration("cpu").model_copy(update={"half_efficiency_gflop": 0.3})
+        for start in (base, _with_terms(base, {"overhead_s": 1.7, "compute_s": 0.9})):
+            data = _Data(scn, synthetic_measurements(scn, start, plans), [])
+            cals = [start.model_copy(update={"matmul_efficiency": start.matmul_efficiency * f,
+                                             "attention_efficiency": start.attention_efficiency * f}) for f in (0.5, 1.3)]
+            cals += [start.model_copy(update={"half_efficiency_gflop": h, "layer_floor_ms": h * 7}) for h in (0.0, 2.0)]
+            cals.append(start.model_copy(update={"step_overhead_s": 0.4}))
+            pc = PlanColumns.from_plans(plans)
+            calls.clear()
+            steps = data.predictions.steps(cals)
+            assert len(calls) == 1  # all five in one call: they differ in STACKED_FIELDS and step_overhead_s only
+            for cal, got in zip(cals, steps, strict=True):
+                assert np.array_equal(got, time_columns(scn, pc, cal)["step_s"])
+
+
+def test_a_refit_is_the_same_with_the_trials_judged_together(monkeypatch) -> None:
+    """refit_step's descents judge each field's trials in one model call (fitting.descend `losses`): the refit,
+    its judgement and its folds are those of the descent that judges each trial alone."""
+    from stratagem.search import calibrate
+
+    moe = [Plan(dp=4), Plan(dp=2, ep=2), Plan(dp=2, ep=2, zero_stage=3), Plan(dp=2, pp=2, ep=2),
+           Plan(dp=4, micro_batch_size=2), Plan(dp=2, ep=2, activation_checkpointing="full"),
+           Plan(dp=1, tp=2, ep=2, pp=2)]
+    plain_descend = calibrate.descend
+    for path, plans in (("examples/tiny-cpu.yaml", PLANS), ("examples/tiny-moe-cpu.yaml", moe)):
+        scn = load_scenario(path)
+        base = default_calibration("cpu")
+        truth = base.model_copy(update=dict(matmul_efficiency=base.matmul_efficiency / 3, layer_floor_ms=5.0,
+                                            half_efficiency_gflop=0.2, fragmentation=0.1))
+        runs = synthetic_measurements(scn, truth, plans)
+        runs = [_with_step(r, 1.0 + 0.1 * (i % 3)) for i, r in enumerate(runs)]  # not exactly the model
+        together = calibrate.refit_step(scn, runs, base, base)
+        monkeypatch.setattr(calibrate, "descend", lambda *a, losses=None, **k: plain_descend(*a, **k))
+        alone = calibrate.refit_step(scn, runs, base, base)
+        monkeypatch.setattr(calibrate, "descend", plain_descend)
+        assert together.took and together == alone
