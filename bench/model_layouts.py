@@ -29,13 +29,14 @@ from stratagem.spaces import (
 PUBLISHED = {
     "deepseek-v3": (671e9, 37e9), "qwen3-30b-a3b": (30.5e9, 3.3e9), "qwen3-235b-a22b": (235e9, 22e9),
     "mixtral-8x22b": (141e9, 39e9), "llama4-scout-17b-16e": (109e9, 17e9), "gpt-oss-120b": (116.83e9, 5.13e9),
+    "gpt-oss-20b": (20.91e9, 3.61e9),
 }
 
 
 def main() -> None:
     for name, (total, active) in PUBLISHED.items():
         m = MODEL_PRESETS[name]
-        act = m.num_active_params(name != "gpt-oss-120b")  # OpenAI counts active without the input embedding
+        act = m.num_active_params(not name.startswith("gpt-oss"))  # OpenAI counts active without the input embedding
         print(f"{name:22s} total {m.num_params() / 1e9:8.2f}B ({m.num_params() / total - 1:+.2%})  "
               f"active {act / 1e9:6.2f}B ({act / active - 1:+.2%})")
     s = Scenario(model=MODEL_PRESETS["llama3-405b"], cluster=cluster_preset("h100-sxm-80g", 1024, 8),

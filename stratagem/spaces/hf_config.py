@@ -36,8 +36,6 @@ def check_hf_config(value: Any) -> Path:
     return p
 
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v2",
-                         "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "gpt2", "gpt_neox")
 
 
 def read_hf_config(path: str | Path) -> ModelSpec:
@@ -234,7 +232,10 @@ def _gpt_neox(kind: str, cfg: dict[str, Any], name: str) -> ModelSpec:
 
 _BUILDERS: dict[str, Callable[[str, dict[str, Any], str], ModelSpec]] = {
     **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"), _llama_like),
-    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "llama4": _llama4, "llama4_text": _llama4,
-    "gpt_oss": _gpt_oss, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+    # moonshotai/Kimi-K2 config.json: model_type kimi_k2, architectures DeepseekV3ForCausalLM
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "kimi_k2": _deepseek, "llama4": _llama4,
+    "llama4_text": _llama4, "gpt_oss": _gpt_oss, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
 }
-"""Each supported model_type's builder (SUPPORTED_MODEL_TYPES lists the same types, in its message's order)."""
+"""Each supported model_type's builder."""
+SUPPORTED_MODEL_TYPES = tuple(_BUILDERS)
+"""The model_types read_hf_config reads (its error lists them)."""

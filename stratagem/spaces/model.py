@@ -426,8 +426,9 @@ _SCOUT_VISION = 871_932_416
 # Mixtral (Jiang et al. 2024, sec. 2), GPT-3 175B (Brown et al. 2020, Table 2.1); the MoE presets below are the
 # config.json of each released checkpoint on the Hugging Face hub: deepseek-ai/DeepSeek-V3,
 # Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, mistralai/Mixtral-8x22B-v0.1, meta-llama/Llama-4-Scout-17B-16E,
-# openai/gpt-oss-120b (DeepSeek-V3's num_nextn_predict_layers = 1: one multi-token-prediction module, outside its
-# published 671B).
+# openai/gpt-oss-120b, openai/gpt-oss-20b, moonshotai/Kimi-K2-Base (DeepSeek-V3's num_nextn_predict_layers = 1: one
+# multi-token-prediction module, outside its published 671B; Kimi K2's architecture is DeepSeek-V3's with 64 heads,
+# 384 experts, one dense layer and ungrouped routing, num_nextn_predict_layers = 0).
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -452,6 +453,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                         first_dense_layers=3, router_bias=True, route_groups=8, route_groups_per_token=4),
             mtp_layers=1,
         ),
+        ModelSpec(
+            name="kimi-k2", num_layers=61, hidden_size=7168, num_attention_heads=64, ffn_hidden_size=18432,
+            vocab_size=163840,
+            mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                        v_head_dim=128),
+            moe=MoESpec(num_experts=384, top_k=8, expert_ffn_hidden_size=2048, shared_experts=1,
+                        first_dense_layers=1, router_bias=True),
+        ),
         _llama(
             "qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, head_dim=128, qk_norm=True,
             moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
@@ -469,6 +478,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             "gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, head_dim=64, bias="all", attention_window=128,
             global_attention_every=2, attention_sinks=True,
             moe=MoESpec(num_experts=128, top_k=4, expert_ffn_hidden_size=2880, router_bias=True),
+        ),
+        _llama(
+            "gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, head_dim=64, bias="all", attention_window=128,
+            global_attention_every=2, attention_sinks=True,
+            moe=MoESpec(num_experts=32, top_k=4, expert_ffn_hidden_size=2880, router_bias=True),
         ),
         ModelSpec(
             name="gpt3-175b", num_layers=96, hidden_size=12288, num_attention_heads=96,

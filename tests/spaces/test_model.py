@@ -72,7 +72,7 @@ def test_bad_heads() -> None:
 # ---- modern MoE presets (issue 14 item 5) ---------------------------------------------------------------------
 # Totals as published: DeepSeek-V3 tech report sec. 4.2 (671B, MTP module excluded); Qwen3 model cards (30.5B,
 # 235B); Mistral "Cheaper, Better, Faster, Stronger" (Mixtral 8x22B, 141B); Meta Llama 4 model card (Scout 109B
-# with its vision encoder); OpenAI gpt-oss model card Table 1 (116.83B).
+# with its vision encoder); OpenAI gpt-oss model card Table 1 (116.83B, 20.91B).
 PUBLISHED_MOE_TOTAL = {
     "deepseek-v3": 671e9,
     "qwen3-30b-a3b": 30.5e9,
@@ -80,6 +80,7 @@ PUBLISHED_MOE_TOTAL = {
     "mixtral-8x22b": 141e9,
     "llama4-scout-17b-16e": 109e9,
     "gpt-oss-120b": 116.83e9,
+    "gpt-oss-20b": 20.91e9,
 }
 
 
@@ -107,6 +108,8 @@ PUBLISHED_ACTIVE = {
     "mixtral-8x22b": (39e9, True),
     "qwen3-235b-a22b": (22e9, True),
     "gpt-oss-120b": (5.13e9, False),  # OpenAI: active = everything but the input embedding (5.13B)
+    "gpt-oss-20b": (3.61e9, False),
+    "kimi-k2": (32.6e9, True),  # Kimi K2 technical report (arXiv 2507.20534) Table 2: 32.6B activated
 }
 # These publishers truncate: DeepSeek-V3 37.55B -> "37B", Qwen3-30B-A3B 3.353B -> "3.3B", Llama 4 Scout 17.17B ->
 # "17B" (the same counting, with the embedding, gives the other presets within 1%; without it they are 1-8% low).
@@ -199,6 +202,16 @@ GPT_OSS_CFG = {
     "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(36)],
     "tie_word_embeddings": False,
 }
+GPT_OSS_20B_CFG = {
+    **GPT_OSS_CFG, "num_hidden_layers": 24, "num_local_experts": 32,
+    "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)],
+}
+# moonshotai/Kimi-K2-Base config.json (the DeepSeek-V3 architecture)
+KIMI_K2_CFG = {
+    **DEEPSEEK_V3_CFG, "model_type": "kimi_k2", "vocab_size": 163840, "num_attention_heads": 64,
+    "num_key_value_heads": 64, "n_routed_experts": 384, "first_k_dense_replace": 1, "num_nextn_predict_layers": 0,
+    "n_group": 1, "topk_group": 1,
+}
 
 
 @pytest.mark.parametrize("cfg,preset", [
@@ -207,6 +220,8 @@ GPT_OSS_CFG = {
     (MIXTRAL_22_CFG, "mixtral-8x22b"),
     (LLAMA4_SCOUT_CFG, "llama4-scout-17b-16e"),
     (GPT_OSS_CFG, "gpt-oss-120b"),
+    (GPT_OSS_20B_CFG, "gpt-oss-20b"),
+    (KIMI_K2_CFG, "kimi-k2"),
 ])
 def test_from_hf_config_round_trip(tmp_path, cfg, preset) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg))

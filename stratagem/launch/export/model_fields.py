@@ -81,6 +81,7 @@ PUBLISHED: dict[str, tuple[int | None, float, str]] = {
     "qwen3-235b-a22b": (1000000, 1e-6, "Qwen/Qwen3-235B-A22B config.json"),
     "llama4-scout-17b-16e": (500000, 1e-5, "meta-llama/Llama-4-Scout-17B-16E config.json (text_config)"),
     "gpt-oss-120b": (150000, 1e-5, "openai/gpt-oss-120b config.json"),
+    "gpt-oss-20b": (150000, 1e-5, "openai/gpt-oss-20b config.json"),
     "gpt3-175b": (None, 1e-5, "GPT-3 (Brown et al. 2020) as GPT-2's layer_norm_epsilon; learned positions"),
     # stratagem's own harness model (launch/harness/model.py ROPE_THETA, RMSNorm eps)
     "tiny": (500000, 1e-5, "stratagem harness model (launch/harness/model.py)"),
