@@ -16,7 +16,7 @@ distribution of Bayesian linear regression).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,7 +33,7 @@ from stratagem.spaces.scenario import Scenario
 from stratagem.units import GIB
 
 __all__ = ["LogNormalColumns", "Predictive", "predictive", "predictive_from_figures", "PredictiveBasis",
-           "predictive_basis", "time_posterior", "memory_posterior", "expand"]
+           "predictive_basis", "MEMORY_FREE", "time_posterior", "memory_posterior", "expand"]
 
 Array = NDArray[np.float64]
 
@@ -161,6 +161,8 @@ class PredictiveBasis:
     """(N, len(BLOCKS)) bytes of a rank of the first pipeline stage by block."""
     last: Array
     """(N, len(BLOCKS)) bytes of a rank of the last pipeline stage by block."""
+    plans: PlanColumns | None = field(default=None, compare=False, repr=False)
+    """The plans (predictive_basis's `like` keeps the memory blocks of the same plans only)."""
 
     def at(self, cal: Calibration) -> Predictive:
         """The Predictive under `cal`, whose constants must be the basis's (ValueError otherwise): terms and blocks
@@ -186,12 +188,42 @@ def _factors(post: LogMultipliers | None, names: tuple[str, ...]) -> Array:
     return np.array([f.get(n, 1.0) for n in names], dtype=np.float64)
 
 
-def predictive_basis(scn: Scenario, pc: PlanColumns, cal: Calibration | None = None) -> PredictiveBasis:
-    """The formulas' terms of `predictive` for these plans at `cal`'s constants (None: the device's defaults)."""
+MEMORY_FREE: tuple[str, ...] = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop", "layer_floor_ms",
+                                "step_overhead_s")
+"""The time constants a study's refit fits (search/calibrate.py), which the memory model does not read (its
+blocks read logits_bytes, and fragmentation and context_gib the overhead block only: evaluators.memory
+rank_memory_columns)."""
+
+
+def predictive_basis(scn: Scenario, pc: PlanColumns, cal: Calibration | None = None,
+                     like: PredictiveBasis | None = None) -> PredictiveBasis:
+    """The formulas' terms of `predictive` for these plans at `cal`'s constants (None: the device's defaults).
+    `like`: a basis of the same plans (the same PlanColumns object) at other constants, whose memory blocks are
+    kept where the constants differ only in MEMORY_FREE, fragmentation and context_gib (the overhead block
+    recomputed: `_overhead_at`); the same figures, bit for bit."""
     constants = _constants(cal or default_calibration(scn.cluster.gpu.name))
-    stages = [rank_memory_columns(scn, pc, constants, stage) for stage in ("first", "last")]
-    first, last = (np.stack([m[b] for b in BLOCKS], axis=1) for m in stages)
     tr = scn.training
+    if like is not None and like.plans is pc and _same_memory(like.constants, constants):
+        first, last = (_overhead_at(blocks, constants) for blocks in (like.first, like.last))
+    else:
+        stages = [rank_memory_columns(scn, pc, constants, stage) for stage in ("first", "last")]
+        first, last = (np.stack([m[b] for b in BLOCKS], axis=1) for m in stages)
     return PredictiveBasis(constants=constants, gpu_name=scn.cluster.gpu.name,
                            tokens_per_step=float(tr.global_batch_size * tr.seq_len),
-                           terms=term_seconds(time_columns(scn, pc, constants)), first=first, last=last)
+                           terms=term_seconds(time_columns(scn, pc, constants)), first=first, last=last, plans=pc)
+
+
+def _same_memory(a: Calibration, b: Calibration) -> bool:
+    """Whether the memory model gives the same blocks but the overhead under `a` and `b` (MEMORY_FREE)."""
+    free = {f: getattr(a, f) for f in (*MEMORY_FREE, "fragmentation", "context_gib")}
+    return b.model_copy(update=free) == a
+
+
+def _overhead_at(blocks: Array, cal: Calibration) -> Array:
+    """(N, len(BLOCKS)) blocks with the overhead block at `cal`'s fragmentation and context_gib, as
+    rank_memory_columns computes it: fragmentation x allocated (the other blocks, summed in its order) + context."""
+    i = BLOCKS.index("overhead")
+    allocated = blocks[:, 0] + blocks[:, 1] + blocks[:, 2] + blocks[:, 3] + blocks[:, 4]
+    out = blocks.copy()
+    out[:, i] = cal.fragmentation * allocated + cal.context_gib * GIB
+    return out

@@ -45,7 +45,7 @@ from stratagem.search.calibrate import calibration_id
 from stratagem.search.claims import orphaned
 from stratagem.search.noise import best_measured, remeasure_due
 from stratagem.search.records import DIRECTIONS, plan_key, standings, trial_evaluation
-from stratagem.search.screening import Screening, screen
+from stratagem.search.screening import Screening, _unique, screen
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.groups import usable_gib
 from stratagem.spaces.plan import Plan
@@ -228,6 +228,8 @@ class ExpectedImprovementOrder:
     """Plan as run -> infra failures in this call."""
     _cache: tuple[str, PlanColumns, Predictive] | None = field(default=None, init=False, repr=False)
     _basis: tuple[PlanColumns, PredictiveBasis] | None = field(default=None, init=False, repr=False)
+    _space: SearchSpace | None = field(default=None, init=False, repr=False)
+    """The space the basis's plans were taken from."""
 
     def next_batch(self, state: RunState, want: int) -> list[Pick]:
         """Lost plans first, then new plans by acquisition up to K, then the due re-measurements."""
@@ -278,15 +280,23 @@ class ExpectedImprovementOrder:
             else:
                 constants = cal.model_copy(update={"time_multipliers": None, "memory_multipliers": None})
                 if self._basis is None or self._basis[1].constants != constants:
-                    plans = self._plans(state)
-                    self._basis = (plans, predictive_basis(state.scenario, plans, cal))
+                    kept = self._basis[1] if self._basis is not None and self._same_plans(state) else None
+                    plans = kept.plans if kept is not None and kept.plans is not None else self._plans(state)
+                    self._basis = (plans, predictive_basis(state.scenario, plans, cal, like=kept))
+                    self._space = state.space
                 plans, pred = self._basis[0], self._basis[1].at(cal)
             self._cache = (cid, plans, pred)
         return self._cache[1], self._cache[2]
 
+    def _same_plans(self, state: RunState) -> bool:
+        """Whether the plans of the basis in hand are still the plans to choose among: the same space, and plans
+        that no calibration chose (the candidates, or every valid plan of the space)."""
+        return state.space is self._space and (
+            self.candidates is not None or state.space.count() <= state.space.config.exhaustive_limit)
+
     def _plans(self, state: RunState) -> PlanColumns:
         if self.candidates is not None:
-            return screen_candidates(state.scenario, state.space, state.calibration, self.candidates).plans
+            return _unique(self.candidates)  # screen_candidates' plans, without its figures
         if state.space.count() <= state.space.config.exhaustive_limit:
             return state.space.enumerate()
         return screen(state.scenario, state.calibration, space=state.space).plans

@@ -239,3 +239,28 @@ def test_a_basis_gives_the_predictive_of_any_posterior_without_the_model(name: s
             assert b.noise_sd == a.noise_sd
     with pytest.raises(ValueError, match="constants differ"):
         basis.at(cal.model_copy(update={"fragmentation": 0.5}))
+
+
+@pytest.mark.parametrize("name", ["demo-cpu", "mixtral-8x7b-64xh200", "tiny-moe-cpu"])
+def test_a_basis_at_refitted_constants_keeps_the_memory_blocks_of_the_same_plans(name: str) -> None:
+    """A study's refit moves the time constants (MEMORY_FREE), fragmentation and context: a basis made `like` one
+    of the same plans at other constants keeps its memory blocks (the overhead block recomputed) and is the basis
+    made afresh, bit for bit; the memory model reads none of MEMORY_FREE (its blocks are the same at any of them)."""
+    from stratagem.evaluators.memory import rank_memory_columns
+    from stratagem.evaluators.posterior import MEMORY_FREE
+
+    scn, pc = _space(name)
+    cal = default_calibration(scn.cluster.gpu.name)
+    refit = cal.model_copy(update={**{f: getattr(cal, f) * 0.7 + 0.01 for f in MEMORY_FREE},
+                                   "fragmentation": 0.13, "context_gib": 0.9})
+    for stage in ("first", "last"):
+        a, b = rank_memory_columns(scn, pc, cal, stage), rank_memory_columns(
+            scn, pc, refit.model_copy(update={"fragmentation": cal.fragmentation, "context_gib": cal.context_gib}),
+            stage)
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    before = predictive_basis(scn, pc, cal)
+    for c in (refit, refit.model_copy(update={"logits_bytes": 3.0})):  # logits: the blocks are computed again
+        kept, fresh = predictive_basis(scn, pc, c, like=before), predictive_basis(scn, pc, c)
+        assert kept.constants == fresh.constants
+        for f in ("terms", "first", "last"):
+            np.testing.assert_array_equal(getattr(kept, f), getattr(fresh, f))

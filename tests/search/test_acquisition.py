@@ -232,3 +232,24 @@ def test_the_first_run_goes_where_it_can_beat_what_the_model_promises(tmp_path: 
     assert at_zero[1] > at_zero[0]  # an incumbent of 0 would run the safe, slower plan
     order = ExpectedImprovementOrder(candidates=PlanColumns.from_plans([fast, safe]), predict=predict)
     assert [plan_key(p) for p, _ in order.next_batch(_state(s), 1)] == [plan_key(fast)]
+
+
+def test_after_a_refit_of_the_constants_the_order_picks_what_a_new_order_picks(tmp_path: Path, monkeypatch) -> None:
+    """The order keeps the plans and their memory blocks from one batch to the next (predictive_basis `like`): under
+    refitted constants (time constants, fragmentation and context moved) it picks what a new order picks, without
+    the memory model."""
+    from stratagem.evaluators import posterior
+
+    s = _session(tmp_path)
+    cands = PlanColumns.from_plans(PLANS[:3])
+    cal = s.start_calibration
+    refit = cal.model_copy(update={"matmul_efficiency": cal.matmul_efficiency / 4, "layer_floor_ms": 40.0,
+                                   "step_overhead_s": 0.3, "fragmentation": 0.2, "context_gib": 0.05})
+    after = dataclasses.replace(_state(s), calibration=refit)
+    kept = ExpectedImprovementOrder(candidates=cands)
+    kept.next_batch(_state(s), 3)
+    memory_model = posterior.rank_memory_columns
+    monkeypatch.setattr(posterior, "rank_memory_columns", None)  # called: a TypeError
+    now = [plan_key(p) for p, _ in kept.next_batch(after, 3)]
+    monkeypatch.setattr(posterior, "rank_memory_columns", memory_model)
+    assert now == [plan_key(p) for p, _ in ExpectedImprovementOrder(candidates=cands).next_batch(after, 3)]
