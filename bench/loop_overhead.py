@@ -3,7 +3,9 @@
 measured table, as search/measure.py calls them) plus
 the run order's choice of the next plan among every plan of a large space (examples/mixtral-8x7b-64xh200.yaml:
 257,820 valid plans, the default; the run order screens them with the calibration in force and ranks them), for
-each run order of search.run_order.RUN_ORDERS ("ranked": before, "expected_improvement": after). Each figure is
+each run order of search.run_order.RUN_ORDERS ("ranked": before, "expected_improvement": after), as the loop keeps
+it: one run order for the session, asked batch after batch, the figure that of a batch after a refit of the
+constants was adopted (a session's first batch, a new run order, is printed beside it). Each figure is
 the best of --repeat; numpy pinned to one thread (the loop's process shares the host with the runs), so the
 process's CPU time is its wall time on an idle core: both are printed (on a loaded host the wall time counts the
 waits for a core; compare CPU times across loads). Target: under 2 s per run. The figure is printed last.
@@ -38,7 +40,7 @@ from stratagem.evaluators import Evaluation  # noqa: E402
 from stratagem.evaluators.calibration import default_calibration  # noqa: E402
 from stratagem.evaluators.priors import prior_for  # noqa: E402
 from stratagem.evaluators.table import TableEvaluator, load_table  # noqa: E402
-from stratagem.search.calibrate import refit_step  # noqa: E402
+from stratagem.search.calibrate import MEMORY_FIELDS, TIME_FIELDS, refit_step  # noqa: E402
 from stratagem.search.multiplier_refit import refit_multipliers  # noqa: E402
 from stratagem.search.records import DIRECTIONS  # noqa: E402
 from stratagem.search.run_order import RUN_ORDERS, RunState  # noqa: E402
@@ -90,6 +92,20 @@ def multiplier_refits(state: RunState, n: int) -> list[RunState]:
         for i in range(n)]
 
 
+def constants_refits(state: RunState, n: int) -> list[RunState]:
+    """n states whose calibrations differ from state's in the constants a refit fits (search/calibrate.py
+    TIME_FIELDS and MEMORY_FIELDS, attention efficiency with matmul's; the time ones x0.9^(i+1), the memory ones
+    x1.1^(i+1)): what an adopted refit of the constants leaves in force, batch after batch."""
+    out = []
+    for i in range(n):
+        t, m = 0.9 ** (i + 1), 1.1 ** (i + 1)
+        cal = state.calibration
+        out.append(dataclasses.replace(state, calibration=cal.model_copy(update={
+            **{f: getattr(cal, f) * t for f in (*TIME_FIELDS, "attention_efficiency")},
+            **{f: getattr(cal, f) * m for f in MEMORY_FIELDS}})))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenario", default=str(ROOT / "examples" / "mixtral-8x7b-64xh200.yaml"))
@@ -114,17 +130,20 @@ def main() -> None:
     study = optuna.create_study(directions=list(DIRECTIONS))  # in memory: nothing measured yet
     state = RunState(scenario=scn, space=space, study=study, calibration=cal, excluded=frozenset(),
                      measured_runs=0, runs_left=args.batch, unsupported=lambda s, p: None)
-    rank_s: dict[str, Took] = {}  # a new calibration in force (a refit adopted): everything re-predicted
+    start_s: dict[str, Took] = {}  # a session's first batch: a new run order, every plan predicted
+    rank_s: dict[str, Took] = {}  # new constants in force (a refit adopted): every plan re-predicted under them
     kept_s: dict[str, Took] = {}  # the same calibration as the batch before (a refit refused)
     terms_s: dict[str, Took] = {}  # the same constants, new multipliers (a multipliers refit adopted)
     first: dict[str, str] = {}
     for name, make in RUN_ORDERS.items():
-        rank_s[name] = best_of(args.repeat, lambda m=make: m(candidates=None).next_batch(state, args.batch))
-        order = make(candidates=None)
+        start_s[name] = best_of(args.repeat, lambda m=make: m(candidates=None).next_batch(state, args.batch))
+        order = make(candidates=None)  # the loop's: one run order for the session, batch after batch
         first[name] = order.next_batch(state, args.batch)[0][0].short()
         kept_s[name] = best_of(args.repeat, lambda o=order: o.next_batch(state, args.batch))
         taught = iter(multiplier_refits(state, args.repeat))
         terms_s[name] = best_of(args.repeat, lambda o=order, t=taught: o.next_batch(next(t), args.batch))
+        refitted = iter(constants_refits(state, args.repeat))
+        rank_s[name] = best_of(args.repeat, lambda o=order, r=refitted: o.next_batch(next(r), args.batch))
 
     print(f"refit: search/calibrate.py refit_step + search/multiplier_refit.py refit_multipliers on {len(runs)} measured runs of {Path(args.table).name} "
           f"({sum(r.status == 'ok' for r in runs)} ok, {sum(r.status == 'oom' for r in runs)} OOM); best of {args.repeat}: "
@@ -133,7 +152,8 @@ def main() -> None:
           "calibration in force each batch (as the loop does)")
     for name in RUN_ORDERS:
         print(f"  {name}: {rank_s[name]} after an adopted refit of the constants, {terms_s[name]} of "
-              f"the multipliers only, {kept_s[name]} with the calibration unchanged (first pick {first[name]})")
+              f"the multipliers only, {kept_s[name]} with the calibration unchanged, {start_s[name]} for a "
+              f"session's first batch (first pick {first[name]})")
     print(f"load average {os.getloadavg()[0]:.1f} (1 min); python {platform.python_version()}, numpy {np.__version__}, optuna {optuna.__version__}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), numpy on 1 thread")
     figures = ", ".join(f"{name} {(refit_s + rank_s[name]).wall / args.batch:.2f} s wall "
