@@ -85,8 +85,8 @@ class PlanColumns:
 
     def recomputes_module(self, module: RecomputeModule) -> NDArray[np.bool_]:
         """Plans whose recompute_modules include `module` (Megatron --recompute-modules)."""
-        bit = 2 ** RECOMPUTE_MODULES.index(module)
-        return np.asarray(np.floor(self.recompute_modules / bit) % 2 == 1)
+        bits = self.recompute_modules.astype(np.int64)  # sums of distinct powers of 2 (from_plans): exact
+        return np.asarray((bits >> RECOMPUTE_MODULES.index(module)) & 1 == 1)
 
     @property
     def by_module(self) -> NDArray[np.bool_]:
