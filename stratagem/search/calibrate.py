@@ -43,6 +43,7 @@ from stratagem.evaluators.fitting import (
     median_error,
 )
 from stratagem.evaluators.memory import rank_memory_columns
+from stratagem.evaluators.posterior import MEMORY_FREE
 from stratagem.evaluators.timing import time_columns, time_factors
 from stratagem.spaces.columns import PlanColumns
 from stratagem.spaces.scenario import Scenario
@@ -211,8 +212,8 @@ class _Predictions:
         self.scenario = scenario
         self.pc = PlanColumns.from_plans([e.plan for e in runs])
         self.oom_pc = PlanColumns.from_plans([e.plan for e in ooms]) if ooms else None
-        self._terms: dict[str, tuple[Array, Array]] = {}
-        self._blocks: dict[tuple[bool, str], tuple[Array, Array]] = {}
+        self._terms: dict[Key, tuple[Array, Array]] = {}
+        self._blocks: dict[tuple[bool, Key], tuple[Array, Array]] = {}
 
     def step(self, cal: Calibration) -> Array:
         """Predicted step seconds of the ok runs: evaluate_many's step_s, without the memory, checkpoint and
@@ -222,12 +223,12 @@ class _Predictions:
 
     def steps(self, cals: Sequence[Calibration]) -> list[Array]:
         """`step` of each calibration, those not yet known evaluated together (`_stacked_terms`)."""
-        bare = [_bare(c) for c in cals]
-        keys = [b.model_dump_json() for b in bare]
-        missing = {k: b for k, b in zip(keys, bare, strict=True) if k not in self._terms}
-        groups: dict[str, list[tuple[str, Calibration]]] = {}
-        for k, b in missing.items():
-            groups.setdefault(b.model_dump_json(exclude=set(STACKED_FIELDS)), []).append((k, b))
+        keys = [_terms_key(c) for c in cals]
+        groups: dict[Key, list[tuple[Key, Calibration]]] = {}
+        for k, c in dict(zip(keys, cals, strict=True)).items():
+            if k not in self._terms:
+                bare = _bare(c)
+                groups.setdefault(_key(bare, frozenset(STACKED_FIELDS)), []).append((k, bare))
         for group in groups.values():
             self._terms.update(self._stacked_terms(group))
         return [_summed(c, *self._terms[k]) for c, k in zip(cals, keys, strict=True)]
@@ -236,13 +237,12 @@ class _Predictions:
         """(compute + recompute + exposed comm + bubble + optimizer, in time_columns' order; the overhead column
         less step_overhead_s, before its multiplier) at `cal`, computed once per value of the other constants:
         time_columns at step_overhead_s 0 and an overhead multiplier of exactly 1 (exp(0))."""
-        bare = _bare(cal)
-        key = bare.model_dump_json()
+        key = _terms_key(cal)
         if key not in self._terms:
-            self._terms[key] = _rest_and_waits(time_columns(self.scenario, self.pc, bare))
+            self._terms[key] = _rest_and_waits(time_columns(self.scenario, self.pc, _bare(cal)))
         return self._terms[key]
 
-    def _stacked_terms(self, group: Sequence[tuple[str, Calibration]]) -> dict[str, tuple[Array, Array]]:
+    def _stacked_terms(self, group: Sequence[tuple[Key, Calibration]]) -> dict[Key, tuple[Array, Array]]:
         """`terms` of calibrations that differ only in STACKED_FIELDS, by key, from one time_columns call over the
         runs' rows repeated once per calibration with each of those constants a column (exact: the model computes
         each row alone). Should the model read one of them other than row by row (an error), each is evaluated
@@ -261,11 +261,12 @@ class _Predictions:
 
     def stage_blocks(self, cal: Calibration, ooms: bool) -> tuple[Array, Array]:
         """Both end stages' blocks without the overhead block, at `cal`'s constants other than the fitted memory
-        ones, computed once per plan set and constants: a memory fit varies only fragmentation and context."""
-        raw = cal.model_copy(update=_OVERHEAD_FREE)
-        key = (ooms, raw.model_dump_json())
+        ones, computed once per plan set and constants but the time constants the memory model does not read
+        (posterior.MEMORY_FREE): a memory fit varies only fragmentation and context, a fold the time constants."""
+        key = (ooms, _key(cal, _BLOCKS_FREE))
         pc = self.oom_pc if ooms and self.oom_pc is not None else self.pc
         if key not in self._blocks:
+            raw = cal.model_copy(update=_OVERHEAD_FREE)
             stages = (rank_memory_columns(self.scenario, pc, raw, s) for s in ("first", "last"))
             first, last = (np.stack([m[b] for b in BLOCKS[:-1]]) for m in stages)
             self._blocks[key] = (first, last)
@@ -346,6 +347,23 @@ call, each a column over the runs' rows (tests/search/test_calibrate.py holds th
 bit for bit)."""
 
 
+Key = tuple[Any, ...]
+"""A cache key of a calibration: its fields' values but some (`_key`)."""
+
+
+def _key(cal: Calibration, without: frozenset[str]) -> Key:
+    """The values of `cal`'s fields but those `without`, in field order (cheaper than a JSON dump)."""
+    return tuple(v for k, v in cal if k not in without)
+
+
+def _terms_key(cal: Calibration) -> Key:
+    """The key of `_bare(cal)` (its terms), without making it."""
+    return (*_key(cal, _TERMS_FREE), _overhead_at_one(cal.time_multipliers))
+
+
+_TERMS_FREE = frozenset({"step_overhead_s", "time_multipliers"})
+
+
 def _bare(cal: Calibration) -> Calibration:
     """`cal` at step_overhead_s 0 and an overhead multiplier of exactly 1 (what `_Predictions.terms` evaluates)."""
     return cal.model_copy(update={"step_overhead_s": 0.0, "time_multipliers": _overhead_at_one(cal.time_multipliers)})
@@ -377,6 +395,8 @@ def _overhead_at_one(m: LogMultipliers | None) -> LogMultipliers | None:
 
 _OVERHEAD_FREE: dict[str, Any] = {"fragmentation": 0.0, "context_gib": 0.0, "memory_multipliers": None}
 """The calibration fields that enter only the overhead block (memory.rank_memory_columns): zeroed for the cache."""
+_BLOCKS_FREE = frozenset({*_OVERHEAD_FREE, *MEMORY_FREE})
+"""The fields a plan's memory blocks but the overhead do not depend on (stage_blocks' key leaves them out)."""
 
 
 def _peak_gib(stages: tuple[Array, Array], cal: Calibration) -> Array:
