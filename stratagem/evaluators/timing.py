@@ -167,16 +167,22 @@ def rank_params(scn: Scenario, pc: PlanColumns) -> tuple[Array, Array]:
 
 
 # ---- data parallel and optimizer ----------------------------------------------------------------------------
-def _per_unit(ctx: StepContext, link: Link, params: Array, reshard: Array, unit_fwd: Array,
-              unit_bwd: Array) -> tuple[Array, Array]:
-    """(traffic, exposed) seconds of FSDP's per-unit collectives for one micro-batch [FSDP2]: units = layers + 1
-    (the root holds embedding / head); NCCL runs all-gather / reduce-scatter as rings (comm.all_gather_s). The next
-    unit's gather hides only behind the current unit's forward; in backward each unit's re-gather and the previous
-    unit's reduce-scatter hide behind its backward; the first gather and the last reduce-scatter are exposed."""
-    tr, units, cal = ctx.scn.training, ctx.layers + 1.0, ctx.cal
+def _unit_collectives(ctx: StepContext, link: Link, params: Array) -> tuple[Array, Array]:
+    """(all-gather, reduce-scatter) seconds of one FSDP unit's collectives [FSDP2]: units = layers + 1 (the root
+    holds embedding / head); NCCL runs all-gather / reduce-scatter as rings (comm.all_gather_s)."""
+    tr, units = ctx.scn.training, ctx.layers + 1.0
     grad_bytes = np.where(ctx.pc.fp32, 4.0, tr.grad_reduce_bytes)
-    ag = all_gather_s(link, params * ctx.act_bytes / units)
-    rs = reduce_scatter_s(link, params * grad_bytes / units)
+    return all_gather_s(link, params * ctx.act_bytes / units), reduce_scatter_s(link, params * grad_bytes / units)
+
+
+def _per_unit(ctx: StepContext, unit: tuple[Array, Array], reshard: Array, unit_fwd: Array,
+              unit_bwd: Array) -> tuple[Array, Array]:
+    """(traffic, exposed) seconds of FSDP's per-unit collectives (`_unit_collectives`) for one micro-batch [FSDP2].
+    The next unit's gather hides only behind the current unit's forward; in backward each unit's re-gather and the
+    previous unit's reduce-scatter hide behind its backward; the first gather and the last reduce-scatter are
+    exposed."""
+    units, cal = ctx.layers + 1.0, ctx.cal
+    ag, rs = unit
     ag_bwd = np.where(reshard, ag, 0.0)
     fwd = ag + (units - 1.0) * np.maximum(0.0, ag - cal.overlap * unit_fwd)
     bwd = ag_bwd + (units - 1.0) * np.maximum(0.0, ag_bwd + rs - cal.overlap * unit_bwd) + rs
@@ -219,8 +225,9 @@ def dp_terms(ctx: StepContext, rec_mb: Array, idle_mb: Array) -> tuple[Array, Ar
                              np.where((z == 2) & (not fsdp_zero2_keeps), ag, 0.0))
         z2_traffic = rs + np.where(fsdp_zero2_keeps, ag, 0.0)
         z2_exposed = np.maximum(0.0, z2_traffic - cal.overlap * compute_only)
-        unit_traffic, unit_exposed = _per_unit(ctx, link, params, z == 3, unit_fwd, unit_bwd)
-        kept_traffic, kept_exposed = _per_unit(ctx, link, params, np.zeros(len(pc), dtype=bool), unit_fwd, unit_bwd)
+        unit = _unit_collectives(ctx, link, params)
+        unit_traffic, unit_exposed = _per_unit(ctx, unit, z == 3, unit_fwd, unit_bwd)
+        kept_traffic, kept_exposed = _per_unit(ctx, unit, np.zeros(len(pc), dtype=bool), unit_fwd, unit_bwd)
         per_mb = np.select([z == 2, z == 3], [z2_traffic, unit_traffic], 0.0)
         exposed_mb = np.select([z == 2, z == 3], [z2_exposed, unit_exposed], 0.0)
         per_step = np.where(once_per_step, kept_traffic, per_step)
