@@ -49,12 +49,13 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _TAIL = -5.0  # below this d the improvement is computed through the Mills ratio ([LogEI]): no cancellation
 _FAR = -30.0  # below this the normal tail is its asymptotic series (erfc underflows near -38)
 _CHUNK = 4096  # plans scored per step of a lazy believer round
-_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
 def _erfc_array(x: Array) -> Array:
-    out: Array = np.asarray(_erfc(x), dtype=np.float64)
-    return out
+    """math.erfc of each element (no numpy ufunc computes it; through a list, ~30 % cheaper than an object array)."""
+    flat = np.asarray(x, dtype=np.float64)
+    out: Array = np.fromiter(map(math.erfc, flat.ravel().tolist()), dtype=np.float64, count=flat.size)
+    return out.reshape(flat.shape)
 
 
 def _mills(x: Array) -> Array:
