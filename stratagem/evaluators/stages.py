@@ -17,6 +17,7 @@ the output head once more for each (Megatron multi_token_prediction.py mtp_on_th
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -126,13 +127,22 @@ def stage_columns(model: ModelSpec, pc: PlanColumns) -> StageColumns:
         return kept[1]
     out = _stage_columns(model, pc)
     if len(_KEPT) >= _KEEP:
-        del _KEPT[next(iter(_KEPT))]  # the oldest
-    _KEPT[key] = (weakref.ref(pc), out)
+        for oldest in list(_KEPT)[:1]:  # a copy: a weakref callback may drop an entry at any time
+            _KEPT.pop(oldest, None)
+    _KEPT[key] = (weakref.ref(pc, _forget(key)), out)  # dropped with its plans
     return out
 
 
+def _forget(key: tuple[int, ModelSpec]) -> Callable[[weakref.ref[PlanColumns]], None]:
+    """The weakref callback that drops `key`'s entry when its plans go."""
+    def forget(_: weakref.ref[PlanColumns]) -> None:
+        _KEPT.pop(key, None)
+    return forget
+
+
 _KEEP = 8
-"""Plan sets whose StageColumns stage_columns keeps (by identity: the PlanColumns object, alive, and the model)."""
+"""Plan sets whose StageColumns stage_columns keeps (by identity: the PlanColumns object, alive, and the model;
+an entry goes when its plans do)."""
 _KEPT: dict[tuple[int, ModelSpec], tuple[weakref.ref[PlanColumns], StageColumns]] = {}
 
 

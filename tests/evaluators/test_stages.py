@@ -120,3 +120,18 @@ def test_stage_columns_are_kept_per_plan_set_and_equal_a_fresh_split() -> None:
         assert np.array_equal(getattr(first, name), getattr(again, name))
         with pytest.raises(ValueError):
             getattr(first, name)[0] = 1.0
+
+
+def test_stage_columns_kept_go_with_their_plans() -> None:
+    import gc
+
+    from stratagem.evaluators import stages
+
+    scn = scenario("llama3-70b", 64)
+    pc = PlanColumns.from_plans([Plan(dp=8, tp=8)])
+    stage_columns(scn.model, pc)
+    key = (id(pc), scn.model)
+    assert key in stages._KEPT
+    del pc
+    gc.collect()
+    assert key not in stages._KEPT
