@@ -40,7 +40,20 @@ app = typer.Typer(
     help="Find how to train a large model on a given cluster.",
     pretty_exceptions_enable=False,
 )
-console = Console()
+# Width of stdout's console when it is a file or a pipe and COLUMNS is not set: rich would take 80 columns and squeeze
+# the tables to fit (capacity's best-plan column to nothing); a report piped to a file keeps its tables whole.
+PIPED_WIDTH = 200
+
+
+def _stdout_console() -> Console:
+    """stdout's console: a terminal's own width (or COLUMNS); PIPED_WIDTH when stdout is a file or a pipe."""
+    probe = Console()
+    if probe.is_terminal or "COLUMNS" in os.environ:
+        return probe
+    return Console(width=PIPED_WIDTH)
+
+
+console = _stdout_console()
 
 ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML (model, cluster, training[, plan]).")]
 PlanOpt = Annotated[

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -256,3 +259,20 @@ def test_reverse_query_names_the_sizes_tried_when_speed_still_scales() -> None:
     r = rows[1].tokens_per_s / rows[0].tokens_per_s
     k = next(k for k in range(1, 4) if rows[1].days / r**k <= 30)
     assert f"about {1024 * 2**k:,} nodes would take {sig(rows[1].days / r**k)} days (an extrapolation)" in line
+
+
+def test_capacity_piped_to_a_file_keeps_its_table_whole(tmp_path) -> None:
+    """Piped or redirected (no terminal, no COLUMNS), stdout is cli.app.PIPED_WIDTH columns wide: at rich's 80 the
+    table was squeezed until the best-plan column vanished and the days read '7,0'."""
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama3-8b\ncluster: {gpu: h100-sxm-80g, num_nodes: 2}\n"
+                    "training: {seq_len: 8192, global_batch_size: 64, training_tokens: 1.0e+12}\n")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    res = subprocess.run([sys.executable, "-c", "from stratagem.cli import main; main()", "capacity", str(path),
+                          "--nodes", "1"],
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    header = next(line for line in res.stdout.splitlines() if "nodes" in line and "GPUs" in line)
+    assert "best plan" in header and "tokens/s" in header and "days" in header, header
+    row = next(line for line in res.stdout.splitlines() if re.match(r"│\s+1 │\s+8 │", line))
+    assert re.search(r"dp\d+", row), row
