@@ -17,8 +17,8 @@ from numpy.typing import NDArray
 
 from stratagem.evaluators.calibration import Calibration
 
-__all__ = ["FACTORS", "FINE_FACTORS", "Losses", "field_bounds", "candidates", "coupled", "descend", "polish",
-           "median_error", "lower_bound_loss"]
+__all__ = ["FACTORS", "FINE_FACTORS", "field_bounds", "candidates", "coupled", "descend", "polish", "median_error",
+           "lower_bound_loss"]
 
 Array = NDArray[np.float64]
 FACTORS: Array = np.exp(np.linspace(np.log(1 / 16), np.log(16), 33))
@@ -63,21 +63,15 @@ def coupled(cal: Calibration, name: str, value: float) -> dict[str, float]:
     return update
 
 
-Losses = Callable[[Sequence[Calibration]], Sequence[float]]
-"""losses(calibrations): `loss` of each, in one call (a caller that can judge several calibrations at once)."""
-
-
 def _sweeps(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration], float], factors: Array,
-            sweeps: int, losses: Losses | None = None) -> Calibration:
+            sweeps: int) -> Calibration:
     best, best_loss = cal, loss(cal)
     for _ in range(sweeps):
         improved = False
         for name in fields:
-            values = candidates(best, name, factors)
-            ahead = _ahead(best, name, values, losses)
-            for value in values:
+            for value in candidates(best, name, factors):
                 trial = best.model_copy(update=coupled(best, name, value))
-                current = ahead[trial] if ahead and trial in ahead else loss(trial)
+                current = loss(trial)
                 if current < best_loss - 1e-12:
                     best, best_loss, improved = trial, current, True
         if not improved:
@@ -85,27 +79,14 @@ def _sweeps(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration
     return best
 
 
-def _ahead(best: Calibration, name: str, values: Sequence[float], losses: Losses | None) -> dict[Calibration, float]:
-    """The losses of one field's trials as built from `best`, judged together by `losses` ({} without it): the
-    sweep reads a trial's loss here when it builds the same calibration (every trial but a coupled one after an
-    improvement: attention efficiency follows the new matmul efficiency), else calls `loss`, so the descent is
-    the same step for step."""
-    if losses is None:
-        return {}
-    trials = [best.model_copy(update=coupled(best, name, value)) for value in values]
-    return dict(zip(trials, losses(trials), strict=True))
-
-
 def descend(cal: Calibration, fields: Sequence[str], loss: Callable[[Calibration], float], sweeps: int = 8,
-            refine: bool = False, refine_sweeps: int = 3, losses: Losses | None = None) -> Calibration:
+            refine: bool = False, refine_sweeps: int = 3) -> Calibration:
     """Minimise `loss` over `fields` from `cal` by coordinate descent on FACTORS (at most `sweeps` sweeps), then
-    when `refine` on each of FINE_FACTORS (at most `refine_sweeps` sweeps each). `losses`: the same loss of several
-    calibrations in one call, for a loss cheaper in bulk (the trials of one field are judged together; the descent
-    is the same)."""
-    best = _sweeps(cal, fields, loss, FACTORS, sweeps, losses)
+    when `refine` on each of FINE_FACTORS (at most `refine_sweeps` sweeps each)."""
+    best = _sweeps(cal, fields, loss, FACTORS, sweeps)
     if refine:
         for factors in FINE_FACTORS:
-            best = _sweeps(best, fields, loss, factors, refine_sweeps, losses)
+            best = _sweeps(best, fields, loss, factors, refine_sweeps)
     return best
 
 

@@ -27,7 +27,7 @@ loaded host's outliers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -51,7 +51,7 @@ from stratagem.units import GIB
 
 __all__ = ["CalibrationStep", "calibration_history", "CalibrationFit", "fit_calibration", "refit_step",
            "calibration_id", "fields_to_fit", "TIME_FIELDS", "MEMORY_FIELDS", "HELD_OUT", "usable_runs", "oom_runs",
-           "memory_error", "oom_shortfall", "STACKED_FIELDS"]
+           "memory_error", "oom_shortfall"]
 
 Array = NDArray[np.float64]
 TIME_FIELDS: tuple[str, ...] = ("matmul_efficiency", "half_efficiency_gflop", "layer_floor_ms", "step_overhead_s")
@@ -221,18 +221,6 @@ class _Predictions:
         it: the other terms, then overhead = (step_overhead_s + the launch waits) x its multiplier."""
         return _summed(cal, *self.terms(cal))
 
-    def steps(self, cals: Sequence[Calibration]) -> list[Array]:
-        """`step` of each calibration, those not yet known evaluated together (`_stacked_terms`)."""
-        keys = [_terms_key(c) for c in cals]
-        groups: dict[Key, list[tuple[Key, Calibration]]] = {}
-        for k, c in dict(zip(keys, cals, strict=True)).items():
-            if k not in self._terms:
-                bare = _bare(c)
-                groups.setdefault(_key(bare, frozenset(STACKED_FIELDS)), []).append((k, bare))
-        for group in groups.values():
-            self._terms.update(self._stacked_terms(group))
-        return [_summed(c, *self._terms[k]) for c, k in zip(cals, keys, strict=True)]
-
     def terms(self, cal: Calibration) -> tuple[Array, Array]:
         """(compute + recompute + exposed comm + bubble + optimizer, in time_columns' order; the overhead column
         less step_overhead_s, before its multiplier) at `cal`, computed once per value of the other constants:
@@ -241,23 +229,6 @@ class _Predictions:
         if key not in self._terms:
             self._terms[key] = _rest_and_waits(time_columns(self.scenario, self.pc, _bare(cal)))
         return self._terms[key]
-
-    def _stacked_terms(self, group: Sequence[tuple[Key, Calibration]]) -> dict[Key, tuple[Array, Array]]:
-        """`terms` of calibrations that differ only in STACKED_FIELDS, by key, from one time_columns call over the
-        runs' rows repeated once per calibration with each of those constants a column (exact: the model computes
-        each row alone). Should the model read one of them other than row by row (an error), each is evaluated
-        alone."""
-        n = len(self.pc)
-        if len(group) == 1 or n == 0:
-            return {k: _rest_and_waits(time_columns(self.scenario, self.pc, b)) for k, b in group}
-        pc = PlanColumns(**{f.name: np.tile(getattr(self.pc, f.name), len(group)) for f in fields(self.pc)})
-        stacked = group[0][1].model_copy(update={
-            f: np.repeat(np.array([getattr(b, f) for _, b in group], dtype=np.float64), n) for f in STACKED_FIELDS})
-        try:
-            rest, waits = _rest_and_waits(time_columns(self.scenario, pc, stacked))
-        except (TypeError, ValueError):
-            return {k: _rest_and_waits(time_columns(self.scenario, self.pc, b)) for k, b in group}
-        return {k: (rest[j * n:(j + 1) * n], waits[j * n:(j + 1) * n]) for j, (k, _) in enumerate(group)}
 
     def stage_blocks(self, cal: Calibration, ooms: bool) -> tuple[Array, Array]:
         """Both end stages' blocks without the overhead block, at `cal`'s constants other than the fitted memory
@@ -323,28 +294,13 @@ class _Data:
         return memory_error(peak_pred, measured, oom_pred, self.bound)
 
     def time_loss(self, cal: Calibration) -> float:
-        return self._time_loss(self.predict_step(cal))
-
-    def time_losses(self, cals: Sequence[Calibration]) -> list[float]:
-        """`time_loss` of each calibration, evaluated together (`_Predictions.steps`)."""
-        return [self._time_loss(step[self.rows]) for step in self.predictions.steps(cals)]
-
-    def _time_loss(self, pred: Array) -> float:
-        return float(np.mean((np.log(pred) - np.log(self.step)) ** 2))
+        return float(np.mean((np.log(self.predict_step(cal)) - np.log(self.step)) ** 2))
 
     def memory_loss(self, cal: Calibration) -> float:
         loss = float(np.sum((np.log(self.predict_peak(cal)) - np.log(self.peak)) ** 2))
         if self.ooms:
             loss += lower_bound_loss(self.predict_ooms(cal), self.bound)
         return loss / (len(self.runs) + len(self.ooms))
-
-
-STACKED_FIELDS: tuple[str, ...] = ("matmul_efficiency", "attention_efficiency", "half_efficiency_gflop",
-                                   "layer_floor_ms")
-"""The time constants the model reads row by row only (the compute rates of evaluators.step_terms step_context, the
-launch floors of evaluators.host): `_Predictions.steps` evaluates calibrations that differ only in these in one
-call, each a column over the runs' rows (tests/search/test_calibrate.py holds the stacked figures to the plain ones
-bit for bit)."""
 
 
 Key = tuple[Any, ...]
@@ -419,8 +375,7 @@ def _peak_gib(stages: tuple[Array, Array], cal: Calibration) -> Array:
 
 
 def _fit(data: _Data, start: Calibration, sweeps: int = 8) -> Calibration:
-    fitted = descend(start, fields_to_fit(TIME_FIELDS, len(data.runs)), data.time_loss, sweeps=sweeps,
-                     losses=data.time_losses)
+    fitted = descend(start, fields_to_fit(TIME_FIELDS, len(data.runs)), data.time_loss, sweeps=sweeps)
     return descend(fitted, fields_to_fit(MEMORY_FIELDS, len(data.runs) + len(data.ooms)), data.memory_loss,
                     sweeps=sweeps)
 
