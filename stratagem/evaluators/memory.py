@@ -45,6 +45,7 @@ from stratagem.spaces.stacks import OPTIMIZER, STACKS, StateTerm, stack_record
 from stratagem.units import GIB
 
 __all__ = [
+    "overhead_bytes",
     "DEEPSPEED_ZERO3_LAYER_BYTES",
     "STACK_STATES",
     "ZERO_PAPER_STATES",
@@ -283,7 +284,7 @@ def rank_memory_columns(
     # the optimizer step peaks over the states at rest: no activations, no compute copies
     transient = np.maximum(transient, _optimizer_step(r, blocks) - activations - copies)
     allocated = blocks["weights"] + blocks["gradients"] + blocks["optimizer"] + activations + transient
-    overhead = cal.fragmentation * allocated + cal.context_gib * GIB
+    overhead = overhead_bytes(allocated, cal)
     out = {**blocks, "activations": activations, "transient": transient, "overhead": overhead,
            "peak": allocated + overhead}
     if cal.memory_multipliers is None:  # the formulas exactly
@@ -292,6 +293,13 @@ def rank_memory_columns(
     f = cal.memory_multipliers.factors()
     out = {k: v * f.get(k, 1.0) for k, v in out.items()}
     out["peak"] = sum((out[b] for b in BLOCKS), np.zeros(len(pc)))
+    return out
+
+
+def overhead_bytes(allocated: Array, cal: Calibration) -> Array:
+    """The overhead block: the allocator's fragmentation of the allocated bytes (the other blocks' sum, in BLOCKS
+    order) plus the per-rank CUDA/NCCL context (Calibration.fragmentation, context_gib)."""
+    out: Array = cal.fragmentation * allocated + cal.context_gib * GIB
     return out
 
 

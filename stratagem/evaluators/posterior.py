@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from stratagem.evaluators.calibration import Calibration, LogMultipliers, default_calibration
 from stratagem.evaluators.evaluation import BLOCKS
 from stratagem.evaluators.figures import PlanFigures
-from stratagem.evaluators.memory import memory_columns, rank_memory_columns
+from stratagem.evaluators.memory import memory_columns, overhead_bytes, rank_memory_columns
 from stratagem.evaluators.priors import prior_for
 from stratagem.evaluators.step_parts import TIME_TERMS, term_seconds
 from stratagem.evaluators.timing import time_columns
@@ -223,7 +223,7 @@ def _overhead_at(blocks: Array, cal: Calibration) -> Array:
     """(N, len(BLOCKS)) blocks with the overhead block at `cal`'s fragmentation and context_gib, as
     rank_memory_columns computes it: fragmentation x allocated (the other blocks, summed in its order) + context."""
     i = BLOCKS.index("overhead")
-    allocated = blocks[:, 0] + blocks[:, 1] + blocks[:, 2] + blocks[:, 3] + blocks[:, 4]
+    allocated = blocks[:, 0] + blocks[:, 1] + blocks[:, 2] + blocks[:, 3] + blocks[:, 4]  # BLOCKS order, as the model
     out = blocks.copy()
-    out[:, i] = cal.fragmentation * allocated + cal.context_gib * GIB
+    out[:, i] = overhead_bytes(allocated, cal)
     return out

@@ -42,7 +42,7 @@ from stratagem.evaluators.fitting import (
     lower_bound_loss,
     median_error,
 )
-from stratagem.evaluators.memory import rank_memory_columns
+from stratagem.evaluators.memory import overhead_bytes, rank_memory_columns
 from stratagem.evaluators.posterior import MEMORY_FREE
 from stratagem.evaluators.timing import time_columns, time_factors
 from stratagem.spaces.columns import PlanColumns
@@ -363,7 +363,7 @@ def _peak_gib(stages: tuple[Array, Array], cal: Calibration) -> Array:
     peaks = []
     for blocks in stages:
         allocated = blocks[0] + blocks[1] + blocks[2] + blocks[3] + blocks[4]  # BLOCKS order, as the model sums
-        overhead = cal.fragmentation * allocated + cal.context_gib * GIB
+        overhead = overhead_bytes(allocated, cal)
         if f is None:
             peaks.append(allocated + overhead)
             continue

@@ -396,7 +396,7 @@ def screen_candidates(scenario: Scenario, space: SearchSpace, calibration: Calib
                       candidates: PlanColumns) -> Screening:
     """A Screening of exactly `candidates` (duplicates dropped): the analytic figures, feasibility and front
     among them, so the real runs are ranked as usual but never leave this set."""
-    from stratagem.search.screening import ScreenCounts, _broke, _evaluate, _feasible, _front, _unique
+    from stratagem.search.screening import ScreenCounts, _broke, _evaluate, _feasible, _front
 
     t0 = time.perf_counter()
     # As given, not SearchSpace.canonical_columns: a table of measured runs (bench/search_regret.py,
