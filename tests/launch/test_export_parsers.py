@@ -449,13 +449,22 @@ def test_megatron(name: str) -> None:
     consts = model_constants(m)
     assert ns.rotary_base == (consts.rope_theta if m.position_embedding == "rope" else None)
     assert ns.layernorm_epsilon == consts.norm_eps and ns.make_vocab_size_divisible_by == 128
-    # and its rotary scaling (launch/export/rope.py): Llama 3.1's as --use-rope-scaling, MLA's YaRN as --rope-type
+    # and its rotary scaling (launch/export/rope.py): Llama 3.1's as --use-rope-scaling, MLA's YaRN as --rope-type,
+    # other attention's YaRN (gpt-oss) as --position-embedding-type yarn with the --yarn-* options
     rs = consts.rope_scaling
     assert ns.use_rope_scaling == (rs is not None and rs.kind == "llama3")
     assert ns.rope_scaling_factor == (rs.factor if ns.use_rope_scaling else None)
     yarn = rs is not None and rs.kind == "yarn"
-    assert (ns.rope_type, ns.rotary_scaling_factor, ns.mscale, ns.mscale_all_dim) == (
-        (rs.kind, rs.factor, rs.mscale, rs.mscale_all_dim) if yarn else (None, None, None, None))
+    gpt_yarn = yarn and m.mla is None
+    assert ns.position_embedding_type == (
+        "yarn" if gpt_yarn else "rope" if m.position_embedding == "rope" else "learned_absolute")
+    assert ns.rope_type == ("yarn" if yarn and not gpt_yarn else None)
+    assert (ns.rotary_scaling_factor, ns.mscale, ns.mscale_all_dim) == (
+        (rs.factor, 1.0 if rs.mscale is None else rs.mscale, 0.0 if rs.mscale_all_dim is None else rs.mscale_all_dim)
+        if yarn else (None, None, None))
+    assert (ns.yarn_original_max_position_embeddings, ns.yarn_beta_fast, ns.yarn_beta_slow) == (
+        (rs.original_max_position_embeddings, rs.beta_fast, rs.beta_slow) if gpt_yarn else (None, None, None))
+    assert ns.yarn_correction_range_round_to_int == (not (gpt_yarn and rs.truncate is False))
     assert ns.train_iters == throughput_steps() and ns.mock_data and "PLACEHOLDERS" in bundle.files["megatron.sh"]
     # the MoE all-to-all overlap only where Megatron accepts it (evaluators/ep_overlap.py a2a_overlap_refused)
     refused = bool(a2a_overlap_refused(PlanColumns.from_plans([plan]))[0])

@@ -1,7 +1,9 @@
 """Model constants an engine needs and would otherwise default wrongly: the rotary base (rope_theta), the norm
-epsilon and the rotary scaling (rope_scaling: Llama 3.1's frequency scaling, DeepSeek-V3's YaRN). The scenario's ModelSpec does not carry them (they change neither memory nor time), so the exporters read
-them here, per preset, from the `config.json` of each released checkpoint on the Hugging Face hub. A model not
-listed gets the engine's default written explicitly, with a note saying to set the checkpoint's values.
+epsilon and the rotary scaling (rope_scaling: Llama 3.1's frequency scaling, DeepSeek-V3's and gpt-oss's
+YaRN). The scenario's ModelSpec does not carry them (they change neither memory nor time), so the exporters
+read them here, per preset, from the `config.json` of each released checkpoint on the Hugging Face hub. A
+model not listed gets the engine's default written explicitly, with a note saying to set the checkpoint's
+values.
 
 Engine defaults they replace: Megatron-LM core_v0.19.0 --rotary-base 10000 (megatron/training/arguments.py) and
 --norm-epsilon 1e-5 (TransformerConfig.layernorm_epsilon); torchtitan's llama3 TransformerModelArgs rope_theta
@@ -41,6 +43,12 @@ class RopeScaling:
     """yarn: the attention temperature's scale."""
     mscale_all_dim: float | None = None
     """yarn: the temperature's scale over all dimensions (DeepSeek's MLA)."""
+    truncate: bool | None = None
+    """yarn: config.json "truncate", whether the correction range's ends are rounded to whole dimensions (None: not
+    set, rounded). Read by Hugging Face transformers (modeling_rope_utils.py _compute_yarn_parameters:
+    rope_scaling.get("truncate", True)) and by Megatron-LM core_v0.19.0's GPT model (YarnRotaryEmbedding
+    correction_range_round_to_int, megatron/core/models/common/embeddings/yarn_rotary_pos_embedding.py; the
+    option --no-yarn-correction-range-round-to-int in megatron/training/arguments.py)."""
 
     def words(self) -> str:
         """`rope_scaling llama3 (factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings
@@ -49,8 +57,10 @@ class RopeScaling:
                   "high_freq_factor": self.high_freq_factor, "beta_fast": self.beta_fast,
                   "beta_slow": self.beta_slow, "mscale": self.mscale, "mscale_all_dim": self.mscale_all_dim,
                   "original_max_position_embeddings": self.original_max_position_embeddings}
-        return f"rope_scaling {self.kind} (" + ", ".join(f"{k} {v:g}" for k, v in fields.items()
-                                                         if v is not None) + ")"
+        words = [f"{k} {v:g}" for k, v in fields.items() if v is not None]
+        if self.truncate is not None:
+            words.append(f"truncate {str(self.truncate).lower()}")
+        return f"rope_scaling {self.kind} (" + ", ".join(words) + ")"
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,10 @@ ROPE_SCALING: dict[str, RopeScaling] = {
     # deepseek-ai/DeepSeek-V3 config.json: {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
     # "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
     "deepseek-v3": RopeScaling("yarn", 40.0, 4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+    # openai/gpt-oss-120b and openai/gpt-oss-20b config.json (the same): {"beta_fast": 32.0, "beta_slow": 1.0,
+    # "factor": 32.0, "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false}
+    "gpt-oss-120b": RopeScaling("yarn", 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False),
+    "gpt-oss-20b": RopeScaling("yarn", 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False),
 }
 
 

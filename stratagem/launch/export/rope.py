@@ -1,20 +1,27 @@
 """Rotary scaling for each target, one home: what every exporter writes for a model whose checkpoint rescales its
-rotary frequencies (model_fields.ROPE_SCALING: Llama 3.1's "llama3" scaling, DeepSeek-V3's YaRN), and what it
-notes where the engine fixes the scaling itself.
+rotary frequencies (model_fields.ROPE_SCALING: Llama 3.1's "llama3" scaling, DeepSeek-V3's and gpt-oss's YaRN),
+and what it notes where the engine fixes the scaling itself.
 
 - Megatron-LM core_v0.19.0 (megatron/training/arguments.py, argument_utils.py): llama3 scaling is
   `--use-rope-scaling --rope-scaling-factor F` (RotaryEmbedding._apply_scaling fixes low_freq_factor 1,
   high_freq_factor 4, original_max_position_embeddings 8192); Multi-head Latent Attention reads
   `--rope-type yarn --rotary-scaling-factor F --mscale M --mscale-all-dim A` into MLATransformerConfig, whose
-  original_max_position_embeddings (4096), beta_fast (32) and beta_slow (1) have no option (YaRN for other
-  attention, `--position-embedding-type yarn` with `--yarn-*` options, is noted, not written: no preset has it).
-  Left out, Megatron runs plain rotary for llama3 and --rotary-scaling-factor 1.0 / --mscale-all-dim 0.0 for
-  MLA's YaRN.
+  original_max_position_embeddings (4096), beta_fast (32) and beta_slow (1) have no option, and whose
+  YarnRotaryEmbedding always rounds the correction range (multi_latent_attention.py passes no
+  correction_range_round_to_int). YaRN for other attention (gpt-oss) is `--position-embedding-type yarn
+  --rotary-scaling-factor F --yarn-original-max-position-embeddings O --yarn-beta-fast B --yarn-beta-slow b
+  --mscale M --mscale-all-dim A [--no-yarn-correction-range-round-to-int]`, which
+  argument_utils._apply_yarn_config_from_args copies into the config.yarn_* that GPTModel's YarnRotaryEmbedding
+  reads (megatron/core/models/gpt/gpt_model.py); validate_args refuses it with --mtp-num-layers, so there it is
+  noted, not written. Left out, Megatron runs plain rotary for llama3 and for gpt-oss's YaRN, and
+  --rotary-scaling-factor 1.0 / --mscale-all-dim 0.0 for MLA's YaRN.
 - torchtitan v0.2.2: the llama3 model always applies llama3 scaling with RoPEScalingArgs' defaults (factor 8,
   low 1, high 4, original 8192: torchtitan/models/llama3/model/args.py, model.py precompute_freqs_cis), fixed
-  per registered flavor: right for Llama 3.1, wrong for a model without scaling.
+  per registered flavor: right for Llama 3.1, wrong for a model without scaling or with YaRN.
 - DeepSpeed and the torchrun harness build no model from a config: the README / notes name the scaling (the
   harness's model has none: other numerics, same step cost).
+- NeMo Automodel builds the model from the checkpoint's own config.json (automodel.hf_model_id), rope_scaling
+  included (nemo_automodel/components/models/gpt_oss/model.py reads it for gpt-oss): nothing is written.
 """
 
 from __future__ import annotations
@@ -55,11 +62,26 @@ def megatron_rope_args(m: ModelSpec, approximated: list[FieldNote]) -> tuple[str
             approximated.append(FieldNote("model.rope_scaling", f"{rs.words()}: MLATransformerConfig fixes "
                                           "original_max_position_embeddings, beta_fast, beta_slow at 4096, 32, 1 "
                                           "(no option); set them in a YAML config"))
+        if rs.truncate is False:
+            approximated.append(FieldNote("model.rope_scaling", f"{rs.words()}: Multi-head Latent Attention's "
+                                          "YarnRotaryEmbedding always rounds the correction range (truncate true; "
+                                          "multi_latent_attention.py)"))
         return "rope", ["--rope-type", "yarn", "--rotary-scaling-factor", f"{rs.factor:g}", "--mscale",
                         _g(rs.mscale, 1.0), "--mscale-all-dim", _g(rs.mscale_all_dim, 0.0)]
-    approximated.append(FieldNote("model.rope_scaling", f"{rs.words()}: not written for this attention (no preset "
-                                  "has it); Megatron takes YaRN as --position-embedding-type yarn with "
-                                  "--rotary-scaling-factor and --yarn-* options"))
+    if rs.kind == "yarn" and not m.mtp_layers:
+        # without mscale in config.json (gpt-oss), transformers' attention factor is 0.1 ln(factor) + 1: what
+        # Megatron's _yarn_get_concentration_factor gives for mscale 1, mscale_all_dim 0 (its defaults, written)
+        args = ["--rotary-scaling-factor", f"{rs.factor:g}",
+                "--yarn-original-max-position-embeddings", str(rs.original_max_position_embeddings),
+                "--yarn-beta-fast", _g(rs.beta_fast, 32.0), "--yarn-beta-slow", _g(rs.beta_slow, 1.0),
+                "--mscale", _g(rs.mscale, 1.0), "--mscale-all-dim", _g(rs.mscale_all_dim, 0.0)]
+        if rs.truncate is False:  # config.json "truncate": false (YarnRotaryEmbedding correction_range_round_to_int)
+            args.append("--no-yarn-correction-range-round-to-int")
+        return "yarn", args
+    approximated.append(FieldNote("model.rope_scaling", f"{rs.words()}: not written; Megatron's validate_args "
+                                  "refuses --position-embedding-type yarn with --mtp-num-layers"
+                                  if rs.kind == "yarn" else f"{rs.words()}: not written (Megatron takes llama3 "
+                                  "scaling and YaRN only)"))
     return "rope", []
 
 
