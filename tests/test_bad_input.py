@@ -250,6 +250,25 @@ def test_calibrate_options_refused_before_runs(option: str, value: str, words: s
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("text,words", [
+    (None, "rates.yaml): file not found; write it with `torchrun"),
+    ("format: other\n", "format is not stratagem-rate-tables/1"),
+    ("format: stratagem-rate-tables/1\nrate_tables: {source: x, collectives: [{collective: all_gather, ranks: 1, "
+     "placement: inter_node, sizes_bytes: [1], busbw_gbps: [1]}]}\n", "rate_tables.collectives.0.ranks"),
+])
+def test_calibrate_rate_tables_refused_before_runs(text: str | None, words: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    scn = scenario(tmp_path)
+    rates = tmp_path / "rates.yaml"
+    if text is not None:
+        rates.write_text(text)
+    before = snapshot(tmp_path)
+    code, _, err = run(monkeypatch, capsys, "calibrate", str(scn), "--rate-tables", str(rates))
+    one_line(code, err, words)
+    assert snapshot(tmp_path) == before
+
+
 def test_calibrate_output_refused_before_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     scn = scenario(tmp_path)

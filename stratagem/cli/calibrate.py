@@ -20,7 +20,7 @@ from stratagem.evaluators import Calibration
 from stratagem.evaluators.calibration import default_calibration
 from stratagem.evaluators.calibration_file import resolve_calibration, runs_dir
 from stratagem.evaluators.rate_defaults import published_tables
-from stratagem.evaluators.rate_tables import RateTables
+from stratagem.evaluators.rate_tables import RateTables, joined
 from stratagem.spaces import Scenario, load_scenario
 
 __all__ = ["calibrate_cmd", "check_device", "check_room", "CalibrationOpt", "scenario_calibration", "errors_line",
@@ -169,14 +169,20 @@ def calibrate_cmd(
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps per run.")] = 2,
     force: Annotated[bool, typer.Option("--force", help="Replace -o (and its runs directory) even if stratagem "
                                         "did not write them.")] = False,
+    rate_tables: Annotated[Path | None, typer.Option("--rate-tables", help="Collective curves measured across "
+                                                     "nodes (torchrun ... -m stratagem.launch.harness."
+                                                     "collectives_bench --out FILE), kept beside this node's "
+                                                     "own.")] = None,
 ) -> None:
     """Measure this node (the scenario's GPU preset): single-device runs across micro-batch, recompute and
     precision, then node runs across dp/zero/tp; fit the model's constants and write them with provenance.
     Prints predicted vs measured for every run before and after the fit."""
     from stratagem.evaluators.calibration_file import check_calibration_output
+    from stratagem.launch.harness.collectives_bench import read_rate_tables
     from stratagem.launch.runners.calibrate import check_gpus, check_options, default_gpus, run_calibration
 
     scn = load_scenario(scenario)
+    extra = read_rate_tables(rate_tables) if rate_tables is not None else None  # a bad file stops before any run
     check_options(gpus if gpus is not None else 1, budget_minutes * 60.0, steps, warmup)
     if gpus is not None:
         check_gpus(gpus, scn)
@@ -191,6 +197,9 @@ def calibrate_cmd(
 
     say(f"calibrate: collectives and GEMMs on {n} rank(s) (nccl-tests / cuBLAS conventions) ...")
     tables = node_rate_tables(scn, n)
+    if extra is not None:
+        tables = joined(tables, extra)
+        say(f"  with {rate_tables}: {extra.source}")
     published = published_tables(scn.cluster, default_calibration(scn.cluster.gpu.name),
                                  sorted({c.ranks for c in tables.collectives}), node_grid_sizes(tables))
     for line in rates_lines(tables, published):

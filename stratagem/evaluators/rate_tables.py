@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["Collective", "Placement", "GemmKind", "COLLECTIVES", "BUS_FACTOR", "CollectiveTable", "GemmTable",
            "RateTables", "bus_factor", "interp_log", "collective_busbw_gbps", "collective_time_s",
-           "gemm_efficiency", "gemm_size", "LAYER_GEMMS", "EXPERT_GEMMS", "tables_summary"]
+           "gemm_efficiency", "gemm_size", "LAYER_GEMMS", "EXPERT_GEMMS", "tables_summary", "joined"]
 
 Array = NDArray[np.float64]
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
@@ -224,3 +224,14 @@ def tables_summary(tables: RateTables) -> list[str]:
         lines.append(f"{g.kind} GEMM efficiency: measured at {len(g.shapes)} shape(s) ({g.dtype}, vs "
                      f"{g.peak_tflops:g} TFLOP/s)")
     return lines
+
+
+def joined(first: RateTables, more: RateTables) -> RateTables:
+    """`first`'s curves and GEMM tables, and those of `more` that `first` has no curve (collective, ranks,
+    placement) or table kind for: a node's own measurement joined by a multi-node one's cross-node curves."""
+    have = {(c.collective, c.ranks, c.placement) for c in first.collectives}
+    kinds = {g.kind for g in first.gemms}
+    return RateTables(source=f"{first.source}; {more.source}",
+                      collectives=(*first.collectives,
+                                   *(c for c in more.collectives if (c.collective, c.ranks, c.placement) not in have)),
+                      gemms=(*first.gemms, *(g for g in more.gemms if g.kind not in kinds)))

@@ -21,6 +21,7 @@ from stratagem.evaluators.rate_tables import (
     collective_time_s,
     gemm_efficiency,
     gemm_size,
+    joined,
     tables_summary,
 )
 from stratagem.evaluators.speed import compute_factors
@@ -155,3 +156,20 @@ def test_published_tables_read_back_as_the_formulas() -> None:
         plain, read = _times(cal, cluster, n, stride, size), _times(with_tables, cluster, n, stride, size)
         for a, b in zip(plain, read, strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-9)
+
+
+def test_joined_keeps_the_first_tables_and_adds_what_they_lack() -> None:
+    def curve(coll: str, n: int, placement: str, bw: float) -> CollectiveTable:
+        return CollectiveTable(collective=coll, ranks=n, placement=placement, sizes_bytes=(1e6,), busbw_gbps=(bw,))
+
+    gemm = GemmTable(kind="dense", shapes=((1, 64, 64, 64),), efficiency=(0.5,), peak_tflops=1.0, dtype="fp32")
+    node = RateTables(source="node", collectives=(curve("all_reduce", 2, "intra_node", 10.0),), gemms=(gemm,))
+    nodes = RateTables(source="nodes", collectives=(curve("all_reduce", 2, "intra_node", 99.0),
+                                                    curve("all_reduce", 16, "inter_node", 40.0)),
+                       gemms=(gemm.model_copy(update={"efficiency": (0.9,)}),
+                              gemm.model_copy(update={"kind": "grouped"})))
+    both = joined(node, nodes)
+    assert both.source == "node; nodes"
+    assert [(c.ranks, c.placement, c.busbw_gbps) for c in both.collectives] == [(2, "intra_node", (10.0,)),
+                                                                                (16, "inter_node", (40.0,))]
+    assert [(g.kind, g.efficiency) for g in both.gemms] == [("dense", (0.5,)), ("grouped", (0.5,))]

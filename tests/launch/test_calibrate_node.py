@@ -18,6 +18,7 @@ from stratagem.evaluators import Calibration, evaluate, evaluate_many
 from stratagem.evaluators.calibration_file import load_calibration, resolve_calibration
 from stratagem.evaluators.fit_hardware import HardwareRun, predict_runs
 from stratagem.evaluators.speed import path_efficiency
+from stratagem.launch.harness.collectives_bench import rate_tables_yaml, tables_from_samples
 from stratagem.launch.runners.calibrate import HARNESS_KERNELS, run_calibration
 from stratagem.spaces import Plan, Scenario, load_scenario
 from stratagem.spaces.stacks import stack_record
@@ -91,8 +92,15 @@ def test_real_cpu_calibration_improves_errors_and_is_used_by_explain(tmp_path: P
     scn = tmp_path / "tiny.yaml"
     scn.write_text(TINY.read_text())
     cal = tmp_path / "cal.yaml"
+    # cross-node curves as a multi-node run of launch/harness/collectives_bench.py writes them (test_collectives_bench
+    # measures them on two torchrun nodes): calibrate keeps them beside the node's own tables
+    rates = tmp_path / "rates.yaml"
+    rates.write_text(rate_tables_yaml(tables_from_samples(
+        {"collectives": {("all_reduce", "inter_node", 16, 1 << 20): 30.0, ("all_reduce", "inter_node", 16, 1 << 26): 90.0},
+         "gemms": {}}, 1.0, "fp32", "a 2-node bench")))
     # Single-device runs only here (one launch); the node runs are the slow test below. No Ray, no Optuna.
-    run = _cli("calibrate", str(scn), "--gpus", "1", "--steps", "2", "--warmup", "1", "-o", str(cal), block=True)
+    run = _cli("calibrate", str(scn), "--gpus", "1", "--steps", "2", "--warmup", "1", "-o", str(cal),
+               "--rate-tables", str(rates), block=True)
     print(run.stdout[-3000:], run.stderr[-2000:])
     assert run.returncode == 0, run.stderr
     assert "before" in run.stdout and "after" in run.stdout and "median step-time error" in run.stdout
@@ -105,9 +113,12 @@ def test_real_cpu_calibration_improves_errors_and_is_used_by_explain(tmp_path: P
     assert e["step_error_after"] < e["step_error_before"] and e["peak_error_after"] < e["peak_error_before"]
     assert cf.provenance.gpu_name == "cpu" and cf.provenance.torch and cf.provenance.date
     assert all((tmp_path / r.result_file).is_file() for r in cf.runs if r.result_file)
-    # the node's GEMM tables (one rank: no collective) are in the file, and explain says they are in force
+    # the node's GEMM tables (one rank: no collective of its own) and the file's cross-node curve are in the file,
+    # and explain says they are in force
     tables = cf.calibration.rate_tables
-    assert tables is not None and [g.kind for g in tables.gemms] == ["dense", "grouped"] and not tables.collectives
+    assert tables is not None and [g.kind for g in tables.gemms] == ["dense", "grouped"]
+    assert [(c.collective, c.ranks, c.placement) for c in tables.collectives] == [("all_reduce", 16, "inter_node")]
+    assert "a 2-node bench" in tables.source and f"with {rates}: a 2-node bench" in run.stdout
     assert "dense GEMM" in run.stdout
 
     # The file changes explain's prediction, by --calibration and by cluster.calibration (relative path).
@@ -122,7 +133,9 @@ def test_real_cpu_calibration_improves_errors_and_is_used_by_explain(tmp_path: P
         assert r.returncode == 0, r.stderr
     assert "defaults" in json.loads(default.stdout)["calibration"]
     assert str(cal) in json.loads(given.stdout)["calibration"]
-    assert any("dense GEMM efficiency: measured" in line for line in json.loads(given.stdout)["taught"])
+    taught = json.loads(given.stdout)["taught"]
+    assert any("dense GEMM efficiency: measured" in line for line in taught)
+    assert any("all_reduce inter node: measured busbw at 1 group size(s) (16 ranks)" in line for line in taught)
     assert not any("measured tables" in line for line in json.loads(default.stdout)["taught"])
     assert str(cal) in json.loads(from_scenario.stdout)["calibration"]
     assert _step(given.stdout) == pytest.approx(_step(from_scenario.stdout))

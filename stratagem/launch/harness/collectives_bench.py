@@ -15,13 +15,26 @@ GEMMs (cuBLAS benchmarks' convention): a (m x k) @ (k x n) matmul timed over `it
 grouped GEMM of g groups runs torch._grouped_mm where torch has it on the device, else one matmul per group
 (torchtitan's experts for-loop path, torchtitan/models/moe/moe.py _run_experts_for_loop).
 
-Placement: ranks launched on one node (launch.runners.local) measure `intra_node` curves.
+Placement: each group is measured where it lies. `stratagem calibrate` launches ranks on one node (launch.runners.
+local): every group is `intra_node`. Under a multi-node launcher (torchrun, srun) this module's command measures
+both, as nccl-tests is run inside a node and across nodes:
+
+    torchrun --nnodes N --nproc-per-node K ... -m stratagem.launch.harness.collectives_bench --gpu h100-sxm-80g \
+        --out rates.yaml          # then: stratagem calibrate scenario.yaml --rate-tables rates.yaml
+
+`intra_node` groups are the first n ranks of the first node (n = 2, 4, ... up to its ranks); `inter_node` groups
+are every rank of the first m nodes (m = 2, 4, ... up to N), as nccl-tests' multi-node runs take whole nodes.
+A rank's node is its launcher's node rank (torchrun's GROUP_RANK), else its host name.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import socket
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from stratagem.evaluators.rate_tables import (
@@ -34,9 +47,12 @@ from stratagem.evaluators.rate_tables import (
 )
 from stratagem.spaces.hardware import Dtype
 
-__all__ = ["bench_rank", "measure_rate_tables", "tables_from_samples", "group_sizes", "node_grid"]
+__all__ = ["Group", "bench_rank", "measure_rate_tables", "tables_from_samples", "group_sizes", "node_grid",
+           "node_groups", "read_rate_tables", "rate_tables_yaml", "main"]
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+Group = tuple[Placement, tuple[int, ...]]
+"""A measured group: its placement and its ranks (global ranks, increasing)."""
 
 
 def _sync(torch: Any) -> None:
@@ -100,31 +116,33 @@ def _gemm_call(torch: Any, shape: tuple[int, int, int, int], dtype: Any, device:
     return lambda: [torch.matmul(chunks[i], b[i]) for i in range(g)]
 
 
-def bench_rank(rank: int, ranks: Sequence[int], sizes: Sequence[int], shapes: Sequence[tuple[int, int, int, int]],
-               dtype: str, warmup: int, iters: int) -> dict[str, Any]:
-    """On every rank (launch.runners.local.run_local): the collectives at each group size and message size, then
-    the GEMMs; returns {"collectives": {(name, n, size): busbw GB/s}, "gemms": {shape: seconds}}, the slowest
-    rank's figures (identical on every rank)."""
+def bench_rank(rank: int, groups: Sequence[Group], sizes: Sequence[int], shapes: Sequence[tuple[int, int, int, int]],
+               dtype: str, warmup: int, iters: int, local_rank: int | None = None) -> dict[str, Any]:
+    """On every rank (run_local, or a multi-node launcher): the collectives of each group at each message size, then
+    the GEMMs; returns {"collectives": {(name, placement, n, size): busbw GB/s}, "gemms": {shape: seconds}}, the
+    slowest rank's figures (identical on every rank). `local_rank` picks the GPU (default: `rank`, one node)."""
     import torch
     import torch.distributed as dist
 
-    device = torch.device(f"cuda:{rank}") if torch.cuda.is_available() else torch.device("cpu")
+    on_gpu = torch.cuda.is_available()
+    device = torch.device(f"cuda:{rank if local_rank is None else local_rank}") if on_gpu else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     world = dist.get_world_size()
-    coll: dict[tuple[str, int, int], float] = {}
-    for n in ranks:
-        group = dist.new_group(list(range(n))) if n < world else dist.group.WORLD  # every rank calls new_group
-        if rank < n:
+    coll: dict[tuple[str, str, int, int], float] = {}
+    for placement, members in groups:
+        n = len(members)
+        # every rank calls new_group, in the same order
+        group = dist.new_group(list(members)) if n < world else dist.group.WORLD
+        if rank in members:
             for name in COLLECTIVES:
                 for size in sizes:
                     call = _collective_call(torch, dist, name, n, size, group, device)
-                    t = _timed(torch, dist, group, call, warmup, iters)
-                    coll[(name, n, size)] = t
+                    coll[(name, placement, n, size)] = _timed(torch, dist, group, call, warmup, iters)
         dist.barrier()
-    slowest = {key: _max_over_ranks(torch, dist, coll.get(key, 0.0), device)
-               for key in ((c, n, s) for n in ranks for c in COLLECTIVES for s in sizes)}
-    busbw = {key: s / t * float(bus_factor(c, n)) / 1e9 for key, t in slowest.items() for c, n, s in [key]}
+    keys = [(c, placement, len(members), s) for placement, members in groups for c in COLLECTIVES for s in sizes]
+    slowest = {key: _max_over_ranks(torch, dist, coll.get(key, 0.0), device) for key in keys}
+    busbw = {key: s / t * float(bus_factor(c, n)) / 1e9 for key, t in slowest.items() for c, _, n, s in [key]}
     gemms: dict[tuple[int, int, int, int], float] = {}
     for shape in shapes:
         call = _gemm_call(torch, shape, getattr(torch, _DTYPES[dtype]), device)
@@ -132,17 +150,16 @@ def bench_rank(rank: int, ranks: Sequence[int], sizes: Sequence[int], shapes: Se
     return {"collectives": busbw, "gemms": gemms}
 
 
-def tables_from_samples(samples: dict[str, Any], placement: Placement, peak_tflops: float, dtype: str,
-                        source: str) -> RateTables:
-    """RateTables from bench_rank's figures: one curve per (collective, n), GEMM efficiency 2 g m n k / t / peak
-    per kind (dense: one group; grouped: several)."""
-    curves: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for (name, n, size), bw in samples["collectives"].items():
-        curves.setdefault((name, n), []).append((float(size), bw))
+def tables_from_samples(samples: dict[str, Any], peak_tflops: float, dtype: str, source: str) -> RateTables:
+    """RateTables from bench_rank's figures: one curve per (collective, placement, n), GEMM efficiency
+    2 g m n k / t / peak per kind (dense: one group; grouped: several)."""
+    curves: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+    for (name, placement, n, size), bw in samples["collectives"].items():
+        curves.setdefault((name, placement, n), []).append((float(size), bw))
     collectives = tuple(CollectiveTable(collective=name, ranks=n, placement=placement,  # type: ignore[arg-type]
                                         sizes_bytes=tuple(s for s, _ in sorted(pts)),
                                         busbw_gbps=tuple(b for _, b in sorted(pts)))
-                        for (name, n), pts in sorted(curves.items()))
+                        for (name, placement, n), pts in sorted(curves.items()))
     gemms = []
     for kind in ("dense", "grouped"):
         pts = sorted(((2.0 * g * m * n * k, (g, m, n, k), 2.0 * g * m * n * k / t / (peak_tflops * 1e12))
@@ -169,6 +186,23 @@ def group_sizes(world: int) -> tuple[int, ...]:
         if world >= 2 else ()
 
 
+def node_groups(nodes: Sequence[str]) -> tuple[Group, ...]:
+    """The groups measured on ranks whose nodes are `nodes` (one entry per global rank, ranks of a node
+    consecutive, as torchrun and srun number them): intra_node, the first n ranks of the first node for n in
+    group_sizes(its ranks); inter_node, every rank of the first m nodes for m in group_sizes(node count)."""
+    order = list(dict.fromkeys(nodes))
+    members = {node: [r for r, x in enumerate(nodes) if x == node] for node in order}
+    per_node = {len(m) for m in members.values()}
+    if len(per_node) != 1 or any(m != list(range(m[0], m[0] + len(m))) for m in members.values()):
+        raise ValueError(f"every node needs the same number of consecutive ranks (got {[members[n] for n in order]})")
+    k = per_node.pop()
+    first = members[order[0]]
+    intra: list[Group] = [("intra_node", tuple(first[:n])) for n in group_sizes(k)]
+    inter: list[Group] = [("inter_node", tuple(r for node in order[:m] for r in members[node]))
+                          for m in group_sizes(len(order))]
+    return (*intra, *inter)
+
+
 def node_grid(on_gpu: bool) -> tuple[tuple[int, ...], tuple[tuple[int, int, int, int], ...], Dtype]:
     """(message sizes, GEMM shapes, dtype) `stratagem calibrate` measures on a GPU node or on CPU ranks."""
     return (GPU_SIZES, GPU_SHAPES, "bf16") if on_gpu else (CPU_SIZES, CPU_SHAPES, "fp32")
@@ -184,6 +218,115 @@ def measure_rate_tables(world: int, ranks: Sequence[int], sizes: Sequence[int],
     bad = [n for n in ranks if not 2 <= n <= world]
     if bad:
         raise ValueError(f"group sizes {bad} must lie in 2..{world}")
-    per_rank = run_local(bench_rank, world, args=(tuple(ranks), tuple(sizes), tuple(shapes), dtype, warmup, iters),
+    groups: tuple[Group, ...] = tuple(("intra_node", tuple(range(n))) for n in ranks)
+    per_rank = run_local(bench_rank, world, args=(groups, tuple(sizes), tuple(shapes), dtype, warmup, iters),
                          timeout_s=timeout_s, pg_timeout_s=min(120.0, timeout_s))
-    return tables_from_samples(per_rank[0], "intra_node", peak_tflops, dtype, source)
+    return tables_from_samples(per_rank[0], peak_tflops, dtype, source)
+
+
+RATES_FORMAT = "stratagem-rate-tables/1"
+
+
+def rate_tables_yaml(tables: RateTables) -> str:
+    """The file `main` writes and `read_rate_tables` reads."""
+    import yaml
+
+    return yaml.safe_dump({"format": RATES_FORMAT, "rate_tables": tables.model_dump(mode="json")}, sort_keys=False)
+
+
+def read_rate_tables(path: str | Path) -> RateTables:
+    """A rate-tables file written by this module's command; errors are one line naming the file and the field."""
+    from pydantic import ValidationError
+
+    from stratagem.errors import StratagemError
+    from stratagem.files import read_yaml
+
+    hint = "write it with `torchrun ... -m stratagem.launch.harness.collectives_bench --out FILE`"
+    data = read_yaml(path, "rate tables", hint=hint)
+    if not isinstance(data, dict) or data.get("format") != RATES_FORMAT:
+        raise StratagemError(f"rate tables ({path}): format is not {RATES_FORMAT}; {hint}")
+    try:
+        return RateTables.model_validate(data.get("rate_tables"))
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise StratagemError(f"rate tables ({path}): rate_tables.{loc}: {err['msg']}") from None
+
+
+def _node_id() -> str:
+    """This rank's node: the launcher's node rank (torchrun GROUP_RANK, Slurm SLURM_NODEID), else the host name."""
+    for var in ("GROUP_RANK", "SLURM_NODEID"):
+        if os.environ.get(var):
+            return f"{var}={os.environ[var]}"
+    return socket.gethostname()
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m stratagem.launch.harness.collectives_bench",
+                                 description="Measure collective bus bandwidths inside a node and across nodes, and "
+                                             "GEMM efficiencies, on every rank a launcher (torchrun, srun) started; "
+                                             "rank 0 writes the tables for `stratagem calibrate --rate-tables`.")
+    ap.add_argument("--gpu", required=True, help="GPU preset of the nodes (the scenario's cluster.gpu): its "
+                                                 "datasheet peak is the GEMM efficiencies' reference")
+    ap.add_argument("--out", required=True, type=Path, help="rate-tables file to write (on rank 0's node)")
+    ap.add_argument("--force", action="store_true", help="replace --out even if stratagem did not write it")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed calls per measurement")
+    ap.add_argument("--iters", type=int, default=5, help="timed calls per measurement")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run under a launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; rank 0 writes
+    --out. 0 on success, 2 for a user mistake (one line on rank 0; every rank exits)."""
+    import datetime as dt
+
+    import torch
+    import torch.distributed as dist
+
+    from stratagem.errors import StratagemError
+    from stratagem.files import check_owned, write_owned
+    from stratagem.spaces.hardware import gpu_preset
+
+    args = _parse(argv)
+    on_gpu = torch.cuda.is_available()
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        problem = [""]
+        if rank == 0:
+            try:
+                if args.warmup < 0 or args.iters < 1:
+                    raise StratagemError(f"--warmup ({args.warmup}) must be >= 0 and --iters ({args.iters}) >= 1")
+                gpu_preset(args.gpu)
+                check_owned(args.out, args.force, "--out")
+            except StratagemError as e:
+                problem = [str(e)]
+        dist.broadcast_object_list(problem, src=0)
+        if problem[0]:
+            if rank == 0:
+                print(f"error: {problem[0]}", flush=True)
+            return 2
+        nodes: list[str] = [""] * world
+        dist.all_gather_object(nodes, _node_id())
+        groups = node_groups(nodes)
+        sizes, shapes, dtype = node_grid(on_gpu)
+        samples = bench_rank(rank, groups, sizes, shapes, dtype, args.warmup, args.iters,
+                             local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        if rank == 0:
+            gpu = gpu_preset(args.gpu)
+            when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            count = len(dict.fromkeys(nodes))
+            source = (f"stratagem collectives bench on {count} node(s) x {world // count} {gpu.name} rank(s), "
+                      f"{'nccl' if on_gpu else 'gloo'}, torch {torch.__version__}, {when}")
+            tables = tables_from_samples(samples, gpu.peak_tflops(dtype), dtype, source)
+            write_owned(args.out, rate_tables_yaml(tables), args.force, "--out")
+            print(f"wrote {args.out}: {len(tables.collectives)} collective curves "
+                  f"({sum(c.placement == 'inter_node' for c in tables.collectives)} across nodes), "
+                  f"{len(tables.gemms)} GEMM table(s)", flush=True)
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
