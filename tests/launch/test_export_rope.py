@@ -16,6 +16,7 @@ from stratagem.launch.export import export_plan
 from stratagem.launch.export import model_fields as mf
 from stratagem.launch.export.rope import (
     TORCHTITAN_LLAMA3_SCALING,
+    TORCHTITAN_LLAMA4_SCALING,
     megatron_rope_args,
     torchtitan_rope_comment,
 )
@@ -24,6 +25,7 @@ LLAMA31 = "llama405b-emb-loss-vpp8"
 DEEPSEEK = "deepseek-v3-mla-moe"
 LLAMA3_8B = "llama8b-5d"
 GPT_OSS = "gpt-oss-window-ep16"  # gpt-oss-120b
+SCOUT = "scout-chunked-ep8"  # llama4-scout-17b-16e
 tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
 
 
@@ -46,6 +48,13 @@ def test_published_scalings() -> None:
         assert rs.words() == ("rope_scaling yarn (factor 32, beta_fast 32, beta_slow 1, "
                               "original_max_position_embeddings 4096, truncate false)")
     assert deepseek.truncate is None and "truncate" not in deepseek.words()  # not in DeepSeek-V3's config.json
+    # meta-llama/Llama-4-Scout-17B-16E config.json text_config: {"factor": 16.0, "high_freq_factor": 1.0,
+    # "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    scout = mf.model_constants(CASES[SCOUT][0].model).rope_scaling
+    assert scout == mf.RopeScaling("llama3", 16.0, 8192, low_freq_factor=1.0, high_freq_factor=1.0)
+    assert scout.words() == ("rope_scaling llama3 (factor 16, low_freq_factor 1, high_freq_factor 1, "
+                             "original_max_position_embeddings 8192)")
+    assert scout == TORCHTITAN_LLAMA4_SCALING  # torchtitan v0.2.2 llama4 RoPEScalingArgs() defaults
 
 
 def test_megatron_writes_the_scaling_it_takes() -> None:
@@ -153,3 +162,40 @@ def test_automodel_gpt_oss_reads_the_yarn_of_its_config() -> None:
     src = (Path(next(iter(spec.submodule_search_locations))) / "components/models/gpt_oss/model.py").read_text()
     for key in ("original_max_position_embeddings", "factor", "beta_slow", "beta_fast"):
         assert f'rope_scaling.get("{key}"' in src, key
+
+
+def test_scout_exports_carry_its_scaling() -> None:
+    """Llama 4 Scout's llama3 scaling (factor 16, high_freq_factor 1; meta-llama/Llama-4-Scout-17B-16E config.json
+    text_config) in every target: Megatron-LM core_v0.19.0 takes the factor (--rope-scaling-factor 16) and fixes
+    high_freq_factor at 4, noted with the bands that differ; torchtitan's llama3 model applies factor 8, named in
+    its comment; DeepSpeed and the harness name it; Automodel builds from the checkpoint's own config.json."""
+    words = mf.ROPE_SCALING["llama4-scout-17b-16e"].words()
+    bundle = export_plan(*CASES[SCOUT], "megatron")
+    ns = megatron_namespace(bundle)
+    assert (ns.position_embedding_type, ns.use_rope_scaling, ns.rope_scaling_factor, ns.rotary_base) == (
+        "rope", True, 16.0, 500000)
+    assert ns.rope_type is None and ns.rotary_scaling_factor is None
+    assert [n.why for n in bundle.approximated if n.field == "model.rope_scaling"] == [
+        f"{words}: Megatron fixes low_freq_factor, high_freq_factor and original_max_position_embeddings at 1, 4, "
+        "8192 (RotaryEmbedding._apply_scaling): high_freq_factor 4 instead of 1; it keeps the frequencies of "
+        "wavelength under 2048 tokens and divides those over 8192 by 16 (between: interpolated), the checkpoint "
+        "keeps those under 8192 and divides those over 8192"]
+    assert "model.rope_scaling: " + words in bundle.files["megatron.sh"]
+    # the rotary peculiarity the Megatron export already models: chunked attention, noted (not the NoPE layers)
+    assert [n.field for n in bundle.unexpressed if n.field == "model.attention_window"] == ["model.attention_window"]
+    text = export_plan(*CASES[SCOUT], "torchtitan").files["torchtitan.toml"]
+    tomllib.loads(text)
+    assert (f"llama4-scout-17b-16e has {words}, but torchtitan's llama3 model always applies "
+            f"{TORCHTITAN_LLAMA3_SCALING.words()}") in text
+    assert "to match (the defaults of torchtitan's llama4 RoPEScalingArgs" in text
+    bundle = export_plan(*CASES[SCOUT], "deepspeed")
+    notes = json.loads(bundle.files["ds_config.json"])["_stratagem"]["unexpressed"]
+    assert any(n.startswith("model: ") and words in n for n in notes), notes
+    assert words in bundle.files["README.md"]
+    run = export_plan(*CASES[SCOUT], "torchrun")
+    assert [n.why for n in run.approximated if n.field == "model.rope_scaling"] == [
+        f"llama4-scout-17b-16e has {words} (meta-llama/Llama-4-Scout-17B-16E config.json (text_config)); the "
+        "harness's rotary embedding has none: the same step cost, other numerics"]
+    doc = yaml.safe_load(export_plan(*CASES[SCOUT], "automodel").files["automodel.yaml"])
+    assert doc["model"]["config"] == {"_target_": "transformers.AutoConfig.from_pretrained",
+                                      "pretrained_model_name_or_path": "meta-llama/Llama-4-Scout-17B-16E"}

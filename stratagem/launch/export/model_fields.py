@@ -1,8 +1,8 @@
 """Model constants an engine needs and would otherwise default wrongly: the rotary base (rope_theta), the norm
-epsilon and the rotary scaling (rope_scaling: Llama 3.1's frequency scaling, DeepSeek-V3's and gpt-oss's
-YaRN). The scenario's ModelSpec does not carry them (they change neither memory nor time), so the exporters
-read them here, per preset, from the `config.json` of each released checkpoint on the Hugging Face hub. A
-model not listed gets the engine's default written explicitly, with a note saying to set the checkpoint's
+epsilon and the rotary scaling (rope_scaling: Llama 3.1's and Llama 4 Scout's frequency scaling, DeepSeek-V3's
+and gpt-oss's YaRN). The scenario's ModelSpec does not carry them (they change neither memory nor time), so the
+exporters read them here, per preset, from the `config.json` of each released checkpoint on the Hugging Face hub.
+A model not listed gets the engine's default written explicitly, with a note saying to set the checkpoint's
 values.
 
 Engine defaults they replace: Megatron-LM core_v0.19.0 --rotary-base 10000 (megatron/training/arguments.py) and
@@ -106,6 +106,11 @@ ROPE_SCALING: dict[str, RopeScaling] = {
     # meta-llama/Llama-3.1-405B config.json: {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     # "original_max_position_embeddings": 8192, "rope_type": "llama3"}
     "llama3-405b": RopeScaling("llama3", 8.0, 8192, low_freq_factor=1.0, high_freq_factor=4.0),
+    # meta-llama/Llama-4-Scout-17B-16E config.json text_config: {"factor": 16.0, "high_freq_factor": 1.0,
+    # "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"} (the defaults of
+    # torchtitan v0.2.2's llama4 RoPEScalingArgs, torchtitan/models/llama4/model/args.py). Its NoPE layers (every
+    # 4th, no_rope_layers) carry no rotary embedding at all: the scaling applies to the chunked-attention layers
+    "llama4-scout-17b-16e": RopeScaling("llama3", 16.0, 8192, low_freq_factor=1.0, high_freq_factor=1.0),
     # deepseek-ai/DeepSeek-V3 config.json: {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
     # "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
     "deepseek-v3": RopeScaling("yarn", 40.0, 4096, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
