@@ -23,8 +23,11 @@ both, as nccl-tests is run inside a node and across nodes:
         --out rates.yaml          # then: stratagem calibrate scenario.yaml --rate-tables rates.yaml
 
 `intra_node` groups are the first n ranks of the first node (n = 2, 4, ... up to its ranks); `inter_node` groups
-are every rank of the first m nodes (m = 2, 4, ... up to N), as nccl-tests' multi-node runs take whole nodes.
-A rank's node is its launcher's node rank (torchrun's GROUP_RANK), else its host name.
+are the first rank of each of the first m nodes (m = 2, 4, ... up to N): one rank per node, the placement the
+shipped defaults' inter-node curves describe (evaluators/rate_defaults.py) and a data-parallel group across nodes
+has under tensor parallelism inside them. A group over whole nodes reads the curve of its size, clamped to the
+largest measured (rate_tables: flat beyond the measured group sizes). A rank's node is its launcher's node rank
+(torchrun's GROUP_RANK, Slurm's SLURM_NODEID), else its host name.
 """
 
 from __future__ import annotations
@@ -189,7 +192,8 @@ def group_sizes(world: int) -> tuple[int, ...]:
 def node_groups(nodes: Sequence[str]) -> tuple[Group, ...]:
     """The groups measured on ranks whose nodes are `nodes` (one entry per global rank, ranks of a node
     consecutive, as torchrun and srun number them): intra_node, the first n ranks of the first node for n in
-    group_sizes(its ranks); inter_node, every rank of the first m nodes for m in group_sizes(node count)."""
+    group_sizes(its ranks); inter_node, the first rank of each of the first m nodes for m in group_sizes(node
+    count)."""
     order = list(dict.fromkeys(nodes))
     members = {node: [r for r, x in enumerate(nodes) if x == node] for node in order}
     per_node = {len(m) for m in members.values()}
@@ -198,8 +202,7 @@ def node_groups(nodes: Sequence[str]) -> tuple[Group, ...]:
     k = per_node.pop()
     first = members[order[0]]
     intra: list[Group] = [("intra_node", tuple(first[:n])) for n in group_sizes(k)]
-    inter: list[Group] = [("inter_node", tuple(r for node in order[:m] for r in members[node]))
-                          for m in group_sizes(len(order))]
+    inter: list[Group] = [("inter_node", tuple(members[node][0] for node in order[:m])) for m in group_sizes(len(order))]
     return (*intra, *inter)
 
 
