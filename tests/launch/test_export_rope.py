@@ -139,17 +139,24 @@ def test_gpt_oss_exports_carry_its_yarn() -> None:
     text = export_plan(*CASES[GPT_OSS], "torchtitan").files["torchtitan.toml"]
     tomllib.loads(text)
     assert f"gpt-oss-120b has {words}, but torchtitan's llama3 model always applies" in text
-    bundle = export_plan(*CASES[GPT_OSS], "deepspeed")
+    _named_by_deepspeed_harness_and_automodel(GPT_OSS, words, "openai/gpt-oss-120b config.json",
+                                              "openai/gpt-oss-120b")
+
+
+def _named_by_deepspeed_harness_and_automodel(case: str, words: str, source: str, checkpoint: str) -> None:
+    """DeepSpeed's notes and README and the harness's note name the scaling `words` (read from `source`);
+    Automodel builds the model from the checkpoint's own config.json."""
+    bundle = export_plan(*CASES[case], "deepspeed")
     notes = json.loads(bundle.files["ds_config.json"])["_stratagem"]["unexpressed"]
     assert any(n.startswith("model: ") and words in n for n in notes), notes
     assert words in bundle.files["README.md"]
-    run = export_plan(*CASES[GPT_OSS], "torchrun")
+    run = export_plan(*CASES[case], "torchrun")
+    name = CASES[case][0].model.name
     assert [n.why for n in run.approximated if n.field == "model.rope_scaling"] == [
-        f"gpt-oss-120b has {words} (openai/gpt-oss-120b config.json); the harness's rotary embedding has none: "
-        "the same step cost, other numerics"]
-    doc = yaml.safe_load(export_plan(*CASES[GPT_OSS], "automodel").files["automodel.yaml"])
+        f"{name} has {words} ({source}); the harness's rotary embedding has none: the same step cost, other numerics"]
+    doc = yaml.safe_load(export_plan(*CASES[case], "automodel").files["automodel.yaml"])
     assert doc["model"]["config"] == {"_target_": "transformers.AutoConfig.from_pretrained",
-                                      "pretrained_model_name_or_path": "openai/gpt-oss-120b"}
+                                      "pretrained_model_name_or_path": checkpoint}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nemo_automodel") is None,
@@ -188,14 +195,5 @@ def test_scout_exports_carry_its_scaling() -> None:
     assert (f"llama4-scout-17b-16e has {words}, but torchtitan's llama3 model always applies "
             f"{TORCHTITAN_LLAMA3_SCALING.words()}") in text
     assert "to match (the defaults of torchtitan's llama4 RoPEScalingArgs" in text
-    bundle = export_plan(*CASES[SCOUT], "deepspeed")
-    notes = json.loads(bundle.files["ds_config.json"])["_stratagem"]["unexpressed"]
-    assert any(n.startswith("model: ") and words in n for n in notes), notes
-    assert words in bundle.files["README.md"]
-    run = export_plan(*CASES[SCOUT], "torchrun")
-    assert [n.why for n in run.approximated if n.field == "model.rope_scaling"] == [
-        f"llama4-scout-17b-16e has {words} (meta-llama/Llama-4-Scout-17B-16E config.json (text_config)); the "
-        "harness's rotary embedding has none: the same step cost, other numerics"]
-    doc = yaml.safe_load(export_plan(*CASES[SCOUT], "automodel").files["automodel.yaml"])
-    assert doc["model"]["config"] == {"_target_": "transformers.AutoConfig.from_pretrained",
-                                      "pretrained_model_name_or_path": "meta-llama/Llama-4-Scout-17B-16E"}
+    _named_by_deepspeed_harness_and_automodel(SCOUT, words, "meta-llama/Llama-4-Scout-17B-16E config.json "
+                                              "(text_config)", "meta-llama/Llama-4-Scout-17B-16E")
