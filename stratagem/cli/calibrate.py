@@ -193,7 +193,7 @@ def calibrate_cmd(
     n = gpus if gpus is not None else default_gpus(scn)
 
     def say(line: str) -> None:
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)  # a path is never broken across lines
 
     say(f"calibrate: collectives and GEMMs on {n} rank(s) (nccl-tests / cuBLAS conventions) ...")
     tables = node_rate_tables(scn, n)
